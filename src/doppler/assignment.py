@@ -1,0 +1,121 @@
+"""An assignment of ops to devices: the output of every method, the input of the
+simulator and the engine, and its file format.
+
+File format: ``{"assignment": [device index per op, in op-id order], "method":
+"...", "graph_fingerprint": "..."}``; a bare JSON list is accepted on input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from doppler.graph import DataflowGraph
+from doppler.io_util import atomic_write_text
+
+
+class AssignmentError(ValueError):
+    """An assignment does not fit its graph or cluster; the message names the op or device."""
+
+
+@dataclass
+class Assignment:
+    """Device index per op, plus where it came from."""
+
+    devices: np.ndarray  # int64[num_ops]
+    method: str = "manual"
+    assign_time_s: float = 0.0
+    estimated_makespan_s: float | None = None
+    graph_fingerprint: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.devices = np.asarray(self.devices, dtype=np.int64).reshape(-1)
+
+    def __len__(self) -> int:
+        return int(self.devices.shape[0])
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "assignment": [int(d) for d in self.devices],
+            "method": self.method,
+            "graph_fingerprint": self.graph_fingerprint,
+            "assign_time_s": self.assign_time_s,
+        }
+        if self.estimated_makespan_s is not None:
+            out["estimated_makespan_s"] = self.estimated_makespan_s
+        return out
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(path, json.dumps(self.to_json()) + "\n")
+
+
+def as_devices(assignment: "Assignment | Sequence[int] | np.ndarray") -> np.ndarray:
+    """The device array of an Assignment or of any sequence of device indices."""
+    if isinstance(assignment, Assignment):
+        return assignment.devices
+    arr = np.asarray(assignment)
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            bad = int(np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))[0])
+            raise AssignmentError(f"op {bad} has a non-integer device {arr.reshape(-1)[bad]!r}")
+    elif arr.dtype.kind not in "iu" and arr.size:
+        raise AssignmentError(f"an assignment must be a list of device indices, got values of type {arr.dtype}")
+    return arr.astype(np.int64).reshape(-1)
+
+
+def check_assignment(graph: DataflowGraph, devices: np.ndarray, num_devices: int) -> np.ndarray:
+    """Raise AssignmentError unless ``devices`` has one valid device index per op."""
+    devices = as_devices(devices)
+    if devices.shape[0] != graph.num_ops:
+        raise AssignmentError(
+            f"the assignment has {devices.shape[0]} entries but graph {graph.name!r} has {graph.num_ops} ops"
+        )
+    bad = np.flatnonzero((devices < 0) | (devices >= num_devices))
+    if bad.size:
+        i = int(bad[0])
+        raise AssignmentError(
+            f"op {graph.op_label(i)} is assigned to device {int(devices[i])}, "
+            f"but the cluster has devices 0..{num_devices - 1}"
+            + (f" ({bad.size - 1} more ops are out of range)" if bad.size > 1 else "")
+        )
+    return devices
+
+
+def load_assignment(path: str | Path, graph: DataflowGraph | None = None) -> Assignment:
+    """Read an assignment file; with ``graph``, check its length and fingerprint."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise AssignmentError(f"{p}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise AssignmentError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if isinstance(obj, list):
+        values, method, fp = obj, "file", None
+    elif isinstance(obj, dict) and isinstance(obj.get("assignment"), list):
+        values, method, fp = obj["assignment"], str(obj.get("method", "file")), obj.get("graph_fingerprint")
+    else:
+        raise AssignmentError(f'{p}: expected a JSON list or an object with an "assignment" list')
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            raise AssignmentError(f"{p}: entry {i} (op {i}) is {v!r}, not a device index")
+    try:
+        devices = as_devices(values)
+    except AssignmentError as e:
+        raise AssignmentError(f"{p}: {e}") from None
+    if graph is not None:
+        if devices.shape[0] != graph.num_ops:
+            raise AssignmentError(
+                f"{p}: the assignment has {devices.shape[0]} entries but graph {graph.name!r} has {graph.num_ops} ops"
+            )
+        if fp is not None and fp != graph.fingerprint():
+            raise AssignmentError(
+                f"{p}: made for a different graph (fingerprint {fp}, this graph is {graph.fingerprint()})"
+            )
+    return Assignment(devices=devices, method=method, graph_fingerprint=fp)
