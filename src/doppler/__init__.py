@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from doppler.assignment import Assignment, load_assignment
-from doppler.graph import DataflowGraph, GraphError, OpKind
 from doppler.formats import load_graph, save_graph
+from doppler.graph import DataflowGraph, GraphError, OpKind
 
 __version__ = "0.1.0"
 

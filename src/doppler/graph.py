@@ -277,7 +277,8 @@ class DataflowGraph:
         return order, level
 
     def _find_cycle(self, remaining: np.ndarray) -> list[int]:
-        """Ops on one cycle among ``remaining`` (every such op has a remaining predecessor)."""
+        """Ops on one cycle among ``remaining`` (every such op has a remaining predecessor),
+        in edge order, starting at the lowest op id."""
         v = int(np.flatnonzero(remaining)[0])
         seen: dict[int, int] = {}
         path: list[int] = []
@@ -286,7 +287,9 @@ class DataflowGraph:
             path.append(v)
             preds = self.pred_idx[self.pred_ptr[v] : self.pred_ptr[v + 1]]
             v = int(preds[remaining[preds]][0])
-        return path[seen[v] :][::-1]
+        cycle = path[seen[v] :][::-1]
+        start = cycle.index(min(cycle))
+        return cycle[start:] + cycle[:start]
 
     # ------------------------------------------------------------ accessors
     @property

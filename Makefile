@@ -1,0 +1,26 @@
+# Set-up is automatic: the first `make demo` or `make test` creates .venv and installs
+# doppler with pinned torch (the CPU build, see constraints.txt) and its dependencies.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/doppler demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

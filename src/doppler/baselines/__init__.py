@@ -1,0 +1,175 @@
+"""Device-assignment methods behind one interface, and their registry.
+
+Every method is a function ``fn(graph, cluster, *, seed, budget_s, **kw)`` that
+returns an :class:`~doppler.assignment.Assignment` (or a bare device array)
+registered under a name with :func:`register`. Use :func:`assign` to run one by
+name: it validates the request, times the call (``assign_time_s``), checks the
+result and stamps ``method`` and ``graph_fingerprint``.
+
+Built in (DESIGN.md §4): ``single``, ``round_robin``, ``random``,
+``critical_path``, ``heft``, ``metis``, ``enumerative``, ``anneal``. The learned
+methods (``doppler``, ``placeto``, ``gdp``, ablations) register themselves the
+same way from their own modules; list those modules in :data:`PLUGIN_MODULES`
+so that lookup by name imports them on demand.
+
+Methods use only public APIs (graph, cluster, simulator); they never reach into
+simulator internals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from doppler.assignment import Assignment, check_assignment
+from doppler.graph import DataflowGraph
+
+
+class MethodError(ValueError):
+    """A method was asked for something it cannot do (unknown name, bad budget, too few devices, ...)."""
+
+
+MethodFn = Callable[..., "Assignment | np.ndarray"]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    fn: MethodFn
+    description: str = ""
+    min_devices: int = 1
+    uses_budget: bool = False  # True: honours budget_s (others ignore it)
+    deterministic: bool = True  # same inputs -> same assignment, whatever the seed
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+# Modules that register further methods when imported (the learned methods add theirs here).
+PLUGIN_MODULES: list[str] = []
+_BUILTIN_MODULES = ("simple", "critical_path", "heft", "metis", "enumerative", "anneal")
+_loaded_plugins = False
+
+
+def register(
+    name: str,
+    *,
+    description: str = "",
+    min_devices: int = 1,
+    uses_budget: bool = False,
+    deterministic: bool = True,
+) -> Callable[[MethodFn], MethodFn]:
+    """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``."""
+
+    def deco(fn: MethodFn) -> MethodFn:
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic)
+        return fn
+
+    return deco
+
+
+def _load_plugins() -> None:
+    global _loaded_plugins
+    if _loaded_plugins:
+        return
+    _loaded_plugins = True
+    for mod in PLUGIN_MODULES:
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(mod)
+
+
+def list_methods() -> list[str]:
+    """Names of every registered method (built-in first, in registration order)."""
+    _load_plugins()
+    return list(METHODS)
+
+
+def get_method(name: str) -> MethodSpec:
+    spec = METHODS.get(name)
+    if spec is None:
+        _load_plugins()
+        spec = METHODS.get(name)
+    if spec is None:
+        raise MethodError(f"unknown method {name!r} (known: {', '.join(list_methods())})")
+    return spec
+
+
+def check_budget(budget_s: float | None) -> None:
+    if budget_s is None:
+        return
+    try:
+        b = float(budget_s)
+    except (TypeError, ValueError):
+        raise MethodError(f"the time budget must be a number of seconds, got {budget_s!r}") from None
+    if not math.isfinite(b) or b <= 0:
+        raise MethodError(f"the time budget must be a positive number of seconds, got {budget_s!r}")
+
+
+def assign(
+    graph: DataflowGraph,
+    cluster: Any,
+    method: str = "critical_path",
+    *,
+    seed: int = 0,
+    budget_s: float | None = None,
+    **kw: Any,
+) -> Assignment:
+    """Run method ``method`` and return its :class:`Assignment`.
+
+    ``seed`` makes randomised methods reproducible; ``budget_s`` is a wall-clock
+    budget for search methods (others ignore it); further keyword arguments go to
+    the method (e.g. ``max_evals`` for ``anneal``).
+    """
+    spec = get_method(method)
+    check_budget(budget_s)
+    d = int(cluster.num_devices)
+    if d < spec.min_devices:
+        raise MethodError(
+            f"method {method!r} needs at least {spec.min_devices} devices, but cluster "
+            f"{getattr(cluster, 'name', '?')!r} has {d}"
+        )
+    t0 = time.perf_counter()
+    try:
+        out = spec.fn(graph, cluster, seed=int(seed), budget_s=budget_s, **kw)
+    except TypeError as e:
+        if kw and "unexpected keyword argument" in str(e):
+            raise MethodError(f"method {method!r} does not accept option(s) {', '.join(sorted(kw))}") from None
+        raise
+    elapsed = time.perf_counter() - t0
+    if not isinstance(out, Assignment):
+        out = Assignment(devices=np.asarray(out))
+    out.devices = check_assignment(graph, out.devices, d)
+    out.method = method
+    out.assign_time_s = float(elapsed)
+    out.graph_fingerprint = graph.fingerprint()
+    return out
+
+
+for _m in _BUILTIN_MODULES:
+    importlib.import_module(f"doppler.baselines.{_m}")
+del _m
+
+from doppler.baselines.critical_path import CriticalPathTrace, critical_path_trace  # noqa: E402
+from doppler.baselines.heft import HeftSchedule, heft_schedule  # noqa: E402
+
+__all__ = [
+    "METHODS",
+    "PLUGIN_MODULES",
+    "CriticalPathTrace",
+    "HeftSchedule",
+    "MethodError",
+    "MethodSpec",
+    "assign",
+    "check_budget",
+    "critical_path_trace",
+    "get_method",
+    "heft_schedule",
+    "list_methods",
+    "register",
+]

@@ -1,0 +1,213 @@
+"""CRITICAL PATH list scheduling: DOPPLER's imitation-learning teacher (DESIGN.md §3).
+
+The algorithm, exactly:
+
+1. Static priorities. ``b_level[v]`` is the longest path from ``v`` to an exit,
+   counting compute and communication, where an op's compute is its **mean**
+   compute time over the cluster's devices and an edge's communication is the
+   **mean** transfer time of the producer's ``output_bytes`` over ordered pairs
+   of distinct devices (``Cluster.mean_transfer_time_s``; 0 on one device).
+2. Repeat ``|V|`` times. The candidate set ``C_h`` holds the unplaced ops whose
+   predecessors are all placed. **SEL**: take the candidate with the largest
+   b-level (ties: lowest op id). **PLC**: for every device ``d`` estimate the
+   earliest start time::
+
+       EST(v, d) = max(free[d], max_{u in pred(v)} finish[u] + xfer(u, dev[u] -> d))
+
+   where ``xfer`` is ``latency + bytes / bandwidth`` of the link (0 on the same
+   device) and ``free[d]`` is the finish time of the last op put on ``d`` (no
+   insertion into idle gaps). Put ``v`` on the device with the smallest EST
+   (ties: lowest device id, where devices whose EST is within a relative
+   ``1e-9`` of the minimum count as tied), then ``finish[v] = EST + compute(v, d)``
+   with ``d``'s own compute time and ``free[d] = finish[v]``.
+
+The list schedule's length (the largest ``finish``) is reported as the method's
+``estimated_makespan_s``; the real makespan comes from the WC simulator.
+
+:func:`critical_path_trace` exposes every step (candidate set, chosen op, the EST
+of each device for it, and the tied-best candidates and devices) as arrays for
+the imitation stage.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from doppler.assignment import Assignment
+from doppler.baselines import register
+from doppler.baselines._costs import CostModel
+from doppler.graph import DataflowGraph
+
+TIE_RTOL = 1e-9
+
+
+def _tied(values: np.ndarray, best: float) -> np.ndarray:
+    """Entries equal to ``best`` up to a relative ``TIE_RTOL``."""
+    return np.abs(values - best) <= TIE_RTOL * abs(best)
+
+
+@dataclass
+class CriticalPathTrace:
+    """Every step of the teacher. Step ``h`` places op ``order[h]`` on ``devices[h]``.
+
+    Candidates of step ``h`` are ``cand_ops[cand_ptr[h]:cand_ptr[h+1]]`` (ascending
+    op id); ``cand_tied`` marks those tied for the largest b-level (the chosen op
+    is always among them). ``est_s[h]`` is the estimated earliest start of
+    ``order[h]`` on each device; ``device_tied[h]`` marks the devices tied for the
+    smallest. Per-op arrays (``assignment``, ``start_s``, ``finish_s``,
+    ``b_level``) are indexed by op id.
+    """
+
+    order: np.ndarray  # int64[n]
+    devices: np.ndarray  # int64[n]
+    est_s: np.ndarray  # float64[n, D]
+    device_tied: np.ndarray  # bool[n, D]
+    cand_ptr: np.ndarray  # int64[n + 1]
+    cand_ops: np.ndarray  # int64[sum |C_h|]
+    cand_tied: np.ndarray  # bool[sum |C_h|]
+    b_level: np.ndarray  # float64[n]
+    assignment: np.ndarray  # int64[n]
+    start_s: np.ndarray  # float64[n]
+    finish_s: np.ndarray  # float64[n]
+    makespan_s: float
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.order.shape[0])
+
+    def candidates(self, h: int) -> np.ndarray:
+        return self.cand_ops[self.cand_ptr[h] : self.cand_ptr[h + 1]]
+
+    def tied_candidates(self, h: int) -> np.ndarray:
+        lo, hi = self.cand_ptr[h], self.cand_ptr[h + 1]
+        return self.cand_ops[lo:hi][self.cand_tied[lo:hi]]
+
+    def tied_devices(self, h: int) -> np.ndarray:
+        return np.flatnonzero(self.device_tied[h])
+
+
+def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
+    n, nd = graph.num_ops, cm.num_devices
+    bl = cm.b_level(graph)
+    comp = cm.compute_s
+    pb = cm.pred_bytes(graph)
+    lat, inv = cm.latency_s, cm.inv_bw
+    pred_ptr = graph.pred_ptr.tolist()
+    pred_idx = graph.pred_idx
+    succ_ptr = graph.succ_ptr.tolist()
+    succ_idx = graph.succ_idx.tolist()
+    indeg = np.diff(graph.pred_ptr).tolist()
+    neg_bl = (-bl).tolist()
+
+    heap = [(neg_bl[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    free = np.zeros(nd)
+    dev = np.zeros(n, dtype=np.int64)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    order = np.empty(n, dtype=np.int64)
+    chosen_dev = np.empty(n, dtype=np.int64)
+    if record:
+        est_all = np.empty((n, nd))
+        dev_tied = np.zeros((n, nd), dtype=bool)
+        cand_set = {v for _, v in heap}
+        cand_ptr = np.zeros(n + 1, dtype=np.int64)
+        cand_chunks: list[np.ndarray] = []
+        tied_chunks: list[np.ndarray] = []
+
+    for h in range(n):
+        if record:
+            cands = np.fromiter(sorted(cand_set), dtype=np.int64, count=len(cand_set))
+            cb = bl[cands]
+            cand_chunks.append(cands)
+            tied_chunks.append(_tied(cb, float(cb.max())))
+            cand_ptr[h + 1] = cand_ptr[h] + cands.size
+        _, v = heapq.heappop(heap)
+        lo, hi = pred_ptr[v], pred_ptr[v + 1]
+        if hi > lo:
+            p = pred_idx[lo:hi]
+            pd = dev[p]
+            arrival = finish[p][:, None] + lat[pd] + pb[lo:hi, None] * inv[pd]
+            est = np.maximum(free, arrival.max(axis=0))
+        else:
+            est = free.copy()
+        best = float(est.min())
+        tied = _tied(est, best)
+        d = int(np.argmax(tied))  # lowest tied device id
+        s = float(est[d])
+        f = s + float(comp[v, d])
+        dev[v] = d
+        start[v] = s
+        finish[v] = f
+        free[d] = f
+        order[h] = v
+        chosen_dev[h] = d
+        if record:
+            est_all[h] = est
+            dev_tied[h] = tied
+            cand_set.discard(v)
+        for k in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = succ_idx[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(heap, (neg_bl[w], w))
+                if record:
+                    cand_set.add(w)
+
+    out = {
+        "order": order,
+        "devices": chosen_dev,
+        "b_level": bl,
+        "assignment": dev,
+        "start_s": start,
+        "finish_s": finish,
+        "makespan_s": float(finish.max()),
+    }
+    if record:
+        out.update(
+            est_s=est_all,
+            device_tied=dev_tied,
+            cand_ptr=cand_ptr,
+            cand_ops=np.concatenate(cand_chunks) if cand_chunks else np.empty(0, np.int64),
+            cand_tied=np.concatenate(tied_chunks) if tied_chunks else np.empty(0, bool),
+        )
+    return out
+
+
+def critical_path_trace(
+    graph: DataflowGraph,
+    cluster=None,
+    *,
+    compute_s: np.ndarray | None = None,
+    comm_s: np.ndarray | None = None,
+) -> CriticalPathTrace:
+    """Run the teacher and record every step (see :class:`CriticalPathTrace`).
+
+    ``compute_s[n, D]`` / ``comm_s[E]`` override the cluster's costs (for tests
+    and imported graphs with explicit costs).
+    """
+    cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
+    return CriticalPathTrace(**_schedule(graph, cm, record=True))
+
+
+def critical_path_schedule(
+    graph: DataflowGraph,
+    cluster=None,
+    *,
+    compute_s: np.ndarray | None = None,
+    comm_s: np.ndarray | None = None,
+) -> dict:
+    """The teacher's list schedule without the per-step record: a dict with
+    ``assignment``, ``order``, ``start_s``, ``finish_s``, ``b_level``, ``makespan_s``."""
+    cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
+    return _schedule(graph, cm, record=False)
+
+
+@register("critical_path", description="list scheduling: largest b-level first, earliest-start device")
+def critical_path(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+    """DOPPLER's CRITICAL PATH teacher (deterministic; ``seed``/``budget_s`` unused)."""
+    res = critical_path_schedule(graph, cluster)
+    return Assignment(devices=res["assignment"], estimated_makespan_s=res["makespan_s"])

@@ -1,0 +1,95 @@
+"""Shared pieces of the ``doppler`` command: the typer app, output and error handling.
+
+Conventions (DESIGN.md §7): a human summary by default, exactly one JSON value on
+stdout with ``--json``; exit 0 on success, 2 on bad input (one line naming the
+file/line/op), 1 on internal failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="doppler",
+    help="Learn where each op of a dataflow graph should run on a work-conserving multi-device engine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+graph_app = typer.Typer(help="Build, inspect, convert and draw dataflow graphs.", no_args_is_help=True)
+app.add_typer(graph_app, name="graph")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for; reported in one line with exit code 2."""
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """Every exception type that means bad input rather than a bug."""
+    from doppler.assignment import AssignmentError
+    from doppler.graph import GraphError
+    from doppler.hardware import ClusterError
+
+    types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError]
+    with contextlib.suppress(ImportError):
+        from doppler.workloads import WorkloadError
+
+        types.append(WorkloadError)
+    with contextlib.suppress(ImportError):
+        from doppler.simulate import SimulationError
+
+        types.append(SimulationError)
+    with contextlib.suppress(ImportError):
+        from doppler.baselines import MethodError
+
+        types.append(MethodError)
+    return tuple(types)
+
+
+@contextlib.contextmanager
+def handle_errors() -> Iterator[None]:
+    """Turn user mistakes into exit 2 with one line, anything else into exit 1."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except user_error_types() as e:
+        msg = str(e) if not isinstance(e, FileNotFoundError) else f"{e.filename or e}: no such file"
+        err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]")
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - last-resort report of a bug
+        err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    return obj
+
+
+def emit_json(obj: Any) -> None:
+    """Print exactly one JSON value on stdout."""
+    sys.stdout.write(json.dumps(_jsonable(obj)) + "\n")
+    sys.stdout.flush()

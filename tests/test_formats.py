@@ -1,0 +1,224 @@
+"""Graph files: native JSON and DOPPLER text, round trips and error messages."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from doppler.formats import (
+    graph_from_json,
+    graph_from_json_text,
+    graph_from_text,
+    graph_to_json,
+    graph_to_text,
+    load_graph,
+    save_graph,
+)
+from doppler.graph import GraphError, Group, OpKind, from_edges
+
+TEXT = """7
+5,6
+0,0,1,2
+1,2,3,3
+10,2,einsummable
+20,3,formation
+30,4,select
+5,1,einsummable
+3,0,input
+"""
+
+
+def test_text_parse() -> None:
+    g = graph_from_text(TEXT, name="t")
+    assert g.num_ops == 5 and g.num_edges == 4
+    assert g.flops.tolist() == [10, 20, 30, 5, 3]
+    assert g.output_bytes.tolist() == [2, 3, 4, 1, 0]
+    assert [OpKind(int(k)).label for k in g.kind] == ["einsummable", "formation", "select", "einsummable", "input"]
+
+
+def test_text_round_trips_through_json_unchanged(tmp_path: Path) -> None:
+    src = tmp_path / "g.txt"
+    src.write_text(TEXT)
+    save_graph(load_graph(src), tmp_path / "g.json")
+    save_graph(load_graph(tmp_path / "g.json"), tmp_path / "back.txt")
+    assert (tmp_path / "back.txt").read_text() == TEXT
+
+
+def test_text_with_loose_separators_and_no_optypes() -> None:
+    text = "4\n3\n0 1, 0,\n 1 2 2 \n1,1\n2,2\n3,3\n"
+    g = graph_from_text(text)
+    assert g.src.tolist() == [0, 1, 0] and g.dst.tolist() == [1, 2, 2]
+    assert all(k == OpKind.UNKNOWN for k in g.kind)
+    again = graph_from_text(graph_to_text(g))
+    assert again.equals(g) and "," not in graph_to_text(g).splitlines()[4][3:]
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("", "needs at least 4 header lines"),
+        ("x\n\n\n\n1,1\n", r":1: total node count: 'x' is not an integer"),
+        ("2\n\n0\n\n1,1\n1,1\n", r":4: 0 edge destinations but line 3 has 1"),
+        ("2\n\n0\n5\n1,1\n1,1\n", r":4: edge 0 refers to node 5, but ops are 0..1"),
+        ("2\n\n0\n1\n1,1\n", "expected 2 op lines"),
+        ("2\n\n0\n1\n1,1\n-1,1\n", r":6: op 1: compute '-1' is not a non-negative integer"),
+        ("2\n\n0\n1\n1,1,input\n1,1,conv\n", r":6: op 1: unknown optype 'conv'"),
+        ("2\n\n0\n1\n1,1,input\n1,1\n", r":6: op 1: some op lines have an optype"),
+        ("3\n\n0,1,2\n1,2,0\n1,1\n1,1\n1,1\n", r"g.txt: the graph has a cycle: 0 -> 1 -> 2 -> 0"),
+        ("2\n0,1\n\n\n", "leave no ops"),
+    ],
+)
+def test_text_errors_name_file_and_line(tmp_path: Path, text: str, pattern: str) -> None:
+    p = tmp_path / "g.txt"
+    p.write_text(text)
+    with pytest.raises(GraphError, match=pattern) as info:
+        load_graph(p)
+    assert str(p) in str(info.value)
+
+
+def _rich_graph():
+    return from_edges(
+        [1.5, 2.25, 1e12 / 3, 0.0],
+        [(0, 1), (1, 2), (0, 2), (2, 3)],
+        [8, 16, 32, 0.1],
+        kind=[OpKind.MATMUL, OpKind.ADD, OpKind.SOFTMAX, OpKind.SELECT],
+        group=[0, 0, -1, -1],
+        block=[[0, 1], [1, 0], [-1, -1], [-1, -1]],
+        names=["a", "b", "c", "d"],
+        specs=[{"kernel": "einsum", "eq": "ik,kj->ij"}, None, {"kernel": "map", "fn": "exp"}, None],
+        groups=[Group("mm", "matmul", (2, 2))],
+        name="rich",
+        meta={"workload": "x", "params": {"n": 4}},
+    )
+
+
+def test_json_round_trip_is_exact(tmp_path: Path) -> None:
+    g = _rich_graph()
+    save_graph(g, tmp_path / "g.json")
+    back = load_graph(tmp_path / "g.json")
+    assert back.equals(g)
+    assert back.fingerprint() == g.fingerprint()
+    assert not list(tmp_path.glob(".*tmp")), "atomic write left a temp file"
+
+
+def test_text_export_of_a_workload_style_graph_maps_kinds() -> None:
+    text = graph_to_text(from_edges([1, 2], [(0, 1)], [3, 4], kind=[OpKind.MATMUL, OpKind.MASK_FILL]))
+    assert text.splitlines()[-2:] == ["1,3,einsummable", "2,4,fill"]
+    with pytest.raises(GraphError, match="non-integer flops"):
+        graph_to_text(_rich_graph())
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda d: d.update(format="other"), "not a doppler graph"),
+        (lambda d: d.update(version=99), "unsupported graph format version 99"),
+        (lambda d: d.update(extra=1), r"unknown key\(s\) \['extra'\]"),
+        (lambda d: d["ops"].pop("flops"), "missing ops.flops"),
+        (lambda d: d["ops"]["flops"].__setitem__(1, "x"), r"ops.flops\[1\] is 'x', not a number"),
+        (lambda d: d["ops"]["kind"].__setitem__(2, "conv"), r"ops.kind\[2\] is 'conv'"),
+        (lambda d: d["ops"]["output_bytes"].pop(), "ops.output_bytes has 3 entries, expected 4"),
+        (lambda d: d["edges"]["dst"].__setitem__(0, 9), r"edge 0 \(0 -> 9\) refers to an unknown op"),
+        (lambda d: d["edges"]["src"].__setitem__(0, 1.5), r"edges.src\[0\] is 1.5, not an integer"),
+        (lambda d: d["ops"]["flops"].__setitem__(0, -1), "op 0 \\('a'\\) has invalid flops -1"),
+    ],
+)
+def test_json_errors(mutate, pattern) -> None:
+    doc = json.loads(json.dumps(graph_to_json(_rich_graph())))
+    mutate(doc)
+    with pytest.raises(GraphError, match=pattern):
+        graph_from_json(doc, source="g.json")
+
+
+def test_json_syntax_error_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "g.json"
+    p.write_text('{\n  "format": "doppler-graph",\n  "version": 1,\n  oops\n}')
+    with pytest.raises(GraphError, match=r"g.json:4: not valid JSON"):
+        load_graph(p)
+
+
+def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(GraphError, match="unknown graph file extension"):
+        load_graph(tmp_path / "g.csv")
+    with pytest.raises(GraphError, match="no such file"):
+        load_graph(tmp_path / "missing.json")
+
+
+# -------------------------------------------------------------- fuzzing
+@st.composite
+def text_graphs(draw):
+    n = draw(st.integers(1, 12))
+    k = draw(st.integers(0, 3))
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    edges = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=2 * n)) if pairs else []
+    with_type = draw(st.booleans())
+    lines = [str(n + k), ",".join(str(n + i) for i in range(k)),
+             ",".join(str(u) for u, _ in edges), ",".join(str(v) for _, v in edges)]
+    for _ in range(n):
+        row = f"{draw(st.integers(0, 10**12))},{draw(st.integers(0, 10**9))}"
+        if with_type:
+            row += "," + draw(st.sampled_from(["input", "formation", "complexer", "squeezer", "fill", "select",
+                                               "einsummable", "unknown"]))
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=80, deadline=None)
+@given(text_graphs())
+def test_fuzz_valid_text_round_trips(text: str) -> None:
+    g = graph_from_text(text)
+    assert graph_to_text(g) == text
+    assert graph_from_json(json.loads(json.dumps(graph_to_json(g)))).equals(g)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text_graphs(), st.data())
+def test_fuzz_corrupted_text_raises_only_graph_error(text: str, data) -> None:
+    pos = data.draw(st.integers(0, len(text)))
+    junk = data.draw(st.text(alphabet="0123456789,- x\n.", max_size=6))
+    cut = data.draw(st.integers(0, 3))
+    corrupted = text[:pos] + junk + text[pos + cut:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            g = graph_from_text(corrupted)
+        except GraphError:
+            return
+    assert g.num_ops >= 1 and np.all(g.flops >= 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+))
+def test_fuzz_random_json_raises_only_graph_error(doc) -> None:
+    try:
+        graph_from_json(doc)
+    except GraphError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_fuzz_corrupted_json_document(data) -> None:
+    doc = json.loads(json.dumps(graph_to_json(_rich_graph())))
+    section = data.draw(st.sampled_from(["ops", "edges"]))
+    key = data.draw(st.sampled_from(sorted(doc[section])))
+    doc[section][key] = data.draw(st.one_of(
+        st.none(), st.integers(), st.text(max_size=3),
+        st.lists(st.one_of(st.integers(-3, 9), st.floats(), st.text(max_size=2), st.none()), max_size=6),
+    ))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            graph_from_json_text(json.dumps(doc))
+        except GraphError:
+            pass
