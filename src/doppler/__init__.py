@@ -5,15 +5,23 @@ from __future__ import annotations
 from doppler.assignment import Assignment, load_assignment
 from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph, GraphError, OpKind
+from doppler.hardware import Cluster, cluster
+from doppler.simulate import SimResult, lower_bound, simulate, simulate_many
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Assignment",
+    "Cluster",
+    "SimResult",
     "DataflowGraph",
     "GraphError",
     "OpKind",
+    "cluster",
+    "lower_bound",
     "load_assignment",
     "load_graph",
     "save_graph",
+    "simulate",
+    "simulate_many",
 ]

@@ -23,6 +23,7 @@ transfer ``comm`` time units. The header (T and the input ids) is kept in
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,12 @@ def _number_column(values: Any, key: str, n: int | None, source: str, dtype: Any
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise GraphError(f"{source}: {key}[{i}] is {v!r}, not a number")
-        if dtype is np.int64 and isinstance(v, float) and v != int(v):
+        if dtype is np.int64 and not (isinstance(v, int) or (math.isfinite(v) and v == int(v))):
             raise GraphError(f"{source}: {key}[{i}] is {v!r}, not an integer")
+        if dtype is np.int64 and not -(2**62) < v < 2**62:
+            raise GraphError(f"{source}: {key}[{i}] is {v!r}, out of range")
+        if dtype is np.float64 and isinstance(v, int) and abs(v) > 1e300:
+            raise GraphError(f"{source}: {key}[{i}] is out of range")
     return np.asarray(values, dtype=dtype)
 
 

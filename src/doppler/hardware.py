@@ -3,21 +3,122 @@
 A :class:`Cluster` is a list of :class:`Device` plus two ``D x D`` matrices for
 the ordered device pairs: ``bandwidth_Bps`` (bytes/s) and ``latency_s``. Moving
 ``b`` bytes from device ``i`` to ``j != i`` takes ``latency_s[i, j] + b /
-bandwidth_Bps[i, j]``; staying on a device is free.
+bandwidth_Bps[i, j]``; staying on a device is free (the diagonal is ignored).
+An op of kind ``k`` with ``f`` FLOPs takes ``f / rate`` seconds on a device,
+where ``rate`` is the device's ``flops_per_s_by_kind[k]`` if given, else its
+``flops_per_s``. A device with ``streams = s`` runs up to ``s`` ops at once, each
+at full speed (DESIGN.md §5).
+
+Getting a cluster
+-----------------
+:func:`cluster` takes a preset name, ``name:N`` for a homogeneous preset with
+``N`` devices (``unit:8``, ``cpu4:2``, ``p100x4:2``, ``h100x8:4``), or the path
+of a JSON file written by :meth:`Cluster.save`. ``v100x8`` is heterogeneous (its
+NVLink topology is the fixed DGX-1 hybrid cube-mesh), so it only exists with 8
+devices: ``v100x8:8`` is accepted, any other count is a :class:`ClusterError`.
+
+JSON format (``Cluster.to_json``)::
+
+    {"name": "mybox",
+     "devices": [{"name": "gpu0", "kind": "gpu", "flops_per_s": 1e13,
+                  "flops_per_s_by_kind": {"add": 9e10},   # optional
+                  "memory_bytes": 1.6e10,                  # optional, null = unlimited
+                  "streams": 1}, ...],                     # optional, default 1
+     "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},  # optional
+     "links": [{"src": "gpu0", "dst": "gpu1", "bandwidth_Bps": 2.5e10, "latency_s": 8e-6}, ...],
+     "meta": {...}}                                        # optional, free-form
+
+Links are *ordered* pairs (``src -> dst``), named by device name or index. Every
+ordered pair of distinct devices needs a link, either listed or covered by
+``default_link``; a missing pair, a duplicate pair, a non-positive bandwidth,
+a negative latency or an unknown field is an error naming the file, the field
+and the device(s).
+
+Where the preset numbers come from
+----------------------------------
+Compute: datasheet peak FP32 FLOP/s times an achieved fraction of 0.7 (what
+cuBLAS SGEMM reaches on the large tiles these graphs use). Ops that are
+memory-bound (add, elementwise, softmax, norm, rotary, mask_fill, select,
+reduce, fill and the text format's formation/complexer/squeezer) get a per-kind
+rate instead: achieved memory bandwidth (0.8 x datasheet HBM bandwidth)
+divided by 8 bytes moved per FLOP (one FP32 read and one FP32 write per
+FLOP; an add of two tiles moves 12 B/FLOP, softmax about 2 B/FLOP). Transfer
+latencies include the ``cudaMemcpyPeerAsync`` launch and synchronisation
+overhead (several microseconds), not only wire latency.
+
+* ``unit``: 4 devices, 1 FLOP/s, 1 byte/s, zero latency. Imported DOPPLER
+  text graphs run in their own cost units on it (compute -> seconds, comm ->
+  seconds).
+* ``p100x4``: the paper's machine, 4x Tesla P100 16 GB. We assume the PCIe
+  card (the paper does not name an NVLink topology): 9.3 TFLOP/s FP32 peak ->
+  6.5 TFLOP/s; HBM2 732 GB/s -> 73 GFLOP/s for memory-bound kinds. GPUs talk
+  peer-to-peer over PCIe 3.0 x16 (15.75 GB/s theoretical, about 12 GB/s
+  achieved) through a PCIe switch, so every pair is alike: 12 GB/s, 10 us.
+* ``v100x8``: a DGX-1 with Tesla V100 SXM2 16 GB. 15.7 TFLOP/s FP32 peak ->
+  11.0 TFLOP/s; HBM2 900 GB/s -> 90 GFLOP/s memory-bound. NVLink 2.0 runs
+  25 GB/s per direction per link; the hybrid cube-mesh gives each GPU six
+  links to four peers (``nvidia-smi topo -m`` on a DGX-1V): two quads
+  {0,1,2,3} and {4,5,6,7}, fully connected inside, plus i <-> i+4. Pairs with
+  one link (NV1): 22 GB/s achieved; with two links (NV2): 44 GB/s; both 8 us.
+  The other pairs (e.g. 0 <-> 5) have no NVLink and go over PCIe and the host
+  (cross-socket UPI): about 9 GB/s achieved, 20 us.
+* ``h100x8``: an HGX H100 SXM5 with NVSwitch, every pair alike. 67 TFLOP/s
+  FP32 (non-tensor-core) peak -> 46.9 TFLOP/s; HBM3 3.35 TB/s -> 335 GFLOP/s
+  memory-bound. NVLink 4 gives 450 GB/s per direction per GPU; about 360 GB/s
+  achieved point-to-point, 5 us.
+* ``cpu4``: 4 local CPU worker processes. PLACEHOLDER numbers until
+  ``doppler calibrate`` measures the real ones: 50 GFLOP/s per worker (a few
+  AVX2 cores running SGEMM), 2.5 GFLOP/s for memory-bound kinds (20 GB/s), and
+  5 GB/s with 50 us latency between workers (a shared-memory copy plus the
+  hand-off).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
+from doppler.io_util import atomic_write_text
+
+DEVICE_KINDS = ("cpu", "gpu")
+
+#: op kinds whose kernels are limited by memory bandwidth rather than FLOP/s (see module docstring)
+MEMORY_BOUND_KINDS = (
+    "add",
+    "elementwise",
+    "softmax",
+    "norm",
+    "rotary",
+    "mask_fill",
+    "select",
+    "reduce",
+    "fill",
+    "formation",
+    "complexer",
+    "squeezer",
+)
+
+#: achieved fraction of datasheet FP32 peak for compute-bound kinds
+ACHIEVED_COMPUTE_FRACTION = 0.7
+#: achieved fraction of datasheet memory bandwidth for memory-bound kinds
+ACHIEVED_MEMORY_FRACTION = 0.8
+#: bytes moved per FLOP by a memory-bound kernel
+MEMORY_BOUND_BYTES_PER_FLOP = 8.0
 
 
 class ClusterError(ValueError):
-    """A cluster description is invalid; the message names the device or field."""
+    """A cluster description is invalid; the message names the file, field or device."""
+
+
+def _finite_positive(x: float) -> bool:
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 @dataclass(frozen=True)
@@ -31,10 +132,57 @@ class Device:
     memory_bytes: float = float("inf")
     streams: int = 1
 
+    def validate(self, where: str = "") -> None:
+        """Raise ClusterError unless every field is sensible."""
+        at = f"{where}device {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ClusterError(f"{where}a device has an empty or non-string name {self.name!r}")
+        if self.kind not in DEVICE_KINDS:
+            raise ClusterError(f"{at}: kind must be one of {', '.join(DEVICE_KINDS)}, got {self.kind!r}")
+        if not _finite_positive(self.flops_per_s):
+            raise ClusterError(f"{at}: flops_per_s must be a finite number > 0, got {self.flops_per_s!r}")
+        if not isinstance(self.flops_per_s_by_kind, dict):
+            raise ClusterError(f"{at}: flops_per_s_by_kind must be an object mapping op kinds to FLOP/s")
+        for label, rate in self.flops_per_s_by_kind.items():
+            try:
+                OpKind.parse(str(label))
+            except ValueError as e:
+                raise ClusterError(f"{at}: flops_per_s_by_kind: {e}") from None
+            if not _finite_positive(rate):
+                raise ClusterError(f"{at}: flops_per_s_by_kind[{label!r}] must be a finite number > 0, got {rate!r}")
+        mem = self.memory_bytes
+        if isinstance(mem, bool) or not isinstance(mem, (int, float, np.floating, np.integer)) or not (mem > 0):
+            raise ClusterError(f"{at}: memory_bytes must be > 0 (or null for unlimited), got {mem!r}")
+        if isinstance(self.streams, bool) or not isinstance(self.streams, (int, np.integer)) or self.streams < 1:
+            raise ClusterError(f"{at}: streams must be an integer >= 1, got {self.streams!r}")
 
-@dataclass
+    def rate(self, kind: int | str | OpKind) -> float:
+        """FLOP/s of this device for ops of ``kind``."""
+        label = OpKind(kind).label if not isinstance(kind, str) else OpKind.parse(kind).label
+        return float(self.flops_per_s_by_kind.get(label, self.flops_per_s))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "flops_per_s": float(self.flops_per_s)}
+        if self.flops_per_s_by_kind:
+            out["flops_per_s_by_kind"] = {str(k): float(v) for k, v in self.flops_per_s_by_kind.items()}
+        out["memory_bytes"] = None if math.isinf(self.memory_bytes) else float(self.memory_bytes)
+        out["streams"] = int(self.streams)
+        return out
+
+
+_DEVICE_FIELDS = {"name", "kind", "flops_per_s", "flops_per_s_by_kind", "memory_bytes", "streams"}
+_LINK_FIELDS = {"src", "dst", "bandwidth_Bps", "latency_s"}
+_CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
+
+
+@dataclass(eq=False)
 class Cluster:
-    """A set of devices and the links between every ordered pair."""
+    """A set of devices and the links between every ordered pair.
+
+    Treat a Cluster as immutable once built: the simulator caches per-(graph,
+    cluster) arrays. Use :meth:`scaled_links` or :func:`dataclasses.replace`
+    to derive a variant.
+    """
 
     name: str
     devices: list[Device]
@@ -43,9 +191,48 @@ class Cluster:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.bandwidth_Bps = np.asarray(self.bandwidth_Bps, dtype=np.float64)
-        self.latency_s = np.asarray(self.latency_s, dtype=np.float64)
+        self.devices = list(self.devices)
+        self.bandwidth_Bps = np.array(self.bandwidth_Bps, dtype=np.float64)
+        self.latency_s = np.array(self.latency_s, dtype=np.float64)
+        self.validate()
 
+    # ------------------------------------------------------------ validation
+    def validate(self, where: str = "") -> None:
+        """Raise ClusterError (prefixed by ``where``) unless the cluster is well formed."""
+        d = len(self.devices)
+        if d < 1:
+            raise ClusterError(f"{where}cluster {self.name!r} has no devices")
+        seen: dict[str, int] = {}
+        for i, dev in enumerate(self.devices):
+            if not isinstance(dev, Device):
+                raise ClusterError(f"{where}devices[{i}] is not a Device")
+            dev.validate(where)
+            if dev.name in seen:
+                raise ClusterError(f"{where}devices {seen[dev.name]} and {i} have the same name {dev.name!r}")
+            seen[dev.name] = i
+        for label, mat in (("bandwidth_Bps", self.bandwidth_Bps), ("latency_s", self.latency_s)):
+            if mat.shape != (d, d):
+                raise ClusterError(f"{where}{label} must be a {d}x{d} matrix (one entry per ordered device pair), got shape {mat.shape}")
+        off = ~np.eye(d, dtype=bool)
+        bad_bw = off & ~(np.isfinite(self.bandwidth_Bps) & (self.bandwidth_Bps > 0))
+        if bad_bw.any():
+            i, j = (int(x) for x in np.argwhere(bad_bw)[0])
+            raise ClusterError(
+                f"{where}link {self.devices[i].name} -> {self.devices[j].name}: bandwidth_Bps must be a finite number > 0, "
+                f"got {self.bandwidth_Bps[i, j]!r}"
+            )
+        bad_lat = off & ~(np.isfinite(self.latency_s) & (self.latency_s >= 0))
+        if bad_lat.any():
+            i, j = (int(x) for x in np.argwhere(bad_lat)[0])
+            raise ClusterError(
+                f"{where}link {self.devices[i].name} -> {self.devices[j].name}: latency_s must be a finite number >= 0, "
+                f"got {self.latency_s[i, j]!r}"
+            )
+        # the diagonal means nothing (same device is free); keep it canonical
+        np.fill_diagonal(self.latency_s, 0.0)
+        np.fill_diagonal(self.bandwidth_Bps, np.inf)
+
+    # ------------------------------------------------------------- accessors
     @property
     def num_devices(self) -> int:
         return len(self.devices)
@@ -53,6 +240,18 @@ class Cluster:
     @property
     def streams(self) -> np.ndarray:
         return np.array([d.streams for d in self.devices], dtype=np.int64)
+
+    def device_index(self, name_or_index: str | int) -> int:
+        """Index of a device given its name or index; ClusterError if unknown."""
+        if isinstance(name_or_index, (int, np.integer)) and not isinstance(name_or_index, bool):
+            if 0 <= int(name_or_index) < self.num_devices:
+                return int(name_or_index)
+        else:
+            for i, dev in enumerate(self.devices):
+                if dev.name == name_or_index:
+                    return i
+        names = ", ".join(d.name for d in self.devices)
+        raise ClusterError(f"cluster {self.name!r} has no device {name_or_index!r} (devices: {names})")
 
     def throughput_matrix(self) -> np.ndarray:
         """FLOP/s per (OpKind code, device): float64[len(OpKind), D]."""
@@ -70,7 +269,8 @@ class Cluster:
     def transfer_time_s(self, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds to move ``nbytes`` between every ordered device pair: shape (..., D, D), zero diagonal."""
         b = np.asarray(nbytes, dtype=np.float64)[..., None, None]
-        t = self.latency_s + b / self.bandwidth_Bps
+        with np.errstate(invalid="ignore"):
+            t = self.latency_s + b / self.bandwidth_Bps
         eye = np.eye(self.num_devices, dtype=bool)
         return np.where(eye, 0.0, t)
 
@@ -91,13 +291,257 @@ class Cluster:
     def fastest_compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
         return self.compute_time_s(graph).min(axis=1)
 
+    def is_homogeneous(self) -> bool:
+        """All devices alike and all links alike."""
+        d0 = self.devices[0]
+        same_dev = all(
+            (dv.kind, dv.flops_per_s, dv.flops_per_s_by_kind, dv.memory_bytes, dv.streams)
+            == (d0.kind, d0.flops_per_s, d0.flops_per_s_by_kind, d0.memory_bytes, d0.streams)
+            for dv in self.devices
+        )
+        if self.num_devices == 1:
+            return same_dev
+        off = ~np.eye(self.num_devices, dtype=bool)
+        return bool(same_dev and np.ptp(self.bandwidth_Bps[off]) == 0 and np.ptp(self.latency_s[off]) == 0)
 
+    # --------------------------------------------------------------- variants
+    def scaled_links(self, factor: float) -> "Cluster":
+        """A copy whose every link is ``factor`` times slower (bandwidth / factor, latency * factor)."""
+        if not _finite_positive(factor):
+            raise ClusterError(f"scaled_links: factor must be a finite number > 0, got {factor!r}")
+        meta = dict(self.meta)
+        meta["link_scale"] = float(meta.get("link_scale", 1.0)) * float(factor)
+        name = f"{self.name}*links/{factor:g}" if factor != 1 else self.name
+        return Cluster(
+            name=name,
+            devices=list(self.devices),
+            bandwidth_Bps=self.bandwidth_Bps / factor,
+            latency_s=self.latency_s * factor,
+            meta=meta,
+        )
+
+    def with_streams(self, streams: int) -> "Cluster":
+        """A copy where every device runs ``streams`` ops at once."""
+        return Cluster(
+            name=f"{self.name}+streams{streams}",
+            devices=[replace(d, streams=streams) for d in self.devices],
+            bandwidth_Bps=self.bandwidth_Bps,
+            latency_s=self.latency_s,
+            meta=dict(self.meta),
+        )
+
+    # ---------------------------------------------------------------- JSON
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (see the module docstring for the format)."""
+        links = []
+        for i, a in enumerate(self.devices):
+            for j, b in enumerate(self.devices):
+                if i != j:
+                    links.append(
+                        {
+                            "src": a.name,
+                            "dst": b.name,
+                            "bandwidth_Bps": float(self.bandwidth_Bps[i, j]),
+                            "latency_s": float(self.latency_s[i, j]),
+                        }
+                    )
+        return {
+            "name": self.name,
+            "devices": [d.to_json() for d in self.devices],
+            "links": links,
+            "meta": _jsonable_meta(self.meta),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "") -> "Cluster":
+        """Build and validate a cluster from :meth:`to_json` output; errors are prefixed by ``source``."""
+        where = f"{source}: " if source else ""
+        if not isinstance(obj, dict):
+            raise ClusterError(f"{where}a cluster must be a JSON object, got {type(obj).__name__}")
+        unknown = sorted(set(obj) - _CLUSTER_FIELDS)
+        if unknown:
+            raise ClusterError(f"{where}unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(_CLUSTER_FIELDS))})")
+        if "devices" not in obj:
+            raise ClusterError(f"{where}missing field 'devices'")
+        raw_devices = obj["devices"]
+        if not isinstance(raw_devices, list) or not raw_devices:
+            raise ClusterError(f"{where}'devices' must be a non-empty list")
+        devices: list[Device] = []
+        for i, rd in enumerate(raw_devices):
+            devices.append(_device_from_json(rd, f"{where}devices[{i}]"))
+        names = [d.name for d in devices]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ClusterError(f"{where}two devices are named {dup!r}")
+        d = len(devices)
+        bw = np.full((d, d), np.nan)
+        lat = np.full((d, d), np.nan)
+        default = obj.get("default_link")
+        if default is not None:
+            bw_d, lat_d = _link_numbers(default, f"{where}default_link", require_endpoints=False)
+            bw[:], lat[:] = bw_d, lat_d
+        raw_links = obj.get("links", [])
+        if not isinstance(raw_links, list):
+            raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
+        listed = np.zeros((d, d), dtype=bool)
+        index = {n: i for i, n in enumerate(names)}
+        for k, rl in enumerate(raw_links):
+            at = f"{where}links[{k}]"
+            if not isinstance(rl, dict):
+                raise ClusterError(f"{at}: a link must be an object with src, dst, bandwidth_Bps, latency_s")
+            unknown = sorted(set(rl) - _LINK_FIELDS)
+            if unknown:
+                raise ClusterError(f"{at}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(_LINK_FIELDS))})")
+            ends = []
+            for end in ("src", "dst"):
+                if end not in rl:
+                    raise ClusterError(f"{at}: missing field {end!r}")
+                ref = rl[end]
+                if isinstance(ref, str) and ref in index:
+                    ends.append(index[ref])
+                elif isinstance(ref, int) and not isinstance(ref, bool) and 0 <= ref < d:
+                    ends.append(ref)
+                else:
+                    raise ClusterError(f"{at}: {end} {ref!r} is not a device (devices: {', '.join(names)})")
+            i, j = ends
+            if i == j:
+                raise ClusterError(f"{at}: link from device {names[i]!r} to itself (same-device moves are free)")
+            if listed[i, j]:
+                raise ClusterError(f"{at}: link {names[i]} -> {names[j]} is listed twice")
+            listed[i, j] = True
+            bw[i, j], lat[i, j] = _link_numbers(rl, f"{at} ({names[i]} -> {names[j]})", require_endpoints=True)
+        off = ~np.eye(d, dtype=bool)
+        missing = off & np.isnan(bw)
+        if missing.any():
+            i, j = (int(x) for x in np.argwhere(missing)[0])
+            count = int(missing.sum())
+            raise ClusterError(
+                f"{where}no link from device {names[i]!r} to {names[j]!r}"
+                + (f" ({count - 1} more ordered pairs are missing)" if count > 1 else "")
+                + "; list every ordered pair in 'links' or give a 'default_link'"
+            )
+        np.fill_diagonal(bw, np.inf)
+        np.fill_diagonal(lat, 0.0)
+        meta = obj.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ClusterError(f"{where}'meta' must be an object")
+        name = obj.get("name", Path(source).stem if source else "cluster")
+        if not isinstance(name, str):
+            raise ClusterError(f"{where}'name' must be a string")
+        try:
+            return cls(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta))
+        except ClusterError as e:
+            if where and not str(e).startswith(where):
+                raise ClusterError(f"{where}{e}") from None
+            raise
+
+    def save(self, path: str | Path) -> None:
+        """Write the cluster as JSON, atomically."""
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Cluster":
+        """Read a cluster JSON file; ClusterError names the file and field on any problem."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise ClusterError(f"{p}: no such cluster file") from None
+        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+            raise ClusterError(f"{p}: cannot read ({e.__class__.__name__})") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ClusterError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+        return cls.from_json(obj, source=str(p))
+
+    def __repr__(self) -> str:
+        return f"Cluster(name={self.name!r}, devices={self.num_devices})"
+
+
+def _jsonable_meta(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable_meta(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable_meta(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable_meta(obj.tolist())
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    return obj
+
+
+def _number(obj: dict[str, Any], key: str, at: str) -> float:
+    if key not in obj:
+        raise ClusterError(f"{at}: missing field {key!r}")
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ClusterError(f"{at}: {key} must be a number, got {v!r}")
+    return float(v)
+
+
+def _link_numbers(obj: Any, at: str, *, require_endpoints: bool) -> tuple[float, float]:
+    if not isinstance(obj, dict):
+        raise ClusterError(f"{at}: must be an object with bandwidth_Bps and latency_s")
+    if not require_endpoints:
+        unknown = sorted(set(obj) - {"bandwidth_Bps", "latency_s"})
+        if unknown:
+            raise ClusterError(f"{at}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: bandwidth_Bps, latency_s)")
+    bw = _number(obj, "bandwidth_Bps", at)
+    lat = _number(obj, "latency_s", at)
+    if not (math.isfinite(bw) and bw > 0):
+        raise ClusterError(f"{at}: bandwidth_Bps must be a finite number > 0, got {bw!r}")
+    if not (math.isfinite(lat) and lat >= 0):
+        raise ClusterError(f"{at}: latency_s must be a finite number >= 0, got {lat!r}")
+    return bw, lat
+
+
+def _device_from_json(obj: Any, at: str) -> Device:
+    if not isinstance(obj, dict):
+        raise ClusterError(f"{at}: a device must be an object")
+    unknown = sorted(set(obj) - _DEVICE_FIELDS)
+    if unknown:
+        raise ClusterError(f"{at}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(_DEVICE_FIELDS))})")
+    if "name" not in obj:
+        raise ClusterError(f"{at}: missing field 'name'")
+    name = obj["name"]
+    if not isinstance(name, str) or not name:
+        raise ClusterError(f"{at}: 'name' must be a non-empty string, got {name!r}")
+    at = f"{at} ({name!r})"
+    kwargs: dict[str, Any] = {"name": name}
+    if "kind" in obj:
+        kwargs["kind"] = obj["kind"]
+    kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
+    if "flops_per_s_by_kind" in obj:
+        by_kind = obj["flops_per_s_by_kind"]
+        if not isinstance(by_kind, dict):
+            raise ClusterError(f"{at}: flops_per_s_by_kind must be an object mapping op kinds to FLOP/s")
+        kwargs["flops_per_s_by_kind"] = {str(k): _number(by_kind, k, f"{at} flops_per_s_by_kind") for k in by_kind}
+    if obj.get("memory_bytes") is not None:
+        kwargs["memory_bytes"] = _number(obj, "memory_bytes", at)
+    if "streams" in obj:
+        s = obj["streams"]
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise ClusterError(f"{at}: streams must be an integer >= 1, got {s!r}")
+        kwargs["streams"] = s
+    dev = Device(**kwargs)
+    try:
+        dev.validate()
+    except ClusterError as e:
+        raise ClusterError(f"{at.rsplit(' (', 1)[0]}: {e}") from None
+    return dev
+
+
+# --------------------------------------------------------------------------- presets
 def homogeneous(
     name: str,
     num_devices: int,
     *,
     kind: str = "gpu",
     flops_per_s: float,
+    flops_per_s_by_kind: dict[str, float] | None = None,
     bandwidth_Bps: float,
     latency_s: float = 0.0,
     memory_bytes: float = float("inf"),
@@ -105,18 +549,165 @@ def homogeneous(
     meta: dict[str, Any] | None = None,
 ) -> Cluster:
     """``num_devices`` identical devices, all pairs linked alike."""
-    if num_devices < 1:
-        raise ClusterError(f"a cluster needs at least one device, got {num_devices}")
+    if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)) or num_devices < 1:
+        raise ClusterError(f"a cluster needs at least one device, got {num_devices!r}")
     devices = [
-        Device(f"{kind}{i}", kind=kind, flops_per_s=flops_per_s, memory_bytes=memory_bytes, streams=streams)
+        Device(
+            f"{kind}{i}",
+            kind=kind,
+            flops_per_s=flops_per_s,
+            flops_per_s_by_kind=dict(flops_per_s_by_kind or {}),
+            memory_bytes=memory_bytes,
+            streams=streams,
+        )
         for i in range(num_devices)
     ]
     bw = np.full((num_devices, num_devices), float(bandwidth_Bps))
     lat = np.full((num_devices, num_devices), float(latency_s))
-    np.fill_diagonal(lat, 0.0)
     return Cluster(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta or {}))
+
+
+def _gpu_rates(peak_fp32_flops: float, hbm_Bps: float) -> tuple[float, dict[str, float]]:
+    """(achieved compute-bound FLOP/s, per-kind rates for memory-bound kinds)."""
+    compute = peak_fp32_flops * ACHIEVED_COMPUTE_FRACTION
+    mem = hbm_Bps * ACHIEVED_MEMORY_FRACTION / MEMORY_BOUND_BYTES_PER_FLOP
+    return compute, {k: mem for k in MEMORY_BOUND_KINDS}
 
 
 def unit(num_devices: int = 4) -> Cluster:
     """1 FLOP/s, 1 byte/s, zero latency: imported DOPPLER text graphs run in their own cost units."""
-    return homogeneous(f"unit:{num_devices}", num_devices, flops_per_s=1.0, bandwidth_Bps=1.0, latency_s=0.0)
+    name = "unit" if num_devices == 4 else f"unit:{num_devices}"
+    return homogeneous(name, num_devices, flops_per_s=1.0, bandwidth_Bps=1.0, latency_s=0.0, meta={"preset": "unit"})
+
+
+def p100x4(num_devices: int = 4) -> Cluster:
+    """The paper's machine: Tesla P100 16 GB (PCIe), peer-to-peer over PCIe 3.0 x16."""
+    rate, by_kind = _gpu_rates(9.3e12, 732e9)
+    return homogeneous(
+        "p100x4" if num_devices == 4 else f"p100x4:{num_devices}",
+        num_devices,
+        kind="gpu",
+        flops_per_s=rate,
+        flops_per_s_by_kind=by_kind,
+        bandwidth_Bps=12e9,
+        latency_s=10e-6,
+        memory_bytes=16e9,
+        meta={"preset": "p100x4", "source": "Tesla P100 PCIe datasheet; PCIe 3.0 x16 P2P"},
+    )
+
+
+#: NVLink links between GPU pairs of a DGX-1 with V100 (``nvidia-smi topo -m``: NV1 / NV2); absent = no NVLink
+DGX1_V100_NVLINKS: dict[tuple[int, int], int] = {
+    (0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2,
+    (1, 2): 2, (1, 3): 1, (1, 5): 2,
+    (2, 3): 2, (2, 6): 1,
+    (3, 7): 1,
+    (4, 5): 1, (4, 6): 1, (4, 7): 2,
+    (5, 6): 2, (5, 7): 1,
+    (6, 7): 2,
+}  # fmt: skip
+
+
+def v100x8() -> Cluster:
+    """DGX-1 with 8x Tesla V100 SXM2 16 GB, hybrid cube-mesh NVLink 2.0 (6 links per GPU)."""
+    rate, by_kind = _gpu_rates(15.7e12, 900e9)
+    d = 8
+    nvlink_Bps_per_link, nvlink_lat = 22e9, 8e-6
+    host_Bps, host_lat = 9e9, 20e-6
+    bw = np.full((d, d), host_Bps)
+    lat = np.full((d, d), host_lat)
+    for (i, j), links in DGX1_V100_NVLINKS.items():
+        for a, b in ((i, j), (j, i)):
+            bw[a, b] = nvlink_Bps_per_link * links
+            lat[a, b] = nvlink_lat
+    devices = [
+        Device(f"gpu{i}", kind="gpu", flops_per_s=rate, flops_per_s_by_kind=dict(by_kind), memory_bytes=16e9)
+        for i in range(d)
+    ]
+    return Cluster(
+        name="v100x8",
+        devices=devices,
+        bandwidth_Bps=bw,
+        latency_s=lat,
+        meta={"preset": "v100x8", "source": "Tesla V100 SXM2 datasheet; DGX-1V hybrid cube-mesh NVLink 2.0"},
+    )
+
+
+def h100x8(num_devices: int = 8) -> Cluster:
+    """HGX H100 SXM5 80 GB with NVSwitch (all pairs alike)."""
+    rate, by_kind = _gpu_rates(67e12, 3.35e12)
+    return homogeneous(
+        "h100x8" if num_devices == 8 else f"h100x8:{num_devices}",
+        num_devices,
+        kind="gpu",
+        flops_per_s=rate,
+        flops_per_s_by_kind=by_kind,
+        bandwidth_Bps=360e9,
+        latency_s=5e-6,
+        memory_bytes=80e9,
+        meta={"preset": "h100x8", "source": "H100 SXM5 datasheet; NVLink 4 via NVSwitch"},
+    )
+
+
+def cpu4(num_devices: int = 4) -> Cluster:
+    """Local CPU workers; PLACEHOLDER numbers until calibration replaces them."""
+    mem_rate = 20e9 / MEMORY_BOUND_BYTES_PER_FLOP
+    return homogeneous(
+        "cpu4" if num_devices == 4 else f"cpu4:{num_devices}",
+        num_devices,
+        kind="cpu",
+        flops_per_s=50e9,
+        flops_per_s_by_kind={k: mem_rate for k in MEMORY_BOUND_KINDS},
+        bandwidth_Bps=5e9,
+        latency_s=50e-6,
+        meta={"preset": "cpu4", "source": "placeholder, to be replaced by `doppler calibrate`"},
+    )
+
+
+#: preset name -> (builder, native device count, whether ``name:N`` may change the count)
+PRESETS: dict[str, tuple[Callable[..., Cluster], int, bool]] = {
+    "unit": (unit, 4, True),
+    "p100x4": (p100x4, 4, True),
+    "v100x8": (lambda n=8: v100x8(), 8, False),
+    "h100x8": (h100x8, 8, True),
+    "cpu4": (cpu4, 4, True),
+}
+
+_PRESET_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)(?::(.*))?$")
+
+
+def cluster(name_or_path: "str | Path | Cluster") -> Cluster:
+    """A preset (``p100x4``), a preset with a device count (``unit:8``) or a cluster JSON file.
+
+    Heterogeneous presets (``v100x8``) only accept their own device count.
+    """
+    if isinstance(name_or_path, Cluster):
+        return name_or_path
+    if isinstance(name_or_path, Path):
+        return Cluster.load(name_or_path)
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ClusterError(f"a cluster must be a preset name or a JSON file path, got {name_or_path!r}")
+    text = name_or_path.strip()
+    m = _PRESET_RE.match(text)
+    if m and m.group(1) in PRESETS and not Path(text).is_file():
+        base, count_text = m.group(1), m.group(2)
+        builder, native, scalable = PRESETS[base]
+        if count_text is None:
+            return builder(native)
+        try:
+            count = int(count_text)
+        except ValueError:
+            raise ClusterError(f"cluster {text!r}: the device count after ':' must be an integer, got {count_text!r}") from None
+        if count < 1:
+            raise ClusterError(f"cluster {text!r}: the device count must be >= 1, got {count}")
+        if not scalable and count != native:
+            raise ClusterError(
+                f"cluster {text!r}: preset {base!r} has a fixed {native}-device topology; "
+                f"use {base!r} (or {base}:{native}), or write a cluster JSON file"
+            )
+        return builder(count)
+    p = Path(text)
+    if p.suffix.lower() == ".json" or p.exists() or "/" in text or "\\" in text:
+        return Cluster.load(p)
+    known = ", ".join(PRESETS)
+    raise ClusterError(f"unknown cluster {text!r}: not a preset ({known}, optionally with :N) nor a cluster JSON file")

@@ -91,3 +91,14 @@ class CostModel:
     def pred_bytes(self, graph: DataflowGraph) -> np.ndarray:
         """``edge_bytes`` in predecessor-CSR slot order (aligned with ``graph.pred_idx``)."""
         return self.edge_bytes[graph.pred_eid]
+
+
+def priority_key(values: np.ndarray) -> np.ndarray:
+    """Integer keys that order ``values`` but treat values equal up to a relative
+    ``1e-12`` of the largest magnitude as ties (so floating-point noise in b-levels
+    and ranks never decides a tie; ties then fall to the documented rule)."""
+    x = np.asarray(values, dtype=np.float64)
+    top = float(np.abs(x).max()) if x.size else 0.0
+    if top == 0.0 or not np.isfinite(top):
+        return np.zeros(x.shape, dtype=np.int64)
+    return np.rint(x / top * 1e12).astype(np.int64)

@@ -9,7 +9,8 @@ The algorithm, exactly:
    of distinct devices (``Cluster.mean_transfer_time_s``; 0 on one device).
 2. Repeat ``|V|`` times. The candidate set ``C_h`` holds the unplaced ops whose
    predecessors are all placed. **SEL**: take the candidate with the largest
-   b-level (ties: lowest op id). **PLC**: for every device ``d`` estimate the
+   b-level (b-levels equal up to a relative 1e-12 of the largest tie; ties:
+   lowest op id). **PLC**: for every device ``d`` estimate the
    earliest start time::
 
        EST(v, d) = max(free[d], max_{u in pred(v)} finish[u] + xfer(u, dev[u] -> d))
@@ -38,7 +39,7 @@ import numpy as np
 
 from doppler.assignment import Assignment
 from doppler.baselines import register
-from doppler.baselines._costs import CostModel
+from doppler.baselines._costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 
 TIE_RTOL = 1e-9
@@ -100,9 +101,10 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
     succ_ptr = graph.succ_ptr.tolist()
     succ_idx = graph.succ_idx.tolist()
     indeg = np.diff(graph.pred_ptr).tolist()
-    neg_bl = (-bl).tolist()
+    key = priority_key(bl)
+    neg_key = (-key).tolist()
 
-    heap = [(neg_bl[v], v) for v in range(n) if indeg[v] == 0]
+    heap = [(neg_key[v], v) for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
     free = np.zeros(nd)
     dev = np.zeros(n, dtype=np.int64)
@@ -121,9 +123,9 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
     for h in range(n):
         if record:
             cands = np.fromiter(sorted(cand_set), dtype=np.int64, count=len(cand_set))
-            cb = bl[cands]
+            ck = key[cands]
             cand_chunks.append(cands)
-            tied_chunks.append(_tied(cb, float(cb.max())))
+            tied_chunks.append(ck == ck.max())
             cand_ptr[h + 1] = cand_ptr[h] + cands.size
         _, v = heapq.heappop(heap)
         lo, hi = pred_ptr[v], pred_ptr[v + 1]
@@ -153,7 +155,7 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
             w = succ_idx[k]
             indeg[w] -= 1
             if indeg[w] == 0:
-                heapq.heappush(heap, (neg_bl[w], w))
+                heapq.heappush(heap, (neg_key[w], w))
                 if record:
                     cand_set.add(w)
 

@@ -40,7 +40,7 @@ def build_cmd(
     with handle_errors():
         from doppler import workloads
 
-        params = workloads.parse_set(set_)
+        params = workloads.parse_set(set_, workload)
         t0 = time.perf_counter()
         graph = workloads.build(workload, **params)
         if devices is not None:

@@ -1,0 +1,266 @@
+"""ANNEAL: simulated annealing over assignments, scored by the WC simulator.
+
+The obvious answer to "why RL?": search assignments directly in the simulator.
+
+* Start: the better (by simulated makespan) of ``critical_path`` and ``heft``
+  (ties: ``critical_path``), or an explicit ``start`` assignment.
+* Each iteration proposes ``batch_size`` neighbours of the current assignment
+  and scores them in one :func:`doppler.simulate.simulate_many` call. Moves:
+  - *op*: one op to a random other device, or to the device of one of its
+    neighbours (a predecessor or successor);
+  - *swap*: two ops on different devices exchange devices;
+  - *chain*: a path segment (a random walk of up to 16 ops along successors,
+    from a random op) moves to one device;
+  - *group*: all tiles of one logical op (``graph.group``) move to one device,
+    or their devices rotate by a random offset (graphs without groups: an op
+    and all its neighbours move to one device).
+* The best proposal of the batch is accepted if it is no worse, otherwise with
+  probability ``exp(-relative_increase / T)``. ``T`` cools geometrically from
+  ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations; each
+  new cycle restarts (reheats) from the best assignment found so far.
+* Stops after ``budget_s`` seconds of wall clock (default 10 s, the start
+  evaluation included) or ``max_evals`` simulator evaluations, whichever comes
+  first; the time is only checked between batches.
+
+Every decision depends only on the seed and on counts of evaluations, never on
+the clock, so a run is deterministic for a given seed and a given number of
+evaluations (pass ``max_evals`` without ``budget_s`` for results independent of
+machine speed), and a longer budget continues the exact trajectory of a shorter
+one. The best simulated makespan is reported as ``estimated_makespan_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from doppler.assignment import Assignment, check_assignment
+from doppler.baselines import MethodError, register
+from doppler.graph import DataflowGraph
+
+DEFAULT_BUDGET_S = 10.0
+
+
+def _simulate_many(graph: DataflowGraph, cluster, batch: np.ndarray) -> np.ndarray:
+    from doppler.simulate import simulate_many
+
+    return np.asarray(simulate_many(graph, cluster, batch), dtype=np.float64).reshape(-1)
+
+
+class _Moves:
+    """Proposal generator (all randomness from one numpy Generator)."""
+
+    def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator):
+        self.g = graph
+        self.nd = nd
+        self.rng = rng
+        self.n = graph.num_ops
+        self.succ_ptr = graph.succ_ptr
+        self.succ_idx = graph.succ_idx
+        self.pred_ptr = graph.pred_ptr
+        self.pred_idx = graph.pred_idx
+        grp = graph.group
+        if (grp >= 0).any():
+            order = np.argsort(grp, kind="stable")
+            order = order[grp[order] >= 0]
+            gids, starts, counts = np.unique(grp[order], return_index=True, return_counts=True)
+            self.groups = [order[s : s + c] for s, c in zip(starts, counts) if c > 1]
+        else:
+            self.groups = []
+
+    def _other_device(self, d: int) -> int:
+        x = int(self.rng.integers(0, self.nd - 1))
+        return x + (x >= d)
+
+    def _neighbours(self, v: int) -> np.ndarray:
+        return np.concatenate(
+            [
+                self.pred_idx[self.pred_ptr[v] : self.pred_ptr[v + 1]],
+                self.succ_idx[self.succ_ptr[v] : self.succ_ptr[v + 1]],
+            ]
+        )
+
+    def apply(self, a: np.ndarray) -> None:
+        """Mutate ``a`` in place with one random move (always changes something when D > 1)."""
+        rng, n = self.rng, self.n
+        r = rng.random()
+        if r < 0.35:  # single op
+            v = int(rng.integers(n))
+            nb = self._neighbours(v)
+            if nb.size and rng.random() < 0.5:
+                d = int(a[nb[int(rng.integers(nb.size))]])
+                if d == a[v]:
+                    d = self._other_device(int(a[v]))
+            else:
+                d = self._other_device(int(a[v]))
+            a[v] = d
+        elif r < 0.55:  # swap
+            v = int(rng.integers(n))
+            w = int(rng.integers(n))
+            if a[v] == a[w]:
+                a[v] = self._other_device(int(a[v]))
+            else:
+                a[v], a[w] = a[w], a[v]
+        elif r < 0.8:  # chain
+            v = int(rng.integers(n))
+            length = int(rng.integers(2, 17))
+            seg = [v]
+            for _ in range(length - 1):
+                lo, hi = self.succ_ptr[v], self.succ_ptr[v + 1]
+                if hi == lo:
+                    break
+                v = int(self.succ_idx[lo + int(rng.integers(hi - lo))])
+                seg.append(v)
+            seg_a = np.asarray(seg)
+            d = int(rng.integers(self.nd))
+            if np.all(a[seg_a] == d):
+                d = self._other_device(d)
+            a[seg_a] = d
+        else:  # group / neighbourhood
+            if self.groups:
+                ops = self.groups[int(rng.integers(len(self.groups)))]
+                if rng.random() < 0.5:
+                    d = int(rng.integers(self.nd))
+                    if np.all(a[ops] == d):
+                        d = self._other_device(d)
+                    a[ops] = d
+                else:
+                    shift = int(rng.integers(1, self.nd))
+                    a[ops] = (a[ops] + shift) % self.nd
+            else:
+                v = int(rng.integers(n))
+                ops = np.concatenate([[v], self._neighbours(v)])
+                d = int(rng.integers(self.nd))
+                if np.all(a[ops] == d):
+                    d = self._other_device(d)
+                a[ops] = d
+
+
+def anneal_search(
+    graph: DataflowGraph,
+    cluster,
+    *,
+    seed: int = 0,
+    budget_s: float | None = None,
+    max_evals: int | None = None,
+    batch_size: int = 32,
+    cycle_evals: int | None = None,
+    t_start: float = 0.02,
+    t_end: float = 1e-4,
+    start: np.ndarray | None = None,
+) -> Assignment:
+    """Simulated annealing (see the module docstring). Returns the best assignment found."""
+    t0 = time.perf_counter()
+    if max_evals is not None and int(max_evals) < 0:
+        raise MethodError(f"max_evals must be >= 0, got {max_evals}")
+    if batch_size < 1:
+        raise MethodError(f"batch_size must be >= 1, got {batch_size}")
+    if budget_s is None and max_evals is None:
+        budget_s = DEFAULT_BUDGET_S
+    deadline = math.inf if budget_s is None else t0 + float(budget_s)
+    nd = int(cluster.num_devices)
+    n = graph.num_ops
+    rng = np.random.default_rng(seed)
+
+    # ---- start
+    if start is not None:
+        cands = {"start": check_assignment(graph, np.asarray(start), nd)}
+    else:
+        from doppler.baselines.critical_path import critical_path_schedule
+        from doppler.baselines.heft import heft_schedule
+
+        cands = {
+            "critical_path": critical_path_schedule(graph, cluster)["assignment"],
+            "heft": heft_schedule(graph, cluster).assignment,
+        }
+    names = list(cands)
+    ms = _simulate_many(graph, cluster, np.stack([cands[k] for k in names]))
+    i0 = int(np.argmin(ms))
+    cur = cands[names[i0]].astype(np.int64).copy()
+    cur_ms = float(ms[i0])
+    best, best_ms = cur.copy(), cur_ms
+    start_ms = cur_ms
+    evals = len(names)
+
+    if cycle_evals is None:
+        cycle_evals = max(2000, 20 * n)
+        if max_evals is not None:
+            cycle_evals = max(1, min(cycle_evals, int(max_evals)))
+    cycle_evals = max(1, int(cycle_evals))
+    moves = _Moves(graph, nd, rng)
+    accepted = improved = restarts = 0
+    cyc = 0  # evaluations into the current cycle
+    log_ratio = math.log(t_end / t_start)
+    while nd > 1 and n > 0:
+        if max_evals is not None and evals >= max_evals:
+            break
+        if time.perf_counter() >= deadline:
+            break
+        b = batch_size if max_evals is None else min(batch_size, int(max_evals) - evals)
+        batch = np.repeat(cur[None, :], b, axis=0)
+        for row in batch:
+            moves.apply(row)
+        vals = _simulate_many(graph, cluster, batch)
+        evals += b
+        cyc += b
+        j = int(np.argmin(vals))
+        cand_ms = float(vals[j])
+        temp = t_start * math.exp(log_ratio * min(1.0, cyc / cycle_evals))
+        delta = (cand_ms - cur_ms) / max(cur_ms, 1e-300)
+        u = rng.random()  # always drawn, so the stream does not depend on the branch
+        if delta <= 0 or u < math.exp(-delta / temp):
+            cur, cur_ms = batch[j].copy(), cand_ms
+            accepted += 1
+            if cur_ms < best_ms:
+                best, best_ms = cur.copy(), cur_ms
+                improved += 1
+        if cyc >= cycle_evals:
+            cyc = 0
+            restarts += 1
+            cur, cur_ms = best.copy(), best_ms
+    return Assignment(
+        devices=best,
+        estimated_makespan_s=best_ms,
+        info={
+            "start_method": names[i0],
+            "start_makespan_s": start_ms,
+            "evals": evals,
+            "accepted": accepted,
+            "improvements": improved,
+            "restarts": restarts,
+            "cycle_evals": cycle_evals,
+            "search_time_s": time.perf_counter() - t0,
+        },
+    )
+
+
+@register(
+    "anneal",
+    description="simulated annealing in the WC simulator from the best of critical_path/heft",
+    uses_budget=True,
+    deterministic=False,
+)
+def anneal(
+    graph: DataflowGraph,
+    cluster,
+    *,
+    seed: int = 0,
+    budget_s: float | None = None,
+    max_evals: int | None = None,
+    batch_size: int = 32,
+    cycle_evals: int | None = None,
+    start: np.ndarray | None = None,
+) -> Assignment:
+    """Simulated annealing over assignments (``budget_s`` default 10 s; ``max_evals`` for reproducible runs)."""
+    return anneal_search(
+        graph,
+        cluster,
+        seed=seed,
+        budget_s=budget_s,
+        max_evals=max_evals,
+        batch_size=batch_size,
+        cycle_evals=cycle_evals,
+        start=start,
+    )

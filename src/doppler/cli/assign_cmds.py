@@ -1,0 +1,210 @@
+"""``doppler assign`` (run one method, write the assignment file) and ``doppler
+compare`` (run several methods and tabulate their simulated makespans)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import typer
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+
+JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
+
+
+def _load(graph_path: Path, cluster_name: str):
+    from doppler.formats import load_graph
+    from doppler.hardware import cluster
+
+    return load_graph(graph_path), cluster(cluster_name)
+
+
+def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int]) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if checkpoint is not None:
+        kw["checkpoint"] = checkpoint
+    if samples is not None:
+        if samples < 1:
+            raise UserError(f"--samples must be >= 1, got {samples}")
+        kw["samples"] = samples
+    return kw
+
+
+def _check_budget(budget_s: Optional[float]) -> None:
+    from doppler.baselines import check_budget
+
+    check_budget(budget_s)
+
+
+@app.command("assign")
+def assign_cmd(
+    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
+    method: str = typer.Option(..., "--method", "-m", help="Assignment method (see `doppler compare --help`)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Assignment file to write (JSON)."),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget for search methods (s)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
+    samples: Optional[int] = typer.Option(None, "--samples", help="Samples drawn by a learned method."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Assign every op of a graph to a device with one method and write the assignment file."""
+    with handle_errors():
+        from doppler.baselines import assign, get_method
+
+        get_method(method)
+        _check_budget(budget_s)
+        kw = _method_kwargs(checkpoint, samples)
+        graph, cl = _load(graph_path, cluster_name)
+        a = assign(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
+        a.save(output)
+        from doppler.simulate import lower_bound, simulate
+
+        makespan = float(simulate(graph, cl, a).makespan_s)
+        lb = float(lower_bound(graph, cl))
+        counts = [int(c) for c in np.bincount(a.devices, minlength=cl.num_devices)]
+        row = {
+            "method": method,
+            "output": str(output),
+            "graph": graph.name,
+            "cluster": cl.name,
+            "num_ops": graph.num_ops,
+            "num_devices": cl.num_devices,
+            "ops_per_device": counts,
+            "makespan_s": makespan,
+            "lower_bound_s": lb,
+            "assign_time_s": a.assign_time_s,
+            "estimated_makespan_s": a.estimated_makespan_s,
+            "seed": seed,
+            "budget_s": budget_s,
+        }
+        if json_out:
+            emit_json(row)
+        else:
+            console.print(
+                f"[bold]{method}[/]: {graph.num_ops} ops on {cl.num_devices} devices of {cl.name} "
+                f"(ops per device {counts}) in {a.assign_time_s:.3f} s -> {output}\n"
+                f"simulated makespan {makespan * 1e3:.3f} ms, {makespan / lb:.3f}x the lower bound "
+                f"({lb * 1e3:.3f} ms)",
+                highlight=False,
+            )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+@app.command("compare")
+def compare_cmd(
+    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
+    methods: str = typer.Option(
+        "single,round_robin,random,critical_path,heft,metis,enumerative,anneal",
+        "--methods",
+        "-m",
+        help="Comma-separated method names.",
+    ),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per search method (s)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Run several methods on one graph and compare their simulated makespans."""
+    with handle_errors():
+        from doppler.baselines import assign, get_method
+
+        names = [m.strip() for m in methods.split(",") if m.strip()]
+        if not names:
+            raise UserError("--methods is empty: give at least one method name")
+        if len(set(names)) != len(names):
+            dup = next(m for m in names if names.count(m) > 1)
+            raise UserError(f"--methods names {dup!r} twice")
+        for m in names:
+            get_method(m)
+        _check_budget(budget_s)
+        graph, cl = _load(graph_path, cluster_name)
+        from doppler.simulate import lower_bound, simulate
+
+        lb = float(lower_bound(graph, cl))
+        rows: list[dict[str, Any]] = []
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("methods", total=len(names))
+            for m in names:
+                progress.update(task, description=f"running [bold]{m}[/]")
+                a = assign(graph, cl, m, seed=seed, budget_s=budget_s)
+                ms = float(simulate(graph, cl, a).makespan_s)
+                rows.append(
+                    {
+                        "method": m,
+                        "makespan_s": ms,
+                        "lower_bound_s": lb,
+                        "assign_time_s": a.assign_time_s,
+                        "estimated_makespan_s": a.estimated_makespan_s,
+                    }
+                )
+                progress.advance(task)
+            ref = next((r["makespan_s"] for r in rows if r["method"] == "critical_path"), None)
+            if ref is None:
+                progress.update(task, description="running [bold]critical_path[/] (reference)")
+                ref = float(simulate(graph, cl, assign(graph, cl, "critical_path")).makespan_s)
+        for r in rows:
+            r["ratio_to_lower_bound"] = _ratio(r["makespan_s"], lb)
+            r["ratio_to_critical_path"] = _ratio(r["makespan_s"], ref)
+        keys = [
+            "method",
+            "makespan_s",
+            "lower_bound_s",
+            "ratio_to_lower_bound",
+            "ratio_to_critical_path",
+            "assign_time_s",
+            "estimated_makespan_s",
+        ]
+        if csv_path is not None:
+            from doppler.io_util import atomic_write_text
+
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
+            atomic_write_text(csv_path, buf.getvalue())
+        if json_out:
+            emit_json([{k: r[k] for k in keys} for r in rows])
+            return
+        table = Table(title=f"{graph.name} ({graph.num_ops} ops) on {cl.name} ({cl.num_devices} devices)")
+        table.add_column("method")
+        table.add_column("makespan (ms)", justify="right")
+        table.add_column("/ lower bound", justify="right")
+        table.add_column("/ critical_path", justify="right")
+        table.add_column("assign time (s)", justify="right")
+        best = min(r["makespan_s"] for r in rows)
+        for r in rows:
+            style = "bold green" if r["makespan_s"] == best else None
+            table.add_row(
+                r["method"],
+                f"{r['makespan_s'] * 1e3:.3f}",
+                f"{r['ratio_to_lower_bound']:.3f}",
+                f"{r['ratio_to_critical_path']:.3f}",
+                f"{r['assign_time_s']:.3f}",
+                style=style,
+            )
+        console.print(table)
+        console.print(f"lower bound {lb * 1e3:.3f} ms", highlight=False)
+        if csv_path is not None:
+            console.print(f"wrote {csv_path}", highlight=False)

@@ -1,0 +1,220 @@
+"""Figures: Gantt charts of simulated (or executed) traces.
+
+Plotting only: every number shown comes from a :class:`~doppler.simulate.Trace`
+(the critical path from :meth:`Trace.critical_path`). matplotlib runs on the
+Agg backend and files are written atomically (rendered to memory, then
+``io_util.atomic_write_bytes``), so an interrupted run never leaves half a PNG.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from doppler.graph import DataflowGraph, OpKind
+from doppler.io_util import atomic_write_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from doppler.hardware import Cluster
+    from doppler.simulate import SimResult, Trace
+
+# one stable colour per op kind (colour-blind-friendly Okabe-Ito first, then tab20)
+_KIND_COLOURS: dict[int, str] = {
+    OpKind.MATMUL: "#0072B2",
+    OpKind.ADD: "#E69F00",
+    OpKind.ELEMENTWISE: "#009E73",
+    OpKind.SOFTMAX: "#CC79A7",
+    OpKind.NORM: "#56B4E9",
+    OpKind.ROTARY: "#D55E00",
+    OpKind.MASK_FILL: "#F0E442",
+    OpKind.SELECT: "#8c564b",
+    OpKind.REDUCE: "#7f7f7f",
+    OpKind.INPUT: "#c7c7c7",
+    OpKind.FORMATION: "#9edae5",
+    OpKind.COMPLEXER: "#c5b0d5",
+    OpKind.SQUEEZER: "#dbdb8d",
+    OpKind.FILL: "#ffbb78",
+    OpKind.EINSUMMABLE: "#1f77b4",
+    OpKind.UNKNOWN: "#aec7e8",
+}
+
+
+def kind_colour(kind: int) -> str:
+    return _KIND_COLOURS.get(int(kind), "#999999")
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    """(scale, label) so that span_s * scale is a readable number."""
+    if span_s <= 0:
+        return 1.0, "s"
+    for scale, label in ((1.0, "s"), (1e3, "ms"), (1e6, "µs"), (1e9, "ns")):
+        if span_s * scale >= 1.0:
+            return scale, label
+    return 1e9, "ns"
+
+
+def format_seconds(x: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"``."""
+    scale, unit = _time_unit(abs(x))
+    return f"{x * scale:.4g} {unit}"
+
+
+def _lanes(dev: np.ndarray, start: np.ndarray, end: np.ndarray, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lane of every op inside its device row (ops that overlap in time go to different lanes)."""
+    lane = np.zeros(dev.shape[0], dtype=np.int64)
+    nlanes = np.ones(num_devices, dtype=np.int64)
+    order = np.lexsort((np.arange(dev.shape[0]), start))
+    free_at: list[list[float]] = [[] for _ in range(num_devices)]
+    for v in order:
+        d = int(dev[v])
+        lanes = free_at[d]
+        for i, t in enumerate(lanes):
+            if t <= start[v]:
+                lane[v] = i
+                lanes[i] = end[v]
+                break
+        else:
+            lane[v] = len(lanes)
+            lanes.append(float(end[v]))
+        nlanes[d] = max(nlanes[d], len(lanes))
+    return lane, nlanes
+
+
+def gantt(
+    graph: DataflowGraph,
+    cluster: "Cluster",
+    result: "SimResult | Trace",
+    path: str | Path,
+    title: str | None = None,
+    lower_bound_s: float | None = None,
+    *,
+    max_transfer_lines: int = 20000,
+    dpi: int = 200,
+) -> Path:
+    """Draw a Gantt chart of ``result`` (a SimResult with a trace, or a Trace) to ``path``.
+
+    One row per device (sub-lanes when a device runs several ops at once), ops
+    coloured by kind, transfers as thin lines from the sender's row at their
+    start to the receiver's row at their end, the critical path outlined in
+    black (its transfers drawn as dark arrows), makespan and lower bound in
+    the title and as vertical lines. The format follows the extension
+    (``.png``, ``.pdf``, ``.svg``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection, PolyCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    trace = getattr(result, "trace", result)
+    if trace is None:
+        raise ValueError("gantt() needs a result simulated with trace=True")
+    path = Path(path)
+    n, D = trace.num_ops, cluster.num_devices
+    dev, start, end = trace.op_device, trace.op_start, trace.op_end
+    makespan = trace.makespan_s
+    scale, unit = _time_unit(makespan)
+
+    lane, nlanes = _lanes(dev, start, end, D)
+    # rows top to bottom: device 0 first; each device gets height 1, split into its lanes
+    row_y = np.arange(D)[::-1].astype(float)  # centre of device d's band
+    band = 0.8
+    lane_h = band / nlanes[dev]
+    op_y0 = row_y[dev] - band / 2 + lane * lane_h  # bottom of each op's bar
+
+    crit = trace.critical_path(graph)
+    on_crit = np.zeros(n, dtype=bool)
+    on_crit[crit] = True
+
+    fig_h = max(2.8, 0.55 * D + 1.9)
+    fig, ax = plt.subplots(figsize=(11.0, fig_h), constrained_layout=True)
+
+    def bars(mask: np.ndarray) -> list[np.ndarray]:
+        idx = np.flatnonzero(mask)
+        x0, x1 = start[idx] * scale, end[idx] * scale
+        y0, y1 = op_y0[idx], op_y0[idx] + lane_h[idx] * 0.92
+        return [np.array([[a, c], [b, c], [b, d_], [a, d_]]) for a, b, c, d_ in zip(x0, x1, y0, y1)]
+
+    kinds_present = [int(k) for k in np.unique(graph.kind)]
+    for k in kinds_present:
+        m = graph.kind == k
+        polys = bars(m & ~on_crit)
+        if polys:
+            ax.add_collection(PolyCollection(polys, facecolors=kind_colour(k), edgecolors="white", linewidths=0.3, zorder=2))
+        polys = bars(m & on_crit)
+        if polys:
+            ax.add_collection(PolyCollection(polys, facecolors=kind_colour(k), edgecolors="black", linewidths=1.4, zorder=4))
+
+    # transfers: sender row at start -> receiver row at end
+    ntr = trace.num_transfers
+    crit_pairs = {(u, int(dev[v])) for u, v in zip(crit[:-1], crit[1:]) if dev[u] != dev[v]}
+    if ntr:
+        shown = np.arange(ntr)
+        if ntr > max_transfer_lines:
+            shown = np.random.default_rng(0).choice(ntr, max_transfer_lines, replace=False)
+        segs = np.stack(
+            [
+                np.stack([trace.tr_start[shown] * scale, row_y[trace.tr_src_device[shown]]], axis=1),
+                np.stack([trace.tr_end[shown] * scale, row_y[trace.tr_dst_device[shown]]], axis=1),
+            ],
+            axis=1,
+        )
+        alpha = float(np.clip(30.0 / np.sqrt(max(len(shown), 1)), 0.12, 0.6))
+        ax.add_collection(LineCollection(segs, colors="#555555", linewidths=0.6, alpha=alpha, zorder=3))
+        for k in range(ntr):
+            if (int(trace.tr_src_op[k]), int(trace.tr_dst_device[k])) in crit_pairs:
+                ax.annotate(
+                    "",
+                    xy=(trace.tr_end[k] * scale, row_y[trace.tr_dst_device[k]]),
+                    xytext=(trace.tr_start[k] * scale, row_y[trace.tr_src_device[k]]),
+                    arrowprops=dict(arrowstyle="-|>", color="black", lw=1.3, shrinkA=0, shrinkB=0, mutation_scale=9),
+                    zorder=5,
+                )
+
+    ax.axvline(makespan * scale, color="black", lw=1.0, ls="-", zorder=1)
+    if lower_bound_s is not None and lower_bound_s > 0:
+        ax.axvline(lower_bound_s * scale, color="#D55E00", lw=1.0, ls="--", zorder=1)
+
+    # utilisation per device, right of each row
+    util = trace.busy_s(D) / (makespan * cluster.streams) if makespan > 0 else np.zeros(D)
+    x_max = makespan * scale * 1.001 if makespan > 0 else 1.0
+    ax.text(1.005, 1.0, "busy", transform=ax.transAxes, va="bottom", ha="left", fontsize=8, color="#333333")
+    for d in range(D):
+        ax.text(1.005, (row_y[d] + 0.5) / D, f"{100 * util[d]:.0f}%", transform=ax.transAxes, va="center", ha="left", fontsize=8, color="#333333")
+
+    ax.set_xlim(0, x_max)
+    ax.set_ylim(-0.6, D - 0.4)
+    ax.set_yticks(row_y)
+    ax.set_yticklabels([f"{dv.name}" + (f" ×{dv.streams}" if dv.streams > 1 else "") for dv in cluster.devices], fontsize=9)
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+    mode = getattr(trace, "mode", "wc").upper()
+    head = title or f"{graph.name} on {cluster.name}"
+    sub = f"{mode} · {n} ops · {ntr} transfers · makespan {format_seconds(makespan)}"
+    if lower_bound_s is not None and lower_bound_s > 0:
+        sub += f" · lower bound {format_seconds(lower_bound_s)} ({makespan / lower_bound_s:.2f}×)"
+    ax.set_title(f"{head}\n{sub}", fontsize=10, loc="left")
+
+    handles: list[Any] = [Patch(facecolor=kind_colour(k), edgecolor="none", label=OpKind(k).label) for k in kinds_present]
+    handles.append(Line2D([], [], color="#555555", lw=0.8, label="transfer"))
+    handles.append(Patch(facecolor="white", edgecolor="black", lw=1.4, label="critical path"))
+    handles.append(Line2D([], [], color="black", lw=1.0, label="makespan"))
+    if lower_bound_s is not None and lower_bound_s > 0:
+        handles.append(Line2D([], [], color="#D55E00", lw=1.0, ls="--", label="lower bound"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 if D > 2 else -0.3), ncol=min(len(handles), 9), fontsize=8, frameon=False)
+
+    buf = io.BytesIO()
+    fmt = path.suffix.lstrip(".").lower() or "png"
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return path

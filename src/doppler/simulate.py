@@ -1,0 +1,1046 @@
+"""The work-conserving (WC) simulator, its bulk-synchronous (BSP) variant, lower bounds and traces.
+
+Semantics (DESIGN.md §5), exactly:
+
+* Device ``d`` runs up to ``streams[d]`` ops at once (1 by default), each at
+  full speed: op ``v`` takes ``flops[v] / rate(kind[v], d)`` seconds.
+* An op is *ready* on its device once every input has *arrived* there. Among
+  its ready ops an idle device (a free stream) takes the one that became ready
+  first (FIFO), ties broken by the lower op id.
+* When ``u`` finishes on device ``a``, its output is sent once to every other
+  device ``b`` that holds a consumer of ``u`` (one transfer per (op, device),
+  however many consumers sit there). The transfer starts at ``u``'s finish and
+  takes ``latency[a, b] + output_bytes[u] / bandwidth[a, b]``; consumers on
+  ``a`` itself get it at ``u``'s finish.
+* Links are contention-free by default. With ``link_contention=True`` every
+  ordered link ``a -> b`` carries one transfer at a time (latency included),
+  in FIFO order of request (= producer finish) time, ties by (producer op id,
+  destination device).
+* Time advances from event to event. At each timestamp the simulator first
+  processes *every* completion and arrival at that time (and any zero-length
+  transfer they trigger), and only then lets idle devices (and free links)
+  pick their next op (transfer). If zero-duration ops finish "at the same
+  time", that repeats in further rounds at the same timestamp. The result
+  never depends on the order in which simultaneous events are processed.
+* ``noise_sigma > 0`` multiplies every op duration and every transfer
+  duration by an independent lognormal factor ``exp(sigma * z - sigma**2 / 2)``
+  (mean 1), ``z ~ N(0, 1)`` drawn from ``numpy.random.default_rng(seed)``: one
+  draw per op, and one per successor slot (CSR order) for transfers (a
+  transfer ``(u, b)`` uses the draw of the first successor of ``u`` on ``b``).
+  So the same seed gives the same durations whatever the assignment
+  (common random numbers: ``simulate_many`` uses the same draws for every row).
+* ``mode="bsp"``: ops are grouped by topological level (``graph.level``).
+  Level ``k + 1`` is released (all its ops become ready at once) when every op
+  of level ``k`` and every transfer sent by an op of level ``k`` has finished;
+  inside a level, devices run their ops FIFO (= op id order, since they are
+  all ready at the release time).
+* Makespan = finish time of the last op. (Trailing transfers are never
+  needed: a transfer only exists when some op consumes it.)
+
+Implementation: a heap-based event loop compiled with numba (``@njit(cache=True)``).
+The per-(graph, cluster) arrays (compute time per op and device, CSR arrays,
+level order) live in a :class:`SimContext`, built once and cached on the
+graph, so repeated calls with different assignments only pay for the event
+loop. ``backend="python"`` runs an independent pure-Python implementation of
+the same semantics (heapq, dicts); it gives bit-identical results and is used
+by the tests to cross-check the compiled kernel (and as a fallback when numba is
+not importable).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from doppler.assignment import Assignment, AssignmentError, as_devices, check_assignment
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.io_util import atomic_write_text
+
+try:  # pragma: no cover - numba is a hard dependency, the fallback is for exotic platforms
+    if os.environ.get("DOPPLER_NO_NUMBA"):
+        raise ImportError("DOPPLER_NO_NUMBA is set")
+    from numba import njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover
+    HAVE_NUMBA = False
+
+    def njit(*args: Any, **kwargs: Any):  # type: ignore[no-redef]
+        if args and callable(args[0]):
+            return args[0]
+        return lambda f: f
+
+
+MODES = ("wc", "bsp")
+BACKENDS = ("auto", "numba", "python")
+
+__all__ = [
+    "SimContext",
+    "SimResult",
+    "SimulationError",
+    "Trace",
+    "lower_bound",
+    "simulate",
+    "simulate_many",
+]
+
+
+class SimulationError(ValueError):
+    """Bad simulator options (mode, noise, seed, ...); the message says which."""
+
+
+# =========================================================================== results
+@dataclass
+class Trace:
+    """What happened, per op and per transfer (numpy arrays; times in seconds).
+
+    Ops are indexed by op id. Transfers are listed in creation order (by
+    producer op id, then by first consumer slot); ``tr_src_op[k]`` is the
+    producer, ``tr_dst_device[k]`` the destination.
+    """
+
+    op_device: np.ndarray  # int64[n]
+    op_ready: np.ndarray  # float64[n]
+    op_start: np.ndarray  # float64[n]
+    op_end: np.ndarray  # float64[n]
+    tr_src_op: np.ndarray  # int64[T]
+    tr_src_device: np.ndarray  # int64[T]
+    tr_dst_device: np.ndarray  # int64[T]
+    tr_bytes: np.ndarray  # float64[T]
+    tr_start: np.ndarray  # float64[T]
+    tr_end: np.ndarray  # float64[T]
+    mode: str = "wc"
+
+    @property
+    def num_ops(self) -> int:
+        return int(self.op_device.shape[0])
+
+    @property
+    def num_transfers(self) -> int:
+        return int(self.tr_src_op.shape[0])
+
+    @property
+    def makespan_s(self) -> float:
+        return float(self.op_end.max()) if self.op_end.size else 0.0
+
+    def busy_s(self, num_devices: int) -> np.ndarray:
+        """Summed op time per device (seconds)."""
+        return np.bincount(self.op_device, weights=self.op_end - self.op_start, minlength=num_devices)
+
+    def utilisation(self, cluster: Cluster) -> np.ndarray:
+        """Per device: busy time / (makespan x streams), in [0, 1]."""
+        mk = self.makespan_s
+        busy = self.busy_s(cluster.num_devices)
+        if mk <= 0:
+            return np.zeros(cluster.num_devices)
+        return busy / (mk * cluster.streams)
+
+    def arrival_s(self, graph: DataflowGraph) -> dict[tuple[int, int], float]:
+        """(op, device) -> time the op's output is available on that device."""
+        out: dict[tuple[int, int], float] = {}
+        for v in range(self.num_ops):
+            out[(v, int(self.op_device[v]))] = float(self.op_end[v])
+        for k in range(self.num_transfers):
+            out[(int(self.tr_src_op[k]), int(self.tr_dst_device[k]))] = float(self.tr_end[k])
+        return out
+
+    def critical_path(self, graph: DataflowGraph) -> list[int]:
+        """The chain of ops that determined the makespan, first op first.
+
+        Walk back from the last-finishing op (ties: lowest id): if it waited for
+        its device after becoming ready, step to the op on that device that
+        finished when it started (the longest one if several); otherwise step to
+        the predecessor whose output arrived last (ties: the one that finished
+        last, then the lowest id). In BSP mode an op released by a barrier that
+        no predecessor explains steps to the previous level's op (or the
+        producer of the transfer) that finished at the barrier.
+        """
+        n = self.num_ops
+        if n == 0:
+            return []
+        arrival = self.arrival_s(graph)
+        dev, ready, start, end = self.op_device, self.op_ready, self.op_start, self.op_end
+        by_device: dict[int, np.ndarray] = {}
+        v = int(np.flatnonzero(end == end.max())[0])
+        path = [v]
+        seen = {v}
+        while True:
+            d = int(dev[v])
+            nxt = -1
+            if start[v] > ready[v]:
+                ops_d = by_device.get(d)
+                if ops_d is None:
+                    ops_d = by_device[d] = np.flatnonzero(dev == d)
+                cand = ops_d[(end[ops_d] == start[v]) & (start[ops_d] < start[v])]
+                if cand.size:
+                    dur = end[cand] - start[cand]
+                    nxt = int(cand[np.flatnonzero(dur == dur.max())[0]])
+            elif ready[v] > 0:
+                preds = graph.predecessors(v)
+                arr = np.array([arrival[(int(u), d)] for u in preds]) if preds.size else np.empty(0)
+                cand = preds[arr == ready[v]] if preds.size else preds
+                if cand.size:
+                    ends = end[cand]
+                    nxt = int(cand[np.flatnonzero(ends == ends.max())[0]])
+                else:  # BSP barrier
+                    lvl = graph.level[v] - 1
+                    ops_l = np.flatnonzero(graph.level == lvl)
+                    hit = ops_l[end[ops_l] == ready[v]]
+                    if hit.size:
+                        nxt = int(hit[0])
+                    else:
+                        ks = np.flatnonzero((self.tr_end == ready[v]) & (graph.level[self.tr_src_op] == lvl))
+                        if ks.size:
+                            nxt = int(self.tr_src_op[ks[0]])
+            if nxt < 0 or nxt in seen:
+                break
+            seen.add(nxt)
+            path.append(nxt)
+            v = nxt
+        return path[::-1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "makespan_s": self.makespan_s,
+            "ops": {
+                "device": self.op_device.tolist(),
+                "ready_s": self.op_ready.tolist(),
+                "start_s": self.op_start.tolist(),
+                "end_s": self.op_end.tolist(),
+            },
+            "transfers": {
+                "src_op": self.tr_src_op.tolist(),
+                "src_device": self.tr_src_device.tolist(),
+                "dst_device": self.tr_dst_device.tolist(),
+                "bytes": self.tr_bytes.tolist(),
+                "start_s": self.tr_start.tolist(),
+                "end_s": self.tr_end.tolist(),
+            },
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` atomically."""
+        atomic_write_text(path, json.dumps(self.to_json()) + "\n")
+
+
+@dataclass
+class SimResult:
+    """``makespan_s`` (seconds) and, with ``trace=True``, the :class:`Trace`."""
+
+    makespan_s: float
+    trace: Trace | None = None
+    mode: str = "wc"
+
+
+# =========================================================================== numba kernel
+@njit(cache=True, inline="always")
+def _less(t1: float, i1: int, t2: float, i2: int) -> bool:
+    return t1 < t2 or (t1 == t2 and i1 < i2)
+
+
+@njit(cache=True)
+def _hpush(ht, hi, base, size, t, i):  # pragma: no cover - compiled
+    """Push key (t, i) into the binary min-heap stored in ht/hi[base : base + size]."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        pt = ht[base + parent]
+        pi = hi[base + parent]
+        if t < pt or (t == pt and i < pi):
+            ht[base + pos] = pt
+            hi[base + pos] = pi
+            pos = parent
+        else:
+            break
+    ht[base + pos] = t
+    hi[base + pos] = i
+    return size + 1
+
+
+@njit(cache=True)
+def _hpop(ht, hi, base, size):  # pragma: no cover - compiled
+    """Remove the minimum of the heap in ht/hi[base : base + size]; returns the new size."""
+    size -= 1
+    t = ht[base + size]
+    i = hi[base + size]
+    pos = 0
+    while True:
+        c = 2 * pos + 1
+        if c >= size:
+            break
+        ct = ht[base + c]
+        ci = hi[base + c]
+        if c + 1 < size:
+            rt = ht[base + c + 1]
+            ri = hi[base + c + 1]
+            if rt < ct or (rt == ct and ri < ci):
+                c += 1
+                ct = rt
+                ci = ri
+        if ct < t or (ct == t and ci < i):
+            ht[base + pos] = ct
+            hi[base + pos] = ci
+            pos = c
+        else:
+            break
+    ht[base + pos] = t
+    hi[base + pos] = i
+    return size
+
+
+@njit(cache=True)
+def _sim_kernel(
+    succ_ptr,
+    succ_idx,
+    indeg,
+    level,
+    lvl_ptr,
+    lvl_ops,
+    comp,
+    out_bytes,
+    lat,
+    bw,
+    streams,
+    dev,
+    op_f,
+    edge_f,
+    bsp,
+    contention,
+    op_ready,
+    op_start,
+    op_end,
+    tr_src,
+    tr_dst,
+    tr_start,
+    tr_end,
+):  # pragma: no cover - compiled
+    """One simulation; fills the trace arrays and returns (makespan, number of transfers)."""
+    n = dev.shape[0]
+    D = streams.shape[0]
+    E = succ_idx.shape[0]
+
+    # ---- ready heaps: one segment of rt/ri per device
+    cnt = np.zeros(D, np.int64)
+    for v in range(n):
+        cnt[dev[v]] += 1
+    rbase = np.empty(D, np.int64)
+    s = 0
+    for d in range(D):
+        rbase[d] = s
+        s += cnt[d]
+    rsize = np.zeros(D, np.int64)
+    rt = np.empty(n, np.float64)
+    ri = np.empty(n, np.int64)
+
+    # ---- transfers: one per (producer, destination device), in producer order
+    tr_ptr = np.empty(n + 1, np.int64)
+    tr_slot = np.empty(E, np.int64)
+    mark = np.full(D, -1, np.int64)
+    ntr = 0
+    for u in range(n):
+        tr_ptr[u] = ntr
+        du = dev[u]
+        for sl in range(succ_ptr[u], succ_ptr[u + 1]):
+            dv = dev[succ_idx[sl]]
+            if dv != du and mark[dv] != u:
+                mark[dv] = u
+                tr_src[ntr] = u
+                tr_dst[ntr] = dv
+                tr_slot[ntr] = sl
+                ntr += 1
+    tr_ptr[n] = ntr
+
+    # ---- link queues (contention mode)
+    L = D * D if contention else 1
+    lbase = np.zeros(L, np.int64)
+    lsize = np.zeros(L, np.int64)
+    lbusy = np.zeros(L, np.bool_)
+    ldirty = np.zeros(L, np.bool_)
+    ldirty_list = np.empty(L, np.int64)
+    nldirty = 0
+    qcap = ntr if contention else 1
+    lqt = np.empty(qcap, np.float64)
+    lqi = np.empty(qcap, np.int64)
+    if contention:
+        lcnt = np.zeros(L, np.int64)
+        for k in range(ntr):
+            lcnt[dev[tr_src[k]] * D + tr_dst[k]] += 1
+        s = 0
+        for l in range(L):
+            lbase[l] = s
+            s += lcnt[l]
+
+    # ---- BSP bookkeeping: outstanding ops + transfers per level
+    nlev = lvl_ptr.shape[0] - 1
+    outstanding = np.zeros(nlev if bsp else 1, np.int64)
+    cur_level = 0
+    if bsp:
+        for v in range(n):
+            outstanding[level[v]] += 1
+        for k in range(ntr):
+            outstanding[level[tr_src[k]]] += 1
+
+    pending = indeg.copy()
+    running = np.zeros(D, np.int64)
+    ddirty = np.zeros(D, np.bool_)
+    ddirty_list = np.empty(D, np.int64)
+    nddirty = 0
+
+    # ---- event heap: id < n = op completion, id >= n = arrival of transfer id - n
+    ecap = n + ntr
+    et = np.empty(ecap, np.float64)
+    ei = np.empty(ecap, np.int64)
+    esize = 0
+
+    # ---- initial ready ops
+    if bsp:
+        for q in range(lvl_ptr[0], lvl_ptr[1]):
+            v = lvl_ops[q]
+            op_ready[v] = 0.0
+            d = dev[v]
+            rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], 0.0, v)
+            if not ddirty[d]:
+                ddirty[d] = True
+                ddirty_list[nddirty] = d
+                nddirty += 1
+    else:
+        for v in range(n):
+            if indeg[v] == 0:
+                op_ready[v] = 0.0
+                d = dev[v]
+                rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], 0.0, v)
+                if not ddirty[d]:
+                    ddirty[d] = True
+                    ddirty_list[nddirty] = d
+                    nddirty += 1
+
+    makespan = 0.0
+    t = 0.0
+    while True:
+        # ---------------- dispatch at time t: idle devices, then free links
+        for q in range(nddirty):
+            d = ddirty_list[q]
+            ddirty[d] = False
+            while running[d] < streams[d] and rsize[d] > 0:
+                v = ri[rbase[d]]
+                rsize[d] = _hpop(rt, ri, rbase[d], rsize[d])
+                op_start[v] = t
+                e = t + comp[v, d] * op_f[v]
+                op_end[v] = e
+                running[d] += 1
+                esize = _hpush(et, ei, 0, esize, e, v)
+        nddirty = 0
+        for q in range(nldirty):
+            l = ldirty_list[q]
+            ldirty[l] = False
+            if not lbusy[l] and lsize[l] > 0:
+                k = lqi[lbase[l]]
+                lsize[l] = _hpop(lqt, lqi, lbase[l], lsize[l])
+                lbusy[l] = True
+                u = tr_src[k]
+                a = dev[u]
+                b = tr_dst[k]
+                tr_start[k] = t
+                e = t + (lat[a, b] + out_bytes[u] / bw[a, b]) * edge_f[tr_slot[k]]
+                tr_end[k] = e
+                esize = _hpush(et, ei, 0, esize, e, n + k)
+        nldirty = 0
+
+        if esize == 0:
+            break
+        # ---------------- process every event at the next timestamp
+        t = et[0]
+        while esize > 0 and et[0] == t:
+            x = ei[0]
+            esize = _hpop(et, ei, 0, esize)
+            if x < n:
+                u = x
+                d = dev[u]
+                running[d] -= 1
+                if not ddirty[d]:
+                    ddirty[d] = True
+                    ddirty_list[nddirty] = d
+                    nddirty += 1
+                if t > makespan:
+                    makespan = t
+                if not bsp:
+                    for sl in range(succ_ptr[u], succ_ptr[u + 1]):
+                        w = succ_idx[sl]
+                        if dev[w] == d:
+                            pending[w] -= 1
+                            if pending[w] == 0:
+                                op_ready[w] = t
+                                rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], t, w)
+                for k in range(tr_ptr[u], tr_ptr[u + 1]):
+                    b = tr_dst[k]
+                    if contention:
+                        l = d * D + b
+                        # key (request time, k): transfer ids grow with the producer id and a
+                        # link carries at most one transfer per producer, so ties go by producer
+                        lsize[l] = _hpush(lqt, lqi, lbase[l], lsize[l], t, k)
+                        if not ldirty[l]:
+                            ldirty[l] = True
+                            ldirty_list[nldirty] = l
+                            nldirty += 1
+                    else:
+                        tr_start[k] = t
+                        e = t + (lat[d, b] + out_bytes[u] / bw[d, b]) * edge_f[tr_slot[k]]
+                        tr_end[k] = e
+                        esize = _hpush(et, ei, 0, esize, e, n + k)
+            else:
+                k = x - n
+                u = tr_src[k]
+                b = tr_dst[k]
+                if contention:
+                    l = dev[u] * D + b
+                    lbusy[l] = False
+                    if not ldirty[l]:
+                        ldirty[l] = True
+                        ldirty_list[nldirty] = l
+                        nldirty += 1
+                if not bsp:
+                    for sl in range(succ_ptr[u], succ_ptr[u + 1]):
+                        w = succ_idx[sl]
+                        if dev[w] == b:
+                            pending[w] -= 1
+                            if pending[w] == 0:
+                                op_ready[w] = t
+                                rsize[b] = _hpush(rt, ri, rbase[b], rsize[b], t, w)
+                                if not ddirty[b]:
+                                    ddirty[b] = True
+                                    ddirty_list[nddirty] = b
+                                    nddirty += 1
+            if bsp:
+                outstanding[level[u]] -= 1
+                if outstanding[cur_level] == 0 and cur_level + 1 < nlev:
+                    cur_level += 1
+                    for q in range(lvl_ptr[cur_level], lvl_ptr[cur_level + 1]):
+                        v = lvl_ops[q]
+                        op_ready[v] = t
+                        d2 = dev[v]
+                        rsize[d2] = _hpush(rt, ri, rbase[d2], rsize[d2], t, v)
+                        if not ddirty[d2]:
+                            ddirty[d2] = True
+                            ddirty_list[nddirty] = d2
+                            nddirty += 1
+    return makespan, ntr
+
+
+@njit(cache=True)
+def _sim_many_kernel(
+    succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp, contention
+):  # pragma: no cover - compiled
+    B, n = devs.shape
+    E = succ_idx.shape[0]
+    out = np.empty(B, np.float64)
+    op_ready = np.empty(n, np.float64)
+    op_start = np.empty(n, np.float64)
+    op_end = np.empty(n, np.float64)
+    tr_src = np.empty(E, np.int64)
+    tr_dst = np.empty(E, np.int64)
+    tr_start = np.empty(E, np.float64)
+    tr_end = np.empty(E, np.float64)
+    for b in range(B):
+        mk, _ = _sim_kernel(
+            succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs[b],
+            op_f, edge_f, bsp, contention, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
+        )  # fmt: skip
+        out[b] = mk
+    return out
+
+
+# =========================================================================== pure-Python reference
+def _simulate_python(ctx: "SimContext", dev: np.ndarray, op_f: np.ndarray, edge_f: np.ndarray, bsp: bool, contention: bool):
+    """An independent, straightforward implementation of the same semantics (heapq + dicts).
+
+    Returns the same tuple of trace arrays as the kernel path. Bit-identical to
+    it because every duration is computed with the same floating-point
+    expression and every start time is the current event time.
+    """
+    n, D = ctx.num_ops, ctx.num_devices
+    succ_ptr, succ_idx = ctx.succ_ptr.tolist(), ctx.succ_idx.tolist()
+    dev_l = [int(x) for x in dev]
+    comp = ctx.comp
+    streams = ctx.streams.tolist()
+    level = ctx.level.tolist()
+
+    # transfers in creation order, with the noise slot of their first consumer
+    transfers: list[tuple[int, int, int]] = []  # (producer, dst device, succ slot)
+    tr_of: dict[int, list[int]] = {}
+    for u in range(n):
+        seen: set[int] = set()
+        for sl in range(succ_ptr[u], succ_ptr[u + 1]):
+            b = dev_l[succ_idx[sl]]
+            if b != dev_l[u] and b not in seen:
+                seen.add(b)
+                tr_of.setdefault(u, []).append(len(transfers))
+                transfers.append((u, b, sl))
+    ntr = len(transfers)
+
+    def tr_dur(k: int) -> float:
+        u, b, sl = transfers[k]
+        a = dev_l[u]
+        return (float(ctx.lat[a, b]) + float(ctx.out_bytes[u]) / float(ctx.bw[a, b])) * float(edge_f[sl])
+
+    op_ready = [0.0] * n
+    op_start = [0.0] * n
+    op_end = [0.0] * n
+    tr_start = [0.0] * ntr
+    tr_end = [0.0] * ntr
+    pending = [int(x) for x in ctx.indeg]
+    ready_q: list[list[tuple[float, int]]] = [[] for _ in range(D)]
+    running = [0] * D
+    link_q: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
+    link_busy: set[tuple[int, int]] = set()
+    events: list[tuple[float, int, int]] = []  # (time, kind 0=op end / 1=arrival, id)
+    left_in_level: list[int] = []
+    level_ops: list[list[int]] = []
+    cur = 0
+    if bsp:
+        nlev = max(level) + 1
+        level_ops = [[] for _ in range(nlev)]
+        for v in range(n):
+            level_ops[level[v]].append(v)
+        left_in_level = [len(ops) for ops in level_ops]
+        for u, _, _ in transfers:
+            left_in_level[level[u]] += 1
+
+    def make_ready(v: int, t: float) -> None:
+        op_ready[v] = t
+        heapq.heappush(ready_q[dev_l[v]], (t, v))
+
+    if bsp:
+        for v in level_ops[0]:
+            make_ready(v, 0.0)
+    else:
+        for v in range(n):
+            if pending[v] == 0:
+                make_ready(v, 0.0)
+
+    def arrive(u: int, b: int, t: float) -> None:
+        for sl in range(succ_ptr[u], succ_ptr[u + 1]):
+            w = succ_idx[sl]
+            if dev_l[w] == b:
+                pending[w] -= 1
+                if pending[w] == 0:
+                    make_ready(w, t)
+
+    def done(u: int, t: float) -> None:
+        nonlocal cur
+        if not bsp:
+            return
+        left_in_level[level[u]] -= 1
+        if left_in_level[cur] == 0 and cur + 1 < len(level_ops):
+            cur += 1
+            for v in level_ops[cur]:
+                make_ready(v, t)
+
+    t = 0.0
+    makespan = 0.0
+    while True:
+        for d in range(D):
+            while running[d] < streams[d] and ready_q[d]:
+                _, v = heapq.heappop(ready_q[d])
+                op_start[v] = t
+                op_end[v] = t + float(comp[v, d]) * float(op_f[v])
+                running[d] += 1
+                heapq.heappush(events, (op_end[v], 0, v))
+        for link, q in link_q.items():
+            if link not in link_busy and q:
+                _, _, k = heapq.heappop(q)
+                link_busy.add(link)
+                tr_start[k] = t
+                tr_end[k] = t + tr_dur(k)
+                heapq.heappush(events, (tr_end[k], 1, k))
+        if not events:
+            break
+        t = events[0][0]
+        while events and events[0][0] == t:
+            _, kind, x = heapq.heappop(events)
+            if kind == 0:
+                u = x
+                running[dev_l[u]] -= 1
+                makespan = max(makespan, t)
+                if not bsp:
+                    arrive(u, dev_l[u], t)
+                for k in tr_of.get(u, ()):
+                    b = transfers[k][1]
+                    if contention:
+                        heapq.heappush(link_q.setdefault((dev_l[u], b), []), (t, u, k))
+                    else:
+                        tr_start[k] = t
+                        tr_end[k] = t + tr_dur(k)
+                        heapq.heappush(events, (tr_end[k], 1, k))
+                done(u, t)
+            else:
+                k = x
+                u, b, _ = transfers[k]
+                link_busy.discard((dev_l[u], b))
+                if not bsp:
+                    arrive(u, b, t)
+                done(u, t)
+    return (
+        makespan,
+        np.array(op_ready),
+        np.array(op_start),
+        np.array(op_end),
+        np.array([tr[0] for tr in transfers], dtype=np.int64),
+        np.array([tr[1] for tr in transfers], dtype=np.int64),
+        np.array(tr_start, dtype=np.float64),
+        np.array(tr_end, dtype=np.float64),
+    )
+
+
+# =========================================================================== context
+class SimContext:
+    """Static per-(graph, cluster) arrays, built once; reuse it for many assignments.
+
+    ``simulate``/``simulate_many``/``lower_bound`` build (and cache on the graph)
+    one automatically; build one explicitly in hot loops to skip even the cache
+    lookup: ``ctx = SimContext(g, c); ctx.makespan(devices)``.
+    """
+
+    def __init__(self, graph: DataflowGraph, cluster: Cluster) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.num_ops = n = graph.num_ops
+        self.num_devices = cluster.num_devices
+        self.num_edges = graph.num_edges
+        self.succ_ptr = np.ascontiguousarray(graph.succ_ptr, dtype=np.int64)
+        self.succ_idx = np.ascontiguousarray(graph.succ_idx, dtype=np.int64)
+        self.indeg = np.ascontiguousarray(np.diff(graph.pred_ptr), dtype=np.int64)
+        self.level = np.ascontiguousarray(graph.level, dtype=np.int64)
+        self.lvl_ops = np.lexsort((np.arange(n), self.level)).astype(np.int64)
+        self.lvl_ptr = np.zeros(int(self.level.max()) + 2, dtype=np.int64)
+        np.cumsum(np.bincount(self.level), out=self.lvl_ptr[1:])
+        self.comp = np.ascontiguousarray(cluster.compute_time_s(graph), dtype=np.float64)
+        self.out_bytes = np.ascontiguousarray(graph.output_bytes, dtype=np.float64)
+        self.lat = np.ascontiguousarray(cluster.latency_s, dtype=np.float64)
+        self.bw = np.ascontiguousarray(cluster.bandwidth_Bps, dtype=np.float64)
+        self.streams = np.ascontiguousarray(cluster.streams, dtype=np.int64)
+        self._ones_n = np.ones(n)
+        self._ones_e = np.ones(max(self.num_edges, 1))
+        self._noise_cache: tuple[float, int, np.ndarray, np.ndarray] | None = None
+        self._lower_bound: float | None = None
+        self._key = _cluster_key(cluster)
+
+    # ------------------------------------------------------------------ options
+    def noise(self, sigma: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Multiplicative duration factors (per op, per successor slot)."""
+        if sigma == 0.0:
+            return self._ones_n, self._ones_e
+        c = self._noise_cache
+        if c is not None and c[0] == sigma and c[1] == seed:
+            return c[2], c[3]
+        rng = np.random.default_rng(seed)
+        z = rng.standard_normal(self.num_ops + self.num_edges)
+        f = np.exp(sigma * z - 0.5 * sigma * sigma)
+        op_f = np.ascontiguousarray(f[: self.num_ops])
+        edge_f = np.ascontiguousarray(f[self.num_ops :]) if self.num_edges else self._ones_e
+        self._noise_cache = (sigma, seed, op_f, edge_f)
+        return op_f, edge_f
+
+    # ------------------------------------------------------------------ running
+    def _run(self, dev: np.ndarray, mode: str, trace: bool, sigma: float, seed: int, contention: bool, backend: str) -> SimResult:
+        op_f, edge_f = self.noise(sigma, seed)
+        bsp = mode == "bsp"
+        if backend == "python" or not HAVE_NUMBA:
+            mk, ready, start, end, tsrc, tdst, tstart, tend = _simulate_python(self, dev, op_f, edge_f, bsp, contention)
+            ntr = tsrc.shape[0]
+        else:
+            n, E = self.num_ops, max(self.num_edges, 1)
+            ready, start, end = np.empty(n), np.empty(n), np.empty(n)
+            tsrc, tdst = np.empty(E, np.int64), np.empty(E, np.int64)
+            tstart, tend = np.empty(E), np.empty(E)
+            mk, ntr = _sim_kernel(
+                self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
+                self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, bsp, contention,
+                ready, start, end, tsrc, tdst, tstart, tend,
+            )  # fmt: skip
+        if not trace:
+            return SimResult(float(mk), None, mode)
+        tsrc = tsrc[:ntr].copy()
+        tr = Trace(
+            op_device=dev.copy(),
+            op_ready=ready,
+            op_start=start,
+            op_end=end,
+            tr_src_op=tsrc,
+            tr_src_device=dev[tsrc],
+            tr_dst_device=tdst[:ntr].copy(),
+            tr_bytes=self.out_bytes[tsrc],
+            tr_start=tstart[:ntr].copy(),
+            tr_end=tend[:ntr].copy(),
+            mode=mode,
+        )
+        return SimResult(float(mk), tr, mode)
+
+    def simulate(
+        self,
+        assignment: "Assignment | Sequence[int] | np.ndarray",
+        *,
+        mode: str = "wc",
+        trace: bool = False,
+        noise_sigma: float = 0.0,
+        seed: int = 0,
+        link_contention: bool = False,
+        backend: str = "auto",
+    ) -> SimResult:
+        """See :func:`simulate`."""
+        mode, sigma, seed = _check_options(mode, noise_sigma, seed, backend)
+        dev = check_assignment(self.graph, as_devices(assignment), self.num_devices)
+        dev = np.ascontiguousarray(dev, dtype=np.int64)
+        return self._run(dev, mode, bool(trace), sigma, seed, bool(link_contention), backend)
+
+    def makespan(self, devices: np.ndarray) -> float:
+        """Fast path for hot loops: WC, no noise, no trace; ``devices`` must be a valid int64 array."""
+        if HAVE_NUMBA:
+            n, E = self.num_ops, max(self.num_edges, 1)
+            mk, _ = _sim_kernel(
+                self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
+                self.out_bytes, self.lat, self.bw, self.streams, devices, self._ones_n, self._ones_e, False, False,
+                np.empty(n), np.empty(n), np.empty(n), np.empty(E, np.int64), np.empty(E, np.int64),
+                np.empty(E), np.empty(E),
+            )  # fmt: skip
+            return float(mk)
+        return self._run(np.asarray(devices, np.int64), "wc", False, 0.0, 0, False, "python").makespan_s
+
+    def simulate_many(
+        self,
+        assignments: np.ndarray | Sequence[Sequence[int]],
+        *,
+        mode: str = "wc",
+        noise_sigma: float = 0.0,
+        seed: int = 0,
+        link_contention: bool = False,
+        backend: str = "auto",
+    ) -> np.ndarray:
+        """See :func:`simulate_many`."""
+        mode, sigma, seed = _check_options(mode, noise_sigma, seed, backend)
+        devs = _check_batch(self.graph, assignments, self.num_devices)
+        if devs.shape[0] == 0:
+            return np.empty(0)
+        if backend == "python" or not HAVE_NUMBA:
+            return np.array(
+                [self._run(row, mode, False, sigma, seed, bool(link_contention), "python").makespan_s for row in devs]
+            )
+        op_f, edge_f = self.noise(sigma, seed)
+        return _sim_many_kernel(
+            self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
+            self.out_bytes, self.lat, self.bw, self.streams, devs, op_f, edge_f, mode == "bsp", bool(link_contention),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ bounds
+    def lower_bound(self) -> float:
+        """See :func:`lower_bound`."""
+        if self._lower_bound is None:
+            tmin = self.comp.min(axis=1)
+            cp = float(self.graph.critical_path_length(compute_s=tmin))
+            self._lower_bound = max(cp, work_bound(self.graph, self.cluster))
+        return self._lower_bound
+
+
+def _cluster_key(cluster: Cluster) -> tuple:
+    """Cheap identity of a cluster's content-bearing objects (a Cluster is treated as immutable)."""
+    return (id(cluster.devices), len(cluster.devices), id(cluster.bandwidth_Bps), id(cluster.latency_s))
+
+
+_CTX_ATTR = "_doppler_sim_contexts"
+_MAX_CONTEXTS_PER_GRAPH = 8
+
+
+def context(graph: DataflowGraph, cluster: Cluster) -> SimContext:
+    """The cached :class:`SimContext` of (graph, cluster), built on first use."""
+    cache: dict[int, tuple[Cluster, SimContext]] | None = graph.__dict__.get(_CTX_ATTR)
+    if cache is None:
+        cache = graph.__dict__[_CTX_ATTR] = {}
+    hit = cache.get(id(cluster))
+    if hit is not None and hit[0] is cluster and hit[1]._key == _cluster_key(cluster):
+        return hit[1]
+    if not isinstance(cluster, Cluster):
+        raise SimulationError(f"expected a Cluster, got {type(cluster).__name__} (use doppler.cluster(name) to get one)")
+    if not isinstance(graph, DataflowGraph):
+        raise SimulationError(f"expected a DataflowGraph, got {type(graph).__name__}")
+    ctx = SimContext(graph, cluster)
+    if len(cache) >= _MAX_CONTEXTS_PER_GRAPH:
+        cache.pop(next(iter(cache)))
+    cache[id(cluster)] = (cluster, ctx)
+    return ctx
+
+
+def _check_options(mode: str, noise_sigma: float, seed: int, backend: str = "auto") -> tuple[str, float, int]:
+    if mode not in MODES:
+        raise SimulationError(f"unknown simulation mode {mode!r} (use one of: {', '.join(MODES)})")
+    if backend not in BACKENDS:
+        raise SimulationError(f"unknown backend {backend!r} (use one of: {', '.join(BACKENDS)})")
+    try:
+        sigma = float(noise_sigma)
+    except (TypeError, ValueError):
+        raise SimulationError(f"noise_sigma must be a number >= 0, got {noise_sigma!r}") from None
+    if not math.isfinite(sigma) or sigma < 0:
+        raise SimulationError(f"noise_sigma must be a finite number >= 0, got {noise_sigma!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise SimulationError(f"seed must be an integer >= 0, got {seed!r}")
+    return mode, sigma, int(seed)
+
+
+def _check_batch(graph: DataflowGraph, assignments: Any, num_devices: int) -> np.ndarray:
+    arr = np.asarray(assignments)
+    if arr.ndim != 2:
+        raise AssignmentError(f"assignments must be a 2-D array [batch, num_ops], got shape {arr.shape}")
+    if arr.shape[1] != graph.num_ops:
+        raise AssignmentError(
+            f"each assignment has {arr.shape[1]} entries but graph {graph.name!r} has {graph.num_ops} ops"
+        )
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            b, i = (int(x) for x in np.argwhere(bad)[0])
+            raise AssignmentError(f"assignment {b}: op {graph.op_label(i)} has a non-integer device {arr[b, i]!r}")
+    elif arr.dtype.kind not in "iu" and arr.size:
+        raise AssignmentError(f"assignments must hold device indices, got values of type {arr.dtype}")
+    devs = np.ascontiguousarray(arr, dtype=np.int64)
+    bad = (devs < 0) | (devs >= num_devices)
+    if bad.any():
+        b, i = (int(x) for x in np.argwhere(bad)[0])
+        raise AssignmentError(
+            f"assignment {b}: op {graph.op_label(i)} is assigned to device {int(devs[b, i])}, "
+            f"but the cluster has devices 0..{num_devices - 1}"
+        )
+    return devs
+
+
+# =========================================================================== public API
+def simulate(
+    graph: DataflowGraph,
+    cluster: Cluster,
+    assignment: "Assignment | Sequence[int] | np.ndarray",
+    *,
+    mode: str = "wc",
+    trace: bool = False,
+    noise_sigma: float = 0.0,
+    seed: int = 0,
+    link_contention: bool = False,
+    backend: str = "auto",
+) -> SimResult:
+    """Simulate ``graph`` on ``cluster`` under ``assignment`` (device index per op).
+
+    ``mode``: ``"wc"`` (work-conserving, the default) or ``"bsp"`` (a barrier per
+    topological level). ``trace=True`` records per-op and per-transfer times.
+    ``noise_sigma``/``seed``: seeded lognormal noise on every duration.
+    ``link_contention``: one transfer at a time per ordered link.
+    ``backend``: ``"auto"``/``"numba"`` (compiled) or ``"python"`` (reference).
+    Raises :class:`~doppler.assignment.AssignmentError` for a wrong-length or
+    out-of-range assignment and :class:`SimulationError` for bad options.
+    """
+    return context(graph, cluster).simulate(
+        assignment,
+        mode=mode,
+        trace=trace,
+        noise_sigma=noise_sigma,
+        seed=seed,
+        link_contention=link_contention,
+        backend=backend,
+    )
+
+
+def simulate_many(
+    graph: DataflowGraph,
+    cluster: Cluster,
+    assignments: np.ndarray | Sequence[Sequence[int]],
+    *,
+    mode: str = "wc",
+    noise_sigma: float = 0.0,
+    seed: int = 0,
+    link_contention: bool = False,
+    backend: str = "auto",
+) -> np.ndarray:
+    """Makespans of a batch ``assignments[B, num_ops]``: ``float64[B]``.
+
+    Row ``b`` equals ``simulate(graph, cluster, assignments[b], same options).makespan_s``
+    (with noise, every row uses the same ``seed``: common random numbers).
+    """
+    return context(graph, cluster).simulate_many(
+        assignments, mode=mode, noise_sigma=noise_sigma, seed=seed, link_contention=link_contention, backend=backend
+    )
+
+
+def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
+    """Total-work lower bound on the makespan, valid with per-kind device rates.
+
+    With ``W_k`` the FLOPs of kind ``k`` and ``c[k, d] = 1 / (rate[k, d] *
+    streams[d])`` the seconds device ``d`` needs per FLOP of kind ``k`` (per
+    unit of makespan), any schedule gives a feasible point of the LP
+    ``min T  s.t.  sum_d y[k, d] = W_k,  sum_k c[k, d] y[k, d] <= T``. Its dual
+    says that for every probability vector ``beta`` over devices,
+    ``sum_k W_k * min_d beta_d c[k, d]`` is a lower bound. We take ``beta``
+    from solving the dual LP (scipy HiGHS) and evaluate that closed form, so
+    the bound is valid whatever the solver tolerance. When every device has
+    one rate for all kinds present this is exactly ``total FLOPs / sum_d
+    (rate_d * streams_d)``. (Naively dividing each op's FLOPs by the sum of
+    the devices' rates *for its kind* is **not** a bound: two devices each
+    fast at a different kind beat it.)
+    """
+    kinds = graph.kind.astype(np.int64)
+    W = np.bincount(kinds, weights=graph.flops, minlength=len(cluster.throughput_matrix()))
+    present = np.flatnonzero(W > 0)
+    if present.size == 0:
+        return 0.0
+    W = W[present]
+    cap = cluster.throughput_matrix()[present] * cluster.streams[None, :].astype(np.float64)  # [K, D]
+    if np.all(cap == cap[0:1]):
+        return float(W.sum() / cap[0].sum())
+    c = 1.0 / cap
+    K, D = c.shape
+    betas = [cap.sum(axis=0) / cap.sum()]
+    try:
+        from scipy.optimize import linprog
+
+        # variables: alpha[K] (free), beta[D] >= 0; maximise W.alpha
+        # s.t. alpha_k - c[k, d] beta_d <= 0, sum beta = 1
+        A = np.zeros((K * D, K + D))
+        for k in range(K):
+            A[k * D : (k + 1) * D, k] = 1.0
+            A[k * D : (k + 1) * D, K:] = -np.diag(c[k])
+        res = linprog(
+            np.concatenate([-W, np.zeros(D)]),
+            A_ub=A,
+            b_ub=np.zeros(K * D),
+            A_eq=np.concatenate([np.zeros(K), np.ones(D)])[None, :],
+            b_eq=[1.0],
+            bounds=[(None, None)] * K + [(0, None)] * D,
+            method="highs",
+        )
+        if res.status == 0:
+            betas.append(np.asarray(res.x[K:]))
+    except Exception:  # noqa: BLE001 - the proportional beta still gives a valid bound
+        pass
+    best = 0.0
+    for beta in betas:
+        beta = np.clip(beta, 0.0, None)
+        if beta.sum() <= 0:
+            continue
+        beta = beta / beta.sum()
+        best = max(best, float((W * (beta[None, :] * c).min(axis=1)).sum()))
+    return best
+
+
+def lower_bound(graph: DataflowGraph, cluster: Cluster) -> float:
+    """Seconds no assignment can beat (noise-free): the max of
+
+    * the compute-only critical path, each op timed on its fastest device, and
+    * the total-work bound :func:`work_bound` (total compute / total device
+      speed, streams counted, done correctly for per-kind rates).
+
+    Valid for WC and BSP, with or without link contention.
+    """
+    return context(graph, cluster).lower_bound()

@@ -1,0 +1,922 @@
+"""Tile-decomposed dataflow graphs of real tensor programs, and random DAGs.
+
+A workload builder splits every tensor into a grid of blocks and emits the ops a
+sharded-tensor engine would run: one op per block product of a contraction (a
+*partial product*, :attr:`OpKind.MATMUL`), one n-ary aggregation per output block
+that sums the partial products over the contracted-dimension blocks
+(:attr:`OpKind.ADD`, only when there is more than one contraction block), and one
+op per output block of every elementwise step. Costs come from the real shapes:
+``flops`` per op (the convention of :mod:`doppler.engine.kernels`) and
+``output_bytes`` = elements of the op's output block x dtype bytes.
+
+Input tensors (weights, activations, rotary tables) are **not** ops: as in the
+DOPPLER paper they are pre-loaded on every device, and op specs reference their
+tiles directly.
+
+Workloads (``build(name, **params)``): ``chainmm`` (A.B + C.(D.E)), ``ffnn``
+(softmax(relu(X.W1 + b1).W2 + b2)), ``llama_block`` (one LLaMA decoder block),
+``llama_layer`` (the block plus mask construction, final norm, last-token
+selection and the vocabulary head) and ``random`` (layered random DAGs, no specs).
+Every workload takes ``size=tiny|small|paper`` (default ``paper``); explicit keys
+override the preset. ``graph.meta`` records the workload, resolved parameters,
+input shapes, output tiles and the FLOPs of the untiled computation, so
+:func:`make_inputs`, :func:`doppler.engine.kernels.evaluate_numpy`,
+:func:`assemble_outputs` and :func:`reference` can check a graph end to end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from doppler.engine.kernels import DTYPE_BYTES, flops_of, parse_eq
+from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, Group, OpKind
+
+__all__ = [
+    "SIZES",
+    "WORKLOADS",
+    "Tensor",
+    "TileBuilder",
+    "WorkloadError",
+    "assemble_outputs",
+    "build",
+    "list_workloads",
+    "make_inputs",
+    "param_spec",
+    "parse_set",
+    "reference",
+]
+
+SIZES = ("tiny", "small", "paper")
+
+
+class WorkloadError(ValueError):
+    """Bad workload name or parameters; the message says what and where."""
+
+
+# ====================================================================== builder
+@dataclass
+class Tensor:
+    """A logical tensor split into a grid of equal blocks; ``tiles`` maps each block
+    index to the operand reference (a spec ``inputs`` entry) that holds it."""
+
+    name: str
+    shape: tuple[int, ...]
+    grid: tuple[int, ...]
+    tiles: dict[tuple[int, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return tuple(s // g for s, g in zip(self.shape, self.grid))
+
+    def tile_slice(self, block: Sequence[int]) -> list[list[int]]:
+        return [[int(b * s), int((b + 1) * s)] for b, s in zip(block, self.block_shape)]
+
+    def blocks(self) -> list[tuple[int, ...]]:
+        return list(itertools.product(*(range(g) for g in self.grid)))
+
+
+def _fmt_block(idx: Sequence[int]) -> str:
+    return "[" + ",".join(str(int(i)) for i in idx) + "]"
+
+
+class TileBuilder:
+    """Builds a tile-level :class:`DataflowGraph` from einsum-style logical ops.
+
+    Every logical op becomes one :class:`~doppler.graph.Group` (two for a tiled
+    contraction or reduction: the partial ops and their aggregation) and records
+    its own FLOPs, computed at full-tensor level, in ``untiled_flops``.
+    """
+
+    def __init__(self, workload: str, dtype: str = "float32") -> None:
+        if dtype not in DTYPE_BYTES:
+            raise WorkloadError(f"{workload}: dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        self.workload = workload
+        self.dtype = dtype
+        self.itemsize = DTYPE_BYTES[dtype]
+        self.flops: list[float] = []
+        self.out_bytes: list[float] = []
+        self.kinds: list[int] = []
+        self.group_of: list[int] = []
+        self.blocks: list[tuple[int, ...]] = []
+        self.names: list[str] = []
+        self.specs: list[dict[str, Any]] = []
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.groups: list[Group] = []
+        self.untiled_flops = 0.0
+        self.inputs: dict[str, list[int]] = {}
+        self.input_init: dict[str, dict[str, Any]] = {}
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self._logical_names: set[str] = set()
+        self._full_grid: dict[int, tuple[int, ...]] = {}
+
+    # ------------------------------------------------------------- helpers
+    def _err(self, msg: str) -> WorkloadError:
+        return WorkloadError(f"{self.workload}: {msg}")
+
+    def _check_grid(self, name: str, shape: Sequence[int], grid: Sequence[int]) -> None:
+        if len(shape) != len(grid):
+            raise self._err(f"tensor {name!r} has rank {len(shape)} but a grid of rank {len(grid)}")
+        for ax, (s, g) in enumerate(zip(shape, grid)):
+            if int(g) < 1 or int(s) < 1 or int(s) % int(g):
+                raise self._err(f"tensor {name!r} axis {ax}: {g} blocks do not divide size {s}")
+
+    def _claim(self, name: str) -> None:
+        if name in self._logical_names:
+            raise self._err(f"two logical ops are named {name!r}")
+        self._logical_names.add(name)
+
+    def _group(self, name: str, kind: OpKind, grid: Sequence[int]) -> int:
+        grid = tuple(int(g) for g in grid)
+        if len(grid) > MAX_BLOCK_DIMS:
+            grid = (int(math.prod(grid)),)
+        self.groups.append(Group(name=name, kind=kind.label, grid=grid))
+        return len(self.groups) - 1
+
+    def _add_op(self, name: str, kind: OpKind, spec: dict[str, Any], group: int, block: Sequence[int]) -> int:
+        i = len(self.flops)
+        spec["dtype"] = self.dtype
+        self.flops.append(flops_of(spec, label=name))
+        self.out_bytes.append(float(math.prod(spec["shape"]) * self.itemsize))
+        self.kinds.append(int(kind))
+        self.group_of.append(group)
+        grid = self.groups[group].grid
+        block = tuple(int(b) for b in block)
+        if len(block) > MAX_BLOCK_DIMS:  # the group grid was flattened the same way
+            full = tuple(int(g) for g in self._full_grid[group])
+            block = (int(np.ravel_multi_index(block, full)),)
+        assert len(block) == len(grid)
+        self.blocks.append(block)
+        self.names.append(name)
+        self.specs.append(spec)
+        seen: set[int] = set()
+        for ref in spec["inputs"]:
+            j = ref.get("op")
+            if j is not None and j not in seen:
+                seen.add(j)
+                self.src.append(int(j))
+                self.dst.append(i)
+        return i
+
+    def _new_group(self, name: str, kind: OpKind, grid: Sequence[int]) -> int:
+        g = self._group(name, kind, grid)
+        self._full_grid[g] = tuple(int(x) for x in grid)
+        return g
+
+    def _tensor_from_ops(self, name: str, shape: Sequence[int], grid: Sequence[int], ids: dict) -> Tensor:
+        t = Tensor(name, tuple(int(s) for s in shape), tuple(int(g) for g in grid))
+        bs = t.block_shape
+        for blk, i in ids.items():
+            t.tiles[blk] = {"op": int(i), "shape": list(bs)}
+        return t
+
+    def _letters(self, name: str, ins: Sequence[str], ts: Sequence[Tensor]) -> dict[str, tuple[int, int, str]]:
+        """letter -> (size, blocks, tensor name), checked consistent across operands."""
+        info: dict[str, tuple[int, int, str]] = {}
+        for term, t in zip(ins, ts):
+            if len(term) != len(t.shape):
+                raise self._err(f"{name}: operand {t.name!r} has rank {len(t.shape)} but subscripts {term!r}")
+            for c, s, g in zip(term, t.shape, t.grid):
+                if c in info and info[c][:2] != (s, g):
+                    s0, g0, n0 = info[c]
+                    raise self._err(
+                        f"{name}: letter {c!r} is size {s0} in {g0} blocks in {n0!r} "
+                        f"but size {s} in {g} blocks in {t.name!r}"
+                    )
+                info.setdefault(c, (s, g, t.name))
+        return info
+
+    def _parse(self, name: str, eq: str, n: int) -> tuple[list[str], str]:
+        try:
+            return parse_eq(eq, n)
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+
+    # ----------------------------------------------------------- tensors
+    def input(self, name: str, shape: Sequence[int], grid: Sequence[int], init: dict[str, Any] | None = None) -> Tensor:
+        """Declare a graph input (not an op): its tiles are slices of the full array."""
+        shape, grid = tuple(int(s) for s in shape), tuple(int(g) for g in grid)
+        self._check_grid(name, shape, grid)
+        if name in self.inputs:
+            raise self._err(f"input {name!r} declared twice")
+        t = Tensor(name, shape, grid)
+        for blk in t.blocks():
+            t.tiles[blk] = {"input": name, "block": list(blk), "slice": t.tile_slice(blk), "shape": list(t.block_shape)}
+        self.inputs[name] = list(shape)
+        self.input_init[name] = dict(init or {"init": "normal", "std": 1.0})
+        return t
+
+    def output(self, name: str, t: Tensor) -> None:
+        tiles = []
+        for blk in t.blocks():
+            ref = t.tiles[blk]
+            if "op" not in ref:
+                raise self._err(f"output {name!r} is an input tensor, not computed by any op")
+            tiles.append([int(ref["op"]), t.tile_slice(blk)])
+        self.outputs[name] = {"shape": list(t.shape), "tiles": tiles}
+
+    # ------------------------------------------------------- logical ops
+    def _tiled_reduction(
+        self,
+        eq: str,
+        ts: Sequence[Tensor],
+        *,
+        name: str,
+        kind: OpKind,
+        kernel: str,
+        agg_kernel: str,
+    ) -> Tensor:
+        self._claim(name)
+        ins, out = self._parse(name, eq, len(ts))
+        info = self._letters(name, ins, ts)
+        red = [c for c in info if c not in out]  # contracted letters, first-appearance order
+        out_shape = [info[c][0] for c in out]
+        out_grid = [info[c][1] for c in out]
+        red_grid = [info[c][1] for c in red]
+        bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        self.untiled_flops += flops_of(
+            {"kernel": kernel, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts], "shape": out_shape}
+        )
+        combos = list(itertools.product(*(range(g) for g in red_grid)))
+        gp = self._new_group(name, kind, out_grid + red_grid)
+        ga = self._new_group(f"{name}.agg", OpKind.ADD, out_grid) if len(combos) > 1 else -1
+        result: dict[tuple[int, ...], int] = {}
+        for oblk in itertools.product(*(range(g) for g in out_grid)):
+            at = dict(zip(out, oblk))
+            partials = []
+            for ci, rblk in enumerate(combos):
+                at.update(zip(red, rblk))
+                refs = [ts[k].tiles[tuple(at[c] for c in term)] for k, term in enumerate(ins)]
+                spec = {"kernel": kernel, "eq": eq, "inputs": [dict(r) for r in refs], "shape": list(bshape)}
+                label = f"{name}{_fmt_block(oblk)}" + (f"k{ci}" if len(combos) > 1 else "")
+                partials.append(self._add_op(label, kind, spec, gp, oblk + rblk))
+            if len(partials) == 1:
+                result[oblk] = partials[0]
+            else:
+                spec = {
+                    "kernel": agg_kernel,
+                    "inputs": [{"op": p, "shape": list(bshape)} for p in partials],
+                    "shape": list(bshape),
+                }
+                result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}agg", OpKind.ADD, spec, ga, oblk)
+        return self._tensor_from_ops(name, out_shape, out_grid, result)
+
+    def contract(self, eq: str, *ts: Tensor, name: str, kind: OpKind = OpKind.MATMUL) -> Tensor:
+        """Tiled einsum: one partial product per (output block, contraction-block combo),
+        plus a ``sum_n`` aggregation per output block when there are several combos."""
+        return self._tiled_reduction(eq, ts, name=name, kind=kind, kernel="einsum", agg_kernel="sum_n")
+
+    def reduce(self, eq: str, x: Tensor, *, how: str = "sum", name: str, kind: OpKind = OpKind.REDUCE) -> Tensor:
+        """Tiled reduction (``eq`` like ``"hqk->hq"``): per-block partials + aggregation."""
+        if how not in ("sum", "max"):
+            raise self._err(f"{name}: reduction how={how!r} must be 'sum' or 'max'")
+        return self._tiled_reduction(
+            eq, [x], name=name, kind=kind, kernel=f"reduce_{how}", agg_kernel=f"{how}_n"
+        )
+
+    def map(
+        self,
+        fn: str,
+        eq: str,
+        *ts: Tensor,
+        name: str,
+        kind: OpKind = OpKind.ELEMENTWISE,
+        params: Mapping[str, Any] | None = None,
+        tile_params: Callable[[dict[str, int]], Mapping[str, Any]] | None = None,
+    ) -> Tensor:
+        """Elementwise ``fn`` with broadcasting by letters (``"ij,i->ij"``): one op per
+        output block. ``tile_params(offsets)`` adds per-tile params from the global
+        start offset of each output letter."""
+        self._claim(name)
+        ins, out = self._parse(name, eq, len(ts))
+        info = self._letters(name, ins, ts)
+        if set(info) != set(out):
+            raise self._err(f"{name}: map {eq!r} must keep every letter (no reduction in a map)")
+        out_shape = [info[c][0] for c in out]
+        out_grid = [info[c][1] for c in out]
+        bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        base = dict(params or {})
+        logical = {"kernel": "map", "fn": fn, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts],
+                   "shape": out_shape, "params": base}  # fmt: skip
+        try:
+            self.untiled_flops += flops_of(logical)
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+        g = self._new_group(name, kind, out_grid)
+        result = {}
+        for oblk in itertools.product(*(range(gg) for gg in out_grid)):
+            at = dict(zip(out, oblk))
+            refs = [dict(ts[k].tiles[tuple(at[c] for c in term)]) for k, term in enumerate(ins)]
+            p = dict(base)
+            if tile_params is not None:
+                p.update(tile_params({c: int(b * s) for c, b, s in zip(out, oblk, bshape)}))
+            spec = {"kernel": "map", "fn": fn, "eq": eq, "inputs": refs, "shape": list(bshape)}
+            if p:
+                spec["params"] = p
+            result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}", kind, spec, g, oblk)
+        return self._tensor_from_ops(name, out_shape, out_grid, result)
+
+    def fill(
+        self,
+        fn: str,
+        letters: str,
+        shape: Sequence[int],
+        grid: Sequence[int],
+        *,
+        name: str,
+        kind: OpKind = OpKind.MASK_FILL,
+        params: Mapping[str, Any] | None = None,
+        tile_params: Callable[[dict[str, int]], Mapping[str, Any]] | None = None,
+    ) -> Tensor:
+        """A constant tensor built by ops with no inputs (e.g. a causal mask), one per block."""
+        self._claim(name)
+        shape, grid = [int(s) for s in shape], [int(g) for g in grid]
+        self._check_grid(name, shape, grid)
+        if len(letters) != len(shape):
+            raise self._err(f"{name}: letters {letters!r} do not match rank {len(shape)}")
+        bshape = [s // g for s, g in zip(shape, grid)]
+        base = dict(params or {})
+        try:
+            self.untiled_flops += flops_of({"kernel": "fill", "fn": fn, "inputs": [], "shape": shape})
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+        g = self._new_group(name, kind, grid)
+        result = {}
+        for oblk in itertools.product(*(range(gg) for gg in grid)):
+            p = dict(base)
+            if tile_params is not None:
+                p.update(tile_params({c: int(b * s) for c, b, s in zip(letters, oblk, bshape)}))
+            spec = {"kernel": "fill", "fn": fn, "inputs": [], "shape": list(bshape), "params": p}
+            result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}", kind, spec, g, oblk)
+        return self._tensor_from_ops(name, shape, grid, result)
+
+    def select(
+        self, x: Tensor, ranges: Sequence[tuple[int, int] | None], *, name: str, kind: OpKind = OpKind.SELECT
+    ) -> Tensor:
+        """Slice ``x``: per axis ``None`` keeps it whole (and its blocks), ``(lo, hi)``
+        selects a range that must lie inside one block (that axis ends up unsplit)."""
+        self._claim(name)
+        if len(ranges) != len(x.shape):
+            raise self._err(f"{name}: {len(ranges)} ranges for a rank-{len(x.shape)} tensor {x.name!r}")
+        bs = x.block_shape
+        out_shape, out_grid, fixed = [], [], []
+        for ax, r in enumerate(ranges):
+            if r is None:
+                out_shape.append(x.shape[ax])
+                out_grid.append(x.grid[ax])
+                fixed.append(None)
+                continue
+            lo, hi = int(r[0]), int(r[1])
+            b = lo // bs[ax] if 0 <= lo < x.shape[ax] else -1
+            if b < 0 or not lo < hi <= (b + 1) * bs[ax]:
+                raise self._err(f"{name}: range {lo}:{hi} on axis {ax} of {x.name!r} must lie inside one block")
+            out_shape.append(hi - lo)
+            out_grid.append(1)
+            fixed.append((b, lo - b * bs[ax], hi - b * bs[ax]))
+        bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        g = self._new_group(name, kind, out_grid)
+        result = {}
+        for oblk in itertools.product(*(range(gg) for gg in out_grid)):
+            iblk = tuple(o if f is None else f[0] for o, f in zip(oblk, fixed))
+            sl = [[0, bs[ax]] if f is None else [f[1], f[2]] for ax, f in enumerate(fixed)]
+            spec = {"kernel": "select", "inputs": [dict(x.tiles[iblk])], "shape": list(bshape), "params": {"slice": sl}}
+            result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}", kind, spec, g, oblk)
+        return self._tensor_from_ops(name, out_shape, out_grid, result)
+
+    # ------------------------------------------------------------ finish
+    def finish(self, name: str, params: Mapping[str, Any]) -> DataflowGraph:
+        block = np.full((len(self.blocks), MAX_BLOCK_DIMS), -1, np.int32)
+        for i, b in enumerate(self.blocks):
+            block[i, : len(b)] = b
+        meta = {
+            "workload": self.workload,
+            "params": dict(params),
+            "dtype": self.dtype,
+            "inputs": dict(self.inputs),
+            "input_init": dict(self.input_init),
+            "outputs": dict(self.outputs),
+            "untiled_flops": float(self.untiled_flops),
+        }
+        return DataflowGraph.from_arrays(
+            self.flops,
+            self.out_bytes,
+            np.asarray(self.src, np.int64),
+            np.asarray(self.dst, np.int64),
+            kind=self.kinds,
+            group=self.group_of,
+            block=block,
+            names=list(self.names),
+            specs=self.specs,
+            groups=self.groups,
+            name=name,
+            meta=meta,
+        )
+
+
+# ============================================================ shared pieces
+def _softmax(b: TileBuilder, x: Tensor, letters: str, axis: str, *, scale: float, name: str) -> Tensor:
+    """softmax(scale * x) along letter ``axis``: max, exp(scale*(x-max)), sum, div; each tiled."""
+    red = letters.replace(axis, "")
+    m = b.reduce(f"{letters}->{red}", x, how="max", name=f"{name}.max", kind=OpKind.SOFTMAX)
+    e = b.map("exp_sub", f"{letters},{red}->{letters}", x, m, name=f"{name}.exp", kind=OpKind.SOFTMAX,
+              params={"scale": float(scale)})  # fmt: skip
+    z = b.reduce(f"{letters}->{red}", e, how="sum", name=f"{name}.sum", kind=OpKind.SOFTMAX)
+    return b.map("div", f"{letters},{red}->{letters}", e, z, name=f"{name}.div", kind=OpKind.SOFTMAX)
+
+
+def _rmsnorm(b: TileBuilder, x: Tensor, w: Tensor, *, eps: float, name: str) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis of a (rows, features) tensor."""
+    ss = b.contract("sd,sd->s", x, x, name=f"{name}.sumsq", kind=OpKind.NORM)
+    return b.map("rms_scale", "sd,s,d->sd", x, ss, w, name=f"{name}.scale", kind=OpKind.NORM,
+                 params={"n": int(x.shape[1]), "eps": float(eps)})  # fmt: skip
+
+
+# ================================================================ workloads
+def _normal(std: float) -> dict[str, Any]:
+    return {"init": "normal", "std": float(std)}
+
+
+def _build_chainmm(p: dict[str, Any]) -> DataflowGraph:
+    n, rb, cb, ib = p["n"], p["row_blocks"], p["col_blocks"], p["inner_blocks"]
+    b = TileBuilder("chainmm", p["dtype"])
+    A = b.input("A", (n, n), (rb, ib))
+    B = b.input("B", (n, n), (ib, cb))
+    C = b.input("C", (n, n), (rb, ib))
+    D = b.input("D", (n, n), (ib, ib))
+    E = b.input("E", (n, n), (ib, cb))
+    de = b.contract("ik,kj->ij", D, E, name="DE")
+    cde = b.contract("ik,kj->ij", C, de, name="C_DE")
+    ab = b.contract("ik,kj->ij", A, B, name="AB")
+    y = b.map("add", "ij,ij->ij", ab, cde, name="Y")
+    b.output("Y", y)
+    return b.finish("chainmm", p)
+
+
+def _ref_chainmm(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"Y": x["A"] @ x["B"] + x["C"] @ (x["D"] @ x["E"])}
+
+
+def _build_ffnn(p: dict[str, Any]) -> DataflowGraph:
+    bs, di, dh, do = p["batch"], p["d_in"], p["d_hidden"], p["d_out"]
+    bb, ib, hb, ob = p["batch_blocks"], p["in_blocks"], p["hidden_blocks"], p["out_blocks"]
+    b = TileBuilder("ffnn", p["dtype"])
+    X = b.input("X", (bs, di), (bb, ib))
+    W1 = b.input("W1", (di, dh), (ib, hb), _normal(1 / math.sqrt(di)))
+    b1 = b.input("b1", (dh,), (hb,), _normal(0.1))
+    W2 = b.input("W2", (dh, do), (hb, ob), _normal(1 / math.sqrt(dh)))
+    b2 = b.input("b2", (do,), (ob,), _normal(0.1))
+    h = b.contract("bi,ih->bh", X, W1, name="fc1")
+    h = b.map("add", "bh,h->bh", h, b1, name="bias1")
+    h = b.map("relu", "bh->bh", h, name="relu")
+    y = b.contract("bh,ho->bo", h, W2, name="fc2")
+    y = b.map("add", "bo,o->bo", y, b2, name="bias2")
+    y = _softmax(b, y, "bo", "o", scale=1.0, name="softmax")
+    b.output("Y", y)
+    return b.finish("ffnn", p)
+
+
+def _np_softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = z - z.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _ref_ffnn(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    h = np.maximum(x["X"] @ x["W1"] + x["b1"], 0.0)
+    return {"Y": _np_softmax(h @ x["W2"] + x["b2"], axis=1)}
+
+
+def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
+    s, D, H, hd, F = p["seq_len"], p["dim"], p["n_heads"], p["head_dim"], p["hidden"]
+    sb, db, hb, fb = p["seq_blocks"], p["dim_blocks"], p["head_blocks"], p["hidden_blocks"]
+    norm_w = {"init": "norm_weight"}
+    t = {
+        "x": b.input("x", (s, D), (sb, db)),
+        "w_attn_norm": b.input("w_attn_norm", (D,), (db,), norm_w),
+        "w_q": b.input("w_q", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
+        "w_k": b.input("w_k", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
+        "w_v": b.input("w_v", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
+        "w_o": b.input("w_o", (H, hd, D), (hb, 1, db), _normal(1 / math.sqrt(H * hd))),
+        "w_mlp_norm": b.input("w_mlp_norm", (D,), (db,), norm_w),
+        "w_gate": b.input("w_gate", (D, F), (db, fb), _normal(1 / math.sqrt(D))),
+        "w_up": b.input("w_up", (D, F), (db, fb), _normal(1 / math.sqrt(D))),
+        "w_down": b.input("w_down", (F, D), (fb, db), _normal(1 / math.sqrt(F))),
+        "rope_cos": b.input("rope_cos", (s, hd), (sb, 1), {"init": "rope_cos", "theta": float(p["rope_theta"])}),
+        "rope_sin": b.input("rope_sin", (s, hd), (sb, 1), {"init": "rope_sin", "theta": float(p["rope_theta"])}),
+    }
+    return t
+
+
+def _llama_block_ops(b: TileBuilder, p: dict[str, Any], t: dict[str, Tensor], *, mask_fill: bool) -> Tensor:
+    """One decoder block on the (seq, dim) activations ``t['x']``; batch is 1."""
+    s, hd = p["seq_len"], p["head_dim"]
+    sb = p["seq_blocks"]
+    x = t["x"]
+    xn = _rmsnorm(b, x, t["w_attn_norm"], eps=p["eps"], name="attn_norm")
+    q = b.contract("sk,khd->shd", xn, t["w_q"], name="q_proj")
+    k = b.contract("sk,khd->shd", xn, t["w_k"], name="k_proj")
+    v = b.contract("sk,khd->shd", xn, t["w_v"], name="v_proj")
+    q = b.map("rotary", "shd,sd,sd->shd", q, t["rope_cos"], t["rope_sin"], name="q_rope", kind=OpKind.ROTARY)
+    k = b.map("rotary", "shd,sd,sd->shd", k, t["rope_cos"], t["rope_sin"], name="k_rope", kind=OpKind.ROTARY)
+    scores = b.contract("qhd,khd->hqk", q, k, name="scores")
+    if mask_fill:
+        mask = b.fill("causal_mask", "qk", (s, s), (sb, sb), name="causal_mask",
+                      tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
+        scores = b.map("add", "hqk,qk->hqk", scores, mask, name="mask_add", kind=OpKind.MASK_FILL)
+    else:
+        scores = b.map("causal_mask", "hqk->hqk", scores, name="mask", kind=OpKind.MASK_FILL,
+                       params={"row_axis": 1, "col_axis": 2},
+                       tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
+    probs = _softmax(b, scores, "hqk", "k", scale=1.0 / math.sqrt(hd), name="attn_softmax")
+    attn = b.contract("hqk,khd->qhd", probs, v, name="pv")
+    o = b.contract("qhd,hdo->qo", attn, t["w_o"], name="o_proj")
+    h1 = b.map("add", "sd,sd->sd", x, o, name="attn_residual")
+    hn = _rmsnorm(b, h1, t["w_mlp_norm"], eps=p["eps"], name="mlp_norm")
+    g = b.contract("sd,df->sf", hn, t["w_gate"], name="gate_proj")
+    u = b.contract("sd,df->sf", hn, t["w_up"], name="up_proj")
+    a = b.map("silu_mul", "sf,sf->sf", g, u, name="silu_mul")
+    dn = b.contract("sf,fd->sd", a, t["w_down"], name="down_proj")
+    return b.map("add", "sd,sd->sd", h1, dn, name="mlp_residual")
+
+
+def _build_llama_block(p: dict[str, Any]) -> DataflowGraph:
+    b = TileBuilder("llama_block", p["dtype"])
+    t = _llama_inputs(b, p)
+    out = _llama_block_ops(b, p, t, mask_fill=False)
+    b.output("out", out)
+    return b.finish("llama_block", p)
+
+
+def _build_llama_layer(p: dict[str, Any]) -> DataflowGraph:
+    b = TileBuilder("llama_layer", p["dtype"])
+    t = _llama_inputs(b, p)
+    D, V = p["dim"], p["vocab"]
+    w_norm = b.input("w_final_norm", (D,), (p["dim_blocks"],), {"init": "norm_weight"})
+    w_head = b.input("w_head", (D, V), (p["dim_blocks"], p["vocab_blocks"]), _normal(1 / math.sqrt(D)))
+    h = _llama_block_ops(b, p, t, mask_fill=True)
+    last = b.select(h, [(p["seq_len"] - 1, p["seq_len"]), None], name="last_token")
+    hn = _rmsnorm(b, last, w_norm, eps=p["eps"], name="final_norm")
+    logits = b.contract("sd,dv->sv", hn, w_head, name="lm_head")
+    b.output("logits", logits)
+    return b.finish("llama_layer", p)
+
+
+def _rope_tables(s: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]
+    emb = np.concatenate([ang, ang], axis=1)
+    return np.cos(emb), np.sin(emb)
+
+
+def _np_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    # x: (heads, seq, hd); cos/sin: (seq, hd); HF "rotate_half" convention
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[None] + rot * sin[None]
+
+
+def _ref_llama_hidden(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> np.ndarray:
+    s, D, H, hd = p["seq_len"], p["dim"], p["n_heads"], p["head_dim"]
+    h0 = x["x"]
+    xn = _np_rmsnorm(h0, x["w_attn_norm"], p["eps"])
+    q = (xn @ x["w_q"].reshape(D, H * hd)).reshape(s, H, hd).transpose(1, 0, 2)
+    k = (xn @ x["w_k"].reshape(D, H * hd)).reshape(s, H, hd).transpose(1, 0, 2)
+    v = (xn @ x["w_v"].reshape(D, H * hd)).reshape(s, H, hd).transpose(1, 0, 2)
+    q = _np_rope(q, x["rope_cos"], x["rope_sin"])
+    k = _np_rope(k, x["rope_cos"], x["rope_sin"])
+    att = q @ k.transpose(0, 2, 1) / math.sqrt(hd)  # (H, s, s)
+    future = np.triu(np.ones((s, s), dtype=bool), k=1)
+    att = np.where(future[None], -np.inf, att)
+    o = _np_softmax(att, axis=-1) @ v  # (H, s, hd)
+    o = o.transpose(1, 0, 2).reshape(s, H * hd) @ x["w_o"].reshape(H * hd, D)
+    h1 = h0 + o
+    hn = _np_rmsnorm(h1, x["w_mlp_norm"], p["eps"])
+    g = hn @ x["w_gate"]
+    mlp = (g / (1.0 + np.exp(-g)) * (hn @ x["w_up"])) @ x["w_down"]
+    return h1 + mlp
+
+
+def _ref_llama_block(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"out": _ref_llama_hidden(p, x)}
+
+
+def _ref_llama_layer(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    h = _np_rmsnorm(_ref_llama_hidden(p, x), x["w_final_norm"], p["eps"])
+    return {"logits": h[-1:] @ x["w_head"]}
+
+
+def _build_random(p: dict[str, Any]) -> DataflowGraph:
+    """Layered random DAG: ops are split into ~num_ops/width layers of random widths;
+    every op past the first layer reads one op of the previous layer and up to
+    ``max_fan_in - 1`` more from the ``window`` layers before it. Costs are lognormal."""
+    n, width, fan, window = p["num_ops"], p["width"], p["max_fan_in"], p["window"]
+    rng = np.random.default_rng(p["seed"])
+    n_layers = max(1, min(n, math.ceil(n / width)))
+    cuts = np.sort(rng.choice(np.arange(1, n), size=n_layers - 1, replace=False)) if n_layers > 1 else np.empty(0, int)
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    sizes = np.diff(np.concatenate([starts, [n]]))
+    layer = np.repeat(np.arange(n_layers), sizes)
+    ops = np.flatnonzero(layer > 0)
+    lay = layer[ops]
+    k = rng.integers(1, fan + 1, size=ops.size)
+    lo0, hi0 = starts[lay - 1], starts[lay]
+    src0 = lo0 + (rng.random(ops.size) * (hi0 - lo0)).astype(np.int64)
+    rep = np.repeat(np.arange(ops.size), k - 1)
+    lo = starts[np.maximum(lay[rep] - window, 0)]
+    hi = starts[lay[rep]]
+    srcx = lo + (rng.random(rep.size) * (hi - lo)).astype(np.int64)
+    src = np.concatenate([src0, srcx])
+    dst = np.concatenate([ops, ops[rep]])
+    key = np.unique(src * n + dst)
+    src, dst = key // n, key % n
+    flops = p["flops_median"] * np.exp(p["flops_sigma"] * rng.standard_normal(n))
+    nbytes = np.round(p["bytes_median"] * np.exp(p["bytes_sigma"] * rng.standard_normal(n)))
+    meta = {
+        "workload": "random",
+        "params": dict(p),
+        "inputs": {},
+        "outputs": {},
+        "untiled_flops": float(flops.sum()),
+        "layers": int(n_layers),
+    }
+    return DataflowGraph.from_arrays(
+        flops, nbytes, src, dst, kind=np.full(n, OpKind.UNKNOWN, np.int8), name="random", meta=meta
+    )
+
+
+# ================================================================= registry
+@dataclass(frozen=True)
+class _Workload:
+    name: str
+    description: str
+    defaults: dict[str, Any]
+    presets: dict[str, dict[str, Any]]
+    build: Callable[[dict[str, Any]], DataflowGraph]
+    reference: Callable[[dict[str, Any], Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None
+    divides: tuple[tuple[str, str], ...]  # (blocks key, dimension key)
+
+
+_LLAMA_DEFAULTS: dict[str, Any] = {
+    "seq_len": 512, "dim": 4096, "n_heads": 32, "head_dim": 128, "hidden": 11008,
+    "seq_blocks": 1, "dim_blocks": 4, "head_blocks": 4, "hidden_blocks": 4,
+    "eps": 1e-6, "rope_theta": 10000.0, "dtype": "float32",
+}  # fmt: skip
+_LLAMA_TINY = {"seq_len": 8, "dim": 32, "n_heads": 4, "head_dim": 8, "hidden": 64}
+_LLAMA_SMALL = {"seq_len": 512, "dim": 1024, "n_heads": 8, "head_dim": 128, "hidden": 2752}
+_LLAMA_DIVIDES = (
+    ("seq_blocks", "seq_len"), ("dim_blocks", "dim"), ("head_blocks", "n_heads"), ("hidden_blocks", "hidden"),
+)  # fmt: skip
+
+WORKLOADS: dict[str, _Workload] = {
+    "chainmm": _Workload(
+        "chainmm",
+        "A.B + C.(D.E) with n x n matrices",
+        {"n": 8192, "row_blocks": 4, "col_blocks": 2, "inner_blocks": 2, "dtype": "float32"},
+        {"tiny": {"n": 16}, "small": {"n": 1024}, "paper": {}},
+        _build_chainmm,
+        _ref_chainmm,
+        (("row_blocks", "n"), ("col_blocks", "n"), ("inner_blocks", "n")),
+    ),
+    "ffnn": _Workload(
+        "ffnn",
+        "softmax(relu(X.W1 + b1).W2 + b2), softmax over the output features",
+        {"batch": 8192, "d_in": 4096, "d_hidden": 8192, "d_out": 4096,
+         "batch_blocks": 4, "in_blocks": 2, "hidden_blocks": 4, "out_blocks": 2, "dtype": "float32"},  # fmt: skip
+        {
+            "tiny": {"batch": 16, "d_in": 16, "d_hidden": 16, "d_out": 8},
+            "small": {"batch": 1024, "d_in": 1024, "d_hidden": 2048, "d_out": 1024},
+            "paper": {},
+        },
+        _build_ffnn,
+        _ref_ffnn,
+        (("batch_blocks", "batch"), ("in_blocks", "d_in"), ("hidden_blocks", "d_hidden"), ("out_blocks", "d_out")),
+    ),
+    "llama_block": _Workload(
+        "llama_block",
+        "one LLaMA decoder block (RMSNorm, rotary causal attention, SwiGLU MLP), batch 1",
+        dict(_LLAMA_DEFAULTS),
+        {"tiny": dict(_LLAMA_TINY), "small": dict(_LLAMA_SMALL), "paper": {}},
+        _build_llama_block,
+        _ref_llama_block,
+        _LLAMA_DIVIDES,
+    ),
+    "llama_layer": _Workload(
+        "llama_layer",
+        "a LLaMA block plus causal-mask construction, final RMSNorm, last-token selection and vocabulary head",
+        {**_LLAMA_DEFAULTS, "vocab": 32000, "vocab_blocks": 4},
+        {"tiny": {**_LLAMA_TINY, "vocab": 64}, "small": {**_LLAMA_SMALL, "vocab": 8000}, "paper": {}},
+        _build_llama_layer,
+        _ref_llama_layer,
+        _LLAMA_DIVIDES + (("vocab_blocks", "vocab"),),
+    ),
+    "random": _Workload(
+        "random",
+        "layered random DAG with lognormal costs (no op specs)",
+        {"num_ops": 200, "width": 8, "max_fan_in": 3, "window": 2, "flops_median": 1e10, "flops_sigma": 1.0,
+         "bytes_median": 1.6e7, "bytes_sigma": 1.0, "seed": 0},  # fmt: skip
+        {
+            "tiny": {"num_ops": 24, "width": 4, "flops_median": 1e5, "bytes_median": 1e3},
+            "small": {"num_ops": 200, "flops_median": 1e7, "bytes_median": 1e5},
+            "paper": {},
+        },
+        _build_random,
+        None,
+        (),
+    ),
+}
+
+_POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 or negative
+_NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
+
+
+def list_workloads() -> list[str]:
+    return list(WORKLOADS)
+
+
+def _get(name: str) -> _Workload:
+    w = WORKLOADS.get(name) if isinstance(name, str) else None
+    if w is None:
+        raise WorkloadError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    return w
+
+
+def param_spec(name: str) -> dict[str, Any]:
+    """Accepted keys of a workload with their defaults (the ``paper`` size), ``size`` first."""
+    return {"size": "paper", **_get(name).defaults}
+
+
+def _coerce(workload: str, key: str, value: Any, default: Any) -> Any:
+    bad = f"{workload}: {key}={value!r} must be "
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise WorkloadError(bad + "a string")
+        return value
+    if isinstance(default, bool):  # not used today, kept for completeness
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
+        raise WorkloadError(bad + "true or false")
+    if isinstance(default, int):
+        if isinstance(value, (bool, np.bool_)):
+            raise WorkloadError(bad + "an integer")
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+        if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+            return int(value)
+        raise WorkloadError(bad + "an integer")
+    if isinstance(default, float):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise WorkloadError(bad + "a number")
+        if not math.isfinite(float(value)):
+            raise WorkloadError(bad + "finite")
+        return float(value)
+    return value
+
+
+def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str, Any]]:
+    w = _get(name)
+    size = params.get("size", "paper")
+    if size not in SIZES:
+        raise WorkloadError(f"{name}: size={size!r} must be one of {', '.join(SIZES)}")
+    unknown = [k for k in params if k != "size" and k not in w.defaults]
+    if unknown:
+        raise WorkloadError(
+            f"{name}: unknown parameter {unknown[0]!r} (accepted: size, {', '.join(w.defaults)})"
+        )
+    p: dict[str, Any] = {"size": size, **w.defaults, **w.presets[size]}
+    for k, v in params.items():
+        if k != "size":
+            p[k] = _coerce(name, k, v, w.defaults[k])
+    for k, v in p.items():
+        d = w.defaults.get(k)
+        if isinstance(d, int) and not isinstance(d, bool) and k not in _POSITIVE_INT_EXCEPT and v < 1:
+            raise WorkloadError(f"{name}: {k}={v} must be a positive integer")
+        if isinstance(d, float) and (v < 0 if k in _NONNEG_FLOAT else v <= 0):
+            raise WorkloadError(f"{name}: {k}={v} must be {'>= 0' if k in _NONNEG_FLOAT else '> 0'}")
+    if "dtype" in p and p["dtype"] not in DTYPE_BYTES:
+        raise WorkloadError(f"{name}: dtype={p['dtype']!r} must be one of {', '.join(DTYPE_BYTES)}")
+    for bk, dk in w.divides:
+        if p[dk] % p[bk]:
+            raise WorkloadError(f"{name}: {bk}={p[bk]} does not divide {dk}={p[dk]}")
+    if "head_dim" in p and p["head_dim"] % 2:
+        raise WorkloadError(f"{name}: head_dim={p['head_dim']} must be even (rotary embedding)")
+    return w, p
+
+
+def build(name: str, **params: Any) -> DataflowGraph:
+    """Build workload ``name`` (see :func:`list_workloads`, :func:`param_spec`)."""
+    w, p = _resolve(name, params)
+    return w.build(p)
+
+
+def parse_set(items: Sequence[str], workload: str | None = None) -> dict[str, Any]:
+    """Parse ``["key=value", ...]`` (the CLI's ``--set``). With ``workload``, keys are
+    checked and values converted by the type of the key's default; without it,
+    values become int, else float, else str."""
+    spec = param_spec(workload) if workload is not None else None
+    out: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, str) or "=" not in item:
+            raise WorkloadError(f"--set {item!r}: expected key=value")
+        key, _, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not key:
+            raise WorkloadError(f"--set {item!r}: empty key")
+        if spec is None:
+            out[key] = _guess(text)
+            continue
+        if key not in spec:
+            raise WorkloadError(f"{workload}: unknown parameter {key!r} (accepted: {', '.join(spec)})")
+        default = spec[key]
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                out[key] = text.lower() in ("true", "1", "yes")
+            elif isinstance(default, int):
+                try:
+                    out[key] = int(text)
+                except ValueError:
+                    f = float(text)
+                    if not f.is_integer():
+                        raise
+                    out[key] = int(f)
+            elif isinstance(default, float):
+                out[key] = float(text)
+            else:
+                out[key] = text
+        except ValueError:
+            kind = type(default).__name__
+            raise WorkloadError(f"{workload}: {key}={text!r} is not a valid {kind}") from None
+    return out
+
+
+def _guess(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+# ============================================================ end-to-end helpers
+def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
+    """Random full input arrays for a workload graph (rotary tables are the real ones)."""
+    meta = graph.meta
+    if "inputs" not in meta:
+        raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
+    init = meta.get("input_init", {})
+    out: dict[str, np.ndarray] = {}
+    for name, shape in meta["inputs"].items():
+        shape = tuple(int(s) for s in shape)
+        how = init.get(name, {"init": "normal", "std": 1.0})
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
+        kind = how.get("init", "normal")
+        if kind == "normal":
+            arr = rng.standard_normal(shape) * float(how.get("std", 1.0))
+        elif kind == "norm_weight":
+            arr = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif kind in ("rope_cos", "rope_sin"):
+            cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)))
+            arr = cos if kind == "rope_cos" else sin
+        else:
+            raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
+        out[name] = np.asarray(arr, dtype=dtype)
+    return out
+
+
+def assemble_outputs(graph: DataflowGraph, values: Sequence[np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Stitch the output tiles (from :func:`evaluate_numpy` or an engine) into full arrays."""
+    result: dict[str, np.ndarray] = {}
+    for name, info in graph.meta.get("outputs", {}).items():
+        tiles = info["tiles"]
+        first = values[tiles[0][0]]
+        if first is None:
+            raise WorkloadError(f"output {name!r}: op {tiles[0][0]} has no value")
+        full = np.empty(tuple(info["shape"]), dtype=np.asarray(first).dtype)
+        for op, sl in tiles:
+            v = values[op]
+            if v is None:
+                raise WorkloadError(f"output {name!r}: op {op} has no value")
+            full[tuple(slice(lo, hi) for lo, hi in sl)] = v
+        result[name] = full
+    return result
+
+
+def reference(graph: DataflowGraph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Untiled plain-numpy outputs of the workload ``graph`` was built from."""
+    name = graph.meta.get("workload")
+    w = _get(name)
+    if w.reference is None:
+        raise WorkloadError(f"{name}: has no reference computation (random graphs carry no semantics)")
+    return w.reference(graph.meta["params"], inputs)

@@ -1,0 +1,93 @@
+"""End-to-end tests of `doppler graph build|info|convert|draw` and `doppler demo`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from doppler.cli import app
+from doppler.formats import load_graph
+
+runner = CliRunner()
+
+TEXT = "5\n4\n0,0,1,2\n1,2,3,3\n10,2,einsummable\n20,3,formation\n30,4,select\n5,1,einsummable\n"
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_build_then_info_json(tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    res = run("graph", "build", "llama_layer", "--set", "size=tiny", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    res = run("graph", "info", str(out), "--devices", "4", "--json")
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    graph = load_graph(out)
+    assert info["num_ops"] == graph.num_ops and info["num_edges"] == graph.num_edges
+    assert info["depth"] == graph.depth
+    assert info["total_flops"] == pytest.approx(graph.flops.sum())
+    assert 0 < info["critical_path_flops"] <= info["total_flops"]
+    # unit cluster: 1 FLOP/s per device, so the bound is at least total work / 4 devices
+    assert info["lower_bound_s"] >= info["total_flops"] / 4 - 1e-6
+    assert info["num_devices"] == 4
+
+
+def test_info_human_output(tmp_path: Path) -> None:
+    p = tmp_path / "g.txt"
+    p.write_text(TEXT)
+    res = run("graph", "info", str(p))
+    assert res.exit_code == 0, res.output
+    assert "num_ops" in res.stdout and "lower_bound_s" in res.stdout
+
+
+def test_convert_round_trip(tmp_path: Path) -> None:
+    src = tmp_path / "g.txt"
+    src.write_text(TEXT)
+    assert run("graph", "convert", str(src), str(tmp_path / "g.json")).exit_code == 0
+    assert run("graph", "convert", str(tmp_path / "g.json"), str(tmp_path / "back.txt")).exit_code == 0
+    assert (tmp_path / "back.txt").read_text() == TEXT
+
+
+def test_draw_writes_a_png(tmp_path: Path) -> None:
+    src = tmp_path / "g.txt"
+    src.write_text(TEXT)
+    res = run("graph", "draw", str(src), "-o", str(tmp_path / "g.png"))
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (("graph", "build", "resnet", "-o", "x.json"), "resnet"),
+        (("graph", "build", "ffnn", "--set", "bogus=1", "-o", "x.json"), "bogus"),
+        (("graph", "build", "ffnn", "--set", "size", "-o", "x.json"), "size"),
+        (("graph", "info", "missing.json"), "no such file"),
+        (("graph", "info", "g.txt", "--devices", "0"), "--devices"),
+        (("graph", "info", "g.txt", "--cluster", "nosuch"), "nosuch"),
+        (("graph", "convert", "g.txt", "g.csv"), "unknown graph file extension"),
+        (("graph", "info", "bad.txt"), "bad.txt:5"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, monkeypatch, args, pattern) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.txt").write_text(TEXT)
+    (tmp_path / "bad.txt").write_text(TEXT.replace("10,2,einsummable", "10,x,einsummable"))
+    res = run(*args)
+    assert res.exit_code == 2, res.output
+    message = res.stderr.strip()
+    assert pattern in message
+    assert "Traceback" not in res.output and len(message.splitlines()) == 1
+
+
+def test_demo_json() -> None:
+    res = run("demo", "--json")
+    assert res.exit_code == 0, res.output
+    obj = json.loads(res.stdout)
+    names = [w["name"] for w in obj["workloads"]]
+    assert names == ["chainmm", "ffnn", "llama_block", "llama_layer"]

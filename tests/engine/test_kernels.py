@@ -1,0 +1,187 @@
+"""The kernel whitelist: numpy semantics, FLOP convention, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from doppler.engine.kernels import (
+    MAP_ARITY,
+    MAP_FLOPS,
+    MAP_FNS,
+    NUMPY_KERNELS,
+    evaluate_numpy,
+    flops_of,
+    run_op_numpy,
+)
+from doppler.graph import from_edges
+
+rng = np.random.default_rng(0)
+
+
+def _ref(shape, name="x", op=None):
+    return {"op": op, "shape": list(shape)} if op is not None else {"input": name, "shape": list(shape)}
+
+
+def test_tables_are_consistent():
+    assert set(MAP_FNS) == set(MAP_ARITY) == set(MAP_FLOPS)
+    assert {"einsum", "reduce_sum", "reduce_max", "sum_n", "max_n", "map", "fill", "select"} <= set(NUMPY_KERNELS)
+    assert all(callable(f) for f in NUMPY_KERNELS.values())
+
+
+def test_einsum_matches_numpy_and_flops():
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    spec = {"kernel": "einsum", "eq": "ik,kj->ij", "inputs": [_ref((3, 4)), _ref((4, 5))], "shape": [3, 5]}
+    np.testing.assert_allclose(run_op_numpy(spec, [a, b]), a @ b)
+    assert flops_of(spec) == 2 * 3 * 4 * 5 - 3 * 5
+    # projection to heads and out-projection contracting two letters
+    x, w = rng.standard_normal((2, 6)), rng.standard_normal((6, 3, 4))
+    spec = {"kernel": "einsum", "eq": "sk,khd->shd", "inputs": [_ref((2, 6)), _ref((6, 3, 4))], "shape": [2, 3, 4]}
+    np.testing.assert_allclose(run_op_numpy(spec, [x, w]), (x @ w.reshape(6, 12)).reshape(2, 3, 4))
+    o = rng.standard_normal((2, 3, 4))
+    wo = rng.standard_normal((3, 4, 5))
+    spec = {"kernel": "einsum", "eq": "qhd,hdo->qo", "inputs": [_ref((2, 3, 4)), _ref((3, 4, 5))], "shape": [2, 5]}
+    np.testing.assert_allclose(run_op_numpy(spec, [o, wo]), o.reshape(2, 12) @ wo.reshape(12, 5))
+    assert flops_of(spec) == 2 * 2 * 3 * 4 * 5 - 2 * 5
+
+
+def test_einsum_flops_are_conserved_by_tiling():
+    m, k, n = 6, 8, 4
+    full = {"kernel": "einsum", "eq": "ik,kj->ij", "inputs": [_ref((m, k)), _ref((k, n))], "shape": [m, n]}
+    for gm, gk, gn in itertools.product([1, 2, 3], [1, 2, 4], [1, 2]):
+        if m % gm or k % gk or n % gn:
+            continue
+        bm, bk, bn = m // gm, k // gk, n // gn
+        part = {"kernel": "einsum", "eq": "ik,kj->ij", "inputs": [_ref((bm, bk)), _ref((bk, bn))], "shape": [bm, bn]}
+        agg = {"kernel": "sum_n", "inputs": [_ref((bm, bn), op=0)] * gk, "shape": [bm, bn]}
+        total = gm * gn * (gk * flops_of(part) + (flops_of(agg) if gk > 1 else 0))
+        assert total == flops_of(full)
+
+
+@pytest.mark.parametrize("how", ["sum", "max"])
+def test_reductions_with_permuted_output(how):
+    x = rng.standard_normal((2, 3, 4))
+    spec = {"kernel": f"reduce_{how}", "eq": "ijk->ki", "inputs": [_ref((2, 3, 4))], "shape": [4, 2]}
+    want = getattr(x, how)(axis=1).T
+    np.testing.assert_allclose(run_op_numpy(spec, [x]), want)
+    assert flops_of(spec) == 24 - 8
+
+
+def test_sum_n_max_n():
+    parts = [rng.standard_normal((3, 2)) for _ in range(4)]
+    s = {"kernel": "sum_n", "inputs": [_ref((3, 2), op=i) for i in range(4)], "shape": [3, 2]}
+    m = {"kernel": "max_n", "inputs": [_ref((3, 2), op=i) for i in range(4)], "shape": [3, 2]}
+    np.testing.assert_allclose(run_op_numpy(s, parts), sum(parts))
+    np.testing.assert_allclose(run_op_numpy(m, parts), np.maximum.reduce(parts))
+    assert flops_of(s) == flops_of(m) == 3 * 6
+    before = parts[0].copy()
+    run_op_numpy(s, parts)
+    np.testing.assert_array_equal(parts[0], before)  # aggregation does not clobber operands
+
+
+def test_map_broadcasting_by_letters():
+    a, r, c = rng.standard_normal((3, 4)), rng.standard_normal(3), rng.standard_normal(4)
+    sub_rows = {"kernel": "map", "fn": "sub", "eq": "ij,i->ij", "inputs": [_ref((3, 4)), _ref((3,))], "shape": [3, 4]}
+    np.testing.assert_allclose(run_op_numpy(sub_rows, [a, r]), a - r[:, None])
+    add_cols = {"kernel": "map", "fn": "add", "eq": "ij,j->ij", "inputs": [_ref((3, 4)), _ref((4,))], "shape": [3, 4]}
+    np.testing.assert_allclose(run_op_numpy(add_cols, [a, c]), a + c[None, :])
+    # operand letters in another order than the output's
+    t = rng.standard_normal((4, 3))
+    mul = {"kernel": "map", "fn": "mul", "eq": "ij,ji->ij", "inputs": [_ref((3, 4)), _ref((4, 3))], "shape": [3, 4]}
+    np.testing.assert_allclose(run_op_numpy(mul, [a, t]), a * t.T)
+    assert flops_of(mul) == 12 * MAP_FLOPS["mul"]
+
+
+def test_map_functions():
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+
+    def run(fn, ops, eq, params=None):
+        spec = {"kernel": "map", "fn": fn, "eq": eq, "inputs": [_ref(o.shape) for o in ops], "shape": [3, 4]}
+        if params:
+            spec["params"] = params
+        return run_op_numpy(spec, ops)
+
+    np.testing.assert_allclose(run("relu", [a], "ij->ij"), np.where(a > 0, a, 0))
+    np.testing.assert_allclose(run("silu_mul", [a, b], "ij,ij->ij"), a / (1 + np.exp(-a)) * b)
+    m = a.max(axis=1)
+    np.testing.assert_allclose(run("exp_sub", [a, m], "ij,i->ij", {"scale": 0.5}), np.exp(0.5 * (a - m[:, None])))
+    np.testing.assert_allclose(run("scale", [a], "ij->ij", {"c": 3.0}), 3 * a)
+    ss, w = (a * a).sum(axis=1), rng.standard_normal(4)
+    want = a / np.sqrt((a * a).mean(axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(run("rms_scale", [a, ss, w], "ij,i,j->ij", {"n": 4, "eps": 1e-5}), want)
+
+
+def test_rotary_matches_rotate_half():
+    x = rng.standard_normal((5, 2, 6))  # (seq, heads, head_dim)
+    ang = rng.standard_normal((5, 3))
+    cos, sin = np.cos(np.tile(ang, 2)), np.sin(np.tile(ang, 2))
+    spec = {"kernel": "map", "fn": "rotary", "eq": "shd,sd,sd->shd",
+            "inputs": [_ref(x.shape), _ref(cos.shape), _ref(sin.shape)], "shape": [5, 2, 6]}  # fmt: skip
+    got = run_op_numpy(spec, [x, cos, sin])
+    # rotate pairs (i, i + 3) by the angle: a complex multiplication
+    z = (x[..., :3] + 1j * x[..., 3:]) * np.exp(1j * ang)[:, None, :]
+    np.testing.assert_allclose(got, np.concatenate([z.real, z.imag], axis=-1), atol=1e-12)
+
+
+def test_causal_mask_map_and_fill_use_global_offsets():
+    x = rng.standard_normal((2, 3, 4))  # (h, q-tile, k-tile) at rows 3..5, cols 2..5
+    spec = {"kernel": "map", "fn": "causal_mask", "eq": "hqk->hqk", "inputs": [_ref(x.shape)], "shape": [2, 3, 4],
+            "params": {"row_axis": 1, "col_axis": 2, "row_offset": 3, "col_offset": 2}}  # fmt: skip
+    got = run_op_numpy(spec, [x])
+    rows, cols = np.arange(3, 6)[:, None], np.arange(2, 6)[None, :]
+    np.testing.assert_array_equal(got, np.where((cols > rows)[None], -np.inf, x))
+    fill = {"kernel": "fill", "fn": "causal_mask", "inputs": [], "shape": [3, 4],
+            "params": {"row_offset": 3, "col_offset": 2}}  # fmt: skip
+    np.testing.assert_array_equal(run_op_numpy(fill, [], dtype=np.float64), np.where(cols > rows, -np.inf, 0.0))
+    assert flops_of(fill) == 12
+
+
+def test_select():
+    x = rng.standard_normal((4, 6))
+    spec = {"kernel": "select", "inputs": [_ref(x.shape)], "shape": [1, 6], "params": {"slice": [[3, 4], [0, 6]]}}
+    np.testing.assert_array_equal(run_op_numpy(spec, [x]), x[3:4])
+    assert flops_of(spec) == 0
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ({"kernel": "os.system", "inputs": [], "shape": []}, "unknown kernel 'os.system'"),
+        ({"kernel": "map", "fn": "eval", "eq": "i->i", "inputs": [], "shape": [2]}, "unknown map fn 'eval'"),
+        ({"kernel": "fill", "fn": "__import__", "inputs": [], "shape": [2]}, "unknown fill fn"),
+    ],
+)
+def test_unknown_names_are_errors_naming_the_op(spec, match):
+    with pytest.raises(ValueError, match=match) as e:
+        run_op_numpy(spec, [], label="7 ('bad')")
+    assert "op 7" in str(e.value)
+    with pytest.raises(ValueError, match="op 7"):
+        flops_of(spec, label=7)
+
+
+def test_shape_mismatch_is_an_error():
+    spec = {"kernel": "einsum", "eq": "ik,kj->ij", "inputs": [_ref((2, 3)), _ref((3, 2))], "shape": [3, 3]}
+    with pytest.raises(ValueError, match="shape"):
+        run_op_numpy(spec, [np.ones((2, 3)), np.ones((3, 2))])
+
+
+def _two_op_graph(specs):
+    return from_edges([1.0, 1.0], [(0, 1)], specs=specs, names=["mm", "relu"])
+
+
+def test_evaluate_numpy_slices_inputs_and_follows_edges():
+    A = rng.standard_normal((4, 4))
+    specs = [
+        {"kernel": "einsum", "eq": "ik,kj->ij", "shape": [2, 4],
+         "inputs": [{"input": "A", "slice": [[2, 4], [0, 4]], "shape": [2, 4]},
+                    {"input": "A", "slice": [[0, 4], [0, 4]], "shape": [4, 4]}]},
+        {"kernel": "map", "fn": "relu", "eq": "ij->ij", "inputs": [{"op": 0, "shape": [2, 4]}], "shape": [2, 4]},
+    ]  # fmt: skip
+    vals = evaluate_numpy(_two_op_graph(specs), {"A": A})
+    np.testing.assert_allclose(vals[1], np.maximum(A[2:] @ A, 0))
+    with pytest.raises(ValueError, match="input tensor 'A' was not provided"):
+        evaluate_numpy(_two_op_graph(specs), {})
+    with pytest.raises(ValueError, match="no op specs"):
+        evaluate_numpy(from_edges([1.0], []), {})

@@ -1,0 +1,62 @@
+"""Assignment files and validation against a graph and a device count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from doppler.assignment import Assignment, AssignmentError, check_assignment, load_assignment
+from doppler.graph import from_edges
+
+
+@pytest.fixture
+def graph():
+    return from_edges([1, 2, 3], [(0, 1), (1, 2)], [1, 1, 1], names=["x", "y", "z"])
+
+
+def test_save_and_load_round_trip(tmp_path: Path, graph) -> None:
+    a = Assignment(devices=[0, 1, 1], method="heft", graph_fingerprint=graph.fingerprint())
+    a.save(tmp_path / "a.json")
+    back = load_assignment(tmp_path / "a.json", graph)
+    assert back.devices.tolist() == [0, 1, 1] and back.method == "heft"
+
+
+def test_bare_list_is_accepted(tmp_path: Path, graph) -> None:
+    (tmp_path / "a.json").write_text("[2, 0, 1]")
+    assert load_assignment(tmp_path / "a.json", graph).devices.tolist() == [2, 0, 1]
+
+
+@pytest.mark.parametrize(
+    "content, pattern",
+    [
+        ("[0, 1]", "has 2 entries but graph 'graph' has 3 ops"),
+        ('[0, "a", 1]', r"entry 1 \(op 1\) is 'a', not a device index"),
+        ("[0, 1.5, 1]", "non-integer device"),
+        ('{"devices": [0, 1, 2]}', 'an object with an "assignment" list'),
+        ("[0, 1", "not valid JSON"),
+        ('{"assignment": [0, 0, 0], "graph_fingerprint": "abc"}', "made for a different graph"),
+    ],
+)
+def test_bad_files(tmp_path: Path, graph, content: str, pattern: str) -> None:
+    p = tmp_path / "a.json"
+    p.write_text(content)
+    with pytest.raises(AssignmentError, match=pattern) as info:
+        load_assignment(p, graph)
+    assert str(p) in str(info.value)
+
+
+def test_check_names_the_op_and_the_device_range(graph) -> None:
+    with pytest.raises(AssignmentError, match=r"op 2 \('z'\) is assigned to device 4, but the cluster has devices 0..3"):
+        check_assignment(graph, np.array([0, 1, 4]), 4)
+    with pytest.raises(AssignmentError, match="op 0 .* device -1"):
+        check_assignment(graph, np.array([-1, 1, 1]), 4)
+    assert check_assignment(graph, [3, 2, 1], 4).tolist() == [3, 2, 1]
+
+
+def test_saved_file_is_plain_json(tmp_path: Path) -> None:
+    Assignment(devices=np.array([1, 0]), method="m").save(tmp_path / "a.json")
+    obj = json.loads((tmp_path / "a.json").read_text())
+    assert obj["assignment"] == [1, 0] and obj["method"] == "m"

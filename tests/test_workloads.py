@@ -1,0 +1,271 @@
+"""Workload builders: tile graphs compute the right thing, costs are conserved, params are checked."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from doppler.engine.kernels import MAP_FLOPS, evaluate_numpy
+from doppler.graph import OpKind
+from doppler.workloads import (
+    WORKLOADS,
+    WorkloadError,
+    assemble_outputs,
+    build,
+    list_workloads,
+    make_inputs,
+    param_spec,
+    parse_set,
+    reference,
+)
+
+TILE_WORKLOADS = ["chainmm", "ffnn", "llama_block", "llama_layer"]
+
+# (workload, overrides) at size=tiny: the default blocking and a different one each
+TINY_CASES = [
+    ("chainmm", {}),
+    ("chainmm", {"row_blocks": 2, "col_blocks": 4, "inner_blocks": 4}),
+    ("ffnn", {}),
+    ("ffnn", {"batch_blocks": 2, "in_blocks": 4, "hidden_blocks": 2, "out_blocks": 4}),
+    ("llama_block", {}),
+    ("llama_block", {"seq_blocks": 2, "dim_blocks": 2, "head_blocks": 2, "hidden_blocks": 2}),
+    ("llama_layer", {}),
+    ("llama_layer", {"seq_blocks": 4, "dim_blocks": 1, "head_blocks": 1, "hidden_blocks": 2, "vocab_blocks": 2}),
+]
+
+
+def _check_end_to_end(g, seed=0):
+    assert g.flops.sum() == pytest.approx(g.meta["untiled_flops"], rel=1e-12)
+    x = make_inputs(g, seed)
+    got = assemble_outputs(g, evaluate_numpy(g, x))
+    want = reference(g, x)
+    assert set(got) == set(want) and want
+    for k in want:
+        assert got[k].shape == want[k].shape
+        assert np.isfinite(want[k]).all()
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-8 * max(1.0, np.abs(want[k]).max()))
+
+
+@pytest.mark.parametrize("name, overrides", TINY_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(TINY_CASES)])
+def test_tiny_graph_matches_untiled_reference(name, overrides):
+    _check_end_to_end(build(name, size="tiny", **overrides))
+
+
+def test_reference_comparison_can_fail():
+    g = build("ffnn", size="tiny")
+    x = make_inputs(g, 0)
+    vals = evaluate_numpy(g, x)
+    agg = next(i for i in range(g.num_ops) if g.names[i].startswith("softmax.sum") and g.names[i].endswith("agg"))
+    vals = list(vals)
+    vals[agg] = vals[agg] * 1.01  # a wrong aggregation must not go unnoticed...
+    div = [i for i in range(g.num_ops) if g.names[i].startswith("softmax.div")]
+    from doppler.engine.kernels import run_op_numpy
+
+    for i in div:  # ...once it propagates to the outputs
+        ops = [vals[r["op"]] if "op" in r else None for r in g.specs[i]["inputs"]]
+        vals[i] = run_op_numpy(g.specs[i], ops)
+    got = assemble_outputs(g, vals)["Y"]
+    assert not np.allclose(got, reference(g, x)["Y"], rtol=1e-4)
+
+
+def test_untiled_flops_closed_forms():
+    n = 64
+    g = build("chainmm", n=n, size="tiny", row_blocks=4, col_blocks=2, inner_blocks=8)
+    assert g.meta["untiled_flops"] == 3 * (2 * n**3 - n**2) + n**2
+    assert g.flops.sum() == g.meta["untiled_flops"]
+    B, I, H, O = 16, 32, 24, 8
+    g = build("ffnn", size="tiny", batch=B, d_in=I, d_hidden=H, d_out=O, hidden_blocks=2)
+    want = (2 * B * I * H - B * H) + 2 * B * H + (2 * B * H * O - B * O) + B * O
+    want += (B * O - B) + MAP_FLOPS["exp_sub"] * B * O + (B * O - B) + B * O
+    assert g.meta["untiled_flops"] == want
+    assert g.flops.sum() == want
+
+
+EXPECTED_COUNTS = {"chainmm": (60, 80), "ffnn": (160, 185), "llama_block": (180, 215), "llama_layer": (220, 250)}
+
+
+@pytest.mark.parametrize("name", TILE_WORKLOADS)
+def test_default_paper_graphs(name):
+    g = build(name)
+    lo, hi = EXPECTED_COUNTS[name]
+    assert lo <= g.num_ops <= hi
+    assert g.meta["workload"] == name and g.meta["params"]["size"] == "paper"
+    assert g.flops.sum() == pytest.approx(g.meta["untiled_flops"], rel=1e-12)
+    # every op carries a spec, name, group and a block index inside its group's grid
+    assert len(set(g.names)) == g.num_ops
+    assert all(s is not None for s in g.specs)
+    for i in range(g.num_ops):
+        grp = g.groups[g.group[i]]
+        blk = g.block[i][: len(grp.grid)]
+        assert (blk >= 0).all() and (blk < np.array(grp.grid)).all()
+        assert (g.block[i][len(grp.grid) :] == -1).all()
+    # specs and metadata are plain JSON data
+    assert json.loads(json.dumps(g.specs)) == g.specs
+    assert json.loads(json.dumps(g.meta)) == g.meta
+    # input tensors are not ops: entry ops read only graph inputs (or nothing, for fills)
+    for i in np.flatnonzero(g.in_degree() == 0):
+        assert all("input" in r for r in g.specs[i]["inputs"])
+    # every op's output feeds something or is a graph output
+    outs = {t[0] for o in g.meta["outputs"].values() for t in o["tiles"]}
+    assert set(np.flatnonzero(g.out_degree() == 0)) == outs
+
+
+def test_chainmm_default_structure_and_costs():
+    g = build("chainmm")
+    n = 8192
+    counts = g.summary()["ops_by_kind"]
+    assert counts == {"matmul": 40, "add": 20, "elementwise": 8}  # 8+16+16 partials, 4+8+8 aggs, final sum
+    i = g.names.index("AB[0,0]k0")
+    m, k, c = n // 4, n // 2, n // 2
+    assert g.flops[i] == 2 * m * k * c - m * c
+    assert g.output_bytes[i] == m * c * 4
+    assert g.kind[g.names.index("AB[0,0]agg")] == OpKind.ADD
+    assert g.groups[g.group[i]].grid == (4, 2, 2)
+
+
+def test_llama_sizes_and_kinds():
+    g = build("llama_block")
+    p = g.meta["params"]
+    assert (p["dim"], p["n_heads"], p["head_dim"], p["hidden"]) == (4096, 32, 128, 11008)
+    assert g.meta["inputs"]["w_q"] == [4096, 32, 128]
+    kinds = set(g.kind_labels())
+    assert {"matmul", "add", "softmax", "norm", "rotary", "mask_fill", "elementwise"} <= kinds
+    layer = build("llama_layer")
+    assert {"select", "mask_fill"} <= set(layer.kind_labels())
+    assert layer.meta["outputs"]["logits"]["shape"] == [1, 32000]
+    assert any(s["kernel"] == "fill" for s in layer.specs)
+
+
+@pytest.mark.parametrize("name", list_workloads())
+def test_builds_are_deterministic(name):
+    a, b = build(name), build(name)
+    assert a.fingerprint() == b.fingerprint()
+    assert a.equals(b)
+
+
+def test_random_graphs():
+    a, b = build("random", seed=3), build("random", seed=3)
+    assert a.equals(b)
+    c = build("random", seed=4)
+    assert c.fingerprint() != a.fingerprint()
+    assert a.specs is None and a.num_ops == 200
+    g = build("random", num_ops=500, max_fan_in=2, window=1, width=10)
+    indeg = g.in_degree()
+    assert indeg.max() <= 2
+    assert (g.level[indeg == 0] == 0).all()
+    with pytest.raises(WorkloadError, match="random"):
+        reference(g, {})
+
+
+def test_random_100k_is_fast():
+    t = time.perf_counter()
+    g = build("random", num_ops=100_000, width=64, seed=1)
+    elapsed = time.perf_counter() - t
+    assert g.num_ops == 100_000 and g.num_edges > 100_000
+    assert elapsed < 5.0, f"100k-op random graph took {elapsed:.2f}s"
+
+
+@pytest.mark.parametrize(
+    "name, params, message",
+    [
+        ("llama_block", {"head_blocks": 5}, "llama_block: head_blocks=5 does not divide n_heads=32"),
+        ("chainmm", {"size": "tiny", "row_blocks": 3}, "chainmm: row_blocks=3 does not divide n=16"),
+        ("ffnn", {"out_blocks": 0}, "ffnn: out_blocks=0 must be a positive integer"),
+        ("chainmm", {"blocks": 2}, "chainmm: unknown parameter 'blocks'"),
+        ("chainmm", {"size": "huge"}, "chainmm: size='huge' must be one of tiny, small, paper"),
+        ("chainmm", {"n": "big"}, "chainmm: n='big' must be an integer"),
+        ("chainmm", {"n": 2.5}, "chainmm: n=2.5 must be an integer"),
+        ("ffnn", {"dtype": "int8"}, "ffnn: dtype='int8' must be one of"),
+        ("llama_layer", {"vocab_blocks": 7}, "llama_layer: vocab_blocks=7 does not divide vocab=32000"),
+        ("llama_block", {"eps": -1.0}, "llama_block: eps=-1.0 must be > 0"),
+        ("llama_block", {"size": "tiny", "head_dim": 7}, "head_dim=7 must be even"),
+        ("random", {"width": 0}, "random: width=0 must be a positive integer"),
+        ("transformer", {}, "unknown workload 'transformer' (known: chainmm, ffnn, llama_block, llama_layer, random)"),
+    ],
+)
+def test_bad_params(name, params, message):
+    with pytest.raises(WorkloadError) as e:
+        build(name, **params)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_param_spec_and_parse_set():
+    spec = param_spec("llama_layer")
+    assert spec["size"] == "paper" and spec["vocab"] == 32000 and spec["eps"] == 1e-6
+    assert set(WORKLOADS) == set(list_workloads())
+    got = parse_set(["n=1024", "dtype=float64", "size=small", "row_blocks=4.0"], "chainmm")
+    assert got == {"n": 1024, "dtype": "float64", "size": "small", "row_blocks": 4}
+    assert type(got["n"]) is int
+    assert parse_set(["eps=1e-5"], "llama_block") == {"eps": 1e-5}
+    assert parse_set(["a=3", "b=0.5", "c=x"]) == {"a": 3, "b": 0.5, "c": "x"}
+    with pytest.raises(WorkloadError, match="chainmm: n='1.5' is not a valid int"):
+        parse_set(["n=1.5"], "chainmm")
+    with pytest.raises(WorkloadError, match="unknown parameter 'nn'"):
+        parse_set(["nn=3"], "chainmm")
+    with pytest.raises(WorkloadError, match="expected key=value"):
+        parse_set(["n"], "chainmm")
+    with pytest.raises(WorkloadError, match="not a valid float"):
+        parse_set(["eps=small"], "llama_block")
+    # explicit keys override the size preset
+    g = build("chainmm", **parse_set(["size=tiny", "n=32"], "chainmm"))
+    assert g.meta["params"]["n"] == 32 and g.meta["inputs"]["A"] == [32, 32]
+
+
+def _divisors(n, cap=8):
+    return [d for d in range(1, cap + 1) if n % d == 0]
+
+
+_hyp = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_hyp
+@given(
+    rb=st.sampled_from(_divisors(16)),
+    cb=st.sampled_from(_divisors(16)),
+    ib=st.sampled_from(_divisors(16)),
+    seed=st.integers(0, 3),
+)
+def test_chainmm_any_blocking(rb, cb, ib, seed):
+    _check_end_to_end(build("chainmm", size="tiny", row_blocks=rb, col_blocks=cb, inner_blocks=ib), seed)
+
+
+@_hyp
+@given(
+    bb=st.sampled_from(_divisors(12)),
+    ib=st.sampled_from(_divisors(8)),
+    hb=st.sampled_from(_divisors(24)),
+    ob=st.sampled_from(_divisors(6)),
+)
+def test_ffnn_any_blocking(bb, ib, hb, ob):
+    g = build("ffnn", size="tiny", batch=12, d_in=8, d_hidden=24, d_out=6,
+              batch_blocks=bb, in_blocks=ib, hidden_blocks=hb, out_blocks=ob)  # fmt: skip
+    n_aggs = int((g.kind == OpKind.ADD).sum())
+    # fc1 aggs + fc2 aggs + softmax max/sum aggs, only where a contraction is split
+    assert n_aggs == bb * hb * (ib > 1) + bb * ob * (hb > 1) + 2 * bb * (ob > 1)
+    _check_end_to_end(g)
+
+
+def test_tile_builder_checks_shapes_and_letters():
+    from doppler.workloads import TileBuilder
+
+    b = TileBuilder("custom")
+    with pytest.raises(WorkloadError, match=r"custom: tensor 'A' axis 1: 3 blocks do not divide size 8"):
+        b.input("A", (4, 8), (2, 3))
+    A = b.input("A", (4, 8), (2, 2))
+    B = b.input("B", (8, 6), (4, 1))
+    with pytest.raises(WorkloadError, match=r"mm: letter 'k' is size 8 in 2 blocks in 'A' but size 8 in 4 blocks in 'B'"):
+        b.contract("ik,kj->ij", A, B, name="mm")
+    C = b.input("C", (8, 6), (2, 3))
+    out = b.contract("ik,kj->ij", A, C, name="mm2")
+    assert out.grid == (2, 3) and out.shape == (4, 6)
+    assert len(b.flops) == 2 * 3 * 2 + 2 * 3  # partials + aggregations
+    with pytest.raises(WorkloadError, match="two logical ops are named 'mm2'"):
+        b.contract("ik,kj->ij", A, C, name="mm2")
+    with pytest.raises(WorkloadError, match="must lie inside one block"):
+        b.select(out, [(1, 3), None], name="bad_select")
