@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from doppler.assignment import Assignment, load_assignment
+from doppler.baselines import MethodError, assign, list_methods
 from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph, GraphError, OpKind
 from doppler.hardware import Cluster, cluster
@@ -12,6 +13,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Assignment",
+    "MethodError",
+    "assign",
+    "list_methods",
     "Cluster",
     "SimResult",
     "DataflowGraph",

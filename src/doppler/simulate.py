@@ -64,19 +64,31 @@ from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import atomic_write_text
 
-try:  # pragma: no cover - numba is a hard dependency, the fallback is for exotic platforms
-    if os.environ.get("DOPPLER_NO_NUMBA"):
-        raise ImportError("DOPPLER_NO_NUMBA is set")
-    from numba import njit
+# numba is imported (and the kernels compiled or loaded from the on-disk cache) on
+# first use, not at import time: ``import doppler`` stays fast for commands that
+# never simulate.
+HAVE_NUMBA: bool | None = None  # None = not tried yet
 
+
+def _jit() -> bool:
+    """Compile (or load from cache) the kernels on first use; False when numba is unavailable."""
+    global HAVE_NUMBA, _hpush, _hpop, _sim_kernel, _sim_many_kernel
+    if HAVE_NUMBA is not None:
+        return HAVE_NUMBA
+    try:
+        if os.environ.get("DOPPLER_NO_NUMBA"):
+            raise ImportError("DOPPLER_NO_NUMBA is set")
+        from numba import njit
+    except ImportError:  # pragma: no cover - numba is a hard dependency
+        HAVE_NUMBA = False
+        return False
+    # callees first: the kernels resolve these globals when they are compiled
+    _hpush = njit(cache=True)(_hpush)
+    _hpop = njit(cache=True)(_hpop)
+    _sim_kernel = njit(cache=True)(_sim_kernel)
+    _sim_many_kernel = njit(cache=True)(_sim_many_kernel)
     HAVE_NUMBA = True
-except ImportError:  # pragma: no cover
-    HAVE_NUMBA = False
-
-    def njit(*args: Any, **kwargs: Any):  # type: ignore[no-redef]
-        if args and callable(args[0]):
-            return args[0]
-        return lambda f: f
+    return True
 
 
 MODES = ("wc", "bsp")
@@ -242,12 +254,7 @@ class SimResult:
 
 
 # =========================================================================== numba kernel
-@njit(cache=True, inline="always")
-def _less(t1: float, i1: int, t2: float, i2: int) -> bool:
-    return t1 < t2 or (t1 == t2 and i1 < i2)
-
-
-@njit(cache=True)
+# (plain functions here; _jit() wraps them with numba.njit(cache=True) on first use)
 def _hpush(ht, hi, base, size, t, i):  # pragma: no cover - compiled
     """Push key (t, i) into the binary min-heap stored in ht/hi[base : base + size]."""
     pos = size
@@ -266,7 +273,6 @@ def _hpush(ht, hi, base, size, t, i):  # pragma: no cover - compiled
     return size + 1
 
 
-@njit(cache=True)
 def _hpop(ht, hi, base, size):  # pragma: no cover - compiled
     """Remove the minimum of the heap in ht/hi[base : base + size]; returns the new size."""
     size -= 1
@@ -297,7 +303,6 @@ def _hpop(ht, hi, base, size):  # pragma: no cover - compiled
     return size
 
 
-@njit(cache=True)
 def _sim_kernel(
     succ_ptr,
     succ_idx,
@@ -323,7 +328,16 @@ def _sim_kernel(
     tr_start,
     tr_end,
 ):  # pragma: no cover - compiled
-    """One simulation; fills the trace arrays and returns (makespan, number of transfers)."""
+    """One simulation; fills the trace arrays and returns (makespan, number of transfers).
+
+    Events (heap keyed by (time, id)): ``id < n`` op ``id`` completes;
+    ``n <= id < 2n`` op ``id - n`` becomes ready (its last input arrives);
+    ``2n <= id < 2n + T`` transfer ``id - 2n`` ends (link-contention mode
+    only); ``id >= 2n + T`` BSP level ``id - 2n - T`` is released. Without
+    contention a transfer's end is known when its producer finishes, so instead
+    of one event per transfer there is at most one "ready" event per op (and
+    one release event per BSP level), which is what makes this loop fast.
+    """
     n = dev.shape[0]
     D = streams.shape[0]
     E = succ_idx.shape[0]
@@ -331,7 +345,10 @@ def _sim_kernel(
     # ---- ready heaps: one segment of rt/ri per device
     cnt = np.zeros(D, np.int64)
     for v in range(n):
-        cnt[dev[v]] += 1
+        dv = dev[v]
+        if dv < 0 or dv >= D:
+            return -1.0, -1
+        cnt[dv] += 1
     rbase = np.empty(D, np.int64)
     s = 0
     for d in range(D):
@@ -344,19 +361,27 @@ def _sim_kernel(
     # ---- transfers: one per (producer, destination device), in producer order
     tr_ptr = np.empty(n + 1, np.int64)
     tr_slot = np.empty(E, np.int64)
+    slot_tr = np.empty(E, np.int64)  # successor slot -> transfer carrying it (-1: same device)
     mark = np.full(D, -1, np.int64)
+    mark_k = np.empty(D, np.int64)
     ntr = 0
     for u in range(n):
         tr_ptr[u] = ntr
         du = dev[u]
         for sl in range(succ_ptr[u], succ_ptr[u + 1]):
             dv = dev[succ_idx[sl]]
-            if dv != du and mark[dv] != u:
+            if dv == du:
+                slot_tr[sl] = -1
+            elif mark[dv] != u:
                 mark[dv] = u
+                mark_k[dv] = ntr
+                slot_tr[sl] = ntr
                 tr_src[ntr] = u
                 tr_dst[ntr] = dv
                 tr_slot[ntr] = sl
                 ntr += 1
+            else:
+                slot_tr[sl] = mark_k[dv]
     tr_ptr[n] = ntr
 
     # ---- link queues (contention mode)
@@ -379,9 +404,10 @@ def _sim_kernel(
             lbase[l] = s
             s += lcnt[l]
 
-    # ---- BSP bookkeeping: outstanding ops + transfers per level
+    # ---- BSP: ops + transfers still to finish per level, latest end per level
     nlev = lvl_ptr.shape[0] - 1
     outstanding = np.zeros(nlev if bsp else 1, np.int64)
+    lvl_end = np.zeros(nlev if bsp else 1, np.float64)
     cur_level = 0
     if bsp:
         for v in range(n):
@@ -390,18 +416,20 @@ def _sim_kernel(
             outstanding[level[tr_src[k]]] += 1
 
     pending = indeg.copy()
+    rdy = np.zeros(n, np.float64)  # latest input arrival seen so far (WC)
     running = np.zeros(D, np.int64)
     ddirty = np.zeros(D, np.bool_)
     ddirty_list = np.empty(D, np.int64)
     nddirty = 0
 
-    # ---- event heap: id < n = op completion, id >= n = arrival of transfer id - n
-    ecap = n + ntr
+    ecap = 2 * n + ntr + 1
     et = np.empty(ecap, np.float64)
     ei = np.empty(ecap, np.int64)
     esize = 0
+    ev_tr = 2 * n
+    ev_rel = 2 * n + ntr
 
-    # ---- initial ready ops
+    # ---- initial ready ops (time 0): sources (WC) or level 0 (BSP)
     if bsp:
         for q in range(lvl_ptr[0], lvl_ptr[1]):
             v = lvl_ops[q]
@@ -452,7 +480,7 @@ def _sim_kernel(
                 tr_start[k] = t
                 e = t + (lat[a, b] + out_bytes[u] / bw[a, b]) * edge_f[tr_slot[k]]
                 tr_end[k] = e
-                esize = _hpush(et, ei, 0, esize, e, n + k)
+                esize = _hpush(et, ei, 0, esize, e, ev_tr + k)
         nldirty = 0
 
         if esize == 0:
@@ -462,7 +490,8 @@ def _sim_kernel(
         while esize > 0 and et[0] == t:
             x = ei[0]
             esize = _hpop(et, ei, 0, esize)
-            if x < n:
+            u = -1  # producer whose op or transfer just finished (BSP accounting)
+            if x < n:  # ---- op completion
                 u = x
                 d = dev[u]
                 running[d] -= 1
@@ -472,14 +501,7 @@ def _sim_kernel(
                     nddirty += 1
                 if t > makespan:
                     makespan = t
-                if not bsp:
-                    for sl in range(succ_ptr[u], succ_ptr[u + 1]):
-                        w = succ_idx[sl]
-                        if dev[w] == d:
-                            pending[w] -= 1
-                            if pending[w] == 0:
-                                op_ready[w] = t
-                                rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], t, w)
+                # start transfers (contention: queue them on their link)
                 for k in range(tr_ptr[u], tr_ptr[u + 1]):
                     b = tr_dst[k]
                     if contention:
@@ -495,18 +517,52 @@ def _sim_kernel(
                         tr_start[k] = t
                         e = t + (lat[d, b] + out_bytes[u] / bw[d, b]) * edge_f[tr_slot[k]]
                         tr_end[k] = e
-                        esize = _hpush(et, ei, 0, esize, e, n + k)
-            else:
-                k = x - n
+                        if bsp:
+                            lv = level[u]
+                            outstanding[lv] -= 1
+                            if e > lvl_end[lv]:
+                                lvl_end[lv] = e
+                if not bsp:
+                    # deliver to consumers: same device now, others at their transfer's end
+                    for sl in range(succ_ptr[u], succ_ptr[u + 1]):
+                        k = slot_tr[sl]
+                        if k >= 0 and contention:
+                            continue  # delivered when the transfer event fires
+                        w = succ_idx[sl]
+                        arr = t if k < 0 else tr_end[k]
+                        if arr > rdy[w]:
+                            rdy[w] = arr
+                        pending[w] -= 1
+                        if pending[w] == 0:
+                            if rdy[w] == t:
+                                op_ready[w] = t
+                                dw = dev[w]
+                                rsize[dw] = _hpush(rt, ri, rbase[dw], rsize[dw], t, w)
+                                if not ddirty[dw]:
+                                    ddirty[dw] = True
+                                    ddirty_list[nddirty] = dw
+                                    nddirty += 1
+                            else:
+                                esize = _hpush(et, ei, 0, esize, rdy[w], n + w)
+            elif x < ev_tr:  # ---- op becomes ready (its last input arrived)
+                w = x - n
+                op_ready[w] = t
+                dw = dev[w]
+                rsize[dw] = _hpush(rt, ri, rbase[dw], rsize[dw], t, w)
+                if not ddirty[dw]:
+                    ddirty[dw] = True
+                    ddirty_list[nddirty] = dw
+                    nddirty += 1
+            elif x < ev_rel:  # ---- transfer ends (contention mode)
+                k = x - ev_tr
                 u = tr_src[k]
                 b = tr_dst[k]
-                if contention:
-                    l = dev[u] * D + b
-                    lbusy[l] = False
-                    if not ldirty[l]:
-                        ldirty[l] = True
-                        ldirty_list[nldirty] = l
-                        nldirty += 1
+                l = dev[u] * D + b
+                lbusy[l] = False
+                if not ldirty[l]:
+                    ldirty[l] = True
+                    ldirty_list[nldirty] = l
+                    nldirty += 1
                 if not bsp:
                     for sl in range(succ_ptr[u], succ_ptr[u + 1]):
                         w = succ_idx[sl]
@@ -519,23 +575,29 @@ def _sim_kernel(
                                     ddirty[b] = True
                                     ddirty_list[nddirty] = b
                                     nddirty += 1
-            if bsp:
-                outstanding[level[u]] -= 1
+            else:  # ---- BSP level released
+                lv = x - ev_rel
+                for q in range(lvl_ptr[lv], lvl_ptr[lv + 1]):
+                    v = lvl_ops[q]
+                    op_ready[v] = t
+                    d2 = dev[v]
+                    rsize[d2] = _hpush(rt, ri, rbase[d2], rsize[d2], t, v)
+                    if not ddirty[d2]:
+                        ddirty[d2] = True
+                        ddirty_list[nddirty] = d2
+                        nddirty += 1
+            if bsp and u >= 0:
+                lv = level[u]
+                outstanding[lv] -= 1
+                if t > lvl_end[lv]:
+                    lvl_end[lv] = t
                 if outstanding[cur_level] == 0 and cur_level + 1 < nlev:
+                    # every op and transfer of the level is done or has a known end time
                     cur_level += 1
-                    for q in range(lvl_ptr[cur_level], lvl_ptr[cur_level + 1]):
-                        v = lvl_ops[q]
-                        op_ready[v] = t
-                        d2 = dev[v]
-                        rsize[d2] = _hpush(rt, ri, rbase[d2], rsize[d2], t, v)
-                        if not ddirty[d2]:
-                            ddirty[d2] = True
-                            ddirty_list[nddirty] = d2
-                            nddirty += 1
+                    esize = _hpush(et, ei, 0, esize, lvl_end[cur_level - 1], ev_rel + cur_level)
     return makespan, ntr
 
 
-@njit(cache=True)
 def _sim_many_kernel(
     succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp, contention
 ):  # pragma: no cover - compiled
@@ -750,22 +812,53 @@ class SimContext:
         return op_f, edge_f
 
     # ------------------------------------------------------------------ running
+    def _scratch(self) -> tuple[np.ndarray, ...]:
+        """Output arrays reused by untraced runs (calls hold the GIL, so one set per context is safe)."""
+        sc = self.__dict__.get("_scratch_arrays")
+        if sc is None:
+            n, E = self.num_ops, max(self.num_edges, 1)
+            sc = (np.empty(n), np.empty(n), np.empty(n), np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E))
+            self.__dict__["_scratch_arrays"] = sc
+        return sc
+
+    def _devices(self, assignment: Any) -> np.ndarray:
+        """The device array; int64 contiguous arrays of the right length pass through unchecked
+        (the kernel range-checks them), anything else goes through check_assignment."""
+        arr = assignment.devices if isinstance(assignment, Assignment) else assignment
+        if (
+            type(arr) is np.ndarray
+            and arr.dtype == np.int64
+            and arr.ndim == 1
+            and arr.shape[0] == self.num_ops
+            and arr.flags.c_contiguous
+        ):
+            return arr
+        dev = check_assignment(self.graph, as_devices(assignment), self.num_devices)
+        return np.ascontiguousarray(dev, dtype=np.int64)
+
     def _run(self, dev: np.ndarray, mode: str, trace: bool, sigma: float, seed: int, contention: bool, backend: str) -> SimResult:
         op_f, edge_f = self.noise(sigma, seed)
         bsp = mode == "bsp"
-        if backend == "python" or not HAVE_NUMBA:
+        if backend == "python" or not _jit():
+            check_assignment(self.graph, dev, self.num_devices)
             mk, ready, start, end, tsrc, tdst, tstart, tend = _simulate_python(self, dev, op_f, edge_f, bsp, contention)
             ntr = tsrc.shape[0]
         else:
-            n, E = self.num_ops, max(self.num_edges, 1)
-            ready, start, end = np.empty(n), np.empty(n), np.empty(n)
-            tsrc, tdst = np.empty(E, np.int64), np.empty(E, np.int64)
-            tstart, tend = np.empty(E), np.empty(E)
+            if trace:
+                n, E = self.num_ops, max(self.num_edges, 1)
+                ready, start, end = np.empty(n), np.empty(n), np.empty(n)
+                tsrc, tdst = np.empty(E, np.int64), np.empty(E, np.int64)
+                tstart, tend = np.empty(E), np.empty(E)
+            else:
+                ready, start, end, tsrc, tdst, tstart, tend = self._scratch()
             mk, ntr = _sim_kernel(
                 self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
                 self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, bsp, contention,
                 ready, start, end, tsrc, tdst, tstart, tend,
             )  # fmt: skip
+            if ntr < 0:  # a device index out of range: let check_assignment word the error
+                check_assignment(self.graph, dev, self.num_devices)
+                raise AssignmentError("the assignment has a device index out of range")  # pragma: no cover
         if not trace:
             return SimResult(float(mk), None, mode)
         tsrc = tsrc[:ntr].copy()
@@ -796,23 +889,13 @@ class SimContext:
         backend: str = "auto",
     ) -> SimResult:
         """See :func:`simulate`."""
-        mode, sigma, seed = _check_options(mode, noise_sigma, seed, backend)
-        dev = check_assignment(self.graph, as_devices(assignment), self.num_devices)
-        dev = np.ascontiguousarray(dev, dtype=np.int64)
-        return self._run(dev, mode, bool(trace), sigma, seed, bool(link_contention), backend)
+        if mode != "wc" or noise_sigma != 0.0 or seed != 0 or backend != "auto":
+            mode, noise_sigma, seed = _check_options(mode, noise_sigma, seed, backend)
+        return self._run(self._devices(assignment), mode, bool(trace), noise_sigma, seed, bool(link_contention), backend)
 
-    def makespan(self, devices: np.ndarray) -> float:
-        """Fast path for hot loops: WC, no noise, no trace; ``devices`` must be a valid int64 array."""
-        if HAVE_NUMBA:
-            n, E = self.num_ops, max(self.num_edges, 1)
-            mk, _ = _sim_kernel(
-                self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
-                self.out_bytes, self.lat, self.bw, self.streams, devices, self._ones_n, self._ones_e, False, False,
-                np.empty(n), np.empty(n), np.empty(n), np.empty(E, np.int64), np.empty(E, np.int64),
-                np.empty(E), np.empty(E),
-            )  # fmt: skip
-            return float(mk)
-        return self._run(np.asarray(devices, np.int64), "wc", False, 0.0, 0, False, "python").makespan_s
+    def makespan(self, devices: "np.ndarray | Assignment | Sequence[int]") -> float:
+        """Fast path for hot loops: WC, no noise, no trace (same result as ``simulate(...).makespan_s``)."""
+        return self._run(self._devices(devices), "wc", False, 0.0, 0, False, "auto").makespan_s
 
     def simulate_many(
         self,
@@ -829,7 +912,7 @@ class SimContext:
         devs = _check_batch(self.graph, assignments, self.num_devices)
         if devs.shape[0] == 0:
             return np.empty(0)
-        if backend == "python" or not HAVE_NUMBA:
+        if backend == "python" or not _jit():
             return np.array(
                 [self._run(row, mode, False, sigma, seed, bool(link_contention), "python").makespan_s for row in devs]
             )

@@ -16,7 +16,8 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
     and all its neighbours move to one device).
 * The best proposal of the batch is accepted if it is no worse, otherwise with
   probability ``exp(-relative_increase / T)``. ``T`` cools geometrically from
-  ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations; each
+  ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations
+  (default ``max(5000, 100 * num_ops)``, capped at ``max_evals``); each
   new cycle restarts (reheats) from the best assignment found so far.
 * Stops after ``budget_s`` seconds of wall clock (default 10 s, the start
   evaluation included) or ``max_evals`` simulator evaluations, whichever comes
@@ -185,7 +186,7 @@ def anneal_search(
     evals = len(names)
 
     if cycle_evals is None:
-        cycle_evals = max(2000, 20 * n)
+        cycle_evals = max(5000, 100 * n)
         if max_evals is not None:
             cycle_evals = max(1, min(cycle_evals, int(max_evals)))
     cycle_evals = max(1, int(cycle_evals))

@@ -9,9 +9,10 @@ The algorithm, exactly:
    of distinct devices (``Cluster.mean_transfer_time_s``; 0 on one device).
 2. Repeat ``|V|`` times. The candidate set ``C_h`` holds the unplaced ops whose
    predecessors are all placed. **SEL**: take the candidate with the largest
-   b-level (b-levels equal up to a relative 1e-12 of the largest tie; ties:
-   lowest op id). **PLC**: for every device ``d`` estimate the
-   earliest start time::
+   b-level (ties: lowest op id; b-levels that differ by less than ``1e-12``
+   times the largest b-level of the graph count as tied, so rounding noise
+   never decides). **PLC**: for every device ``d`` estimate the earliest start
+   time::
 
        EST(v, d) = max(free[d], max_{u in pred(v)} finish[u] + xfer(u, dev[u] -> d))
 
@@ -19,7 +20,8 @@ The algorithm, exactly:
    device) and ``free[d]`` is the finish time of the last op put on ``d`` (no
    insertion into idle gaps). Put ``v`` on the device with the smallest EST
    (ties: lowest device id, where devices whose EST is within a relative
-   ``1e-9`` of the minimum count as tied), then ``finish[v] = EST + compute(v, d)``
+   ``1e-9`` of the minimum count as tied; the device's ``streams`` setting is
+   ignored: one op at a time), then ``finish[v] = EST + compute(v, d)``
    with ``d``'s own compute time and ``free[d] = finish[v]``.
 
 The list schedule's length (the largest ``finish``) is reported as the method's

@@ -116,7 +116,8 @@ class _Placer:
             if not e_mask.any():
                 continue
             vi = ctx["e_vi"][e_mask]
-            src = np.where(ctx["e_int"][e_mask] >= 0, plan[np.maximum(ctx["e_int"][e_mask], 0)], self.dev[ctx["e_p"][e_mask]])
+            e_int = ctx["e_int"][e_mask]
+            src = np.where(e_int >= 0, plan[np.maximum(e_int, 0)], self.dev[ctx["e_p"][e_mask]])
             b = ctx["e_bytes"][e_mask]
             okm = src >= 0
             if not okm.any():
@@ -142,7 +143,9 @@ class _Placer:
         # every edge into an op of the unit
         starts, ends = g.pred_ptr[ops], g.pred_ptr[ops + 1]
         counts = ends - starts
-        slots = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if counts.sum() else np.empty(0, np.int64)
+        slots = (
+            np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if counts.sum() else np.empty(0, np.int64)
+        )
         e_vi = np.repeat(np.arange(m), counts)
         e_p = g.pred_idx[slots]
         e_int = local[e_p]

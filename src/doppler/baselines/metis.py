@@ -88,7 +88,7 @@ def metis_partition(graph: DataflowGraph, cluster, *, seed: int = 0) -> np.ndarr
     return parts
 
 
-@register("metis", description="balanced k-way min-cut partition (pymetis); ignores time")
+@register("metis", description="balanced k-way min-cut partition (pymetis); ignores time", deterministic=False)
 def metis(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
-    """Balanced min-cut partition, one part per device."""
+    """Balanced min-cut partition, one part per device (``seed`` seeds METIS)."""
     return Assignment(devices=metis_partition(graph, cluster, seed=seed))

@@ -1,0 +1,98 @@
+"""``doppler simulate G --cluster C --assignment A.json [...]``: makespan of one assignment."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from doppler.cli._common import app, console, emit_json, handle_errors
+
+
+@app.command("simulate")
+def simulate_cmd(
+    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (unit, p100x4, v100x8, h100x8, cpu4; 'name:N') or JSON file."),
+    assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file (JSON object or bare list)."),
+    mode: str = typer.Option("wc", "--mode", help="wc (work-conserving) or bsp (barrier per topological level)."),
+    gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart (.png, .pdf or .svg)."),
+    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the per-op and per-transfer trace as JSON."),
+    noise: float = typer.Option(0.0, "--noise", help="Lognormal noise sigma on every duration (0 = deterministic)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
+    link_contention: bool = typer.Option(False, "--link-contention", help="Serialise transfers per ordered link."),
+    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
+) -> None:
+    """Simulate one assignment on a cluster and report its makespan."""
+    with handle_errors():
+        from doppler.assignment import load_assignment
+        from doppler.formats import load_graph
+        from doppler.hardware import cluster
+        from doppler.simulate import _check_options, lower_bound, simulate
+
+        _check_options(mode, noise, seed)  # bad options fail before any file is read
+        graph = load_graph(graph_path)
+        cl = cluster(cluster_name)
+        assignment = load_assignment(assignment_path, graph)
+        t0 = time.perf_counter()
+        result = simulate(
+            graph, cl, assignment, mode=mode, trace=True, noise_sigma=noise, seed=seed, link_contention=link_contention
+        )
+        elapsed = time.perf_counter() - t0
+        lb = lower_bound(graph, cl)
+        tr = result.trace
+        assert tr is not None
+        util = tr.utilisation(cl)
+        busy = tr.busy_s(cl.num_devices)
+        ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
+        if trace_path is not None:
+            tr.save(trace_path)
+        if gantt_path is not None:
+            from doppler.report import gantt
+
+            gantt(graph, cl, result, gantt_path, lower_bound_s=lb)
+        out = {
+            "makespan_s": result.makespan_s,
+            "lower_bound_s": lb,
+            "ratio_to_lower_bound": result.makespan_s / lb if lb > 0 else None,
+            "mode": mode,
+            "graph": graph.name,
+            "cluster": cl.name,
+            "num_ops": graph.num_ops,
+            "num_devices": cl.num_devices,
+            "num_transfers": tr.num_transfers,
+            "transfer_bytes": float(tr.tr_bytes.sum()),
+            "utilisation": [float(u) for u in util],
+            "noise_sigma": noise,
+            "seed": seed,
+            "link_contention": link_contention,
+            "elapsed_s": elapsed,
+        }
+        if gantt_path is not None:
+            out["gantt"] = str(gantt_path)
+        if trace_path is not None:
+            out["trace"] = str(trace_path)
+        if json_out:
+            emit_json(out)
+            return
+        from doppler.report import format_seconds
+
+        ratio = f" ({result.makespan_s / lb:.2f}x the lower bound)" if lb > 0 else ""
+        console.print(
+            f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({mode.upper()}): makespan "
+            f"[bold]{format_seconds(result.makespan_s)}[/], lower bound {format_seconds(lb)}{ratio}; "
+            f"{tr.num_transfers} transfers, {tr.tr_bytes.sum() / 1e6:.3g} MB moved",
+            highlight=False,
+        )
+        table = Table(show_edge=False, header_style="bold")
+        for col in ("device", "ops", "busy", "utilisation"):
+            table.add_column(col, justify="left" if col == "device" else "right")
+        for d, dev in enumerate(cl.devices):
+            table.add_row(dev.name, str(int(ops_per_dev[d])), format_seconds(float(busy[d])), f"{100 * util[d]:.1f}%")
+        console.print(table)
+        for label, p in (("gantt chart", gantt_path), ("trace", trace_path)):
+            if p is not None:
+                console.print(f"{label} -> {p}", highlight=False)

@@ -1,0 +1,79 @@
+"""Simulated annealing: never worse than its start, reproducible, honours its limits."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from doppler import workloads
+from doppler.baselines import MethodError, assign
+from doppler.hardware import cluster
+from doppler.simulate import simulate
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return workloads.build("llama_block", size="tiny"), cluster("p100x4").scaled_links(10)
+
+
+def test_never_worse_than_its_start(setup):
+    g, c = setup
+    start = min(simulate(g, c, assign(g, c, m)).makespan_s for m in ("critical_path", "heft"))
+    for seed in range(3):
+        a = assign(g, c, "anneal", seed=seed, max_evals=200)
+        assert a.info["start_makespan_s"] == pytest.approx(start)
+        assert a.estimated_makespan_s <= start
+        assert simulate(g, c, a).makespan_s == pytest.approx(a.estimated_makespan_s)
+        assert a.info["evals"] == 200
+
+
+def test_improves_with_some_search(setup):
+    g, c = setup
+    a = assign(g, c, "anneal", seed=0, max_evals=3000)
+    assert a.estimated_makespan_s < a.info["start_makespan_s"]
+
+
+def test_deterministic_for_seed_and_eval_count(setup):
+    g, c = setup
+    a1 = assign(g, c, "anneal", seed=5, max_evals=400)
+    a2 = assign(g, c, "anneal", seed=5, max_evals=400)
+    assert np.array_equal(a1.devices, a2.devices)
+    assert a1.estimated_makespan_s == a2.estimated_makespan_s
+    # a generous time budget does not change a run bounded by its evaluation count
+    a3 = assign(g, c, "anneal", seed=5, max_evals=400, budget_s=1e6)
+    assert np.array_equal(a1.devices, a3.devices)
+
+
+def test_explicit_start_and_custom_cycle(setup):
+    g, c = setup
+    start = np.zeros(g.num_ops, dtype=np.int64)
+    a = assign(g, c, "anneal", max_evals=300, start=start, cycle_evals=100)
+    assert a.info["start_method"] == "start"
+    assert a.info["restarts"] >= 2
+    assert a.estimated_makespan_s <= simulate(g, c, start).makespan_s
+
+
+def test_budget_is_respected():
+    g = workloads.build("ffnn", size="tiny")
+    c = cluster("p100x4")
+    assign(g, c, "anneal", max_evals=10)  # warm up compiled code
+    t0 = time.perf_counter()
+    a = assign(g, c, "anneal", budget_s=0.3)
+    assert time.perf_counter() - t0 < 2.0
+    assert a.info["evals"] > 2
+
+
+def test_single_device_is_trivial():
+    g = workloads.build("chainmm", size="tiny")
+    a = assign(g, cluster("p100x4:1"), "anneal", max_evals=50)
+    assert a.devices.tolist() == [0] * g.num_ops
+
+
+def test_bad_options(setup):
+    g, c = setup
+    with pytest.raises(MethodError):
+        assign(g, c, "anneal", max_evals=-1)
+    with pytest.raises(MethodError):
+        assign(g, c, "anneal", max_evals=10, batch_size=0)

@@ -1,0 +1,144 @@
+"""End-to-end tests of `doppler assign` and `doppler compare`."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from doppler.assignment import load_assignment
+from doppler.cli import app
+from doppler.formats import load_graph, save_graph
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory) -> Path:
+    from doppler import workloads
+
+    p = tmp_path_factory.mktemp("g") / "ffnn.json"
+    save_graph(workloads.build("ffnn", size="tiny"), p)
+    return p
+
+
+def test_assign_writes_the_file(graph_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    res = run("assign", str(graph_file), "--cluster", "p100x4", "--method", "critical_path", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    assert "critical_path" in res.stdout and "makespan" in res.stdout
+    obj = json.loads(out.read_text())
+    g = load_graph(graph_file)
+    assert obj["method"] == "critical_path"
+    assert obj["graph_fingerprint"] == g.fingerprint()
+    assert len(obj["assignment"]) == g.num_ops
+    a = load_assignment(out, g)
+    from doppler.baselines import assign
+    from doppler.hardware import cluster
+
+    assert a.devices.tolist() == assign(g, cluster("p100x4"), "critical_path").devices.tolist()
+
+
+def test_assign_json_with_budget_and_seed(graph_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    res = run(
+        "assign", str(graph_file), "--cluster", "p100x4", "--method", "anneal",
+        "--budget-s", "0.3", "--seed", "3", "-o", str(out), "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)
+    assert row["method"] == "anneal" and row["seed"] == 3
+    assert row["makespan_s"] >= row["lower_bound_s"] > 0
+    assert row["estimated_makespan_s"] == pytest.approx(row["makespan_s"])
+    assert out.exists()
+
+
+def test_compare_json_and_csv(graph_file: Path, tmp_path: Path) -> None:
+    csv_path = tmp_path / "cmp.csv"
+    res = run(
+        "compare", str(graph_file), "--cluster", "p100x4", "--methods", "round_robin,heft,critical_path",
+        "--json", "--csv", str(csv_path),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["method"] for r in rows] == ["round_robin", "heft", "critical_path"]
+    for r in rows:
+        assert r["makespan_s"] >= r["lower_bound_s"] > 0
+        assert r["ratio_to_lower_bound"] == pytest.approx(r["makespan_s"] / r["lower_bound_s"])
+        assert r["assign_time_s"] >= 0
+    assert rows[2]["ratio_to_critical_path"] == pytest.approx(1.0)
+    with csv_path.open() as f:
+        got = list(csv.DictReader(f))
+    assert [r["method"] for r in got] == ["round_robin", "heft", "critical_path"]
+    assert float(got[0]["makespan_s"]) == pytest.approx(rows[0]["makespan_s"])
+
+
+def test_compare_human_table(graph_file: Path) -> None:
+    res = run("compare", str(graph_file), "--cluster", "p100x4:2", "--methods", "single,metis")
+    assert res.exit_code == 0, res.output
+    assert "single" in res.stdout and "metis" in res.stdout and "lower bound" in res.stdout
+
+
+def test_compare_ratio_to_critical_path_when_not_listed(graph_file: Path) -> None:
+    res = run("compare", str(graph_file), "--cluster", "p100x4", "--methods", "critical_path", "--json")
+    ref = json.loads(res.stdout)[0]["makespan_s"]
+    res = run("compare", str(graph_file), "--cluster", "p100x4", "--methods", "single", "--json")
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)[0]
+    assert row["ratio_to_critical_path"] == pytest.approx(row["makespan_s"] / ref)
+
+
+def test_unknown_method_exit_2(graph_file: Path, tmp_path: Path) -> None:
+    res = run("assign", str(graph_file), "--cluster", "p100x4", "--method", "bogus", "-o", str(tmp_path / "a.json"))
+    assert res.exit_code == 2
+    assert "bogus" in res.output and "critical_path" in res.output
+    assert not (tmp_path / "a.json").exists()
+    res = run("compare", str(graph_file), "--cluster", "p100x4", "--methods", "heft,bogus")
+    assert res.exit_code == 2 and "bogus" in res.output
+
+
+@pytest.mark.parametrize("budget", ["0", "-2"])
+def test_bad_budget_exit_2(graph_file: Path, tmp_path: Path, budget: str) -> None:
+    res = run(
+        "assign", str(graph_file), "--cluster", "p100x4", "--method", "anneal",
+        "--budget-s", budget, "-o", str(tmp_path / "a.json"),
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert "budget" in res.output
+    res = run("compare", str(graph_file), "--cluster", "p100x4", "--methods", "anneal", "--budget-s", budget)
+    assert res.exit_code == 2
+
+
+def test_bad_inputs_exit_2(graph_file: Path, tmp_path: Path) -> None:
+    out = str(tmp_path / "a.json")
+    missing = str(tmp_path / "missing.json")
+    assert run("assign", missing, "--cluster", "p100x4", "--method", "heft", "-o", out).exit_code == 2
+    assert run("assign", str(graph_file), "--cluster", "nosuch", "--method", "heft", "-o", out).exit_code == 2
+    assert run("compare", str(graph_file), "--cluster", "p100x4", "--methods", " , ").exit_code == 2
+    res = run("assign", str(graph_file), "--cluster", "p100x4", "--method", "heft", "--checkpoint", "x.pt", "-o", out)
+    assert res.exit_code == 2 and "does not accept" in res.output
+
+
+def test_too_few_devices_exit_2(graph_file: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from doppler.baselines import METHODS, register
+
+    @register("test_needs_8", min_devices=8)
+    def fn(graph, cluster, *, seed=0, budget_s=None):
+        return np.zeros(graph.num_ops, dtype=np.int64)
+
+    try:
+        out = str(tmp_path / "a.json")
+        res = run("assign", str(graph_file), "--cluster", "p100x4", "--method", "test_needs_8", "-o", out)
+        assert res.exit_code == 2
+        assert "at least 8 devices" in res.output
+    finally:
+        METHODS.pop("test_needs_8", None)

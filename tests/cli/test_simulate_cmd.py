@@ -1,0 +1,94 @@
+"""End-to-end tests of `doppler simulate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from doppler.cli import app
+from doppler.formats import save_graph
+from doppler.graph import from_edges
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, Path]:
+    g = from_edges([2, 1, 1, 1, 1], [(1, 2), (1, 3), (0, 4)], [0, 1, 0, 0, 0], name="tiny")
+    gp = tmp_path / "g.json"
+    save_graph(g, gp)
+    good = tmp_path / "a.json"
+    good.write_text(json.dumps({"assignment": [0, 1, 1, 0, 0], "method": "manual"}))
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps([0, 1, 1]))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps([0, 1, 1, 0, 7]))
+    return {"graph": gp, "good": good, "short": short, "unknown": unknown, "dir": tmp_path}
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_simulate_human_output(files) -> None:
+    res = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"])
+    assert res.exit_code == 0, res.output
+    assert "makespan" in res.output and "4 s" in res.output
+    assert "gpu0" in res.output and "utilisation" in res.output
+
+
+def test_simulate_json_gantt_and_trace(files) -> None:
+    png, tj = files["dir"] / "g.png", files["dir"] / "t.json"
+    res = run(
+        "simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"],
+        "--json", "--gantt", png, "--trace", tj,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["makespan_s"] == 4.0
+    assert out["lower_bound_s"] == 3.0  # the chain 0 -> 4
+    assert out["mode"] == "wc" and out["num_ops"] == 5 and out["num_devices"] == 2
+    assert out["utilisation"] == pytest.approx([1.0, 0.5])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(tj.read_text())["ops"]["start_s"] == [0, 0, 1, 2, 3]
+
+
+def test_simulate_bsp_noise_contention(files) -> None:
+    res = run(
+        "simulate", files["graph"], "-c", "unit:2", "-a", files["good"], "--mode", "bsp",
+        "--noise", "0.1", "--seed", "3", "--link-contention", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["mode"] == "bsp" and out["makespan_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "key,extra,msg",
+    [
+        ("short", [], "3 entries but graph"),
+        ("unknown", [], "assigned to device 7"),
+        ("good", ["--mode", "async"], "unknown simulation mode"),
+        ("good", ["--noise", "nan"], "noise_sigma"),
+    ],
+)
+def test_simulate_bad_input_exits_2(files, key: str, extra: list[str], msg: str) -> None:
+    res = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files[key], *extra)
+    assert res.exit_code == 2, res.output
+    assert msg in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name,msg", [("p100x9", "unknown cluster"), ("v100x8:4", "fixed 8-device"), ("missing.json", "no such cluster file")])
+def test_simulate_bad_cluster_exits_2(files, name: str, msg: str) -> None:
+    res = run("simulate", files["graph"], "--cluster", name, "--assignment", files["good"])
+    assert res.exit_code == 2, res.output
+    assert msg in res.output
+
+
+def test_simulate_missing_graph_exits_2(files) -> None:
+    res = run("simulate", files["dir"] / "nope.json", "--cluster", "unit", "--assignment", files["good"])
+    assert res.exit_code == 2, res.output

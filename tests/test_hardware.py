@@ -1,0 +1,190 @@
+"""Clusters: presets, name:N, JSON round trips and validation errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from doppler.graph import OpKind, from_edges
+from doppler.hardware import (
+    DGX1_V100_NVLINKS,
+    PRESETS,
+    Cluster,
+    ClusterError,
+    Device,
+    cluster,
+    homogeneous,
+)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_valid_and_round_trip(name: str, tmp_path: Path) -> None:
+    c = cluster(name)
+    c.validate()
+    assert c.num_devices == PRESETS[name][1]
+    p = tmp_path / f"{name}.json"
+    c.save(p)
+    back = cluster(str(p))
+    assert [d.to_json() for d in back.devices] == [d.to_json() for d in c.devices]
+    np.testing.assert_array_equal(back.bandwidth_Bps, c.bandwidth_Bps)
+    np.testing.assert_array_equal(back.latency_s, c.latency_s)
+    assert back.name == c.name and back.meta == c.meta
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write left no temp file
+
+
+def test_unit_preset() -> None:
+    c = cluster("unit")
+    assert c.num_devices == 4
+    assert all(d.flops_per_s == 1.0 and not d.flops_per_s_by_kind for d in c.devices)
+    g = from_edges([3.0, 5.0], [(0, 1)], [7.0, 0.0])
+    np.testing.assert_array_equal(c.compute_time_s(g), [[3.0] * 4, [5.0] * 4])
+    tt = c.transfer_time_s(7.0)
+    assert tt[0, 1] == 7.0 and tt[2, 2] == 0.0
+
+
+@pytest.mark.parametrize("spec,count", [("unit:8", 8), ("cpu4:2", 2), ("p100x4:2", 2), ("h100x8:4", 4), ("v100x8:8", 8), (" unit:1 ", 1)])
+def test_name_with_count(spec: str, count: int) -> None:
+    c = cluster(spec)
+    assert c.num_devices == count
+    assert c.is_homogeneous() or spec.startswith("v100")
+
+
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ("v100x8:4", "fixed 8-device topology"),
+        ("unit:0", ">= 1"),
+        ("unit:x", "must be an integer"),
+        ("tpu", "unknown cluster 'tpu'"),
+        ("", "preset name or a JSON file"),
+        ("nope.json", "nope.json: no such cluster file"),
+    ],
+)
+def test_bad_cluster_names(spec: str, msg: str) -> None:
+    with pytest.raises(ClusterError, match=msg):
+        cluster(spec)
+
+
+def test_v100_is_the_dgx1_hybrid_cube_mesh() -> None:
+    c = cluster("v100x8")
+    assert not c.is_homogeneous()
+    np.testing.assert_array_equal(c.bandwidth_Bps, c.bandwidth_Bps.T)
+    links = np.zeros((8, 8), int)
+    for (i, j), k in DGX1_V100_NVLINKS.items():
+        links[i, j] = links[j, i] = k
+    assert np.all(links.sum(axis=1) == 6)  # six NVLink 2.0 links per V100
+    assert np.all((links > 0).sum(axis=1) == 4)  # to four peers
+    for i in range(8):
+        assert links[i, (i + 4) % 8] > 0  # the cube's cross edges
+        quad = range(0, 4) if i < 4 else range(4, 8)
+        assert all(links[i, j] > 0 for j in quad if j != i)  # quads fully connected
+    off = ~np.eye(8, dtype=bool)
+    nv2 = c.bandwidth_Bps[links == 2]
+    nv1 = c.bandwidth_Bps[links == 1]
+    host = c.bandwidth_Bps[(links == 0) & off]
+    assert nv2.min() > nv1.max() > host.max()
+    assert c.latency_s[0, 5] > c.latency_s[0, 1]
+
+
+def test_per_kind_rates_of_gpu_presets() -> None:
+    c = cluster("p100x4")
+    g = from_edges([1e9, 1e9], [], [0, 0], kind=[OpKind.MATMUL, OpKind.ADD])
+    t = c.compute_time_s(g)
+    assert t[1, 0] > 10 * t[0, 0]  # an add is memory-bound
+    assert c.devices[0].rate("add") == c.devices[0].rate(OpKind.ADD)
+
+
+def test_scaled_links() -> None:
+    c = cluster("p100x4")
+    s = c.scaled_links(4.0)
+    off = ~np.eye(4, dtype=bool)
+    np.testing.assert_allclose(s.transfer_time_s(1e6)[off], 4.0 * c.transfer_time_s(1e6)[off])
+    assert s.devices == c.devices and s.meta["link_scale"] == 4.0
+    assert c.bandwidth_Bps[0, 1] == 12e9  # the original is untouched
+    with pytest.raises(ClusterError, match="factor"):
+        c.scaled_links(0)
+
+
+def _obj() -> dict:
+    return {
+        "name": "box",
+        "devices": [{"name": "a", "flops_per_s": 1e12}, {"name": "b", "kind": "cpu", "flops_per_s": 2e11, "streams": 2}],
+        "links": [
+            {"src": "a", "dst": "b", "bandwidth_Bps": 1e9, "latency_s": 1e-5},
+            {"src": 1, "dst": 0, "bandwidth_Bps": 2e9, "latency_s": 0},
+        ],
+    }
+
+
+def test_from_json_minimal_and_default_link() -> None:
+    c = Cluster.from_json(_obj())
+    assert c.bandwidth_Bps[0, 1] == 1e9 and c.bandwidth_Bps[1, 0] == 2e9
+    assert c.devices[1].streams == 2 and c.devices[0].memory_bytes == float("inf")
+    obj = _obj()
+    obj["devices"].append({"name": "c", "flops_per_s": 1.0})
+    obj["default_link"] = {"bandwidth_Bps": 5.0, "latency_s": 0.5}
+    c3 = Cluster.from_json(obj)
+    assert c3.bandwidth_Bps[2, 0] == 5.0 and c3.latency_s[0, 2] == 0.5 and c3.bandwidth_Bps[0, 1] == 1e9
+
+
+@pytest.mark.parametrize(
+    "mutate,msg",
+    [
+        (lambda o: o["links"].pop(), "no link from device 'b' to 'a'"),
+        (lambda o: o["links"][0].update(bandwidth_Bps=0), r"links\[0\] \(a -> b\): bandwidth_Bps must be a finite number > 0"),
+        (lambda o: o["links"][0].update(bandwidth_Bps=-3.0), "bandwidth_Bps must be a finite number > 0"),
+        (lambda o: o["links"][0].update(latency_s=-1), "latency_s must be a finite number >= 0"),
+        (lambda o: o["links"][0].update(dst="zz"), "dst 'zz' is not a device"),
+        (lambda o: o["links"][0].update(dst="a"), "to itself"),
+        (lambda o: o["links"].append(dict(o["links"][0])), "listed twice"),
+        (lambda o: o["links"][0].update(speed=1), r"links\[0\]: unknown field\(s\) 'speed'"),
+        (lambda o: o.update(gpus=3), r"unknown field\(s\) 'gpus'"),
+        (lambda o: o["devices"][0].update(flop_s=1), r"devices\[0\]: unknown field\(s\) 'flop_s'"),
+        (lambda o: o["devices"][0].update(flops_per_s=0), r"devices\[0\]: device 'a': flops_per_s must be"),
+        (lambda o: o["devices"][0].pop("flops_per_s"), r"devices\[0\] \('a'\): missing field 'flops_per_s'"),
+        (lambda o: o["devices"][0].update(kind="tpu"), "kind must be one of cpu, gpu"),
+        (lambda o: o["devices"][1].update(streams=0), "streams must be an integer >= 1"),
+        (lambda o: o["devices"][1].update(name="a"), "two devices are named 'a'"),
+        (lambda o: o["devices"][0].update(flops_per_s_by_kind={"conv": 1.0}), "unknown op kind 'conv'"),
+        (lambda o: o.update(devices=[]), "non-empty list"),
+        (lambda o: o.pop("devices"), "missing field 'devices'"),
+    ],
+)
+def test_json_validation_errors_name_file_and_field(mutate, msg: str, tmp_path: Path) -> None:
+    obj = _obj()
+    mutate(obj)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(ClusterError, match=msg) as e:
+        cluster(str(p))
+    assert str(p) in str(e.value)
+
+
+def test_invalid_json_file_names_line(tmp_path: Path) -> None:
+    p = tmp_path / "c.json"
+    p.write_text('{"name": "x",\n "devices": [,]}')
+    with pytest.raises(ClusterError, match=r"c\.json:2: not valid JSON"):
+        cluster(p)
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ClusterError, match="at least one device"):
+        homogeneous("x", 0, flops_per_s=1.0, bandwidth_Bps=1.0)
+    with pytest.raises(ClusterError, match="2x2 matrix"):
+        Cluster("x", [Device("a"), Device("b")], np.ones((3, 3)), np.zeros((3, 3)))
+    with pytest.raises(ClusterError, match="link a -> b: bandwidth_Bps"):
+        Cluster("x", [Device("a"), Device("b")], np.array([[1.0, np.nan], [1.0, 1.0]]), np.zeros((2, 2)))
+    # the diagonal is meaningless and made canonical
+    c = Cluster("x", [Device("a"), Device("b")], np.array([[0.0, 1.0], [1.0, 0.0]]), np.array([[5.0, 0.0], [0.0, 5.0]]))
+    assert c.latency_s[0, 0] == 0.0 and c.transfer_time_s(3.0)[1, 1] == 0.0
+
+
+def test_device_index_and_with_streams() -> None:
+    c = cluster("unit:3")
+    assert c.device_index("gpu2") == 2 and c.device_index(1) == 1
+    with pytest.raises(ClusterError, match="no device 'gpu9'"):
+        c.device_index("gpu9")
+    assert list(c.with_streams(3).streams) == [3, 3, 3]

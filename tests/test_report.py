@@ -1,0 +1,54 @@
+"""Gantt charts: files are written (atomically) for WC, BSP and multi-stream traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from doppler.graph import OpKind, from_edges
+from doppler.hardware import cluster
+from doppler.report import format_seconds, gantt
+from doppler.simulate import lower_bound, simulate
+
+
+def _graph():
+    rng = np.random.default_rng(0)
+    n = 40
+    edges = [(int(u), v) for v in range(3, n) for u in set(rng.integers(max(0, v - 8), v, 2).tolist())]
+    kinds = rng.choice([OpKind.MATMUL, OpKind.ADD, OpKind.SOFTMAX], n)
+    return from_edges(rng.uniform(1e9, 1e10, n), edges, rng.uniform(1e6, 5e7, n), kind=kinds, name="g40")
+
+
+@pytest.mark.parametrize("mode,streams,suffix", [("wc", 1, ".png"), ("bsp", 2, ".png"), ("wc", 1, ".svg")])
+def test_gantt_writes_a_file(tmp_path: Path, mode: str, streams: int, suffix: str) -> None:
+    g = _graph()
+    c = cluster("p100x4")
+    if streams > 1:
+        c = c.with_streams(streams)
+    a = np.arange(g.num_ops) % 4
+    r = simulate(g, c, a, trace=True, mode=mode)
+    out = gantt(g, c, r, tmp_path / f"chart{suffix}", title="test chart", lower_bound_s=lower_bound(g, c))
+    data = out.read_bytes()
+    assert len(data) > 5000
+    if suffix == ".png":
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert b"<svg" in data[:2000]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"chart{suffix}"]  # no temp files left
+
+
+def test_gantt_accepts_a_trace_and_needs_one(tmp_path: Path) -> None:
+    g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
+    c = cluster("unit:2")
+    r = simulate(g, c, [0, 1, 0], trace=True)
+    gantt(g, c, r.trace, tmp_path / "t.png")
+    with pytest.raises(ValueError, match="trace=True"):
+        gantt(g, c, simulate(g, c, [0, 1, 0]), tmp_path / "u.png")
+
+
+def test_format_seconds() -> None:
+    assert format_seconds(0.0123) == "12.3 ms"
+    assert format_seconds(2.5) == "2.5 s"
+    assert format_seconds(3e-6) == "3 µs"

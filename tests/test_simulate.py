@@ -1,0 +1,480 @@
+"""The WC/BSP simulator: hand-computed examples, properties on random DAGs and clusters,
+numba vs pure-Python vs SimPy agreement, and input errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from doppler.assignment import Assignment, AssignmentError
+from doppler.graph import DataflowGraph, OpKind, from_edges
+from doppler.hardware import Cluster, Device, homogeneous, unit
+from doppler.simulate import (
+    SimContext,
+    SimulationError,
+    context,
+    lower_bound,
+    simulate,
+    simulate_many,
+    work_bound,
+)
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+REL = 1e-9
+
+
+# --------------------------------------------------------------------------- strategies
+@st.composite
+def cases(draw, max_ops: int = 14, max_devices: int = 4, max_streams: int = 2):
+    """(graph, cluster, assignment) with small power-of-two costs, so ties are frequent and exact."""
+    n = draw(st.integers(1, max_ops))
+    edges = []
+    for v in range(1, n):
+        for u in draw(st.lists(st.integers(0, v - 1), max_size=3, unique=True)):
+            edges.append((u, v))
+    flops = draw(st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.0, 4.0]), min_size=n, max_size=n))
+    nbytes = draw(st.lists(st.sampled_from([0.0, 1.0, 2.0, 4.0]), min_size=n, max_size=n))
+    kinds = draw(st.lists(st.sampled_from([int(OpKind.MATMUL), int(OpKind.ADD)]), min_size=n, max_size=n))
+    g = from_edges(flops, edges, nbytes, kind=kinds)
+    D = draw(st.integers(1, max_devices))
+    devices = []
+    for i in range(D):
+        by_kind = {"add": draw(st.sampled_from([0.5, 1.0, 4.0]))} if draw(st.booleans()) else {}
+        devices.append(
+            Device(
+                f"d{i}",
+                flops_per_s=draw(st.sampled_from([0.5, 1.0, 2.0])),
+                flops_per_s_by_kind=by_kind,
+                streams=draw(st.integers(1, max_streams)),
+            )
+        )
+    bw = np.array(draw(st.lists(st.sampled_from([1.0, 2.0, 4.0]), min_size=D * D, max_size=D * D))).reshape(D, D)
+    lat = np.array(draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=D * D, max_size=D * D))).reshape(D, D)
+    c = Cluster("rand", devices, bw, lat)
+    a = np.array(draw(st.lists(st.integers(0, D - 1), min_size=n, max_size=n)), dtype=np.int64)
+    return g, c, a
+
+
+OPTIONS = st.sampled_from(
+    [
+        dict(mode="wc"),
+        dict(mode="wc", link_contention=True),
+        dict(mode="bsp"),
+        dict(mode="bsp", link_contention=True),
+    ]
+)
+
+
+# --------------------------------------------------------------------------- trace checks
+def _arrivals(g: DataflowGraph, tr) -> dict[tuple[int, int], float]:
+    return tr.arrival_s(g)
+
+
+def check_trace(g: DataflowGraph, c: Cluster, a: np.ndarray, res, *, mode: str, contention: bool) -> None:
+    """Every §5 rule that can be read off a noise-free trace."""
+    tr = res.trace
+    n, D = g.num_ops, c.num_devices
+    comp = c.compute_time_s(g)
+    dev, ready, start, end = tr.op_device, tr.op_ready, tr.op_start, tr.op_end
+    assert np.array_equal(dev, a)
+    assert res.makespan_s == end.max()
+    # op durations
+    np.testing.assert_allclose(end - start, comp[np.arange(n), a], rtol=1e-12, atol=1e-12)
+    assert np.all(start >= ready)
+    # exactly one transfer per (producer, remote consumer device)
+    want = {(int(u), int(a[w])) for u, w in zip(g.src, g.dst) if a[u] != a[w]}
+    got = list(zip(tr.tr_src_op.tolist(), tr.tr_dst_device.tolist()))
+    assert len(got) == len(set(got)) and set(got) == want
+    tt = c.transfer_time_s(g.output_bytes)
+    for k, (u, b) in enumerate(got):
+        assert tr.tr_src_device[k] == a[u]
+        assert tr.tr_bytes[k] == g.output_bytes[u]
+        assert tr.tr_start[k] >= end[u]
+        if not contention:
+            assert tr.tr_start[k] == end[u]
+        assert tr.tr_end[k] - tr.tr_start[k] == pytest.approx(tt[u, a[u], b], rel=1e-12, abs=1e-12)
+    # dependencies: every input has arrived before the op is ready
+    arr = _arrivals(g, tr)
+    for v in range(n):
+        preds = g.predecessors(v)
+        last = max((arr[(int(u), int(a[v]))] for u in preds), default=0.0)
+        assert ready[v] >= last
+        if mode == "wc":
+            assert ready[v] == last
+    # never more than `streams` ops at once on a device (half-open intervals)
+    for d in range(D):
+        ops = np.flatnonzero((dev == d) & (end > start))
+        ev = sorted([(end[v], 0) for v in ops] + [(start[v], 1) for v in ops])
+        live = 0
+        for _, kind in ev:
+            live += 1 if kind else -1
+            assert live <= c.devices[d].streams
+    # with contention, a link carries one transfer at a time
+    if contention:
+        links: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        for k in range(tr.num_transfers):
+            if tr.tr_end[k] > tr.tr_start[k]:
+                links.setdefault((int(tr.tr_src_device[k]), int(tr.tr_dst_device[k])), []).append((tr.tr_start[k], tr.tr_end[k]))
+        for iv in links.values():
+            iv.sort()
+            for (_, e0), (s1, _) in zip(iv, iv[1:]):
+                assert s1 >= e0
+    if mode == "wc":
+        check_work_conserving(c, tr)
+    else:
+        check_bsp_barriers(g, tr)
+
+
+def check_work_conserving(c: Cluster, tr) -> None:
+    """No device has a free stream while one of its ops is ready; FIFO by ready time."""
+    dev, ready, start, end = tr.op_device, tr.op_ready, tr.op_start, tr.op_end
+    for v in np.flatnonzero(start > ready):
+        d = dev[v]
+        k = c.devices[d].streams
+        same = np.flatnonzero((dev == d) & (end > start))
+        cuts = sorted({ready[v], start[v], *[x for w in same for x in (start[w], end[w]) if ready[v] < x < start[v]]})
+        for lo, hi in zip(cuts, cuts[1:]):
+            mid = 0.5 * (lo + hi)
+            busy = int(np.sum((start[same] <= mid) & (mid < end[same])))
+            assert busy >= k, f"device {d} idle during [{lo}, {hi}) while op {v} was ready"
+    for d in range(c.num_devices):
+        ops = np.flatnonzero(dev == d)
+        for x in ops:
+            later = ops[ready[ops] > ready[x]]
+            assert np.all(start[later] >= start[x]), "FIFO by ready time violated"
+
+
+def check_bsp_barriers(g: DataflowGraph, tr) -> None:
+    """Nothing of level k+1 starts before every op and transfer of level k has finished."""
+    lvl = g.level
+    prev_barrier = 0.0
+    for k in range(g.depth):
+        ops = np.flatnonzero(lvl == k)
+        if k > 0:
+            prev = np.flatnonzero(lvl == k - 1)
+            trs = np.flatnonzero(lvl[tr.tr_src_op] == k - 1)
+            barrier = max(tr.op_end[prev].max(), tr.tr_end[trs].max() if trs.size else -np.inf)
+            assert barrier >= prev_barrier
+            assert np.all(tr.op_ready[ops] == barrier)
+            assert np.all(tr.op_start[ops] >= barrier)
+            prev_barrier = barrier
+        else:
+            assert np.all(tr.op_ready[ops] == 0.0)
+
+
+# --------------------------------------------------------------------------- hand examples
+def test_completions_and_arrivals_before_dispatch() -> None:
+    """At t=2 op 0 finishes on d0 (readying op 4) and op 1's output arrives (readying op 3).
+    Both are ready at 2, so the lower id (3) runs first; dispatching right after op 0's
+    completion would wrongly pick op 4."""
+    g = from_edges([2, 1, 1, 1, 1], [(1, 2), (1, 3), (0, 4)], [0, 1, 0, 0, 0])
+    c = unit(2)
+    r = simulate(g, c, [0, 1, 1, 0, 0], trace=True)
+    t = r.trace
+    np.testing.assert_array_equal(t.op_start, [0, 0, 1, 2, 3])
+    np.testing.assert_array_equal(t.op_ready, [0, 0, 1, 2, 2])
+    np.testing.assert_array_equal(t.op_end, [2, 1, 2, 3, 4])
+    assert r.makespan_s == 4.0
+    assert t.num_transfers == 1 and (t.tr_start[0], t.tr_end[0]) == (1.0, 2.0)
+
+
+def test_fifo_by_ready_time_beats_op_id() -> None:
+    """d0 is busy until 4; op 2 is ready at 3 and op 1 at 3.5, so op 2 runs first."""
+    g = from_edges([4, 1, 1, 3, 0.5], [(3, 2), (4, 1)], [0, 0, 0, 0, 0])
+    c = unit(2)
+    r = simulate(g, c, [0, 0, 0, 1, 1], trace=True)
+    t = r.trace
+    np.testing.assert_array_equal(t.op_ready, [0, 3.5, 3, 0, 0])
+    np.testing.assert_array_equal(t.op_start, [0, 5, 4, 0, 3])
+    assert r.makespan_s == 6.0
+    # ties at time 0 on d1: op 3 before op 4 (op id)
+    assert t.op_start[3] < t.op_start[4]
+
+
+def test_one_transfer_per_destination_device() -> None:
+    g = from_edges([1, 1, 1, 1], [(0, 1), (0, 2), (0, 3)], [5, 0, 0, 0])
+    r = simulate(g, unit(2), [0, 1, 1, 0], trace=True)
+    assert r.trace.num_transfers == 1
+    assert r.makespan_s == 1 + 5 + 1 + 1  # op0, transfer, then ops 1 and 2 back to back on d1
+
+
+def test_link_contention_serialises_fifo_with_producer_tiebreak() -> None:
+    # ops 0 and 1 finish at 1 on d0; both send 2 bytes to d1 -> the link serves op 0 first
+    g = from_edges([1, 1, 1, 1], [(0, 2), (1, 3)], [2, 2, 0, 0])
+    c = homogeneous("u", 2, flops_per_s=1.0, bandwidth_Bps=1.0, streams=2)
+    free = simulate(g, c, [0, 0, 1, 1], trace=True)
+    busy = simulate(g, c, [0, 0, 1, 1], trace=True, link_contention=True)
+    assert free.makespan_s == 1 + 2 + 1
+    np.testing.assert_array_equal(busy.trace.tr_start, [1, 3])
+    np.testing.assert_array_equal(busy.trace.op_start[2:], [3, 5])
+    assert busy.makespan_s == 6.0
+
+
+def test_streams_run_ops_concurrently() -> None:
+    g = from_edges([2, 2, 2, 2], [], [0, 0, 0, 0])
+    assert simulate(g, unit(1), [0, 0, 0, 0]).makespan_s == 8.0
+    c2 = unit(1).with_streams(2)
+    assert simulate(g, c2, [0, 0, 0, 0]).makespan_s == 4.0
+
+
+def test_bsp_barrier_waits_for_transfers_of_the_level() -> None:
+    # level 0: op 0 (d0, 1s) sends 3 bytes to op 3 (level 2, d1); level 1: op 2 on d1 needs op 1
+    g = from_edges([1, 1, 1, 1], [(0, 3), (1, 2), (2, 3)], [3, 0, 0, 0])
+    c = unit(2)
+    wc = simulate(g, c, [0, 1, 1, 1], trace=True)
+    bsp = simulate(g, c, [0, 1, 1, 1], trace=True, mode="bsp")
+    assert wc.trace.op_start[2] == 1.0
+    assert bsp.trace.op_start[2] == 4.0  # level 1 waits for op 0's transfer (1 + 3)
+    assert bsp.makespan_s == 6.0 and wc.makespan_s == 5.0
+
+
+def test_zero_cost_graph() -> None:
+    g = from_edges([0, 0, 0], [(0, 1), (1, 2)], [0, 0, 0])
+    for mode in ("wc", "bsp"):
+        r = simulate(g, unit(2), [0, 1, 0], mode=mode, trace=True)
+        assert r.makespan_s == 0.0
+        assert np.all(r.trace.op_end == 0.0)
+
+
+# --------------------------------------------------------------------------- properties
+@SETTINGS
+@given(cases(), OPTIONS)
+def test_trace_rules_and_lower_bound(case, opts) -> None:
+    g, c, a = case
+    res = simulate(g, c, a, trace=True, **opts)
+    check_trace(g, c, a, res, mode=opts["mode"], contention=opts.get("link_contention", False))
+    assert res.makespan_s >= lower_bound(g, c) * (1 - REL)
+
+
+@SETTINGS
+@given(cases(), OPTIONS, st.sampled_from([0.0, 0.3]))
+def test_numba_and_python_fallback_agree(case, opts, sigma) -> None:
+    g, c, a = case
+    fast = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=5, **opts)
+    slow = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=5, backend="python", **opts)
+    assert fast.makespan_s == slow.makespan_s
+    for field in ("op_ready", "op_start", "op_end", "tr_src_op", "tr_dst_device", "tr_start", "tr_end"):
+        np.testing.assert_array_equal(getattr(fast.trace, field), getattr(slow.trace, field), err_msg=field)
+
+
+@SETTINGS
+@given(cases(max_streams=1), st.sampled_from(["wc", "bsp"]), st.data())
+def test_everything_on_one_device_is_total_compute(case, mode, data) -> None:
+    g, c, _ = case
+    d = data.draw(st.integers(0, c.num_devices - 1))
+    a = np.full(g.num_ops, d)
+    total = float(c.compute_time_s(g)[:, d].sum())
+    assert simulate(g, c, a, mode=mode).makespan_s == pytest.approx(total, rel=REL, abs=1e-12)
+
+
+@SETTINGS
+@given(cases(max_devices=1))
+def test_one_device_per_op_with_free_links_is_critical_path(case) -> None:
+    g, _, _ = case
+    n = g.num_ops
+    g0 = DataflowGraph.from_arrays(g.flops, np.zeros(n), g.src, g.dst, kind=g.kind)  # nothing to send
+    c = homogeneous("many", n, flops_per_s=2.0, bandwidth_Bps=1.0, latency_s=0.0)
+    r = simulate(g0, c, np.arange(n))
+    cp = g0.critical_path_length(compute_s=c.compute_time_s(g0)[:, 0])
+    assert r.makespan_s == pytest.approx(cp, rel=REL, abs=1e-12)
+    assert lower_bound(g0, c) == pytest.approx(cp, rel=REL, abs=1e-12)  # total work / n <= longest op
+
+
+@SETTINGS
+@given(cases(), OPTIONS, st.integers(1, 5), st.data())
+def test_simulate_many_equals_loop(case, opts, batch, data) -> None:
+    g, c, _ = case
+    A = np.array(
+        [data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=g.num_ops, max_size=g.num_ops)) for _ in range(batch)]
+    )
+    sigma = data.draw(st.sampled_from([0.0, 0.2]))
+    many = simulate_many(g, c, A, noise_sigma=sigma, seed=3, **opts)
+    loop = np.array([simulate(g, c, a, noise_sigma=sigma, seed=3, **opts).makespan_s for a in A])
+    np.testing.assert_array_equal(many, loop)
+    np.testing.assert_array_equal(simulate_many(g, c, A, noise_sigma=sigma, seed=3, backend="python", **opts), loop)
+
+
+@SETTINGS
+@given(cases(), OPTIONS, st.data())
+def test_noise_is_seeded(case, opts, data) -> None:
+    g, c, a = case
+    r1 = simulate(g, c, a, noise_sigma=0.5, seed=1, trace=True, **opts)
+    r2 = simulate(g, c, a, noise_sigma=0.5, seed=1, trace=True, **opts)
+    assert r1.makespan_s == r2.makespan_s
+    np.testing.assert_array_equal(r1.trace.op_end, r2.trace.op_end)
+    if c.compute_time_s(g)[np.arange(g.num_ops), a].max() > 0:
+        r3 = simulate(g, c, a, noise_sigma=0.5, seed=2, trace=True, **opts)
+        assert not np.array_equal(r1.trace.op_end, r3.trace.op_end)
+
+
+def test_noise_changes_makespan_and_is_mean_preserving() -> None:
+    g = from_edges([1.0] * 200, [], [0.0] * 200)
+    c = unit(1)
+    a = np.zeros(200, np.int64)
+    base = simulate(g, c, a).makespan_s
+    ms = [simulate(g, c, a, noise_sigma=0.3, seed=s).makespan_s for s in range(20)]
+    assert len(set(ms)) == 20
+    assert np.mean(ms) == pytest.approx(base, rel=0.05)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cases(max_ops=10), OPTIONS, st.sampled_from([0.0, 0.25]))
+def test_simpy_reference_agrees(case, opts, sigma) -> None:
+    pytest.importorskip("simpy")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "simpy_reference.py"
+    spec = importlib.util.spec_from_file_location("simpy_reference", path)
+    mod = sys.modules.get("simpy_reference")
+    if mod is None:
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["simpy_reference"] = mod
+        spec.loader.exec_module(mod)
+    g, c, a = case
+    ours = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=9, **opts)
+    ref = mod.simulate_simpy(g, c, a, noise_sigma=sigma, seed=9, **opts)
+    assert ours.makespan_s == ref.makespan_s
+    np.testing.assert_array_equal(ours.trace.op_start, ref.start_t)
+
+
+@SETTINGS
+@given(cases(), st.sampled_from(["wc", "bsp"]))
+def test_critical_path_is_a_chain_to_the_makespan(case, mode) -> None:
+    g, c, a = case
+    r = simulate(g, c, a, trace=True, mode=mode)
+    t = r.trace
+    path = t.critical_path(g)
+    assert path and t.op_end[path[-1]] == r.makespan_s
+    for u, v in zip(path, path[1:]):
+        is_pred = u in set(g.predecessors(v).tolist())
+        same_dev = t.op_device[u] == t.op_device[v] and t.op_end[u] == t.op_start[v]
+        barrier = mode == "bsp" and g.level[u] == g.level[v] - 1
+        assert is_pred or same_dev or barrier
+    if mode == "wc":
+        assert t.op_start[path[0]] == 0.0
+
+
+# --------------------------------------------------------------------------- lower bounds
+def test_work_bound_uniform_rates_is_total_over_speed() -> None:
+    g = from_edges([3.0, 5.0, 8.0], [], [0, 0, 0])
+    c = Cluster("h", [Device("a", flops_per_s=1.0), Device("b", flops_per_s=3.0, streams=2)], np.ones((2, 2)), np.zeros((2, 2)))
+    assert work_bound(g, c) == pytest.approx(16.0 / 7.0)
+
+
+def test_work_bound_per_kind_is_valid_where_the_naive_one_is_not() -> None:
+    # device a is fast at matmul, device b at add: the optimum is 1 s; the naive
+    # sum(flops / sum of rates for its kind) would claim 200/101 = 1.98 s
+    g = from_edges([100.0, 100.0], [], [0, 0], kind=[OpKind.MATMUL, OpKind.ADD])
+    c = Cluster(
+        "split",
+        [Device("a", flops_per_s=100.0, flops_per_s_by_kind={"add": 1.0}), Device("b", flops_per_s=1.0, flops_per_s_by_kind={"add": 100.0})],
+        np.ones((2, 2)),
+        np.zeros((2, 2)),
+    )
+    best = simulate(g, c, [0, 1]).makespan_s
+    assert best == pytest.approx(1.0)
+    lb = lower_bound(g, c)
+    assert lb <= best * (1 + REL)
+    assert lb == pytest.approx(1.0, rel=1e-6)
+
+
+def test_lower_bound_is_max_of_critical_path_and_work() -> None:
+    chain = from_edges([1.0] * 5, [(i, i + 1) for i in range(4)], [0] * 5)
+    assert lower_bound(chain, unit(4)) == 5.0  # the chain
+    wide = from_edges([1.0] * 8, [], [0] * 8)
+    assert lower_bound(wide, unit(4)) == 2.0  # the work
+
+
+# --------------------------------------------------------------------------- API and errors
+def test_accepts_assignment_objects_lists_and_arrays() -> None:
+    g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
+    c = unit(2)
+    r1 = simulate(g, c, [0, 1, 0]).makespan_s
+    assert simulate(g, c, Assignment(np.array([0, 1, 0]))).makespan_s == r1
+    assert simulate(g, c, np.array([0, 1, 0], dtype=np.int32)).makespan_s == r1
+    assert simulate(g, c, np.array([0.0, 1.0, 0.0])).makespan_s == r1
+    assert context(g, c).makespan(np.array([0, 1, 0])) == r1
+    assert SimContext(g, c).simulate([0, 1, 0]).makespan_s == r1
+
+
+def test_context_is_cached_per_graph_and_cluster() -> None:
+    g = from_edges([1, 2], [(0, 1)], [1, 1])
+    c1, c2 = unit(2), unit(2)
+    assert context(g, c1) is context(g, c1)
+    assert context(g, c1) is not context(g, c2)
+    assert context(g, c1.scaled_links(2.0)).bw[0, 1] == 0.5
+
+
+@pytest.mark.parametrize("backend", ["auto", "python"])
+def test_assignment_errors(backend: str) -> None:
+    g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1], names=["a", "b", "c"])
+    c = unit(2)
+    with pytest.raises(AssignmentError, match="2 entries but graph"):
+        simulate(g, c, [0, 1], backend=backend)
+    with pytest.raises(AssignmentError, match=r"op 2 \('c'\) is assigned to device 5.*devices 0..1"):
+        simulate(g, c, [0, 1, 5], backend=backend)
+    with pytest.raises(AssignmentError, match="device -1"):
+        simulate(g, c, np.array([0, -1, 0], dtype=np.int64), backend=backend)
+    with pytest.raises(AssignmentError, match="non-integer"):
+        simulate(g, c, [0, 0.5, 1], backend=backend)
+
+
+def test_option_errors() -> None:
+    g = from_edges([1, 2], [(0, 1)], [1, 1])
+    c = unit(2)
+    for bad in (float("nan"), -0.1, float("inf"), "x"):
+        with pytest.raises(SimulationError, match="noise_sigma"):
+            simulate(g, c, [0, 1], noise_sigma=bad)
+    with pytest.raises(SimulationError, match="mode"):
+        simulate(g, c, [0, 1], mode="async")
+    with pytest.raises(SimulationError, match="seed"):
+        simulate(g, c, [0, 1], seed=-1)
+    with pytest.raises(SimulationError, match="backend"):
+        simulate(g, c, [0, 1], backend="gpu")
+    with pytest.raises(SimulationError, match="noise_sigma"):
+        simulate_many(g, c, [[0, 1]], noise_sigma=float("nan"))
+    assert issubclass(SimulationError, ValueError)
+
+
+def test_simulate_many_errors() -> None:
+    g = from_edges([1, 2], [(0, 1)], [1, 1])
+    c = unit(2)
+    with pytest.raises(AssignmentError, match="2-D"):
+        simulate_many(g, c, [0, 1])
+    with pytest.raises(AssignmentError, match="3 entries"):
+        simulate_many(g, c, [[0, 1, 0]])
+    with pytest.raises(AssignmentError, match="assignment 1: op 1 is assigned to device 2"):
+        simulate_many(g, c, [[0, 1], [0, 2]])
+    assert simulate_many(g, c, np.zeros((0, 2), np.int64)).shape == (0,)
+
+
+def test_trace_json_round_trip(tmp_path: Path) -> None:
+    import json
+
+    g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
+    c = unit(2)
+    r = simulate(g, c, [0, 1, 0], trace=True)
+    p = tmp_path / "t.json"
+    r.trace.save(p)
+    obj = json.loads(p.read_text())
+    assert obj["makespan_s"] == r.makespan_s
+    assert obj["ops"]["start_s"] == r.trace.op_start.tolist()
+    assert obj["transfers"]["dst_device"] == [1]
+    np.testing.assert_allclose(r.trace.utilisation(c), [1.0, 0.5])
+
+
+def test_large_graph_runs() -> None:
+    rng = np.random.default_rng(0)
+    n = 5000
+    dst = np.arange(1, n)
+    src = (rng.random(n - 1) * dst).astype(np.int64)
+    g = DataflowGraph.from_arrays(rng.uniform(1, 2, n), rng.uniform(0, 1, n), src, dst)
+    c = homogeneous("x", 16, flops_per_s=1.0, bandwidth_Bps=2.0, latency_s=0.1)
+    a = rng.integers(0, 16, n)
+    r = simulate(g, c, a, trace=True, link_contention=True)
+    assert r.makespan_s >= lower_bound(g, c)
+    assert r.makespan_s == simulate(g, c, a, link_contention=True, backend="python").makespan_s
