@@ -1,16 +1,15 @@
 """Simulator speed and exactness: SimPy reference vs ``doppler.simulate``, in one run.
 
-    python benchmarks/simulator_speed.py [--quick] [--no-large-simpy] [--skip-wc-bsp]
+    python benchmarks/simulator_speed.py [--quick] [--no-large-simpy]
 
-1. ``llama_layer`` (about 240 ops; a random 230-op layered DAG if
-   ``doppler.workloads`` is missing) on ``p100x4``: median time of one
+1. ``llama_layer`` (240 ops) on ``p100x4``: median time of one
    simulation in SimPy, of one ``simulate()`` call (validation included), of the
    ``SimContext.makespan`` fast path, and the throughput of ``simulate_many``
    (one core). Then 100 random assignments: SimPy and ours must give identical
    makespans in WC, WC + link contention, BSP, and WC with noise.
 2. A 100k-op layered random graph on 64 devices: one ``simulate()`` call, cold
    (context build + kernel load) and warm, against one SimPy run.
-3. The WC vs BSP gap of the four paper workloads on ``p100x4`` (``wc_vs_bsp``).
+(The WC vs BSP gap is in ``benchmarks/wc_vs_bsp.py``.)
 
 Targets (2-core laptop-class machine): single call <= 50 us, batched >= 20,000
 simulations/s, 100k ops on 64 devices <= 1 s.
@@ -31,56 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from simpy_reference import simulate_simpy  # noqa: E402
 
-from doppler import hardware  # noqa: E402
+from doppler import hardware, workloads  # noqa: E402
+from doppler.baselines import assign  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
 from doppler.simulate import SimContext, context, simulate, simulate_many  # noqa: E402
 
 
 # --------------------------------------------------------------------------- graphs
-def random_layered_dag(num_ops: int, width: int, seed: int = 0, max_fan_in: int = 3) -> DataflowGraph:
-    """Fallback generator: ``width`` ops per layer, each op reads 1..max_fan_in ops of the previous 2 layers."""
-    rng = np.random.default_rng(seed)
-    ids = np.arange(num_ops)
-    layer = ids // width
-    srcs, dsts = [], []
-    for _ in range(max_fan_in):
-        v = ids[layer > 0]
-        lo = np.maximum(0, (layer[v] - 2) * width)
-        hi = layer[v] * width
-        u = lo + (rng.random(v.size) * (hi - lo)).astype(np.int64)
-        keep = rng.random(v.size) < 0.7
-        keep[::max_fan_in] = True
-        srcs.append(u[keep])
-        dsts.append(v[keep])
-    src, dst = np.concatenate(srcs), np.concatenate(dsts)
-    key = np.unique(src * num_ops + dst)
-    flops = rng.lognormal(np.log(1e10), 1.0, num_ops)
-    nbytes = rng.lognormal(np.log(16e6), 1.0, num_ops)
-    kind = rng.choice([1, 2, 3], num_ops)
-    return DataflowGraph.from_arrays(flops, nbytes, key // num_ops, key % num_ops, kind=kind, name=f"random{num_ops}")
-
-
-def build_workload(name: str, **kw) -> DataflowGraph | None:
-    try:
-        from doppler import workloads
-    except ImportError:
-        return None
-    try:
-        return workloads.build(name, **kw)
-    except Exception as e:  # noqa: BLE001 - the benchmark falls back to a random graph
-        print(f"  (workloads.build({name!r}) failed: {e}; using a random graph)")
-        return None
-
-
 def round_robin_by_block(graph: DataflowGraph, num_devices: int) -> np.ndarray:
-    """device = flattened block index (inside the op's logical group) mod D; op id mod D for ungrouped ops."""
-    dev = np.arange(graph.num_ops) % num_devices
-    for i in np.flatnonzero(graph.group >= 0):
-        grid = graph.groups[int(graph.group[i])].grid
-        idx = tuple(int(x) for x in graph.block[i, : len(grid)])
-        if len(grid) and all(0 <= x < g for x, g in zip(idx, grid)):
-            dev[i] = int(np.ravel_multi_index(idx, grid)) % num_devices
-    return dev
+    """The ``round_robin_block`` baseline: tiles spread over devices by block index."""
+    return assign(graph, hardware.cluster(f"unit:{num_devices}"), "round_robin_block").devices
 
 
 # --------------------------------------------------------------------------- timing
@@ -110,7 +69,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 # --------------------------------------------------------------------------- sections
 def bench_small(quick: bool) -> list[list[str]]:
-    g = build_workload("llama_layer") or random_layered_dag(230, 8, seed=1)
+    g = workloads.build("llama_layer")
     c = hardware.cluster("p100x4")
     D = c.num_devices
     rng = np.random.default_rng(0)
@@ -173,7 +132,7 @@ def bench_small(quick: bool) -> list[list[str]]:
 
 def bench_large(quick: bool, large_simpy: bool) -> None:
     n, D = 100_000, 64
-    g = build_workload("random", num_ops=n, width=256, seed=0) or random_layered_dag(n, 256, seed=0)
+    g = workloads.build("random", num_ops=n, width=256, seed=0)
     c = hardware.homogeneous("h100:64", D, flops_per_s=46.9e12, bandwidth_Bps=360e9, latency_s=5e-6)
     a = np.random.default_rng(1).integers(0, D, n)
     print(f"\n## {g.name}: {g.num_ops} ops, {g.num_edges} edges on {D} devices")
@@ -203,35 +162,14 @@ def bench_large(quick: bool, large_simpy: bool) -> None:
           f" makespan {r_cold.makespan_s:.4g} s, {r_tr.trace.num_transfers} transfers")
 
 
-def wc_vs_bsp(cluster_name: str = "p100x4") -> str:
-    """WC and BSP makespans of the four paper workloads under round-robin-by-block; a markdown table."""
-    c = hardware.cluster(cluster_name)
-    rows = []
-    for name in ("chainmm", "ffnn", "llama_block", "llama_layer"):
-        g = build_workload(name)
-        if g is None:
-            rows.append([name, "-", "-", "-", "-"])
-            continue
-        a = round_robin_by_block(g, c.num_devices)
-        wc = simulate(g, c, a, mode="wc").makespan_s
-        bsp = simulate(g, c, a, mode="bsp").makespan_s
-        rows.append([name, str(g.num_ops), f"{wc * 1e3:.2f}", f"{bsp * 1e3:.2f}", f"{100 * (bsp - wc) / wc:+.1f}%"])
-    out = table(rows, ["graph", "ops", "WC (ms)", "BSP (ms)", "BSP vs WC"])
-    return f"WC vs BSP on {c.name}, round-robin-by-block assignment:\n\n{out}"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--no-large-simpy", action="store_true", help="skip the (slow) SimPy run on the 100k graph")
-    ap.add_argument("--skip-wc-bsp", action="store_true")
     args = ap.parse_args(argv)
     print(f"python {sys.version.split()[0]}, numpy {np.__version__}, {os.cpu_count()} CPUs; one core used")
     bench_small(args.quick)
     bench_large(args.quick, not args.no_large_simpy)
-    if not args.skip_wc_bsp:
-        print()
-        print(wc_vs_bsp())
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from doppler.graph import DataflowGraph, OpKind
 from doppler.hardware import Cluster, Device, homogeneous
 from doppler.simulate import lower_bound, simulate, simulate_many
 
-BUILTIN = ["single", "round_robin", "random", "critical_path", "heft", "metis", "enumerative", "anneal"]
+BUILTIN = ["single", "round_robin", "random", "round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal"]
 FAST_KW = {"anneal": {"max_evals": 64, "batch_size": 16}}
 
 
@@ -136,3 +136,17 @@ def test_batch_simulation_agrees_with_the_estimates():
     c = cluster("p100x4")
     a = assign(g, c, "anneal", max_evals=96)
     assert simulate_many(g, c, a.devices[None, :])[0] == pytest.approx(a.estimated_makespan_s)
+
+
+def test_round_robin_block_spreads_each_logical_op_by_block_index():
+    from doppler import hardware, workloads
+
+    g = workloads.build("chainmm", size="tiny")
+    a = assign(g, hardware.cluster("unit:4"), "round_robin_block").devices
+    for gid, group in enumerate(g.groups):
+        ops = np.flatnonzero(g.group == gid)
+        flat = np.ravel_multi_index(tuple(g.block[ops, : len(group.grid)].T), group.grid)
+        assert np.array_equal(a[ops], flat % 4)
+    # the 4x2 output grids of chainmm put two tiles on each device
+    out = g.groups[int(g.group[np.flatnonzero(g.out_degree() == 0)[0]])]
+    assert np.bincount(a[g.group == g.groups.index(out)], minlength=4).tolist() == [2, 2, 2, 2]

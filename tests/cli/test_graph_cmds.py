@@ -85,9 +85,20 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, monkeypatch, args, patt
     assert "Traceback" not in res.output and len(message.splitlines()) == 1
 
 
-def test_demo_json() -> None:
-    res = run("demo", "--json")
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    res = run("demo", "--json", "--budget-s", "0.2", "--out", str(tmp_path))
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
-    names = [w["name"] for w in obj["workloads"]]
-    assert names == ["chainmm", "ffnn", "llama_block", "llama_layer"]
+    assert [w["name"] for w in obj["workloads"]] == ["chainmm", "ffnn", "llama_block", "llama_layer"]
+    for w in obj["workloads"]:
+        assert set(w["makespan_s"]) == {"round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal"}
+        assert min(w["makespan_s"].values()) >= w["lower_bound_s"] * (1 - 1e-9)
+        # anneal starts from the best of critical_path/heft/enumerative and never gets worse
+        assert w["makespan_s"]["anneal"] <= min(w["makespan_s"][m] for m in ("critical_path", "heft", "enumerative"))
+        assert Path(w["gantt_png"]).read_bytes()[:4] == b"\x89PNG"
+        assert Path(w["graph_png"]).exists()
+
+
+def test_demo_rejects_bad_budget() -> None:
+    res = run("demo", "--budget-s", "0")
+    assert res.exit_code == 2 and "--budget-s" in res.stderr

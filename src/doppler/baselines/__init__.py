@@ -6,7 +6,7 @@ registered under a name with :func:`register`. Use :func:`assign` to run one by
 name: it validates the request, times the call (``assign_time_s``), checks the
 result and stamps ``method`` and ``graph_fingerprint``.
 
-Built in (DESIGN.md §4): ``single``, ``round_robin``, ``random``,
+Built in (DESIGN.md §4): ``single``, ``round_robin``, ``round_robin_block``, ``random``,
 ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``anneal``. The learned
 methods (``doppler``, ``placeto``, ``gdp``, ablations) register themselves the
 same way from their own modules; list those modules in :data:`PLUGIN_MODULES`
@@ -151,6 +151,58 @@ def assign(
     return out
 
 
+
+def compare(
+    graph: DataflowGraph,
+    cluster: Any,
+    methods: list[str],
+    *,
+    seed: int = 0,
+    budget_s: float | None = None,
+    on_method: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run each method and score its assignment in the WC simulator.
+
+    One row per method: ``method``, ``makespan_s``, ``lower_bound_s``,
+    ``ratio_to_lower_bound``, ``ratio_to_critical_path`` (critical_path is run as
+    the reference if not in ``methods``), ``assign_time_s``,
+    ``estimated_makespan_s`` and the ``assignment`` itself. ``on_method(name)`` is
+    called before each method runs (for progress display).
+    """
+    from doppler.simulate import lower_bound, simulate
+
+    if not methods:
+        raise MethodError("no methods to compare: give at least one method name")
+    duplicated = sorted({m for m in methods if methods.count(m) > 1})
+    if duplicated:
+        raise MethodError(f"method(s) named more than once: {', '.join(duplicated)}")
+    for m in methods:
+        get_method(m)
+    check_budget(budget_s)
+    lb = float(lower_bound(graph, cluster))
+    rows: list[dict[str, Any]] = []
+    for m in methods:
+        if on_method is not None:
+            on_method(m)
+        a = assign(graph, cluster, m, seed=seed, budget_s=budget_s)
+        rows.append({
+            "method": m,
+            "makespan_s": float(simulate(graph, cluster, a).makespan_s),
+            "lower_bound_s": lb,
+            "assign_time_s": a.assign_time_s,
+            "estimated_makespan_s": a.estimated_makespan_s,
+            "assignment": a,
+        })
+    ref = next((r["makespan_s"] for r in rows if r["method"] == "critical_path"), None)
+    if ref is None:
+        if on_method is not None:
+            on_method("critical_path")
+        ref = float(simulate(graph, cluster, assign(graph, cluster, "critical_path")).makespan_s)
+    for r in rows:
+        r["ratio_to_lower_bound"] = r["makespan_s"] / lb if lb > 0 else None
+        r["ratio_to_critical_path"] = r["makespan_s"] / ref if ref > 0 else None
+    return rows
+
 for _m in _BUILTIN_MODULES:
     importlib.import_module(f"doppler.baselines.{_m}")
 del _m
@@ -167,6 +219,7 @@ __all__ = [
     "MethodSpec",
     "assign",
     "check_budget",
+    "compare",
     "critical_path_trace",
     "get_method",
     "heft_schedule",

@@ -2,8 +2,8 @@
 
 The obvious answer to "why RL?": search assignments directly in the simulator.
 
-* Start: the better (by simulated makespan) of ``critical_path`` and ``heft``
-  (ties: ``critical_path``), or an explicit ``start`` assignment.
+* Start: the best (by simulated makespan) of ``critical_path``, ``heft`` and
+  ``enumerative`` (ties: in that order), or an explicit ``start`` assignment.
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
   and scores them in one :func:`doppler.simulate.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
@@ -170,11 +170,13 @@ def anneal_search(
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
         from doppler.baselines.critical_path import critical_path_schedule
+        from doppler.baselines.enumerative import enumerative_assign
         from doppler.baselines.heft import heft_schedule
 
         cands = {
             "critical_path": critical_path_schedule(graph, cluster)["assignment"],
             "heft": heft_schedule(graph, cluster).assignment,
+            "enumerative": enumerative_assign(graph, cluster)[0],
         }
     names = list(cands)
     ms = _simulate_many(graph, cluster, np.stack([cands[k] for k in names]))
@@ -239,7 +241,7 @@ def anneal_search(
 
 @register(
     "anneal",
-    description="simulated annealing in the WC simulator from the best of critical_path/heft",
+    description="simulated annealing in the WC simulator from the best of critical_path/heft/enumerative",
     uses_budget=True,
     deterministic=False,
 )

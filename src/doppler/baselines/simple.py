@@ -26,3 +26,22 @@ def random_assignment(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s:
     """Each op on a uniformly random device, from ``numpy.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     return Assignment(devices=rng.integers(0, cluster.num_devices, size=graph.num_ops, dtype=np.int64))
+
+
+@register("round_robin_block", description="tiles of each logical op spread over devices by block index")
+def round_robin_block(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+    """Tile ops on device ``flattened block index mod D`` inside their logical op (the
+    placement a sharded-tensor engine uses by default); ops without tile structure
+    fall back to ``op id mod D``."""
+    nd = cluster.num_devices
+    devices = np.arange(graph.num_ops, dtype=np.int64) % nd
+    tiled = np.flatnonzero(graph.group >= 0)
+    for gid in np.unique(graph.group[tiled]):
+        ops = tiled[graph.group[tiled] == gid]
+        grid = graph.groups[int(gid)].grid
+        idx = graph.block[ops, : len(grid)]
+        inside = np.all((idx >= 0) & (idx < np.asarray(grid)), axis=1)
+        if len(grid) and inside.any():
+            flat = np.ravel_multi_index(tuple(idx[inside].T), grid)
+            devices[ops[inside]] = flat % nd
+    return Assignment(devices=devices)

@@ -11,7 +11,6 @@ from typing import Any, Optional
 import numpy as np
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
 
@@ -64,6 +63,7 @@ def assign_cmd(
         graph, cl = _load(graph_path, cluster_name)
         a = assign(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
         a.save(output)
+        from doppler.report import format_seconds
         from doppler.simulate import lower_bound, simulate
 
         makespan = float(simulate(graph, cl, a).makespan_s)
@@ -90,16 +90,10 @@ def assign_cmd(
             console.print(
                 f"[bold]{method}[/]: {graph.num_ops} ops on {cl.num_devices} devices of {cl.name} "
                 f"(ops per device {counts}) in {a.assign_time_s:.3f} s -> {output}\n"
-                f"simulated makespan {makespan * 1e3:.3f} ms, {makespan / lb:.3f}x the lower bound "
-                f"({lb * 1e3:.3f} ms)",
+                f"simulated makespan {format_seconds(makespan)}, {makespan / lb:.3f}x the lower bound "
+                f"({format_seconds(lb)})",
                 highlight=False,
             )
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b <= 0:
-        return None
-    return a / b
 
 
 @app.command("compare")
@@ -119,53 +113,29 @@ def compare_cmd(
 ) -> None:
     """Run several methods on one graph and compare their simulated makespans."""
     with handle_errors():
-        from doppler.baselines import assign, get_method
+        from doppler.baselines import compare, get_method
 
         names = [m.strip() for m in methods.split(",") if m.strip()]
-        if not names:
-            raise UserError("--methods is empty: give at least one method name")
-        if len(set(names)) != len(names):
-            dup = next(m for m in names if names.count(m) > 1)
-            raise UserError(f"--methods names {dup!r} twice")
         for m in names:
             get_method(m)
         _check_budget(budget_s)
         graph, cl = _load(graph_path, cluster_name)
-        from doppler.simulate import lower_bound, simulate
-
-        lb = float(lower_bound(graph, cl))
-        rows: list[dict[str, Any]] = []
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
             console=err_console,
             transient=True,
         ) as progress:
             task = progress.add_task("methods", total=len(names))
-            for m in names:
-                progress.update(task, description=f"running [bold]{m}[/]")
-                a = assign(graph, cl, m, seed=seed, budget_s=budget_s)
-                ms = float(simulate(graph, cl, a).makespan_s)
-                rows.append(
-                    {
-                        "method": m,
-                        "makespan_s": ms,
-                        "lower_bound_s": lb,
-                        "assign_time_s": a.assign_time_s,
-                        "estimated_makespan_s": a.estimated_makespan_s,
-                    }
-                )
-                progress.advance(task)
-            ref = next((r["makespan_s"] for r in rows if r["method"] == "critical_path"), None)
-            if ref is None:
-                progress.update(task, description="running [bold]critical_path[/] (reference)")
-                ref = float(simulate(graph, cl, assign(graph, cl, "critical_path")).makespan_s)
-        for r in rows:
-            r["ratio_to_lower_bound"] = _ratio(r["makespan_s"], lb)
-            r["ratio_to_critical_path"] = _ratio(r["makespan_s"], ref)
+            started: list[str] = []
+
+            def on_method(m: str) -> None:
+                progress.update(task, description=f"running [bold]{m}[/]", completed=min(len(started), len(names)))
+                started.append(m)
+
+            rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_method=on_method)
         keys = [
             "method",
             "makespan_s",
@@ -187,24 +157,10 @@ def compare_cmd(
         if json_out:
             emit_json([{k: r[k] for k in keys} for r in rows])
             return
-        table = Table(title=f"{graph.name} ({graph.num_ops} ops) on {cl.name} ({cl.num_devices} devices)")
-        table.add_column("method")
-        table.add_column("makespan (ms)", justify="right")
-        table.add_column("/ lower bound", justify="right")
-        table.add_column("/ critical_path", justify="right")
-        table.add_column("assign time (s)", justify="right")
-        best = min(r["makespan_s"] for r in rows)
-        for r in rows:
-            style = "bold green" if r["makespan_s"] == best else None
-            table.add_row(
-                r["method"],
-                f"{r['makespan_s'] * 1e3:.3f}",
-                f"{r['ratio_to_lower_bound']:.3f}",
-                f"{r['ratio_to_critical_path']:.3f}",
-                f"{r['assign_time_s']:.3f}",
-                style=style,
-            )
-        console.print(table)
-        console.print(f"lower bound {lb * 1e3:.3f} ms", highlight=False)
+        from doppler.report import comparison_table, format_seconds
+
+        title = f"{graph.name} ({graph.num_ops} ops) on {cl.name} ({cl.num_devices} devices)"
+        console.print(comparison_table(rows, title))
+        console.print(f"lower bound {format_seconds(rows[0]['lower_bound_s'])}", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}", highlight=False)

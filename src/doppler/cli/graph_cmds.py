@@ -121,7 +121,7 @@ def draw_cmd(
 ) -> None:
     """Draw a graph as a layered picture, ops coloured by kind."""
     with handle_errors():
-        from doppler.drawing import draw_graph
+        from doppler.report import draw_graph
 
         graph = load_graph(graph_path)
         if graph.num_ops > max_ops:
@@ -130,30 +130,76 @@ def draw_cmd(
         err_console.print(f"wrote {output}")
 
 
-@app.command("demo")
-def demo_cmd(json_out: bool = JSON_OPT) -> None:
-    """Build the four paper workloads and print their statistics."""
-    with handle_errors():
-        from doppler import hardware, workloads
-        from doppler.simulate import lower_bound
+DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal")
 
-        cl = hardware.cluster("p100x4")
-        rows = []
-        for name in ("chainmm", "ffnn", "llama_block", "llama_layer"):
-            t0 = time.perf_counter()
-            graph = workloads.build(name)
-            stats = graph.summary()
-            stats["build_s"] = time.perf_counter() - t0
-            stats["lower_bound_s"] = lower_bound(graph, cl)
-            rows.append(stats)
+
+@app.command("demo")
+def demo_cmd(
+    budget_s: float = typer.Option(5.0, "--budget-s", help="Search budget of anneal per workload (s)."),
+    out_dir: Path = typer.Option(Path("out/demo"), "--out", help="Where to write graph pictures and Gantt charts."),
+    cluster_name: str = typer.Option("p100x4", "--cluster", help="Cluster preset or JSON file."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """End to end on the four paper workloads: build each graph, place it with every
+    baseline, simulate the work-conserving engine, and draw the best schedule."""
+    with handle_errors():
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from doppler import workloads
+        from doppler.baselines import compare
+        from doppler.hardware import cluster
+        from doppler.report import draw_graph, gantt, time_unit
+        from doppler.simulate import simulate
+
+        if not budget_s > 0:
+            raise UserError(f"--budget-s must be > 0, got {budget_s}")
+        cl = cluster(cluster_name)
+        names = ("chainmm", "ffnn", "llama_block", "llama_layer")
+        results = []
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True) as progress:
+            task = progress.add_task("demo", total=len(names) * len(DEMO_METHODS))
+            for name in names:
+                progress.update(task, description=f"{name}: building the tile graph")
+                graph = workloads.build(name)
+
+                def on_method(m: str, name: str = name) -> None:
+                    progress.update(task, description=f"{name}: [bold]{m}[/]")
+                    progress.advance(task, 0 if m == DEMO_METHODS[0] else 1)
+
+                rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s, on_method=on_method)
+                progress.advance(task)
+                best = min(rows, key=lambda r: r["makespan_s"])
+                picture = out_dir / f"{name}_graph.png"
+                chart = out_dir / f"{name}_gantt_{best['method']}.png"
+                draw_graph(graph, picture)
+                trace = simulate(graph, cl, best["assignment"], trace=True)
+                gantt(graph, cl, trace, chart, title=f"{name} on {cl.name}, {best['method']} assignment",
+                      lower_bound_s=best["lower_bound_s"])
+                results.append({"name": name, "num_ops": graph.num_ops, "num_edges": graph.num_edges,
+                                "total_flops": float(graph.flops.sum()), "lower_bound_s": best["lower_bound_s"],
+                                "makespan_s": {r["method"]: r["makespan_s"] for r in rows},
+                                "best_method": best["method"], "graph_png": str(picture), "gantt_png": str(chart)})
         if json_out:
-            emit_json({"cluster": cl.name, "workloads": rows})
+            emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results})
             return
-        table = Table(title=f"The four paper workloads (paper sizes), lower bound on {cl.name}")
-        for col in ("workload", "ops", "edges", "depth", "GFLOP", "crit. path GFLOP", "lower bound (ms)"):
-            table.add_column(col, justify="right" if col != "workload" else "left")
-        for r in rows:
-            table.add_row(r["name"], str(r["num_ops"]), str(r["num_edges"]), str(r["depth"]),
-                          f"{r['total_flops'] / 1e9:.1f}", f"{r['critical_path_flops'] / 1e9:.1f}",
-                          f"{r['lower_bound_s'] * 1e3:.2f}")
+        scale, unit = time_unit(min(r["lower_bound_s"] for r in results))
+        table = Table(title=f"Simulated makespan ({unit}) on {cl.name}, work-conserving engine", caption="best per workload in green")
+        table.add_column("method")
+        for r in results:
+            table.add_column(f"{r['name']}\n{r['num_ops']} ops", justify="right")
+        table.add_row("lower bound", *(f"{r['lower_bound_s'] * scale:.2f}" for r in results), style="dim", end_section=True)
+        for m in DEMO_METHODS:
+            cells = []
+            for r in results:
+                v, best = r["makespan_s"][m], min(r["makespan_s"].values())
+                cells.append(f"[bold green]{v * scale:.2f}[/]" if v == best else f"{v * scale:.2f}")
+            table.add_row(m, *cells)
+        table.add_row("best / critical_path",
+                      *(f"{min(r['makespan_s'].values()) / r['makespan_s']['critical_path']:.3f}" for r in results),
+                      style="bold", end_section=True)
         console.print(table)
+        console.print(f"anneal: {budget_s:g} s of simulated annealing per workload. "
+                      f"Graph pictures and Gantt charts of the best schedules are in {out_dir}/.", highlight=False)
+        console.print("next: doppler graph build llama_layer -o g.json && "
+                      "doppler compare g.json --cluster p100x4 --methods critical_path,heft,anneal", highlight=False)
