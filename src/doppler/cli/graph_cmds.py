@@ -140,8 +140,7 @@ def demo_cmd(
     cluster_name: str = typer.Option("p100x4", "--cluster", help="Cluster preset or JSON file."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """End to end on the four paper workloads: build each graph, place it with every
-    baseline, simulate the work-conserving engine, and draw the best schedule."""
+    """End to end: place the four paper workloads with every baseline, simulate, draw the best schedules."""
     with handle_errors():
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
