@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -139,6 +140,12 @@ class _Moves:
                 a[ops] = d
 
 
+@register(
+    "anneal",
+    description="simulated annealing in the WC simulator from the best of critical_path/heft/enumerative",
+    uses_budget=True,
+    deterministic=False,
+)
 def anneal_search(
     graph: DataflowGraph,
     cluster,
@@ -151,8 +158,12 @@ def anneal_search(
     t_start: float = 0.02,
     t_end: float = 1e-4,
     start: np.ndarray | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Assignment:
-    """Simulated annealing (see the module docstring). Returns the best assignment found."""
+    """Simulated annealing (see the module docstring). Returns the best assignment found.
+
+    ``on_progress(status)`` is called about four times a second with the elapsed time,
+    the evaluation count and the best makespan so far."""
     t0 = time.perf_counter()
     if max_evals is not None and int(max_evals) < 0:
         raise MethodError(f"max_evals must be >= 0, got {max_evals}")
@@ -194,6 +205,7 @@ def anneal_search(
     cycle_evals = max(1, int(cycle_evals))
     moves = _Moves(graph, nd, rng)
     accepted = improved = restarts = 0
+    next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     cyc = 0  # evaluations into the current cycle
     log_ratio = math.log(t_end / t_start)
     while nd > 1 and n > 0:
@@ -223,6 +235,10 @@ def anneal_search(
             cyc = 0
             restarts += 1
             cur, cur_ms = best.copy(), best_ms
+        if on_progress is not None and time.perf_counter() >= next_report:
+            next_report = time.perf_counter() + 0.25
+            on_progress({"elapsed_s": time.perf_counter() - t0, "budget_s": budget_s, "evals": evals,
+                         "max_evals": max_evals, "best_makespan_s": best_ms, "start_makespan_s": start_ms})
     return Assignment(
         devices=best,
         estimated_makespan_s=best_ms,
@@ -236,34 +252,4 @@ def anneal_search(
             "cycle_evals": cycle_evals,
             "search_time_s": time.perf_counter() - t0,
         },
-    )
-
-
-@register(
-    "anneal",
-    description="simulated annealing in the WC simulator from the best of critical_path/heft/enumerative",
-    uses_budget=True,
-    deterministic=False,
-)
-def anneal(
-    graph: DataflowGraph,
-    cluster,
-    *,
-    seed: int = 0,
-    budget_s: float | None = None,
-    max_evals: int | None = None,
-    batch_size: int = 32,
-    cycle_evals: int | None = None,
-    start: np.ndarray | None = None,
-) -> Assignment:
-    """Simulated annealing over assignments (``budget_s`` default 10 s; ``max_evals`` for reproducible runs)."""
-    return anneal_search(
-        graph,
-        cluster,
-        seed=seed,
-        budget_s=budget_s,
-        max_evals=max_evals,
-        batch_size=batch_size,
-        cycle_evals=cycle_evals,
-        start=start,
     )

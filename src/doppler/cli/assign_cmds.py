@@ -41,6 +41,32 @@ def _check_budget(budget_s: Optional[float]) -> None:
     check_budget(budget_s)
 
 
+def _assign_with_progress(graph, cl, method: str, **kw: Any):
+    """Run a search method with a live bar on stderr: time used of the budget, best makespan so far."""
+    from doppler.baselines import assign
+    from doppler.report import format_seconds
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"[bold]{method}[/]", total=None, status="starting")
+
+        def on_progress(st: dict[str, Any]) -> None:
+            total, done = st.get("budget_s"), st["elapsed_s"]
+            if total is None and st.get("max_evals"):
+                total, done = st["max_evals"], st["evals"]
+            progress.update(task, total=total, completed=done,
+                            status=f"best {format_seconds(st['best_makespan_s'])} after {st['evals']:,} simulations")
+
+        return assign(graph, cl, method, on_progress=on_progress, **kw)
+
+
 @app.command("assign")
 def assign_cmd(
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
@@ -57,11 +83,14 @@ def assign_cmd(
     with handle_errors():
         from doppler.baselines import assign, get_method
 
-        get_method(method)
+        spec = get_method(method)
         _check_budget(budget_s)
         kw = _method_kwargs(checkpoint, samples)
         graph, cl = _load(graph_path, cluster_name)
-        a = assign(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
+        if spec.uses_budget:
+            a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
+        else:
+            a = assign(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
         a.save(output)
         from doppler.report import format_seconds
         from doppler.simulate import lower_bound, simulate
