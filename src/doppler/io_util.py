@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+
+def _new_file_mode(path: Path) -> int:
+    """The mode a plain ``open(path, "w")`` would give: the old file's, else 0o666 minus the umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -17,6 +28,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _new_file_mode(p))  # mkstemp creates 0600 files
         os.replace(tmp, p)
     except BaseException:
         try:

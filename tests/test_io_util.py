@@ -1,0 +1,43 @@
+"""Atomic writes: all-or-nothing, and the same permissions a plain write would give."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from doppler.io_util import atomic_write_bytes, atomic_write_text
+
+
+def test_new_file_gets_umask_permissions(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+
+
+def test_existing_file_keeps_its_mode(tmp_path: Path) -> None:
+    p = tmp_path / "a.txt"
+    p.write_text("old")
+    p.chmod(0o640)
+    atomic_write_text(p, "new")
+    assert p.read_text() == "new" and stat.S_IMODE(p.stat().st_mode) == 0o640
+
+
+def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> None:
+    p = tmp_path / "a.txt"
+    p.write_text("last good state")
+
+    with pytest.raises(TypeError):
+        atomic_write_bytes(p, "not bytes")  # type: ignore[arg-type]
+    assert p.read_text() == "last good state"
+    assert [f.name for f in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_creates_parent_directories(tmp_path: Path) -> None:
+    atomic_write_text(tmp_path / "x" / "y" / "a.txt", "hi")
+    assert (tmp_path / "x" / "y" / "a.txt").read_text() == "hi"
