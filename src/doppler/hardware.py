@@ -85,7 +85,7 @@ from typing import Any, Callable
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.io_util import atomic_write_text
+from doppler.io_util import atomic_write_text, to_jsonable
 
 DEVICE_KINDS = ("cpu", "gpu")
 
@@ -349,7 +349,7 @@ class Cluster:
             "name": self.name,
             "devices": [d.to_json() for d in self.devices],
             "links": links,
-            "meta": _jsonable_meta(self.meta),
+            "meta": to_jsonable(self.meta),
         }
 
     @classmethod
@@ -457,20 +457,6 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"Cluster(name={self.name!r}, devices={self.num_devices})"
-
-
-def _jsonable_meta(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable_meta(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable_meta(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable_meta(obj.tolist())
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    return obj
 
 
 def _number(obj: dict[str, Any], key: str, at: str) -> float:

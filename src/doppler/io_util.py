@@ -1,4 +1,4 @@
-"""Small file helpers shared by every writer: atomic writes (temp file + rename)."""
+"""Small file helpers shared by every writer: atomic writes (temp file + rename), JSON-safe values."""
 
 from __future__ import annotations
 
@@ -6,6 +6,24 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def to_jsonable(obj: Any) -> Any:
+    """``obj`` with numpy scalars/arrays turned into plain Python numbers/lists and dict keys into strings."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    return obj
 
 
 def _new_file_mode(path: Path) -> int:

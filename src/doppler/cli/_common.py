@@ -12,9 +12,10 @@ import json
 import sys
 from typing import Any, Iterator
 
-import numpy as np
 import typer
 from rich.console import Console
+
+from doppler.io_util import to_jsonable
 
 app = typer.Typer(
     name="doppler",
@@ -75,21 +76,7 @@ def handle_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    return obj
-
-
 def emit_json(obj: Any) -> None:
     """Print exactly one JSON value on stdout."""
-    sys.stdout.write(json.dumps(_jsonable(obj)) + "\n")
+    sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
     sys.stdout.flush()

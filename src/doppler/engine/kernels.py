@@ -203,24 +203,23 @@ def _k_reduce_max(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: 
     return _reduce(spec, arrays, np.max)
 
 
-def _k_sum_n(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+def _fold(name: str, spec: Mapping[str, Any], arrays: Sequence[np.ndarray], ufunc: np.ufunc) -> np.ndarray:
+    """Elementwise ``ufunc`` over all operands (the n-ary aggregation of partial results)."""
     ops = _operands(spec, arrays, None)
     if not ops:
-        raise ValueError("sum_n needs at least one operand")
+        raise ValueError(f"{name} needs at least one operand")
     out = np.array(ops[0], copy=True)
     for a in ops[1:]:
-        out += a
+        ufunc(out, a, out=out)
     return out
+
+
+def _k_sum_n(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+    return _fold("sum_n", spec, arrays, np.add)
 
 
 def _k_max_n(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
-    ops = _operands(spec, arrays, None)
-    if not ops:
-        raise ValueError("max_n needs at least one operand")
-    out = np.array(ops[0], copy=True)
-    for a in ops[1:]:
-        np.maximum(out, a, out=out)
-    return out
+    return _fold("max_n", spec, arrays, np.maximum)
 
 
 def _k_map(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
