@@ -124,6 +124,10 @@ def test_duplicate_edges_are_merged_with_a_warning() -> None:
         g = from_edges([1, 1, 1], [(0, 1), (1, 2), (0, 1), (0, 1)])
     assert g.num_edges == 2
     assert g.src.tolist() == [0, 1] and g.dst.tolist() == [1, 2]
+    # the first occurrence is kept, in insertion order (not sorted by endpoint)
+    with pytest.warns(UserWarning, match="merged 1 duplicate"):
+        g = from_edges([1, 1, 1], [(1, 2), (0, 1), (1, 2)])
+    assert g.src.tolist() == [1, 0] and g.dst.tolist() == [2, 1]
 
 
 def test_fingerprint_is_stable_and_content_sensitive() -> None:
