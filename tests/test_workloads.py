@@ -141,6 +141,82 @@ def test_llama_sizes_and_kinds():
     assert any(s["kernel"] == "fill" for s in layer.specs)
 
 
+# ---------------------------------------------------------------- LLaMA batch
+LLAMA_BATCH_CASES = [
+    ("llama_block", {"batch": 2, "batch_blocks": 2}),
+    ("llama_block", {"batch": 3, "batch_blocks": 1}),
+    ("llama_block", {"batch": 2, "batch_blocks": 2, "seq_blocks": 2, "dim_blocks": 2, "head_blocks": 2}),
+    ("llama_layer", {"batch": 2, "batch_blocks": 2}),
+    ("llama_layer", {"batch": 3, "batch_blocks": 1}),
+    ("llama_layer", {"batch": 4, "batch_blocks": 2, "seq_blocks": 4, "vocab_blocks": 2, "hidden_blocks": 2}),
+]
+
+
+@pytest.mark.parametrize(
+    "name, overrides", LLAMA_BATCH_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(LLAMA_BATCH_CASES)]
+)
+def test_llama_batch_matches_reference(name, overrides):
+    g = build(name, size="tiny", **overrides)
+    p = g.meta["params"]
+    B = overrides["batch"]
+    assert p["batch"] == B and g.meta["inputs"]["x"] == [B, p["seq_len"], p["dim"]]
+    out = "out" if name == "llama_block" else "logits"
+    want_shape = [B, p["seq_len"], p["dim"]] if name == "llama_block" else [B, p["vocab"]]
+    assert g.meta["outputs"][out]["shape"] == want_shape
+    assert g.flops.sum() == pytest.approx(g.meta["untiled_flops"], rel=1e-12)
+    _check_end_to_end(g)
+    # every op's block index lies inside its group's grid
+    for i in range(g.num_ops):
+        grid = g.groups[g.group[i]].grid
+        blk = g.block[i][: len(grid)]
+        assert (blk >= 0).all() and (blk < np.array(grid)).all()
+
+
+@pytest.mark.parametrize("name", ["llama_block", "llama_layer"])
+def test_llama_batch_defaults_keep_op_counts(name):
+    spec = param_spec(name)
+    assert spec["batch"] == 1 and spec["batch_blocks"] == 1
+    want = {"llama_block": 206, "llama_layer": 240}[name]
+    g = build(name)
+    assert g.num_ops == want and g.meta["inputs"]["x"] == [1, 512, 4096]
+    # batch in one block: same tiles, each just bigger; batch in two blocks: every tile
+    # doubles except the causal mask, which is shared by all sequences
+    tiny = build(name, size="tiny")
+    assert build(name, size="tiny", batch=3).num_ops == tiny.num_ops == want
+    n_fill = sum(s["kernel"] == "fill" for s in tiny.specs)
+    assert n_fill == (name == "llama_layer")
+    assert build(name, size="tiny", batch=2, batch_blocks=2).num_ops == 2 * want - n_fill
+
+
+@pytest.mark.parametrize("name", ["llama_block", "llama_layer"])
+@pytest.mark.parametrize("batch_blocks", [1, 2])
+def test_llama_sequences_do_not_attend_to_each_other(name, batch_blocks):
+    g = build(name, size="tiny", batch=2, batch_blocks=batch_blocks)
+    out = "out" if name == "llama_block" else "logits"
+    x = make_inputs(g, 0)
+    base = assemble_outputs(g, evaluate_numpy(g, x))[out]
+    x2 = dict(x)
+    x2["x"] = x["x"].copy()
+    x2["x"][1] += 3.0 * np.random.default_rng(1).standard_normal(x["x"][1].shape)
+    moved = assemble_outputs(g, evaluate_numpy(g, x2))[out]
+    np.testing.assert_array_equal(moved[0], base[0])  # sequence 0 is untouched...
+    assert not np.allclose(moved[1], base[1])  # ...while sequence 1 changed
+    np.testing.assert_allclose(moved, reference(g, x2)[out], rtol=1e-4, atol=1e-8 * np.abs(moved).max())
+
+
+def test_llama_batch_attention_is_causal_per_sequence():
+    g = build("llama_block", size="tiny", batch=2, seq_blocks=2)
+    s = g.meta["params"]["seq_len"]
+    x = make_inputs(g, 0)
+    base = assemble_outputs(g, evaluate_numpy(g, x))["out"]
+    x2 = dict(x)
+    x2["x"] = x["x"].copy()
+    x2["x"][:, -1] += 1.0  # the last token of each sequence
+    moved = assemble_outputs(g, evaluate_numpy(g, x2))["out"]
+    np.testing.assert_array_equal(moved[:, : s - 1], base[:, : s - 1])
+    assert not np.allclose(moved[:, -1], base[:, -1])
+
+
 @pytest.mark.parametrize("name", list_workloads())
 def test_builds_are_deterministic(name):
     a, b = build(name), build(name)
@@ -182,6 +258,10 @@ def test_random_100k_is_fast():
         ("chainmm", {"n": 2.5}, "chainmm: n=2.5 must be an integer"),
         ("ffnn", {"dtype": "int8"}, "ffnn: dtype='int8' must be one of"),
         ("llama_layer", {"vocab_blocks": 7}, "llama_layer: vocab_blocks=7 does not divide vocab=32000"),
+        ("llama_block", {"size": "tiny", "batch": 3, "batch_blocks": 2},
+         "llama_block: batch_blocks=2 does not divide batch=3"),
+        ("llama_layer", {"batch": 4, "batch_blocks": 3}, "llama_layer: batch_blocks=3 does not divide batch=4"),
+        ("llama_block", {"batch": 0}, "llama_block: batch=0 must be a positive integer"),
         ("llama_block", {"eps": -1.0}, "llama_block: eps=-1.0 must be > 0"),
         ("llama_block", {"size": "tiny", "head_dim": 7}, "head_dim=7 must be even"),
         ("random", {"width": 0}, "random: width=0 must be a positive integer"),

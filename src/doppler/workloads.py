@@ -16,7 +16,9 @@ tiles directly.
 Workloads (``build(name, **params)``): ``chainmm`` (A.B + C.(D.E)), ``ffnn``
 (softmax(relu(X.W1 + b1).W2 + b2)), ``llama_block`` (one LLaMA decoder block),
 ``llama_layer`` (the block plus mask construction, final norm, last-token
-selection and the vocabulary head) and ``random`` (layered random DAGs, no specs).
+selection and the vocabulary head; both take ``batch`` sequences of ``seq_len``
+tokens (in ``batch_blocks`` blocks), each with its own causal attention) and
+``random`` (layered random DAGs, no specs).
 Every workload takes ``size=tiny|small|paper`` (default ``paper``); explicit keys
 override the preset. ``graph.meta`` records the workload, resolved parameters,
 input shapes, output tiles and the FLOPs of the untiled computation, so
@@ -91,6 +93,11 @@ class TileBuilder:
     Every logical op becomes one :class:`~doppler.graph.Group` (two for a tiled
     contraction or reduction: the partial ops and their aggregation) and records
     its own FLOPs, computed at full-tensor level, in ``untiled_flops``.
+
+    A group's grid has one axis per output letter (then one per contracted letter).
+    When that is more than :data:`~doppler.graph.MAX_BLOCK_DIMS` axes, single-block
+    axes are dropped, leftmost first, until it fits (they carry no information);
+    if it still does not fit, the grid is flattened to one row-major axis.
     """
 
     def __init__(self, workload: str, dtype: str = "float32") -> None:
@@ -114,7 +121,8 @@ class TileBuilder:
         self.input_init: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, dict[str, Any]] = {}
         self._logical_names: set[str] = set()
-        self._full_grid: dict[int, tuple[int, ...]] = {}
+        # per group: (kept axes of the full grid, kept grid, flattened?)
+        self._block_map: list[tuple[tuple[int, ...], tuple[int, ...], bool]] = []
 
     # ------------------------------------------------------------- helpers
     def _err(self, msg: str) -> WorkloadError:
@@ -132,13 +140,6 @@ class TileBuilder:
             raise self._err(f"two logical ops are named {name!r}")
         self._logical_names.add(name)
 
-    def _group(self, name: str, kind: OpKind, grid: Sequence[int]) -> int:
-        grid = tuple(int(g) for g in grid)
-        if len(grid) > MAX_BLOCK_DIMS:
-            grid = (int(math.prod(grid)),)
-        self.groups.append(Group(name=name, kind=kind.label, grid=grid))
-        return len(self.groups) - 1
-
     def _add_op(self, name: str, kind: OpKind, spec: dict[str, Any], group: int, block: Sequence[int]) -> int:
         i = len(self.flops)
         spec["dtype"] = self.dtype
@@ -147,10 +148,10 @@ class TileBuilder:
         self.kinds.append(int(kind))
         self.group_of.append(group)
         grid = self.groups[group].grid
-        block = tuple(int(b) for b in block)
-        if len(block) > MAX_BLOCK_DIMS:  # the group grid was flattened the same way
-            full = tuple(int(g) for g in self._full_grid[group])
-            block = (int(np.ravel_multi_index(block, full)),)
+        keep, kept, flat = self._block_map[group]
+        block = tuple(int(block[a]) for a in keep)  # the group grid was reduced the same way
+        if flat:
+            block = (int(np.ravel_multi_index(block, kept)),)
         assert len(block) == len(grid)
         self.blocks.append(block)
         self.names.append(name)
@@ -165,9 +166,18 @@ class TileBuilder:
         return i
 
     def _new_group(self, name: str, kind: OpKind, grid: Sequence[int]) -> int:
-        g = self._group(name, kind, grid)
-        self._full_grid[g] = tuple(int(x) for x in grid)
-        return g
+        full = tuple(int(g) for g in grid)
+        keep = list(range(len(full)))
+        for ax in range(len(full)):  # drop single-block axes, leftmost first, only while too many
+            if len(keep) <= MAX_BLOCK_DIMS:
+                break
+            if full[ax] == 1:
+                keep.remove(ax)
+        kept = tuple(full[a] for a in keep)
+        flat = len(kept) > MAX_BLOCK_DIMS
+        self.groups.append(Group(name=name, kind=kind.label, grid=(int(math.prod(kept)),) if flat else kept))
+        self._block_map.append((tuple(keep), kept, flat))
+        return len(self.groups) - 1
 
     def _tensor_from_ops(self, name: str, shape: Sequence[int], grid: Sequence[int], ids: dict) -> Tensor:
         t = Tensor(name, tuple(int(s) for s in shape), tuple(int(g) for g in grid))
@@ -430,11 +440,12 @@ def _softmax(b: TileBuilder, x: Tensor, letters: str, axis: str, *, scale: float
     return b.map("div", f"{letters},{red}->{letters}", e, z, name=f"{name}.div", kind=OpKind.SOFTMAX)
 
 
-def _rmsnorm(b: TileBuilder, x: Tensor, w: Tensor, *, eps: float, name: str) -> Tensor:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis of a (rows, features) tensor."""
-    ss = b.contract("sd,sd->s", x, x, name=f"{name}.sumsq", kind=OpKind.NORM)
-    return b.map("rms_scale", "sd,s,d->sd", x, ss, w, name=f"{name}.scale", kind=OpKind.NORM,
-                 params={"n": int(x.shape[1]), "eps": float(eps)})  # fmt: skip
+def _rmsnorm(b: TileBuilder, x: Tensor, w: Tensor, *, eps: float, name: str, rows: str = "bs") -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis of a (``rows``..., features) tensor."""
+    xd = f"{rows}d"
+    ss = b.contract(f"{xd},{xd}->{rows}", x, x, name=f"{name}.sumsq", kind=OpKind.NORM)
+    return b.map("rms_scale", f"{xd},{rows},d->{xd}", x, ss, w, name=f"{name}.scale", kind=OpKind.NORM,
+                 params={"n": int(x.shape[-1]), "eps": float(eps)})  # fmt: skip
 
 
 # ================================================================ workloads
@@ -493,11 +504,11 @@ def _ref_ffnn(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.nd
 
 
 def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
-    s, D, H, hd, F = p["seq_len"], p["dim"], p["n_heads"], p["head_dim"], p["hidden"]
-    sb, db, hb, fb = p["seq_blocks"], p["dim_blocks"], p["head_blocks"], p["hidden_blocks"]
+    B, s, D, H, hd, F = p["batch"], p["seq_len"], p["dim"], p["n_heads"], p["head_dim"], p["hidden"]
+    bb, sb, db, hb, fb = p["batch_blocks"], p["seq_blocks"], p["dim_blocks"], p["head_blocks"], p["hidden_blocks"]
     norm_w = {"init": "norm_weight"}
     t = {
-        "x": b.input("x", (s, D), (sb, db)),
+        "x": b.input("x", (B, s, D), (bb, sb, db)),
         "w_attn_norm": b.input("w_attn_norm", (D,), (db,), norm_w),
         "w_q": b.input("w_q", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
         "w_k": b.input("w_k", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
@@ -514,35 +525,41 @@ def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
 
 
 def _llama_block_ops(b: TileBuilder, p: dict[str, Any], t: dict[str, Tensor], *, mask_fill: bool) -> Tensor:
-    """One decoder block on the (seq, dim) activations ``t['x']``; batch is 1."""
+    """One decoder block on the (batch, seq, dim) activations ``t['x']``.
+
+    Letter ``b`` is the batch: every sequence attends only to itself (causally), so
+    the attention scores are per sequence (``bhqk``) and the causal mask is
+    broadcast over the batch; the rotary tables (seq, head_dim) are shared too.
+    """
     s, hd = p["seq_len"], p["head_dim"]
     sb = p["seq_blocks"]
     x = t["x"]
     xn = _rmsnorm(b, x, t["w_attn_norm"], eps=p["eps"], name="attn_norm")
-    q = b.contract("sk,khd->shd", xn, t["w_q"], name="q_proj")
-    k = b.contract("sk,khd->shd", xn, t["w_k"], name="k_proj")
-    v = b.contract("sk,khd->shd", xn, t["w_v"], name="v_proj")
-    q = b.map("rotary", "shd,sd,sd->shd", q, t["rope_cos"], t["rope_sin"], name="q_rope", kind=OpKind.ROTARY)
-    k = b.map("rotary", "shd,sd,sd->shd", k, t["rope_cos"], t["rope_sin"], name="k_rope", kind=OpKind.ROTARY)
-    scores = b.contract("qhd,khd->hqk", q, k, name="scores")
+    q = b.contract("bsk,khd->bshd", xn, t["w_q"], name="q_proj")
+    k = b.contract("bsk,khd->bshd", xn, t["w_k"], name="k_proj")
+    v = b.contract("bsk,khd->bshd", xn, t["w_v"], name="v_proj")
+    rope = (t["rope_cos"], t["rope_sin"])
+    q = b.map("rotary", "bshd,sd,sd->bshd", q, *rope, name="q_rope", kind=OpKind.ROTARY)
+    k = b.map("rotary", "bshd,sd,sd->bshd", k, *rope, name="k_rope", kind=OpKind.ROTARY)
+    scores = b.contract("bqhd,bkhd->bhqk", q, k, name="scores")
     if mask_fill:
         mask = b.fill("causal_mask", "qk", (s, s), (sb, sb), name="causal_mask",
                       tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
-        scores = b.map("add", "hqk,qk->hqk", scores, mask, name="mask_add", kind=OpKind.MASK_FILL)
+        scores = b.map("add", "bhqk,qk->bhqk", scores, mask, name="mask_add", kind=OpKind.MASK_FILL)
     else:
-        scores = b.map("causal_mask", "hqk->hqk", scores, name="mask", kind=OpKind.MASK_FILL,
-                       params={"row_axis": 1, "col_axis": 2},
+        scores = b.map("causal_mask", "bhqk->bhqk", scores, name="mask", kind=OpKind.MASK_FILL,
+                       params={"row_axis": 2, "col_axis": 3},
                        tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
-    probs = _softmax(b, scores, "hqk", "k", scale=1.0 / math.sqrt(hd), name="attn_softmax")
-    attn = b.contract("hqk,khd->qhd", probs, v, name="pv")
-    o = b.contract("qhd,hdo->qo", attn, t["w_o"], name="o_proj")
-    h1 = b.map("add", "sd,sd->sd", x, o, name="attn_residual")
+    probs = _softmax(b, scores, "bhqk", "k", scale=1.0 / math.sqrt(hd), name="attn_softmax")
+    attn = b.contract("bhqk,bkhd->bqhd", probs, v, name="pv")
+    o = b.contract("bqhd,hdo->bqo", attn, t["w_o"], name="o_proj")
+    h1 = b.map("add", "bsd,bsd->bsd", x, o, name="attn_residual")
     hn = _rmsnorm(b, h1, t["w_mlp_norm"], eps=p["eps"], name="mlp_norm")
-    g = b.contract("sd,df->sf", hn, t["w_gate"], name="gate_proj")
-    u = b.contract("sd,df->sf", hn, t["w_up"], name="up_proj")
-    a = b.map("silu_mul", "sf,sf->sf", g, u, name="silu_mul")
-    dn = b.contract("sf,fd->sd", a, t["w_down"], name="down_proj")
-    return b.map("add", "sd,sd->sd", h1, dn, name="mlp_residual")
+    g = b.contract("bsd,df->bsf", hn, t["w_gate"], name="gate_proj")
+    u = b.contract("bsd,df->bsf", hn, t["w_up"], name="up_proj")
+    a = b.map("silu_mul", "bsf,bsf->bsf", g, u, name="silu_mul")
+    dn = b.contract("bsf,fd->bsd", a, t["w_down"], name="down_proj")
+    return b.map("add", "bsd,bsd->bsd", h1, dn, name="mlp_residual")
 
 
 def _build_llama_block(p: dict[str, Any]) -> DataflowGraph:
@@ -560,9 +577,10 @@ def _build_llama_layer(p: dict[str, Any]) -> DataflowGraph:
     w_norm = b.input("w_final_norm", (D,), (p["dim_blocks"],), {"init": "norm_weight"})
     w_head = b.input("w_head", (D, V), (p["dim_blocks"], p["vocab_blocks"]), _normal(1 / math.sqrt(D)))
     h = _llama_block_ops(b, p, t, mask_fill=True)
-    last = b.select(h, [(p["seq_len"] - 1, p["seq_len"]), None], name="last_token")
+    # the last token of every sequence: (batch, 1, dim); lm_head contracts the unit seq axis away
+    last = b.select(h, [None, (p["seq_len"] - 1, p["seq_len"]), None], name="last_token")
     hn = _rmsnorm(b, last, w_norm, eps=p["eps"], name="final_norm")
-    logits = b.contract("sd,dv->sv", hn, w_head, name="lm_head")
+    logits = b.contract("bsd,dv->bv", hn, w_head, name="lm_head")
     b.output("logits", logits)
     return b.finish("llama_layer", p)
 
@@ -579,26 +597,28 @@ def _np_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    # x: (heads, seq, hd); cos/sin: (seq, hd); HF "rotate_half" convention
+    # x: (..., seq, hd); cos/sin: (seq, hd); HF "rotate_half" convention
     half = x.shape[-1] // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[None] + rot * sin[None]
+    return x * cos + rot * sin
 
 
 def _ref_llama_hidden(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> np.ndarray:
-    s, D, H, hd = p["seq_len"], p["dim"], p["n_heads"], p["head_dim"]
-    h0 = x["x"]
+    B, s, D, H, hd = p["batch"], p["seq_len"], p["dim"], p["n_heads"], p["head_dim"]
+    h0 = x["x"]  # (B, s, D)
+
+    def heads(w: np.ndarray) -> np.ndarray:  # (B, s, D) @ (D, H, hd) -> (B, H, s, hd)
+        return (xn @ w.reshape(D, H * hd)).reshape(B, s, H, hd).transpose(0, 2, 1, 3)
+
     xn = _np_rmsnorm(h0, x["w_attn_norm"], p["eps"])
-    q = (xn @ x["w_q"].reshape(D, H * hd)).reshape(s, H, hd).transpose(1, 0, 2)
-    k = (xn @ x["w_k"].reshape(D, H * hd)).reshape(s, H, hd).transpose(1, 0, 2)
-    v = (xn @ x["w_v"].reshape(D, H * hd)).reshape(s, H, hd).transpose(1, 0, 2)
-    q = _np_rope(q, x["rope_cos"], x["rope_sin"])
-    k = _np_rope(k, x["rope_cos"], x["rope_sin"])
-    att = q @ k.transpose(0, 2, 1) / math.sqrt(hd)  # (H, s, s)
+    q = _np_rope(heads(x["w_q"]), x["rope_cos"], x["rope_sin"])
+    k = _np_rope(heads(x["w_k"]), x["rope_cos"], x["rope_sin"])
+    v = heads(x["w_v"])
+    att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)  # (B, H, s, s): no attention across sequences
     future = np.triu(np.ones((s, s), dtype=bool), k=1)
-    att = np.where(future[None], -np.inf, att)
-    o = _np_softmax(att, axis=-1) @ v  # (H, s, hd)
-    o = o.transpose(1, 0, 2).reshape(s, H * hd) @ x["w_o"].reshape(H * hd, D)
+    att = np.where(future, -np.inf, att)
+    o = _np_softmax(att, axis=-1) @ v  # (B, H, s, hd)
+    o = o.transpose(0, 2, 1, 3).reshape(B, s, H * hd) @ x["w_o"].reshape(H * hd, D)
     h1 = h0 + o
     hn = _np_rmsnorm(h1, x["w_mlp_norm"], p["eps"])
     g = hn @ x["w_gate"]
@@ -612,7 +632,7 @@ def _ref_llama_block(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str
 
 def _ref_llama_layer(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     h = _np_rmsnorm(_ref_llama_hidden(p, x), x["w_final_norm"], p["eps"])
-    return {"logits": h[-1:] @ x["w_head"]}
+    return {"logits": h[:, -1, :] @ x["w_head"]}  # last token of every sequence: (B, vocab)
 
 
 def _build_random(p: dict[str, Any]) -> DataflowGraph:
@@ -667,14 +687,15 @@ class _Workload:
 
 
 _LLAMA_DEFAULTS: dict[str, Any] = {
-    "seq_len": 512, "dim": 4096, "n_heads": 32, "head_dim": 128, "hidden": 11008,
-    "seq_blocks": 1, "dim_blocks": 4, "head_blocks": 4, "hidden_blocks": 4,
+    "batch": 1, "seq_len": 512, "dim": 4096, "n_heads": 32, "head_dim": 128, "hidden": 11008,
+    "batch_blocks": 1, "seq_blocks": 1, "dim_blocks": 4, "head_blocks": 4, "hidden_blocks": 4,
     "eps": 1e-6, "rope_theta": 10000.0, "dtype": "float32",
 }  # fmt: skip
 _LLAMA_TINY = {"seq_len": 8, "dim": 32, "n_heads": 4, "head_dim": 8, "hidden": 64}
 _LLAMA_SMALL = {"seq_len": 512, "dim": 1024, "n_heads": 8, "head_dim": 128, "hidden": 2752}
 _LLAMA_DIVIDES = (
-    ("seq_blocks", "seq_len"), ("dim_blocks", "dim"), ("head_blocks", "n_heads"), ("hidden_blocks", "hidden"),
+    ("batch_blocks", "batch"), ("seq_blocks", "seq_len"), ("dim_blocks", "dim"),
+    ("head_blocks", "n_heads"), ("hidden_blocks", "hidden"),
 )  # fmt: skip
 
 WORKLOADS: dict[str, _Workload] = {
@@ -703,7 +724,7 @@ WORKLOADS: dict[str, _Workload] = {
     ),
     "llama_block": _Workload(
         "llama_block",
-        "one LLaMA decoder block (RMSNorm, rotary causal attention, SwiGLU MLP), batch 1",
+        "one LLaMA decoder block (RMSNorm, rotary causal attention, SwiGLU MLP) on a batch of sequences",
         dict(_LLAMA_DEFAULTS),
         {"tiny": dict(_LLAMA_TINY), "small": dict(_LLAMA_SMALL), "paper": {}},
         _build_llama_block,
@@ -712,7 +733,8 @@ WORKLOADS: dict[str, _Workload] = {
     ),
     "llama_layer": _Workload(
         "llama_layer",
-        "a LLaMA block plus causal-mask construction, final RMSNorm, last-token selection and vocabulary head",
+        "a LLaMA block plus causal-mask construction, final RMSNorm, last-token selection (per sequence) "
+        "and vocabulary head",
         {**_LLAMA_DEFAULTS, "vocab": 32000, "vocab_blocks": 4},
         {"tiny": {**_LLAMA_TINY, "vocab": 64}, "small": {**_LLAMA_SMALL, "vocab": 8000}, "paper": {}},
         _build_llama_layer,
