@@ -60,3 +60,15 @@ def test_saved_file_is_plain_json(tmp_path: Path) -> None:
     Assignment(devices=np.array([1, 0]), method="m").save(tmp_path / "a.json")
     obj = json.loads((tmp_path / "a.json").read_text())
     assert obj["assignment"] == [1, 0] and obj["method"] == "m"
+
+
+def test_readme_python_api() -> None:
+    """The Python API exactly as the README shows it."""
+    import doppler
+
+    g = doppler.workloads.build("ffnn", size="tiny")
+    c = doppler.cluster("p100x4")
+    a = doppler.assign(g, c, method="critical_path")
+    assert isinstance(a.devices, np.ndarray) and a.devices.shape == (g.num_ops,)
+    r = doppler.simulate(g, c, a, mode="wc")
+    assert r.makespan_s >= doppler.lower_bound(g, c) > 0

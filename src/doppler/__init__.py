@@ -8,10 +8,12 @@ from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph, GraphError, OpKind
 from doppler.hardware import Cluster, cluster
 from doppler.simulate import SimResult, lower_bound, simulate, simulate_many
+from doppler import workloads  # noqa: E402  (doppler.workloads.build(...))
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "workloads",
     "Assignment",
     "MethodError",
     "assign",
