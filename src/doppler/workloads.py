@@ -47,6 +47,7 @@ __all__ = [
     "WorkloadError",
     "assemble_outputs",
     "build",
+    "describe",
     "list_workloads",
     "make_inputs",
     "param_spec",
@@ -770,6 +771,13 @@ def _get(name: str) -> _Workload:
     if w is None:
         raise WorkloadError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
     return w
+
+
+def describe(name: str) -> dict[str, Any]:
+    """A workload's description, its parameters' defaults and what each size preset overrides."""
+    w = _get(name)
+    return {"name": w.name, "description": w.description, "defaults": dict(w.defaults),
+            "presets": {size: dict(w.presets.get(size, {})) for size in SIZES}}
 
 
 def param_spec(name: str) -> dict[str, Any]:

@@ -37,6 +37,17 @@ def test_build_then_info_json(tmp_path: Path) -> None:
     assert info["num_devices"] == 4
 
 
+def test_params_lists_keys_and_sizes() -> None:
+    res = run("graph", "params", "llama_layer", "--json")
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["defaults"]["dim"] == 4096 and "vocab_blocks" in info["defaults"]
+    assert info["presets"]["tiny"]["dim"] < info["defaults"]["dim"]
+    res = run("graph", "params")
+    assert res.exit_code == 0 and all(w in res.stdout for w in ("chainmm", "ffnn", "llama_block", "random"))
+    assert run("graph", "params", "resnet").exit_code == 2
+
+
 def test_info_human_output(tmp_path: Path) -> None:
     p = tmp_path / "g.txt"
     p.write_text(TEXT)

@@ -59,6 +59,30 @@ def build_cmd(
             )
 
 
+@graph_app.command("params")
+def params_cmd(
+    workload: Optional[str] = typer.Argument(None, help="A workload name; all workloads if omitted."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """List the --set keys a workload accepts, with their value at each size."""
+    with handle_errors():
+        from doppler import workloads
+
+        names = [workload] if workload else workloads.list_workloads()
+        infos = [workloads.describe(n) for n in names]
+        if json_out:
+            emit_json(infos if workload is None else infos[0])
+            return
+        for info in infos:
+            table = Table(title=f"{info['name']}: {info['description']}", title_justify="left")
+            table.add_column("--set key")
+            for size in ("paper", "small", "tiny"):
+                table.add_column(f"size={size}" + (" (default)" if size == "paper" else ""), justify="right")
+            for key, default in info["defaults"].items():
+                table.add_row(key, str(default), *(str(info["presets"][s].get(key, default)) for s in ("small", "tiny")))
+            console.print(table)
+
+
 @graph_app.command("info")
 def info_cmd(
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
