@@ -77,3 +77,23 @@ def test_bad_options(setup):
         assign(g, c, "anneal", max_evals=-1)
     with pytest.raises(MethodError):
         assign(g, c, "anneal", max_evals=10, batch_size=0)
+
+
+def test_stops_once_the_lower_bound_is_reached():
+    from doppler.graph import from_edges
+    from doppler.simulate import lower_bound
+
+    # two independent chains of equal work on two devices: one chain per device is optimal
+    g = from_edges([3, 3, 3, 3], [(0, 1), (2, 3)], [100, 100, 100, 100])
+    c = cluster("unit:2")
+    a = assign(g, c, "anneal", max_evals=50_000, start=np.array([0, 1, 1, 0]))
+    assert a.estimated_makespan_s == pytest.approx(lower_bound(g, c)) == 6.0
+    assert a.info["reached_lower_bound"]
+    assert a.info["evals"] < 50_000  # it stopped early instead of searching on
+
+
+def test_keeps_searching_while_above_the_lower_bound(setup):
+    g, c = setup
+    a = assign(g, c, "anneal", max_evals=256, batch_size=32)
+    assert not a.info["reached_lower_bound"]  # slow links: far above the compute-only bound
+    assert a.info["evals"] == 256

@@ -21,7 +21,8 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   new cycle restarts (reheats) from the best assignment found so far.
 * Stops after ``budget_s`` seconds of wall clock (default 10 s, the start
   evaluation included) or ``max_evals`` simulator evaluations, whichever comes
-  first; the time is only checked between batches.
+  first (the time is only checked between batches), or as soon as the best
+  makespan equals the lower bound (it is then optimal).
 
 Every decision depends only on the seed and on counts of evaluations, never on
 the clock, so a run is deterministic for a given seed and a given number of
@@ -208,7 +209,10 @@ def anneal_search(
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     cyc = 0  # evaluations into the current cycle
     log_ratio = math.log(t_end / t_start)
-    while nd > 1 and n > 0:
+    from doppler.simulate import lower_bound
+
+    optimal_ms = float(lower_bound(graph, cluster)) * (1.0 + 1e-12)  # nothing can beat the lower bound
+    while nd > 1 and n > 0 and best_ms > optimal_ms:
         if max_evals is not None and evals >= max_evals:
             break
         if time.perf_counter() >= deadline:
@@ -249,6 +253,7 @@ def anneal_search(
             "accepted": accepted,
             "improvements": improved,
             "restarts": restarts,
+            "reached_lower_bound": best_ms <= optimal_ms,
             "cycle_evals": cycle_evals,
             "search_time_s": time.perf_counter() - t0,
         },
