@@ -13,8 +13,9 @@ printed as a sanity check.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+
+from _timing import median_call_s
 
 from doppler import workloads
 from doppler.baselines import assign
@@ -43,12 +44,7 @@ def main() -> None:
         t0 = time.perf_counter()
         a = assign(g, c, m)
         first = time.perf_counter() - t0
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            assign(g, c, m)
-            times.append(time.perf_counter() - t0)
-        med = statistics.median(times) if times else first
+        med = median_call_s(lambda: assign(g, c, m), args.repeats) if args.repeats else first
         ratio = simulate(g, c, a).makespan_s / lb
         passed = max(first, med) <= TARGET_S
         ok &= passed

@@ -12,23 +12,14 @@ load pays after parsing); "b-level" is one longest-path pass with communication;
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from _timing import median_call_s
 
 from doppler import workloads
 from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph
-
-
-def _median_s(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -42,17 +33,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             graph = workloads.build("random", num_ops=n, seed=0)
-            build_s = _median_s(lambda: workloads.build("random", num_ops=n, seed=0), args.repeats)
-            validate_s = _median_s(
+            build_s = median_call_s(lambda: workloads.build("random", num_ops=n, seed=0), args.repeats)
+            validate_s = median_call_s(
                 lambda: DataflowGraph.from_arrays(graph.flops, graph.output_bytes, graph.src, graph.dst,
                                                   kind=graph.kind),
                 args.repeats,
             )
             comm = graph.edge_comm_from_ops(graph.output_bytes)
-            blevel_s = _median_s(lambda: graph.b_level(comm_s=comm), args.repeats)
+            blevel_s = median_call_s(lambda: graph.b_level(comm_s=comm), args.repeats)
             path = Path(tmp) / f"g{n}.json"
-            save_s = _median_s(lambda: save_graph(graph, path), args.repeats)
-            load_s = _median_s(lambda: load_graph(path), args.repeats)
+            save_s = median_call_s(lambda: save_graph(graph, path), args.repeats)
+            load_s = median_call_s(lambda: load_graph(path), args.repeats)
             assert load_graph(path).equals(graph)
             size_mb = path.stat().st_size / 1e6
             print(f"{graph.num_ops:>8} {graph.num_edges:>8} {graph.depth:>6} {build_s:>9.3f} {validate_s:>11.3f} "

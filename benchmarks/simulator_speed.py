@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import median_call_s  # noqa: E402
 from simpy_reference import simulate_simpy  # noqa: E402
 
 from doppler import hardware, workloads  # noqa: E402
@@ -43,15 +43,6 @@ def round_robin_by_block(graph: DataflowGraph, num_devices: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- timing
-def median_call_s(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    return statistics.median(times) * 1e-9
-
-
 def fmt_t(s: float) -> str:
     if s >= 1:
         return f"{s:.2f} s"
