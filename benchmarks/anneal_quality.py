@@ -1,6 +1,7 @@
 """How good is direct search in the simulator? ANNEAL vs the list schedulers.
 
-    python benchmarks/anneal_quality.py [--quick] [--short-s 60] [--long-s 600] [--seed 0] [--out F.json]
+    python benchmarks/anneal_quality.py [--quick] [--short-s 60] [--long-s 600] [--seed 0]
+        [--workloads chainmm,ffnn,llama_block,llama_layer] [--clusters p100x4,links10] [--out F.json]
 
 For each paper workload (chainmm, ffnn, llama_block, llama_layer at the
 ``paper`` size) on ``p100x4`` and on ``p100x4`` with every link 10x slower
@@ -39,12 +40,19 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", default="paper")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--clusters", default="p100x4,links10",
+                   help="comma-separated: p100x4 and/or links10 (p100x4 with every link 10x slower)")
     p.add_argument("--out", default=None, help="also write the rows as JSON")
     args = p.parse_args()
     short_s, long_s = (5.0, 20.0) if args.quick else (args.short_s, args.long_s)
 
     base = cluster("p100x4")
-    clusters = {"p100x4": base, "p100x4 links/10": base.scaled_links(10)}
+    known = {"p100x4": ("p100x4", base), "links10": ("p100x4 links/10", base.scaled_links(10))}
+    picked = args.clusters.split(",")
+    unknown = [k for k in picked if k not in known]
+    if unknown:
+        p.error(f"unknown cluster {unknown[0]!r}; choose from {', '.join(known)}")
+    clusters = dict(known[k] for k in picked)
     rows = []
     hdr = (
         f"{'cluster':<16} {'workload':<12} {'LB ms':>8} {'crit ms':>8} {'heft ms':>8} {'enum ms':>8} "
