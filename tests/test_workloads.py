@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from doppler.engine.kernels import MAP_FLOPS, evaluate_numpy
+from doppler.kernels import MAP_FLOPS, evaluate_numpy
 from doppler.graph import OpKind
 from doppler.workloads import (
     WORKLOADS,
@@ -64,7 +64,7 @@ def test_reference_comparison_can_fail():
     vals = list(vals)
     vals[agg] = vals[agg] * 1.01  # a wrong aggregation must not go unnoticed...
     div = [i for i in range(g.num_ops) if g.names[i].startswith("softmax.div")]
-    from doppler.engine.kernels import run_op_numpy
+    from doppler.kernels import run_op_numpy
 
     for i in div:  # ...once it propagates to the outputs
         ops = [vals[r["op"]] if "op" in r else None for r in g.specs[i]["inputs"]]

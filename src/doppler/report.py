@@ -1,6 +1,6 @@
 """Figures: Gantt charts of simulated (or executed) traces.
 
-Plotting only: every number shown comes from a :class:`~doppler.simulate.Trace`
+Plotting only: every number shown comes from a :class:`~doppler.trace.Trace`
 (the critical path from :meth:`Trace.critical_path`). matplotlib runs on the
 Agg backend and files are written atomically (rendered to memory, then
 ``io_util.atomic_write_bytes``), so an interrupted run never leaves half a PNG.
@@ -19,7 +19,8 @@ from doppler.io_util import atomic_write_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from doppler.hardware import Cluster
-    from doppler.simulate import SimResult, Trace
+    from doppler.simulate import SimResult
+    from doppler.trace import Trace
 
 # one stable colour per op kind (colour-blind-friendly Okabe-Ito first, then tab20)
 _KIND_COLOURS: dict[int, str] = {

@@ -6,7 +6,7 @@ sharded-tensor engine would run: one op per block product of a contraction (a
 that sums the partial products over the contracted-dimension blocks
 (:attr:`OpKind.ADD`, only when there is more than one contraction block), and one
 op per output block of every elementwise step. Costs come from the real shapes:
-``flops`` per op (the convention of :mod:`doppler.engine.kernels`) and
+``flops`` per op (the convention of :mod:`doppler.kernels`) and
 ``output_bytes`` = elements of the op's output block x dtype bytes.
 
 Input tensors (weights, activations, rotary tables) are **not** ops: as in the
@@ -22,7 +22,7 @@ tokens (in ``batch_blocks`` blocks), each with its own causal attention) and
 Every workload takes ``size=tiny|small|paper`` (default ``paper``); explicit keys
 override the preset. ``graph.meta`` records the workload, resolved parameters,
 input shapes, output tiles and the FLOPs of the untiled computation, so
-:func:`make_inputs`, :func:`doppler.engine.kernels.evaluate_numpy`,
+:func:`make_inputs`, :func:`doppler.kernels.evaluate_numpy`,
 :func:`assemble_outputs` and :func:`reference` can check a graph end to end.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from doppler.engine.kernels import DTYPE_BYTES, flops_of, parse_eq
+from doppler.kernels import DTYPE_BYTES, flops_of, parse_eq
 from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, Group, OpKind
 
 __all__ = [

@@ -43,6 +43,7 @@ from doppler.assignment import Assignment
 from doppler.baselines import register
 from doppler.baselines._costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
+from doppler.listsched import PlacementState
 
 TIE_RTOL = 1e-9
 
@@ -95,11 +96,6 @@ class CriticalPathTrace:
 def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
     n, nd = graph.num_ops, cm.num_devices
     bl = cm.b_level(graph)
-    comp = cm.compute_s
-    pb = cm.pred_bytes(graph)
-    lat, inv = cm.latency_s, cm.inv_bw
-    pred_ptr = graph.pred_ptr.tolist()
-    pred_idx = graph.pred_idx
     succ_ptr = graph.succ_ptr.tolist()
     succ_idx = graph.succ_idx.tolist()
     indeg = np.diff(graph.pred_ptr).tolist()
@@ -108,10 +104,9 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
 
     heap = [(neg_key[v], v) for v in range(n) if indeg[v] == 0]
     heapq.heapify(heap)
-    free = np.zeros(nd)
-    dev = np.zeros(n, dtype=np.int64)
-    start = np.zeros(n)
-    finish = np.zeros(n)
+    state = PlacementState(graph, cm, batch=1)
+    one_op = np.zeros(1, dtype=np.int64)
+    one_dev = np.zeros(1, dtype=np.int64)
     order = np.empty(n, dtype=np.int64)
     chosen_dev = np.empty(n, dtype=np.int64)
     if record:
@@ -130,27 +125,17 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
             tied_chunks.append(ck == ck.max())
             cand_ptr[h + 1] = cand_ptr[h] + cands.size
         _, v = heapq.heappop(heap)
-        lo, hi = pred_ptr[v], pred_ptr[v + 1]
-        if hi > lo:
-            p = pred_idx[lo:hi]
-            pd = dev[p]
-            arrival = finish[p][:, None] + lat[pd] + pb[lo:hi, None] * inv[pd]
-            est = np.maximum(free, arrival.max(axis=0))
-        else:
-            est = free.copy()
-        best = float(est.min())
-        tied = _tied(est, best)
+        one_op[0] = v
+        est = state.est(one_op)
+        best = float(est[0].min())
+        tied = _tied(est[0], best)
         d = int(np.argmax(tied))  # lowest tied device id
-        s = float(est[d])
-        f = s + float(comp[v, d])
-        dev[v] = d
-        start[v] = s
-        finish[v] = f
-        free[d] = f
+        one_dev[0] = d
+        state.place(one_op, one_dev, est[:, d])
         order[h] = v
         chosen_dev[h] = d
         if record:
-            est_all[h] = est
+            est_all[h] = est[0]
             dev_tied[h] = tied
             cand_set.discard(v)
         for k in range(succ_ptr[v], succ_ptr[v + 1]):
@@ -161,14 +146,15 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
                 if record:
                     cand_set.add(w)
 
+    finish = state.finish_s[0]
     out = {
         "order": order,
         "devices": chosen_dev,
         "b_level": bl,
-        "assignment": dev,
-        "start_s": start,
+        "assignment": state.dev[0],
+        "start_s": state.start_s[0],
         "finish_s": finish,
-        "makespan_s": float(finish.max()),
+        "makespan_s": float(finish.max()) if n else 0.0,
     }
     if record:
         out.update(

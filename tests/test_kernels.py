@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from doppler.engine.kernels import (
+from doppler.kernels import (
     MAP_ARITY,
     MAP_FLOPS,
     MAP_FNS,

@@ -1,0 +1,190 @@
+"""The list-schedule state shared by the CRITICAL PATH teacher and the learned policy.
+
+A list scheduler places ops one at a time; after each placement it knows, per
+op, the device it went to and its estimated start and finish, and per device the
+time it becomes free. From that state, the **estimated earliest start** of an op
+``v`` on device ``d`` is::
+
+    EST(v, d) = max(free[d], max_{u in pred(v)} finish[u] + xfer(u, dev[u] -> d))
+
+with ``xfer = latency + bytes / bandwidth`` (0 on the same device) and no
+insertion into idle gaps. Placing ``v`` on ``d`` sets ``start[v] = EST(v, d)``,
+``finish[v] = start[v] + compute(v, d)`` and ``free[d] = finish[v]``.
+
+:class:`PlacementState` holds ``B`` such states of one graph (one per episode)
+as ``[B, ...]`` arrays and steps them together; every step costs
+O(in-degree x devices) per state, never O(ops). The same compiled functions are
+called per state from the policy's compiled rollout (:mod:`doppler.policy.rollout`),
+so the teacher and the policy's dynamic features can never disagree.
+
+Dynamic device features of the op ``v`` being placed (DESIGN.md §3), one row per
+device ``d`` (:data:`DEVICE_FEATURES`), all in seconds before normalisation:
+
+0. ``assigned_compute``: compute already placed on ``d``;
+1. ``input_compute``: compute of ``v``'s inputs that sit on ``d``;
+2. ``input_first_start``: earliest start of ``v``'s inputs on ``d`` (0 if none);
+3. ``input_last_finish``: latest finish of ``v``'s inputs on ``d`` (0 if none);
+4. ``est``: EST(v, d);
+5. ``est_gap``: EST(v, d) - min over devices of EST(v, ·);
+6. ``has_input``: 1 if some input of ``v`` sits on ``d``, else 0.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from doppler.baselines._costs import CostModel
+
+DEVICE_FEATURES = (
+    "assigned_compute",
+    "input_compute",
+    "input_first_start",
+    "input_last_finish",
+    "est",
+    "est_gap",
+    "has_input",
+)
+NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
+
+
+@numba.njit(cache=True)
+def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out):  # pragma: no cover - compiled
+    """EST(v, d) for every device d into ``out[D]`` (one state: 1-D ``dev``/``finish``/``free``)."""
+    nd = free.shape[0]
+    for d in range(nd):
+        out[d] = free[d]
+    for k in range(pred_ptr[v], pred_ptr[v + 1]):
+        p = pred_idx[k]
+        dp = dev[p]
+        fp = finish[p]
+        b = pred_bytes[k]
+        for d in range(nd):
+            t = fp + lat[dp, d] + b * inv[dp, d]
+            if t > out[d]:
+                out[d] = t
+
+
+@numba.njit(cache=True)
+def features_into(
+    v, pred_ptr, pred_idx, pred_bytes, comp, lat, inv, dev, start, finish, free, assigned, out
+):  # pragma: no cover - compiled
+    """The device features of op ``v`` (module docstring) into ``out[D, F]``, unnormalised."""
+    nd = free.shape[0]
+    for d in range(nd):
+        out[d, 0] = assigned[d]
+        out[d, 1] = 0.0
+        out[d, 2] = np.inf
+        out[d, 3] = 0.0
+        out[d, 4] = free[d]
+        out[d, 6] = 0.0
+    for k in range(pred_ptr[v], pred_ptr[v + 1]):
+        p = pred_idx[k]
+        dp = dev[p]
+        fp = finish[p]
+        out[dp, 1] += comp[p, dp]
+        if start[p] < out[dp, 2]:
+            out[dp, 2] = start[p]
+        if fp > out[dp, 3]:
+            out[dp, 3] = fp
+        out[dp, 6] = 1.0
+        b = pred_bytes[k]
+        for d in range(nd):
+            t = fp + lat[dp, d] + b * inv[dp, d]
+            if t > out[d, 4]:
+                out[d, 4] = t
+    best = np.inf
+    for d in range(nd):
+        if out[d, 2] == np.inf:
+            out[d, 2] = 0.0
+        if out[d, 4] < best:
+            best = out[d, 4]
+    for d in range(nd):
+        out[d, 5] = out[d, 4] - best
+
+
+@numba.njit(cache=True)
+def place(v, d, est_d, comp, dev, start, finish, free, assigned):  # pragma: no cover - compiled
+    """Put op ``v`` on device ``d`` starting at ``est_d`` (one state)."""
+    c = comp[v, d]
+    dev[v] = d
+    start[v] = est_d
+    finish[v] = est_d + c
+    free[d] = est_d + c
+    assigned[d] += c
+
+
+@numba.njit(cache=True)
+def _est_batch(ops, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out):  # pragma: no cover
+    for b in range(ops.shape[0]):
+        est_into(ops[b], pred_ptr, pred_idx, pred_bytes, lat, inv, dev[b], finish[b], free[b], out[b])
+
+
+@numba.njit(cache=True)
+def _features_batch(
+    ops, pred_ptr, pred_idx, pred_bytes, comp, lat, inv, dev, start, finish, free, assigned, out
+):  # pragma: no cover
+    for b in range(ops.shape[0]):
+        features_into(
+            ops[b], pred_ptr, pred_idx, pred_bytes, comp, lat, inv,
+            dev[b], start[b], finish[b], free[b], assigned[b], out[b],
+        )  # fmt: skip
+
+
+@numba.njit(cache=True)
+def _place_batch(ops, devs, est, comp, dev, start, finish, free, assigned):  # pragma: no cover
+    for b in range(ops.shape[0]):
+        place(ops[b], devs[b], est[b], comp, dev[b], start[b], finish[b], free[b], assigned[b])
+
+
+class PlacementState:
+    """``B`` list-schedule states of one graph on one cluster, stepped in lock-step.
+
+    Arrays (``[B, ...]``, updated in place): ``dev`` (device per op, -1 before
+    placement), ``start_s``/``finish_s`` (estimated, per op), ``free_s`` (per
+    device), ``assigned_compute_s`` (per device). Build from a
+    :class:`~doppler.baselines._costs.CostModel`.
+    """
+
+    def __init__(self, graph, costs: CostModel, batch: int = 1) -> None:
+        self.num_ops = n = graph.num_ops
+        self.num_devices = nd = costs.num_devices
+        self.batch = batch
+        self.pred_ptr = np.ascontiguousarray(graph.pred_ptr, dtype=np.int64)
+        self.pred_idx = np.ascontiguousarray(graph.pred_idx, dtype=np.int64)
+        self.pred_bytes = np.ascontiguousarray(costs.pred_bytes(graph), dtype=np.float64)
+        self.compute_s = np.ascontiguousarray(costs.compute_s, dtype=np.float64)
+        self.latency_s = np.ascontiguousarray(costs.latency_s, dtype=np.float64)
+        self.inv_bw = np.ascontiguousarray(costs.inv_bw, dtype=np.float64)
+        self.dev = np.full((batch, n), -1, dtype=np.int64)
+        self.start_s = np.zeros((batch, n))
+        self.finish_s = np.zeros((batch, n))
+        self.free_s = np.zeros((batch, nd))
+        self.assigned_compute_s = np.zeros((batch, nd))
+
+    def est(self, ops: np.ndarray) -> np.ndarray:
+        """EST of ``ops[b]`` on every device in state ``b``: ``float64[B, D]``."""
+        out = np.empty((self.batch, self.num_devices))
+        _est_batch(
+            np.ascontiguousarray(ops, dtype=np.int64), self.pred_ptr, self.pred_idx, self.pred_bytes,
+            self.latency_s, self.inv_bw, self.dev, self.finish_s, self.free_s, out,
+        )  # fmt: skip
+        return out
+
+    def features(self, ops: np.ndarray) -> np.ndarray:
+        """Unnormalised device features of ``ops[b]`` in state ``b``: ``float64[B, D, F]``."""
+        out = np.empty((self.batch, self.num_devices, NUM_DEVICE_FEATURES))
+        _features_batch(
+            np.ascontiguousarray(ops, dtype=np.int64), self.pred_ptr, self.pred_idx, self.pred_bytes,
+            self.compute_s, self.latency_s, self.inv_bw, self.dev, self.start_s, self.finish_s,
+            self.free_s, self.assigned_compute_s, out,
+        )  # fmt: skip
+        return out
+
+    def place(self, ops: np.ndarray, devs: np.ndarray, est_s: np.ndarray) -> None:
+        """Put ``ops[b]`` on ``devs[b]`` at time ``est_s[b]`` in every state ``b``."""
+        _place_batch(
+            np.ascontiguousarray(ops, dtype=np.int64), np.ascontiguousarray(devs, dtype=np.int64),
+            np.ascontiguousarray(est_s, dtype=np.float64), self.compute_s, self.dev, self.start_s,
+            self.finish_s, self.free_s, self.assigned_compute_s,
+        )  # fmt: skip

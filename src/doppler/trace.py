@@ -1,0 +1,154 @@
+"""The :class:`Trace` of one run: per-op and per-transfer times, critical path, JSON.
+
+Both the simulator (:mod:`doppler.simulate`) and the real execution engine
+return it, so everything downstream (reports, the CLI) reads one format.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.io_util import atomic_write_text
+
+__all__ = ["Trace"]
+
+
+@dataclass
+class Trace:
+    """What happened, per op and per transfer (numpy arrays; times in seconds).
+
+    Ops are indexed by op id. Transfers are listed in creation order (by
+    producer op id, then by first consumer slot); ``tr_src_op[k]`` is the
+    producer, ``tr_dst_device[k]`` the destination.
+    """
+
+    op_device: np.ndarray  # int64[n]
+    op_ready: np.ndarray  # float64[n]
+    op_start: np.ndarray  # float64[n]
+    op_end: np.ndarray  # float64[n]
+    tr_src_op: np.ndarray  # int64[T]
+    tr_src_device: np.ndarray  # int64[T]
+    tr_dst_device: np.ndarray  # int64[T]
+    tr_bytes: np.ndarray  # float64[T]
+    tr_start: np.ndarray  # float64[T]
+    tr_end: np.ndarray  # float64[T]
+    mode: str = "wc"
+
+    @property
+    def num_ops(self) -> int:
+        return int(self.op_device.shape[0])
+
+    @property
+    def num_transfers(self) -> int:
+        return int(self.tr_src_op.shape[0])
+
+    @property
+    def makespan_s(self) -> float:
+        return float(self.op_end.max()) if self.op_end.size else 0.0
+
+    def busy_s(self, num_devices: int) -> np.ndarray:
+        """Summed op time per device (seconds)."""
+        return np.bincount(self.op_device, weights=self.op_end - self.op_start, minlength=num_devices)
+
+    def utilisation(self, cluster: Cluster) -> np.ndarray:
+        """Per device: busy time / (makespan x streams), in [0, 1]."""
+        mk = self.makespan_s
+        busy = self.busy_s(cluster.num_devices)
+        if mk <= 0:
+            return np.zeros(cluster.num_devices)
+        return busy / (mk * cluster.streams)
+
+    def arrival_s(self, graph: DataflowGraph) -> dict[tuple[int, int], float]:
+        """(op, device) -> time the op's output is available on that device."""
+        out: dict[tuple[int, int], float] = {}
+        for v in range(self.num_ops):
+            out[(v, int(self.op_device[v]))] = float(self.op_end[v])
+        for k in range(self.num_transfers):
+            out[(int(self.tr_src_op[k]), int(self.tr_dst_device[k]))] = float(self.tr_end[k])
+        return out
+
+    def critical_path(self, graph: DataflowGraph) -> list[int]:
+        """The chain of ops that determined the makespan, first op first.
+
+        Walk back from the last-finishing op (ties: lowest id): if it waited for
+        its device after becoming ready, step to the op on that device that
+        finished when it started (the longest one if several); otherwise step to
+        the predecessor whose output arrived last (ties: the one that finished
+        last, then the lowest id). In BSP mode an op released by a barrier that
+        no predecessor explains steps to the previous level's op (or the
+        producer of the transfer) that finished at the barrier.
+        """
+        n = self.num_ops
+        if n == 0:
+            return []
+        arrival = self.arrival_s(graph)
+        dev, ready, start, end = self.op_device, self.op_ready, self.op_start, self.op_end
+        by_device: dict[int, np.ndarray] = {}
+        v = int(np.flatnonzero(end == end.max())[0])
+        path = [v]
+        seen = {v}
+        while True:
+            d = int(dev[v])
+            nxt = -1
+            if start[v] > ready[v]:
+                ops_d = by_device.get(d)
+                if ops_d is None:
+                    ops_d = by_device[d] = np.flatnonzero(dev == d)
+                cand = ops_d[(end[ops_d] == start[v]) & (start[ops_d] < start[v])]
+                if cand.size:
+                    dur = end[cand] - start[cand]
+                    nxt = int(cand[np.flatnonzero(dur == dur.max())[0]])
+            elif ready[v] > 0:
+                preds = graph.predecessors(v)
+                arr = np.array([arrival[(int(u), d)] for u in preds]) if preds.size else np.empty(0)
+                cand = preds[arr == ready[v]] if preds.size else preds
+                if cand.size:
+                    ends = end[cand]
+                    nxt = int(cand[np.flatnonzero(ends == ends.max())[0]])
+                else:  # BSP barrier
+                    lvl = graph.level[v] - 1
+                    ops_l = np.flatnonzero(graph.level == lvl)
+                    hit = ops_l[end[ops_l] == ready[v]]
+                    if hit.size:
+                        nxt = int(hit[0])
+                    else:
+                        ks = np.flatnonzero((self.tr_end == ready[v]) & (graph.level[self.tr_src_op] == lvl))
+                        if ks.size:
+                            nxt = int(self.tr_src_op[ks[0]])
+            if nxt < 0 or nxt in seen:
+                break
+            seen.add(nxt)
+            path.append(nxt)
+            v = nxt
+        return path[::-1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "makespan_s": self.makespan_s,
+            "ops": {
+                "device": self.op_device.tolist(),
+                "ready_s": self.op_ready.tolist(),
+                "start_s": self.op_start.tolist(),
+                "end_s": self.op_end.tolist(),
+            },
+            "transfers": {
+                "src_op": self.tr_src_op.tolist(),
+                "src_device": self.tr_src_device.tolist(),
+                "dst_device": self.tr_dst_device.tolist(),
+                "bytes": self.tr_bytes.tolist(),
+                "start_s": self.tr_start.tolist(),
+                "end_s": self.tr_end.tolist(),
+            },
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` atomically."""
+        atomic_write_text(path, json.dumps(self.to_json()) + "\n")
