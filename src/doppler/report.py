@@ -314,3 +314,53 @@ def comparison_table(rows: list[dict[str, Any]], title: str) -> "Any":
         )
     return table
 
+
+
+# ------------------------------------------------------------------ training curves
+def training_curve(
+    history: list[dict[str, float]],
+    path: str | Path,
+    *,
+    title: str = "DOPPLER training",
+    references: dict[str, float] | None = None,
+) -> None:
+    """Plot a training run's history (``Trainer.history``): Stage I agreement with the
+    teacher and Stage II mean / best makespan over the lower bound, with optional
+    horizontal reference lines (e.g. ``{"critical_path": 1.39}`` as ratios)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    il = [h for h in history if h.get("stage_il")]
+    rl = [h for h in history if not h.get("stage_il")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax = axes[0]
+    if il:
+        x = [h["episode"] for h in il]
+        ax.plot(x, [h["agree_sel"] for h in il], label="SEL agrees with teacher")
+        ax.plot(x, [h["agree_plc"] for h in il], label="PLC agrees with teacher")
+        ax.set_ylim(0, 1.02)
+        ax.legend(frameon=False, loc="lower right")
+    ax.set_title("Stage I: imitation")
+    ax.set_xlabel("episodes")
+    ax = axes[1]
+    if rl:
+        x = [h["episode"] for h in rl]
+        ax.plot(x, [h["mean_ratio"] for h in rl], label="batch mean (sampled)", alpha=0.8)
+        ax.plot(x, [h["best_ratio"] for h in rl], label="best so far")
+        if "greedy_ratio" in rl[-1]:
+            pts = [(h["episode"], h["greedy_ratio"]) for h in rl if "greedy_ratio" in h]
+            ax.plot(*zip(*pts), "o-", label="greedy decode")
+    for i, (name, value) in enumerate((references or {}).items()):
+        ax.axhline(value, ls="--", lw=1, color=f"C{i + 3}", label=name)
+    ax.set_title("Stage II: simulator RL")
+    ax.set_xlabel("episodes")
+    ax.set_ylabel("makespan / lower bound")
+    ax.legend(frameon=False, fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -51,7 +51,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {}
 
 # Modules that register further methods when imported (the learned methods add theirs here).
-PLUGIN_MODULES: list[str] = []
+PLUGIN_MODULES: list[str] = ["doppler.policy.method"]
 _BUILTIN_MODULES = ("simple", "critical_path", "heft", "metis", "enumerative", "anneal")
 _loaded_plugins = False
 

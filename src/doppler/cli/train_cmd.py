@@ -1,0 +1,173 @@
+"""``doppler train``: Stage I (imitation) and Stage II (simulator RL) of DOPPLER."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+
+
+def _parse_stages(stages: str) -> tuple[str, ...]:
+    from doppler.train import STAGES
+
+    out = tuple(s.strip() for s in stages.split(",") if s.strip())
+    if "real" in out:
+        raise UserError("stage 'real' needs the real execution engine, which doppler does not have yet (use il,sim)")
+    bad = [s for s in out if s not in STAGES]
+    if bad or not out:
+        raise UserError(f"unknown stage {bad[0] if bad else stages!r} in --stages (use a comma list of: {', '.join(STAGES)})")
+    return out
+
+
+def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool):
+    from doppler.formats import load_graph
+    from doppler.hardware import cluster
+    from doppler.train import Trainer, TrainError, config_from_json, read_checkpoint
+
+    graphs = [load_graph(p) for p in graph_paths]
+    cl = cluster(cluster_name)
+    ckpt = run_dir / "checkpoint.pt"
+    if resume:
+        if not ckpt.is_file():
+            raise UserError(f"{ckpt}: no checkpoint to resume from")
+        ck = read_checkpoint(ckpt)
+        saved = config_from_json(json.loads(ck["config"]))
+        saved.episodes, saved.il_episodes = cfg.episodes, cfg.il_episodes
+        if json.loads(ck["cluster"]) != cl.to_json():
+            raise TrainError(f"{ckpt}: trained on cluster {json.loads(ck['cluster']).get('name')!r}, not {cl.name!r}")
+        trainer = Trainer.create(graphs, cl, saved)
+        trainer.load_state(ck)
+        return trainer
+    if ckpt.exists():
+        raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
+    return Trainer.create(graphs, cl, cfg)
+
+
+def _progress_bar():
+    return Progress(
+        TextColumn("[bold]{task.description}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=False,
+    )
+
+
+@app.command("train")
+def train_cmd(
+    graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
+    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
+    stages: str = typer.Option("il,sim", "--stages", help="Comma list of stages: il (imitation), sim (simulator RL)."),
+    episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
+    il_episodes: int = typer.Option(1024, "--il-episodes", help="Stage I episodes."),
+    batch: int = typer.Option(16, "--batch", help="Episodes per graph per update (they share one encoder pass)."),
+    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, heft, enumerative, anneal."),
+    baseline: str = typer.Option("loo", "--baseline", help="REINFORCE baseline: running, mean, loo."),
+    self_improve: float = typer.Option(0.1, "--self-improve", help="Weight of the best-so-far imitation term (0: off)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
+    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
+) -> None:
+    """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
+    with handle_errors():
+        from doppler.train import TrainConfig, TrainError
+
+        try:
+            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, il_episodes=il_episodes, batch=batch,
+                              teacher=teacher, baseline=baseline, self_improve_coef=self_improve, seed=seed)  # fmt: skip
+            cfg.validate()
+            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume)
+        except TrainError as e:
+            raise UserError(str(e)) from None
+        output.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        _run_with_progress(trainer, output, quiet=json_out)
+        elapsed = time.perf_counter() - t0
+        summary = _summary(trainer, output, elapsed)
+        if json_out:
+            emit_json(summary)
+        else:
+            _print_summary(summary)
+
+
+def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
+    from doppler.report import format_seconds
+
+    with _progress_bar() as progress:
+        bars: dict[str, Any] = {}
+
+        def on_progress(st: dict[str, Any]) -> None:
+            stage = st["stage"]
+            if stage not in bars:
+                label = "Stage I  imitation" if stage == "il" else "Stage II simulator RL"
+                bars[stage] = progress.add_task(label, total=st["total"], status="")
+            if stage == "il":
+                status = f"{st['episodes_per_s']:.0f} ep/s  agreement SEL {st['agree_sel']:.0%} PLC {st['agree_plc']:.0%}"
+            else:
+                status = (f"{st['episodes_per_s']:.0f} ep/s  mean {st['mean_ratio']:.3f}x LB  "
+                          f"best {format_seconds(st['best_makespan_s'])}")  # fmt: skip
+            progress.update(bars[stage], completed=min(st["episode"], st["total"]), status=status)
+
+        if quiet:
+            progress.stop()
+        trainer.run(run_dir, on_progress)
+
+
+def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
+    from doppler.baselines import assign
+    from doppler.report import training_curve
+    from doppler.simulate import simulate
+
+    graphs = []
+    refs: dict[str, float] = {}
+    for task in trainer.tasks:
+        devices, greedy_s = trainer.greedy(task)
+        cp = simulate(task.graph, task.cluster, assign(task.graph, task.cluster, "critical_path")).makespan_s
+        graphs.append({
+            "graph": task.graph.name,
+            "num_ops": task.graph.num_ops,
+            "greedy_makespan_s": greedy_s,
+            "best_makespan_s": task.best_makespan_s if task.best_assignment is not None else None,
+            "critical_path_makespan_s": cp,
+            "lower_bound_s": task.lower_bound_s,
+        })  # fmt: skip
+        if len(trainer.tasks) == 1:
+            refs = {"critical_path": cp / task.lower_bound_s, "DOPPLER greedy (end)": greedy_s / task.lower_bound_s}
+    curve = run_dir / "training_curve.png"
+    training_curve(trainer.history, curve, title=f"DOPPLER on {', '.join(g['graph'] for g in graphs)}", references=refs)
+    return {
+        "run_dir": str(run_dir),
+        "checkpoint": str(run_dir / "checkpoint.pt"),
+        "training_curve": str(curve),
+        "il_episodes": trainer.il_episode,
+        "episodes": trainer.episode,
+        "elapsed_s": elapsed_s,
+        "graphs": graphs,
+    }
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    from doppler.report import format_seconds
+
+    console.print(f"trained {s['il_episodes']} imitation + {s['episodes']} RL episodes in {s['elapsed_s']:.1f} s "
+                  f"-> {s['checkpoint']}", highlight=False)  # fmt: skip
+    for g in s["graphs"]:
+        best = f", best sampled {format_seconds(g['best_makespan_s'])}" if g["best_makespan_s"] is not None else ""
+        console.print(
+            f"  {g['graph']} ({g['num_ops']} ops): greedy {format_seconds(g['greedy_makespan_s'])}{best}; "
+            f"critical_path {format_seconds(g['critical_path_makespan_s'])}; "
+            f"lower bound {format_seconds(g['lower_bound_s'])}",
+            highlight=False,
+        )
+    console.print(f"training curve: {s['training_curve']}", highlight=False)

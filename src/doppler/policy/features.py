@@ -1,0 +1,155 @@
+"""What the policy sees: static per-op and per-edge features of a graph on a cluster,
+the longest-path membership used by the SEL head, and the normalisation of the
+dynamic per-device features (computed by :mod:`doppler.listsched`).
+
+Everything is normalised per graph so one policy can serve graphs of different
+sizes, cost scales and clusters:
+
+* times are divided by ``time_scale_s``, the graph's critical-path length with
+  mean compute and mean communication costs (its largest b-level);
+* per-op compute and communication sums are also divided by their largest value.
+
+Static op features (:data:`OP_FEATURES`), in ``[0, 1]``: mean compute / max,
+b-level / time scale, t-level / time scale, summed input communication / max,
+summed output communication / max. Edge features: mean communication of the
+edge / max, and a direction bit (0 = along the dataflow, 1 = the added reverse
+edge), so messages flow both ways through the DAG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from doppler.baselines._costs import CostModel
+from doppler.graph import DataflowGraph
+
+OP_FEATURES = ("compute", "b_level", "t_level", "input_comm", "output_comm")
+NUM_OP_FEATURES = len(OP_FEATURES)
+NUM_EDGE_FEATURES = 2
+
+
+def _safe_div(x: np.ndarray, scale: float) -> np.ndarray:
+    return x / scale if scale > 0 else np.zeros_like(x)
+
+
+def _argmax_per_group(group: np.ndarray, value: np.ndarray, member: np.ndarray, size: int) -> np.ndarray:
+    """For each group id in ``0..size-1`` the ``member`` with the largest ``value``
+    (ties: lowest member id), -1 for empty groups."""
+    out = np.full(size, -1, dtype=np.int64)
+    if group.size == 0:
+        return out
+    order = np.lexsort((member, -value, group))
+    g = group[order]
+    first = np.ones(g.size, dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    out[g[first]] = member[order][first]
+    return out
+
+
+def _path_members(nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) pairs: ``col`` lies on the chain ``row -> nxt[row] -> ...`` (row included)."""
+    n = nxt.shape[0]
+    rows, cols = [], []
+    cur = np.arange(n)
+    alive = np.arange(n)
+    while alive.size:
+        rows.append(alive)
+        cols.append(cur)
+        cur = nxt[cur]
+        keep = cur >= 0
+        alive, cur = alive[keep], cur[keep]
+    return np.concatenate(rows), np.concatenate(cols)
+
+
+@dataclass
+class GraphFeatures:
+    """The static inputs of the policy for one (graph, cluster) pair."""
+
+    op_x: np.ndarray  # float32[n, NUM_OP_FEATURES]
+    edge_index: np.ndarray  # int64[2, 2E]: forward edges then reversed ones
+    edge_attr: np.ndarray  # float32[2E, NUM_EDGE_FEATURES]
+    path_down: tuple[np.ndarray, np.ndarray]  # (op, member) pairs of each op's longest path to an exit
+    path_up: tuple[np.ndarray, np.ndarray]  # (op, member) pairs of each op's longest path from an entry
+    path_scale: float  # paths are summed then divided by this (the graph's depth in ops)
+    b_level_s: np.ndarray  # float64[n], mean costs (the SEL teacher's priority)
+    time_scale_s: float
+    costs: CostModel
+    graph: DataflowGraph
+    kernel_arrays: tuple  # (pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, in_degree) for compiled loops
+
+    @property
+    def num_ops(self) -> int:
+        return int(self.op_x.shape[0])
+
+    @property
+    def num_devices(self) -> int:
+        return self.costs.num_devices
+
+
+def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | None = None) -> GraphFeatures:
+    """Static features of ``graph`` on ``cluster`` (or on explicit ``costs``). O(V + E) vectorised."""
+    cm = costs if costs is not None else CostModel.build(graph, cluster)
+    n = graph.num_ops
+    comp = cm.mean_compute_s()
+    edge_comm = cm.mean_edge_comm_s()
+    b_level = graph.b_level(comp, edge_comm)
+    t_level = graph.t_level(comp, edge_comm)
+    time_scale = float(b_level.max()) if n else 0.0
+    in_comm = np.bincount(graph.dst, weights=edge_comm, minlength=n)
+    out_comm = np.bincount(graph.src, weights=edge_comm, minlength=n)
+    op_x = np.stack(
+        [
+            _safe_div(comp, float(comp.max(initial=0.0))),
+            _safe_div(b_level, time_scale),
+            _safe_div(t_level, time_scale),
+            _safe_div(in_comm, float(in_comm.max(initial=0.0))),
+            _safe_div(out_comm, float(out_comm.max(initial=0.0))),
+        ],
+        axis=1,
+    ).astype(np.float32)
+
+    e_norm = _safe_div(edge_comm, float(edge_comm.max(initial=0.0))).astype(np.float32)
+    m = graph.num_edges
+    edge_index = np.concatenate([np.stack([graph.src, graph.dst]), np.stack([graph.dst, graph.src])], axis=1)
+    edge_attr = np.zeros((2 * m, NUM_EDGE_FEATURES), dtype=np.float32)
+    edge_attr[:m, 0] = edge_attr[m:, 0] = e_norm
+    edge_attr[m:, 1] = 1.0
+
+    # Longest-path successors/predecessors (the chains b-level and t-level follow).
+    down_val = edge_comm + b_level[graph.dst]
+    nxt_down = _argmax_per_group(graph.src, down_val, graph.dst, n)
+    up_val = t_level[graph.src] + comp[graph.src] + edge_comm
+    nxt_up = _argmax_per_group(graph.dst, up_val, graph.src, n)
+    return GraphFeatures(
+        op_x=op_x,
+        edge_index=edge_index.astype(np.int64),
+        edge_attr=edge_attr,
+        path_down=_path_members(nxt_down),
+        path_up=_path_members(nxt_up),
+        path_scale=float(max(graph.depth, 1)),
+        b_level_s=b_level,
+        time_scale_s=time_scale,
+        costs=cm,
+        graph=graph,
+        kernel_arrays=(
+            np.ascontiguousarray(graph.pred_ptr, dtype=np.int64),
+            np.ascontiguousarray(graph.pred_idx, dtype=np.int64),
+            np.ascontiguousarray(cm.pred_bytes(graph), dtype=np.float64),
+            np.ascontiguousarray(graph.succ_ptr, dtype=np.int64),
+            np.ascontiguousarray(graph.succ_idx, dtype=np.int64),
+            np.ascontiguousarray(np.diff(graph.pred_ptr), dtype=np.int64),
+        ),
+    )
+
+
+@numba.njit(cache=True)
+def normalise_device_features(raw, inv_time_scale, out):  # pragma: no cover - compiled
+    """Raw device features ``raw[D, F]`` (seconds; the last one a 0/1 flag) into policy inputs ``out[D, F]``."""
+    nd, nf = raw.shape
+    for d in range(nd):
+        for f in range(nf - 1):
+            out[d, f] = raw[d, f] * inv_time_scale
+        out[d, nf - 1] = raw[d, nf - 1]

@@ -1,0 +1,157 @@
+"""DOPPLER's networks: one MPNN encoder run once per graph and batch, and the SEL and
+PLC heads (DESIGN.md §3).
+
+* :class:`EdgeConditionedConv` is PyG's ``NNConv`` (Gilmer et al.'s edge network:
+  the message of edge ``j -> i`` is ``x_j @ W(e)`` with ``W(e)`` a learned function
+  of the edge's features) for an edge network whose last layer is linear, as in
+  PyG's QM9 example. ``NNConv`` materialises one ``H x H`` matrix per edge
+  (E * H^2 floats: 4 GB at 10k ops and H = 128); since the last layer is linear,
+  ``W(e) = sum_k a_k(e) W_k + W_0`` and the message is ``sum_k a_k(e) (x_j W_k)``,
+  which costs E * H * (k + 1). A test checks it equals ``NNConv`` with mapped weights.
+* :class:`GraphEncoder`: K message-passing steps with shared weights and a GRU
+  update (``NNConv`` + ``GRU`` as in Gilmer et al.), over the DAG's edges in both
+  directions (the direction is an edge feature).
+* :class:`SelHead` scores every op once: MLP over [linear(op features), H[v], the
+  sum of H over v's longest path to an exit, the sum over v's longest path from an
+  entry] (path sums divided by the graph's depth). Scores depend only on static
+  inputs, so a SEL step is a masked softmax over the candidates.
+* :class:`PlcHead` scores device d for the op v being placed: MLP over
+  [linear(device features of d), linear(op features of v), H[v], sum of H over
+  the ops already on d (divided by the op count)]. Its first layer is split so the
+  op-dependent part is one ``[ops, M]`` matrix per batch and a step is a gather
+  plus a ``[D, F] x [F, M]`` product.
+
+Activations are LeakyReLU throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import MessagePassing
+
+from doppler.listsched import NUM_DEVICE_FEATURES
+from doppler.policy.features import NUM_EDGE_FEATURES, NUM_OP_FEATURES, GraphFeatures
+
+LEAK = 0.01
+
+
+class EdgeConditionedConv(MessagePassing):
+    """``NNConv(channels, channels, nn=Sequential(edge MLP, Linear(basis, channels**2)))`` in factorised form."""
+
+    def __init__(self, channels: int, edge_dim: int, basis: int = 4, edge_hidden: int = 16, aggr: str = "mean") -> None:
+        super().__init__(aggr=aggr, node_dim=0)
+        self.channels = channels
+        self.num_basis = basis
+        self.edge_mlp = nn.Sequential(nn.Linear(edge_dim, edge_hidden), nn.LeakyReLU(LEAK), nn.Linear(edge_hidden, basis))
+        self.basis = nn.Linear(channels, (basis + 1) * channels, bias=False)  # W_1..W_k, then the constant W_0
+        self.root = nn.Linear(channels, channels)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
+        xw = self.basis(x).view(-1, self.num_basis + 1, self.channels)
+        coeff = F.pad(self.edge_mlp(edge_attr), (0, 1), value=1.0)
+        return self.propagate(edge_index, xw=xw, coeff=coeff) + self.root(x)
+
+    def message(self, xw_j: torch.Tensor, coeff: torch.Tensor) -> torch.Tensor:
+        return (xw_j * coeff.unsqueeze(-1)).sum(dim=1)
+
+
+class GraphEncoder(nn.Module):
+    """Op embeddings ``H[n, hidden]`` after ``steps`` rounds of message passing."""
+
+    def __init__(self, hidden: int = 128, steps: int = 6, basis: int = 4) -> None:
+        super().__init__()
+        self.steps = steps
+        self.embed = nn.Linear(NUM_OP_FEATURES, hidden)
+        self.conv = EdgeConditionedConv(hidden, NUM_EDGE_FEATURES, basis)
+        self.gru = nn.GRUCell(hidden, hidden)
+
+    def forward(self, op_x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
+        h = F.leaky_relu(self.embed(op_x), LEAK)
+        for _ in range(self.steps):
+            m = F.leaky_relu(self.conv(h, edge_index, edge_attr), LEAK)
+            h = self.gru(m, h)
+        return h
+
+
+class SelHead(nn.Module):
+    def __init__(self, hidden: int, mlp_hidden: int) -> None:
+        super().__init__()
+        self.op_lin = nn.Linear(NUM_OP_FEATURES, hidden)
+        self.mlp = nn.Sequential(nn.Linear(4 * hidden, mlp_hidden), nn.LeakyReLU(LEAK), nn.Linear(mlp_hidden, 1))
+
+    def forward(self, op_x: torch.Tensor, emb: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.op_lin(op_x), emb, down, up], dim=1)).squeeze(1)
+
+
+class PlcHead(nn.Module):
+    def __init__(self, hidden: int, mlp_hidden: int) -> None:
+        super().__init__()
+        self.dev_lin = nn.Linear(NUM_DEVICE_FEATURES, hidden)
+        self.op_lin = nn.Linear(NUM_OP_FEATURES, hidden)
+        # the first MLP layer over [dev_lin(f_d), op_lin(x_v), H[v], placed_d], one block per input
+        self.w_dev = nn.Linear(hidden, mlp_hidden, bias=False)
+        self.w_op = nn.Linear(hidden, mlp_hidden)
+        self.w_emb = nn.Linear(hidden, mlp_hidden, bias=False)
+        self.w_placed = nn.Linear(hidden, mlp_hidden, bias=False)
+        self.out = nn.Linear(mlp_hidden, 1)
+
+    def op_part(self, op_x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """``[n, M]``: the first layer's op-dependent part, plus both first-layer biases."""
+        return self.w_op(self.op_lin(op_x)) + self.w_emb(emb) + self.w_dev(self.dev_lin.bias)
+
+    def placed_part(self, emb: torch.Tensor) -> torch.Tensor:
+        """``[n, M]``: what placing op u on d adds to d's pre-activation (summed over placed ops)."""
+        return self.w_placed(emb) / emb.shape[0]
+
+    def device_matrix(self) -> torch.Tensor:
+        """``[F, M]``: device features -> pre-activation (the device linear folded into the first layer)."""
+        return (self.w_dev.weight @ self.dev_lin.weight).T
+
+
+@dataclass
+class Encoded:
+    """One encoder pass over a graph: everything a batch of rollouts needs, as tensors."""
+
+    sel_score: torch.Tensor  # [n]
+    plc_op: torch.Tensor  # [n, M]
+    plc_placed: torch.Tensor  # [n, M]
+    plc_dev: torch.Tensor  # [F, M]
+    plc_w_out: torch.Tensor  # [M]: the PLC head's output layer
+    plc_b_out: torch.Tensor  # []
+
+
+def _path_sum(emb: torch.Tensor, pairs: tuple, scale: float) -> torch.Tensor:
+    rows = torch.as_tensor(pairs[0], dtype=torch.long)
+    cols = torch.as_tensor(pairs[1], dtype=torch.long)
+    out = torch.zeros_like(emb).index_add_(0, rows, emb.index_select(0, cols))
+    return out / scale
+
+
+class DopplerPolicy(nn.Module):
+    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (see :meth:`load`)."""
+
+    def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4) -> None:
+        super().__init__()
+        self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis}
+        self.encoder = GraphEncoder(hidden, steps, basis)
+        self.sel = SelHead(hidden, mlp_hidden)
+        self.plc = PlcHead(hidden, mlp_hidden)
+
+    def encode(self, gf: GraphFeatures) -> Encoded:
+        """Run the encoder once and precompute every op-dependent head input."""
+        op_x = torch.from_numpy(gf.op_x)
+        emb = self.encoder(op_x, torch.from_numpy(gf.edge_index), torch.from_numpy(gf.edge_attr))
+        down = _path_sum(emb, gf.path_down, gf.path_scale)
+        up = _path_sum(emb, gf.path_up, gf.path_scale)
+        return Encoded(
+            sel_score=self.sel(op_x, emb, down, up),
+            plc_op=self.plc.op_part(op_x, emb),
+            plc_placed=self.plc.placed_part(emb),
+            plc_dev=self.plc.device_matrix(),
+            plc_w_out=self.plc.out.weight.squeeze(0),
+            plc_b_out=self.plc.out.bias.squeeze(0),
+        )

@@ -1,0 +1,299 @@
+"""ASSIGN(SEL, PLC) for a batch of episodes of one graph, and the batched re-scoring
+of recorded actions.
+
+Why two passes. A rollout has |V| sequential steps, but the policy's encoder and
+every op-dependent head input are computed once per batch
+(:meth:`~doppler.policy.networks.DopplerPolicy.encode`). What is left per step
+(a masked softmax over the candidates, the device features from the shared
+list-schedule state, a ``[D, F] x [F, M]`` product, the state update) is a few
+hundred flops, so the whole |V|-step loop for all B episodes runs as one compiled
+call (:func:`_rollout_kernel`) on detached copies of those arrays, recording the
+actions, the device features each PLC decision saw, and when each op became a
+candidate. :func:`evaluate_actions` then recomputes the log-likelihood and
+entropy of every recorded decision in one batched, differentiable torch pass
+(``benchmarks/train_speed.py`` measures this against keeping an autograd graph
+through a per-step torch loop).
+
+Decode modes: ``sample`` (softmax, with epsilon-greedy exploration: with
+probability ``eps`` a uniform choice), ``greedy`` (arg-max; ties: lowest op id /
+device id) and ``teacher`` (replay given op orders and devices, to score them).
+All randomness comes from one numpy ``Generator`` (uniforms drawn up front), so
+a rollout is reproducible from the generator's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+
+from doppler.baselines.critical_path import TIE_RTOL
+from doppler.listsched import NUM_DEVICE_FEATURES, features_into, place
+from doppler.policy.features import GraphFeatures, normalise_device_features
+from doppler.policy.networks import LEAK, Encoded
+
+MODES = ("sample", "greedy", "teacher")
+_MODE_CODE = {"sample": 0, "greedy": 1, "teacher": 2}
+
+
+@numba.njit(cache=True)
+def _pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: no cover - compiled
+    """Choose one of ``idx[:count]`` by ``scores``: softmax sample / eps-uniform / greedy arg-max."""
+    if mode == 0 and u_coin < eps:
+        return idx[min(int(u_draw * count), count - 1)]
+    best = idx[0]
+    for k in range(1, count):
+        i = idx[k]
+        s = weights_or_scores[i]
+        if s > weights_or_scores[best] or (s == weights_or_scores[best] and i < best):
+            best = i
+    if mode != 0:
+        return best
+    top = weights_or_scores[best]
+    total = 0.0
+    for k in range(count):
+        total += np.exp(weights_or_scores[idx[k]] - top)
+    target = u_draw * total
+    acc = 0.0
+    for k in range(count):
+        acc += np.exp(weights_or_scores[idx[k]] - top)
+        if acc >= target:
+            return idx[k]
+    return idx[count - 1]
+
+
+@numba.njit(cache=True)
+def _rollout_kernel(
+    pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
+    sel_score, plc_op, plc_placed, plc_dev, w_out, b_out, leak,
+    mode, eps, uniforms, forced_order, forced_dev,
+    order, step_dev, assignment, enter_step, feats, est_tied,
+):  # pragma: no cover - compiled  # fmt: skip
+    """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate."""
+    B, n = order.shape
+    nd = comp.shape[1]
+    m_hidden = plc_op.shape[1]
+    nf = feats.shape[3]
+    all_devs = np.arange(nd)
+    for b in range(B):
+        dev = assignment[b]
+        dev[:] = -1
+        start = np.zeros(n)
+        finish = np.zeros(n)
+        free = np.zeros(nd)
+        assigned = np.zeros(nd)
+        indeg = indeg0.copy()
+        cand = np.empty(n, np.int64)
+        pos = np.full(n, -1, np.int64)
+        ncand = 0
+        for v in range(n):
+            if indeg[v] == 0:
+                cand[ncand] = v
+                pos[v] = ncand
+                ncand += 1
+                enter_step[b, v] = 0
+        placed = np.zeros((nd, m_hidden))
+        raw = np.empty((nd, nf))
+        x = np.empty((nd, nf))
+        logits = np.empty(nd)
+        for h in range(n):
+            u = uniforms[b, h]
+            # ---- SEL
+            if mode == 2:
+                v = forced_order[b, h]
+                if v < 0 or v >= n or pos[v] < 0:
+                    return h
+            else:
+                v = _pick(sel_score, cand, ncand, mode, u[0], u[1], eps)
+            k = pos[v]
+            ncand -= 1
+            last = cand[ncand]
+            cand[k] = last
+            pos[last] = k
+            pos[v] = -1
+            # ---- PLC
+            features_into(v, pred_ptr, pred_idx, pred_bytes, comp, lat, inv, dev, start, finish, free, assigned, raw)
+            normalise_device_features(raw, inv_time_scale, x)
+            best_est = raw[0, 4] - raw[0, 5]
+            for d in range(nd):
+                for f in range(nf):
+                    feats[b, h, d, f] = x[d, f]
+                est_tied[b, h, d] = raw[d, 5] <= TIE_RTOL * abs(best_est)
+                z = b_out
+                for j in range(m_hidden):
+                    a = plc_op[v, j] + placed[d, j]
+                    for f in range(nf):
+                        a += x[d, f] * plc_dev[f, j]
+                    if a < 0.0:
+                        a *= leak
+                    z += w_out[j] * a
+                logits[d] = z
+            if mode == 2:
+                d = forced_dev[b, h]
+                if d < 0 or d >= nd:
+                    return h
+            else:
+                d = _pick(logits, all_devs, nd, mode, u[2], u[3], eps)
+            place(v, d, raw[d, 4], comp, dev, start, finish, free, assigned)
+            for j in range(m_hidden):
+                placed[d, j] += plc_placed[v, j]
+            order[b, h] = v
+            step_dev[b, h] = d
+            for s in range(succ_ptr[v], succ_ptr[v + 1]):
+                w = succ_idx[s]
+                indeg[w] -= 1
+                if indeg[w] == 0:
+                    cand[ncand] = w
+                    pos[w] = ncand
+                    ncand += 1
+                    enter_step[b, w] = h + 1
+    return -1
+
+
+@dataclass
+class Rollout:
+    """B finished episodes of one graph. Step ``h`` of episode ``b`` put op
+    ``order[b, h]`` on device ``step_device[b, h]``."""
+
+    order: np.ndarray  # int64[B, n]
+    step_device: np.ndarray  # int64[B, n]
+    assignment: np.ndarray  # int64[B, n]: device per op
+    enter_step: np.ndarray  # int64[B, n]: step at which each op became a candidate
+    device_features: np.ndarray  # float32[B, n, D, F]: what PLC saw at each step
+    est_tied: np.ndarray  # bool[B, n, D]: devices tied for the smallest EST (the teacher's PLC choices)
+
+    @property
+    def batch(self) -> int:
+        return int(self.order.shape[0])
+
+
+class RolloutError(ValueError):
+    """Replayed actions that are not a valid ASSIGN trajectory of the graph."""
+
+
+def _numpy_heads(enc: Encoded) -> tuple[np.ndarray, ...]:
+    def arr(t: torch.Tensor) -> np.ndarray:
+        return np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy())
+
+    return arr(enc.sel_score), arr(enc.plc_op), arr(enc.plc_placed), arr(enc.plc_dev), arr(enc.plc_w_out), float(enc.plc_b_out.detach())
+
+
+def rollout(
+    gf: GraphFeatures,
+    enc: Encoded,
+    *,
+    batch: int,
+    mode: str = "sample",
+    eps: float = 0.0,
+    rng: np.random.Generator | None = None,
+    order: np.ndarray | None = None,
+    devices_by_step: np.ndarray | None = None,
+) -> Rollout:
+    """Run ``batch`` episodes of ASSIGN(SEL, PLC) on one graph (see the module docstring).
+
+    ``mode="teacher"`` replays ``order[B, n]`` and ``devices_by_step[B, n]``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
+    n, nd, cm = gf.num_ops, gf.num_devices, gf.costs
+    if mode == "teacher":
+        if order is None or devices_by_step is None:
+            raise ValueError("teacher mode needs order and devices_by_step")
+        forced_order = np.ascontiguousarray(np.broadcast_to(order, (batch, n)), dtype=np.int64)
+        forced_dev = np.ascontiguousarray(np.broadcast_to(devices_by_step, (batch, n)), dtype=np.int64)
+    else:
+        forced_order = forced_dev = np.zeros((1, 1), dtype=np.int64)
+    uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
+    ro = Rollout(
+        order=np.empty((batch, n), np.int64),
+        step_device=np.empty((batch, n), np.int64),
+        assignment=np.empty((batch, n), np.int64),
+        enter_step=np.empty((batch, n), np.int64),
+        device_features=np.empty((batch, n, nd, NUM_DEVICE_FEATURES), np.float32),
+        est_tied=np.empty((batch, n, nd), np.bool_),
+    )
+    sel, plc_op, plc_placed, plc_dev, w_out, b_out = _numpy_heads(enc)
+    inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
+    bad = _rollout_kernel(
+        *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
+        sel, plc_op, plc_placed, plc_dev, w_out, b_out, LEAK,
+        _MODE_CODE[mode], float(eps), uniforms, forced_order, forced_dev,
+        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
+    )  # fmt: skip
+    if bad >= 0:
+        raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
+    return ro
+
+
+# ============================================================================ re-scoring
+def segment_logsumexp(values: torch.Tensor, seg: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """``log(sum(exp(values[seg == s])))`` for every segment ``s`` (-inf for empty ones)."""
+    top = torch.full((num_segments,), -torch.inf, dtype=values.dtype)
+    top = top.scatter_reduce(0, seg, values.detach(), reduce="amax", include_self=True)
+    safe_top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    total = torch.zeros(num_segments, dtype=values.dtype).index_add_(0, seg, torch.exp(values - safe_top[seg]))
+    return torch.log(total) + safe_top
+
+
+@dataclass
+class CandidateSteps:
+    """Every (step, candidate) pair of a rollout, flattened: candidate ``op[i]`` was in the
+    candidate set of step ``seg[i] % n`` of episode ``seg[i] // n``."""
+
+    seg: np.ndarray  # int64[T]
+    op: np.ndarray  # int64[T]
+    num_segments: int
+
+
+def candidate_steps(ro: Rollout) -> CandidateSteps:
+    """Op v is a candidate from the step it became ready until the step that selected it."""
+    B, n = ro.order.shape
+    sel_step = np.empty_like(ro.order)
+    np.put_along_axis(sel_step, ro.order, np.broadcast_to(np.arange(n), (B, n)), axis=1)
+    lengths = (sel_step - ro.enter_step + 1).reshape(-1)
+    total = int(lengths.sum())
+    first = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    ep_op = np.repeat(np.arange(B * n), lengths)
+    step = np.repeat(ro.enter_step.reshape(-1), lengths) + (np.arange(total) - first)
+    return CandidateSteps(seg=(ep_op // n) * n + step, op=ep_op % n, num_segments=B * n)
+
+
+@dataclass
+class ActionScores:
+    """Differentiable log-likelihoods and entropies of a rollout's recorded actions."""
+
+    logp_sel: torch.Tensor  # [B, n]: log SEL(op taken at step h)
+    logp_plc: torch.Tensor  # [B, n]: log PLC(device taken at step h)
+    entropy_sel: torch.Tensor  # [B, n]
+    entropy_plc: torch.Tensor  # [B, n]
+    cand_logp: torch.Tensor  # [T]: log SEL(candidate) for every pair in ``cands``
+    plc_logp: torch.Tensor  # [B, n, D]: log PLC(d) at every step
+    cands: CandidateSteps
+
+
+def evaluate_actions(enc: Encoded, ro: Rollout) -> ActionScores:
+    """Re-score every decision of ``ro`` under the current weights in one batched pass."""
+    B, n = ro.order.shape
+    cs = candidate_steps(ro)
+    seg = torch.from_numpy(cs.seg)
+    s = enc.sel_score[torch.from_numpy(cs.op)]
+    log_z = segment_logsumexp(s, seg, cs.num_segments)
+    cand_logp = s - log_z[seg]
+    order = torch.from_numpy(ro.order)
+    logp_sel = enc.sel_score[order] - log_z.view(B, n)
+    ent_terms = torch.exp(cand_logp) * cand_logp
+    entropy_sel = -torch.zeros(cs.num_segments, dtype=s.dtype).index_add_(0, seg, ent_terms).view(B, n)
+
+    dev = torch.from_numpy(ro.step_device)
+    contrib = enc.plc_placed[order]  # [B, n, M]
+    onehot = torch.nn.functional.one_hot(dev, ro.device_features.shape[2]).to(contrib.dtype)  # [B, n, D]
+    added = onehot.unsqueeze(-1) * contrib.unsqueeze(2)  # [B, n, D, M]
+    placed_before = torch.cumsum(added, dim=1) - added
+    pre = torch.from_numpy(ro.device_features) @ enc.plc_dev + enc.plc_op[order].unsqueeze(2) + placed_before
+    logits = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out  # [B, n, D]
+    plc_logp = torch.log_softmax(logits, dim=-1)
+    logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
+    entropy_plc = -(torch.exp(plc_logp) * plc_logp).sum(-1)
+    return ActionScores(logp_sel, logp_plc, entropy_sel, entropy_plc, cand_logp, plc_logp, cs)

@@ -1,0 +1,452 @@
+"""Training DOPPLER: Stage I (imitation of a teacher) and Stage II (REINFORCE in the
+simulator), with Stage III being the Stage II loop with another :class:`CostOracle`.
+
+Read top to bottom, CleanRL-style: config -> seeding -> tasks (graph, cluster,
+features, oracle) -> policy and optimiser -> Stage I loop -> Stage II loop ->
+checkpoints and logging. Every hyper-parameter lives in :class:`TrainConfig`.
+
+One update processes, for every training graph, ``batch`` episodes that share one
+encoder pass: a compiled rollout records the actions
+(:func:`~doppler.policy.rollout.rollout`), the oracle scores the B assignments in
+one call, and :func:`~doppler.policy.rollout.evaluate_actions` re-scores all
+decisions in one differentiable pass. Rewards are ``-(makespan / lower bound)``
+so several graphs (and clusters of other sizes) can share one policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from doppler.baselines._costs import priority_key
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.io_util import atomic_write_bytes, atomic_write_text
+from doppler.policy.features import GraphFeatures, graph_features
+from doppler.policy.networks import DopplerPolicy
+from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
+from doppler.simulate import lower_bound, simulate_many
+
+STAGES = ("il", "sim")
+TEACHERS = ("critical_path", "heft", "enumerative", "anneal")
+BASELINES = ("running", "mean", "loo")
+CHECKPOINT_FORMAT = "doppler-checkpoint-1"
+
+
+class TrainError(ValueError):
+    """Bad training request or checkpoint (reported with exit code 2 by the CLI)."""
+
+
+@dataclass
+class TrainConfig:
+    """Every hyper-parameter of a training run (defaults: measured, see the README)."""
+
+    stages: tuple[str, ...] = ("il", "sim")  # which stages to run, in order
+    episodes: int = 4000  # Stage II episodes (all graphs together)
+    il_episodes: int = 256  # Stage I episodes (all graphs together)
+    batch: int = 32  # Stage II episodes per graph per update (they share one encoder pass)
+    il_batch: int = 8  # Stage I episodes per graph per update
+    lr: float = 1e-3  # Adam learning rate at the start of Stage II
+    lr_final: float = 1e-6  # ... decayed linearly to this at the end
+    il_lr: float = 2e-3  # Adam learning rate of Stage I
+    eps_start: float = 0.2  # epsilon-greedy exploration in Stage II, decayed linearly ...
+    eps_end: float = 0.0  # ... to this
+    entropy_coef: float = 1e-2  # weight of the (per-step mean) entropy bonus
+    baseline: str = "loo"  # REINFORCE baseline: running | mean | loo (leave-one-out batch mean)
+    running_decay: float = 0.95  # decay of the running-mean baseline
+    normalize_advantage: bool = True  # divide advantages by the batch's standard deviation
+    self_improve_coef: float = 0.0  # weight of the log-likelihood of the best assignment so far
+    max_grad_norm: float = 1.0  # gradient clipping
+    teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
+    hidden: int = 128  # embedding width H
+    mp_steps: int = 6  # message-passing steps K
+    mlp_hidden: int = 128  # width of the heads' hidden layer
+    noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
+    seed: int = 0
+    checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
+    torch_threads: int = 1  # intra-op threads (1 is faster on 2 cores, see benchmarks/train_speed.py)
+
+    def validate(self) -> None:
+        unknown = [s for s in self.stages if s not in STAGES]
+        if unknown or not self.stages:
+            raise TrainError(f"unknown stage {unknown[0] if unknown else ''!r} (use: {', '.join(STAGES)})")
+        if self.teacher not in TEACHERS:
+            raise TrainError(f"unknown teacher {self.teacher!r} (use one of: {', '.join(TEACHERS)})")
+        if self.baseline not in BASELINES:
+            raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
+        for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every"):
+            if int(getattr(self, name)) < 1:
+                raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.baseline != "running" and self.batch < 2:
+            raise TrainError(f"baseline {self.baseline!r} needs --batch >= 2")
+
+
+# ============================================================================ oracles
+class CostOracle(Protocol):
+    """Where Stage II/III rewards come from: makespans (seconds) of a batch of assignments."""
+
+    def evaluate(self, assignments: np.ndarray) -> np.ndarray: ...
+
+
+class SimulatorOracle:
+    """The WC simulator as a cost oracle (optionally with seeded noise, a fresh seed per call)."""
+
+    def __init__(self, graph: DataflowGraph, cluster: Cluster, noise_sigma: float = 0.0, seed: int = 0) -> None:
+        self.graph, self.cluster, self.noise_sigma = graph, cluster, noise_sigma
+        self.calls = seed
+
+    def evaluate(self, assignments: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        seed = self.calls if self.noise_sigma > 0 else 0
+        return simulate_many(self.graph, self.cluster, assignments, noise_sigma=self.noise_sigma, seed=seed)
+
+
+# ============================================================================ tasks
+@dataclass
+class Task:
+    """One training graph: its features, oracle, reward scale, baseline and best result."""
+
+    graph: DataflowGraph
+    cluster: Cluster
+    features: GraphFeatures
+    oracle: CostOracle
+    lower_bound_s: float
+    teacher_devices: np.ndarray | None  # per op, when PLC imitates a method other than critical_path
+    baseline: float | None = None  # running mean of normalised makespans
+    best_makespan_s: float = math.inf
+    best_order: np.ndarray | None = None
+    best_step_device: np.ndarray | None = None
+    best_assignment: np.ndarray | None = None
+
+    def record(self, ro: Rollout, makespans_s: np.ndarray) -> None:
+        b = int(np.argmin(makespans_s))
+        if makespans_s[b] < self.best_makespan_s:
+            self.best_makespan_s = float(makespans_s[b])
+            self.best_order = ro.order[b].copy()
+            self.best_step_device = ro.step_device[b].copy()
+            self.best_assignment = ro.assignment[b].copy()
+
+
+def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: CostOracle | None = None) -> Task:
+    teacher_devices = None
+    if cfg.teacher != "critical_path":
+        from doppler.baselines import assign
+
+        teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=10.0).devices
+    return Task(
+        graph=graph,
+        cluster=cluster,
+        features=graph_features(graph, cluster),
+        oracle=oracle or SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed),
+        lower_bound_s=lower_bound(graph, cluster),
+        teacher_devices=teacher_devices,
+    )
+
+
+# ============================================================================ losses
+def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, float]:
+    """-log P(teacher's tied-best choices), per step; returns (loss, SEL agreement, PLC agreement).
+
+    SEL's teacher picks the candidate with the largest b-level; PLC's the device with
+    the smallest EST (or, with another teacher, that method's device for the op)."""
+    sc = evaluate_actions(enc, ro)
+    cs = sc.cands
+    key = priority_key(task.features.b_level_s)[cs.op]
+    seg_best = np.full(cs.num_segments, np.iinfo(np.int64).min)
+    np.maximum.at(seg_best, cs.seg, key)
+    tied = key == seg_best[cs.seg]
+    seg = torch.from_numpy(cs.seg)
+    masked = torch.where(torch.from_numpy(tied), sc.cand_logp, torch.tensor(-torch.inf))
+    sel_ll = segment_logsumexp(masked, seg, cs.num_segments)
+    if task.teacher_devices is None:
+        plc_mask = torch.from_numpy(ro.est_tied)
+    else:
+        want = task.teacher_devices[ro.order]  # [B, n]
+        plc_mask = torch.from_numpy(np.arange(ro.est_tied.shape[2]) == want[..., None])
+    plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)
+    loss = -(sel_ll.mean() + plc_ll.mean())
+    with torch.no_grad():
+        seg_max = torch.full((cs.num_segments,), -torch.inf).scatter_reduce(0, seg, sc.cand_logp, "amax")
+        sel_agree = float((sel_ll >= seg_max - 1e-6).float().mean())
+        plc_best = sc.plc_logp.argmax(-1, keepdim=True)
+        plc_agree = float(plc_mask.gather(-1, plc_best).float().mean())
+    return loss, sel_agree, plc_agree
+
+
+def advantages(cost: np.ndarray, task: Task, cfg: TrainConfig) -> np.ndarray:
+    """Advantage (higher is better) of each episode's normalised makespan ``cost``."""
+    if cfg.baseline == "running":
+        if task.baseline is None:
+            task.baseline = float(cost.mean())
+        adv = task.baseline - cost
+        task.baseline = cfg.running_decay * task.baseline + (1 - cfg.running_decay) * float(cost.mean())
+    elif cfg.baseline == "mean":
+        adv = cost.mean() - cost
+    else:  # leave-one-out mean of the other B - 1 episodes
+        adv = (cost.sum() - cost) / (cost.size - 1) - cost
+    if cfg.normalize_advantage and adv.size > 1:
+        adv = adv / (adv.std() + 1e-8)
+    return adv
+
+
+# ============================================================================ the trainer
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Trainer:
+    """A training run: tasks, policy, optimiser, RNGs and counters (everything a checkpoint holds)."""
+
+    cfg: TrainConfig
+    tasks: list[Task]
+    policy: DopplerPolicy
+    optimizer: torch.optim.Optimizer
+    rng: np.random.Generator
+    il_episode: int = 0
+    episode: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    writer: Any = None
+
+    @classmethod
+    def create(cls, graphs: list[DataflowGraph], cluster: Cluster, cfg: TrainConfig, oracles=None) -> "Trainer":
+        cfg.validate()
+        if not graphs:
+            raise TrainError("give at least one graph")
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(max(1, cfg.torch_threads))
+        tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
+        policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden)
+        opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
+        return cls(cfg, tasks, policy, opt, np.random.default_rng(cfg.seed))
+
+    # ------------------------------------------------------------------ stage I
+    def imitation_update(self) -> dict[str, float]:
+        cfg = self.cfg
+        self._set_lr(cfg.il_lr)
+        self.optimizer.zero_grad()
+        stats = {"loss_il": 0.0, "agree_sel": 0.0, "agree_plc": 0.0}
+        for task in self.tasks:
+            enc = self.policy.encode(task.features)
+            ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng)
+            loss, a_sel, a_plc = imitation_loss(task, ro, enc)
+            (loss / len(self.tasks)).backward()
+            stats["loss_il"] += float(loss.detach()) / len(self.tasks)
+            stats["agree_sel"] += a_sel / len(self.tasks)
+            stats["agree_plc"] += a_plc / len(self.tasks)
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.il_episode += cfg.il_batch * len(self.tasks)
+        return stats
+
+    # ------------------------------------------------------------------ stage II
+    def rl_update(self) -> dict[str, float]:
+        cfg = self.cfg
+        frac = min(self.episode / cfg.episodes, 1.0)
+        self._set_lr(cfg.lr + (cfg.lr_final - cfg.lr) * frac)
+        eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+        self.optimizer.zero_grad()
+        stats = {"loss_pg": 0.0, "entropy_sel": 0.0, "entropy_plc": 0.0, "loss_self": 0.0, "mean_ratio": 0.0,
+                 "best_ratio": 0.0}  # fmt: skip
+        k = len(self.tasks)
+        for task in self.tasks:
+            enc = self.policy.encode(task.features)
+            ro = rollout(task.features, enc, batch=cfg.batch, mode="sample", eps=eps, rng=self.rng)
+            mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
+            cost = mk / task.lower_bound_s
+            adv = torch.from_numpy(advantages(cost, task, cfg)).float()
+            sc = evaluate_actions(enc, ro)
+            logp = (sc.logp_sel + sc.logp_plc).sum(1)
+            ent_sel, ent_plc = sc.entropy_sel.mean(), sc.entropy_plc.mean()
+            entropy = ent_sel + ent_plc
+            loss_pg = -(adv * logp).mean() / task.graph.num_ops
+            loss = loss_pg - cfg.entropy_coef * entropy
+            task.record(ro, mk)
+            if cfg.self_improve_coef > 0:
+                best = rollout(task.features, enc, batch=1, mode="teacher",
+                               order=task.best_order, devices_by_step=task.best_step_device)  # fmt: skip
+                sb = evaluate_actions(enc, best)
+                loss_self = -(sb.logp_sel + sb.logp_plc).mean()
+                loss = loss + cfg.self_improve_coef * loss_self
+                stats["loss_self"] += float(loss_self.detach()) / k
+            (loss / k).backward()
+            stats["loss_pg"] += float(loss_pg.detach()) / k
+            stats["entropy_sel"] += float(ent_sel.detach()) / k
+            stats["entropy_plc"] += float(ent_plc.detach()) / k
+            stats["mean_ratio"] += float(cost.mean()) / k
+            stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.episode += cfg.batch * k
+        stats["eps"] = eps
+        stats["lr"] = self.optimizer.param_groups[0]["lr"]
+        return stats
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def greedy(self, task: Task) -> tuple[np.ndarray, float]:
+        enc = self.policy.encode(task.features)
+        ro = rollout(task.features, enc, batch=1, mode="greedy")
+        return ro.assignment[0], float(task.oracle.evaluate(ro.assignment)[0])
+
+    # ------------------------------------------------------------------ the run
+    def run(self, run_dir: str | Path | None = None, on_progress: ProgressFn | None = None) -> None:
+        """Run the configured stages from where the counters stand (a resumed run continues)."""
+        cfg = self.cfg
+        run_dir = Path(run_dir) if run_dir is not None else None
+        if run_dir is not None and self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        if "il" in cfg.stages:
+            self._loop("il", cfg.il_episodes, lambda: self.il_episode, self.imitation_update, run_dir, on_progress)
+        if "sim" in cfg.stages:
+            self._loop("sim", cfg.episodes, lambda: self.episode, self.rl_update, run_dir, on_progress)
+        if self.writer is not None:
+            self.writer.flush()
+
+    def _loop(self, stage, total, counter, update, run_dir, on_progress) -> None:
+        next_ckpt = (counter() // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
+        t0, start = time.perf_counter(), counter()
+        while counter() < total:
+            stats = update()
+            ep = counter()
+            stats.update(stage=stage, episode=ep, total=total,
+                         episodes_per_s=(ep - start) / max(time.perf_counter() - t0, 1e-9))  # fmt: skip
+            if stage == "sim":
+                stats["best_makespan_s"] = min(t.best_makespan_s for t in self.tasks)
+            self._log(stage, stats)
+            if on_progress is not None:
+                on_progress(stats)
+            if run_dir is not None and (ep >= next_ckpt or ep >= total):
+                self.save(run_dir)
+                next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
+
+    def _log(self, stage: str, stats: dict[str, Any]) -> None:
+        row = {"stage_il": float(stage == "il"), **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}}
+        self.history.append(row)
+        if self.writer is None:
+            return
+        step = int(stats["episode"])
+        for k, v in stats.items():
+            if isinstance(v, (int, float)) and k not in ("episode", "total"):
+                group = "losses" if k.startswith(("loss", "entropy")) else "charts"
+                self.writer.add_scalar(f"{group}/{stage}_{k}", float(v), step)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (loadable with ``weights_only=True``)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "policy_config": dict(self.policy.config),
+            "state_dict": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": json.dumps(self.rng.bit_generator.state),
+            "config": json.dumps(_config_json(self.cfg)),
+            "il_episode": self.il_episode,
+            "episode": self.episode,
+            "history": json.dumps(self.history),
+            "cluster": json.dumps(self.tasks[0].cluster.to_json()),
+            "graphs": [
+                {
+                    "name": t.graph.name,
+                    "fingerprint": t.graph.fingerprint(),
+                    "num_ops": t.graph.num_ops,
+                    "baseline": t.baseline,
+                    "oracle_calls": getattr(t.oracle, "calls", 0),
+                    "best_makespan_s": t.best_makespan_s if math.isfinite(t.best_makespan_s) else None,
+                    "best": None if t.best_order is None else
+                    [t.best_order.tolist(), t.best_step_device.tolist(), t.best_assignment.tolist()],
+                }
+                for t in self.tasks
+            ],
+        }  # fmt: skip
+
+    def save(self, run_dir: str | Path) -> None:
+        """Write ``checkpoint.pt``, ``config.json`` and ``best_assignment.json`` atomically."""
+        run_dir = Path(run_dir)
+        buf = io.BytesIO()
+        torch.save(self.state(), buf)
+        atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
+        atomic_write_text(run_dir / "config.json", json.dumps(_config_json(self.cfg), indent=2) + "\n")
+        task = self.tasks[0]
+        if task.best_assignment is not None:
+            from doppler.assignment import Assignment
+
+            a = Assignment(devices=task.best_assignment, method="doppler", graph_fingerprint=task.graph.fingerprint())
+            a.save(run_dir / "best_assignment.json")
+
+    def load_state(self, ck: dict[str, Any]) -> None:
+        """Continue from a checkpoint of the same graphs (see :meth:`state`)."""
+        if [g["fingerprint"] for g in ck["graphs"]] != [t.graph.fingerprint() for t in self.tasks]:
+            raise TrainError("the checkpoint was trained on other graphs (fingerprints differ)")
+        self.policy.load_state_dict(ck["state_dict"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["torch_rng"])
+        self.rng.bit_generator.state = json.loads(ck["numpy_rng"])
+        self.il_episode, self.episode = int(ck["il_episode"]), int(ck["episode"])
+        self.history = json.loads(ck["history"])
+        for t, g in zip(self.tasks, ck["graphs"]):
+            t.baseline = g["baseline"]
+            if hasattr(t.oracle, "calls"):
+                t.oracle.calls = g["oracle_calls"]
+            if g["best"] is not None:
+                t.best_makespan_s = float(g["best_makespan_s"])
+                t.best_order, t.best_step_device, t.best_assignment = (np.asarray(x, dtype=np.int64) for x in g["best"])
+
+
+def _config_json(cfg: TrainConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["stages"] = list(cfg.stages)
+    return d
+
+
+def config_from_json(obj: dict[str, Any]) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    kw = {k: v for k, v in obj.items() if k in names}
+    kw["stages"] = tuple(kw.get("stages", TrainConfig.stages))
+    return TrainConfig(**kw)
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint safely (``weights_only=True``); :class:`TrainError` if it is not one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "checkpoint.pt"
+    if not p.is_file():
+        raise TrainError(f"{path}: no such checkpoint")
+    try:
+        ck = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise TrainError(f"{p}: not a readable doppler checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+        raise TrainError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
+    return ck
+
+
+def load_policy(path: str | Path) -> tuple[DopplerPolicy, dict[str, Any]]:
+    """The trained policy of a checkpoint and the checkpoint's metadata."""
+    ck = read_checkpoint(path)
+    try:
+        policy = DopplerPolicy(**ck["policy_config"])
+        policy.load_state_dict(ck["state_dict"])
+    except (KeyError, RuntimeError, TypeError) as e:
+        raise TrainError(f"{path}: checkpoint weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
+    policy.eval()
+    return policy, ck
