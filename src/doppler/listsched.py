@@ -26,7 +26,10 @@ device ``d`` (:data:`DEVICE_FEATURES`), all in seconds before normalisation:
 3. ``input_last_finish``: latest finish of ``v``'s inputs on ``d`` (0 if none);
 4. ``est``: EST(v, d);
 5. ``est_gap``: EST(v, d) - min over devices of EST(v, ·);
-6. ``has_input``: 1 if some input of ``v`` sits on ``d``, else 0.
+6. ``input_comm``: summed mean transfer time of ``v``'s inputs that sit on ``d``
+   (what placing ``v`` on ``d`` saves in communication);
+7. ``assigned_gap``: ``assigned_compute`` - its minimum over devices (load imbalance);
+8. ``has_input``: 1 if some input of ``v`` sits on ``d``, else 0.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ DEVICE_FEATURES = (
     "input_last_finish",
     "est",
     "est_gap",
+    "input_comm",
+    "assigned_gap",
     "has_input",
 )
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
@@ -67,7 +72,7 @@ def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out
 
 @numba.njit(cache=True)
 def features_into(
-    v, pred_ptr, pred_idx, pred_bytes, comp, lat, inv, dev, start, finish, free, assigned, out
+    v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, out
 ):  # pragma: no cover - compiled
     """The device features of op ``v`` (module docstring) into ``out[D, F]``, unnormalised."""
     nd = free.shape[0]
@@ -78,6 +83,7 @@ def features_into(
         out[d, 3] = 0.0
         out[d, 4] = free[d]
         out[d, 6] = 0.0
+        out[d, 8] = 0.0
     for k in range(pred_ptr[v], pred_ptr[v + 1]):
         p = pred_idx[k]
         dp = dev[p]
@@ -87,20 +93,23 @@ def features_into(
             out[dp, 2] = start[p]
         if fp > out[dp, 3]:
             out[dp, 3] = fp
-        out[dp, 6] = 1.0
+        out[dp, 6] += pred_comm[k]
+        out[dp, 8] = 1.0
         b = pred_bytes[k]
         for d in range(nd):
             t = fp + lat[dp, d] + b * inv[dp, d]
             if t > out[d, 4]:
                 out[d, 4] = t
     best = np.inf
+    least = np.inf
     for d in range(nd):
         if out[d, 2] == np.inf:
             out[d, 2] = 0.0
-        if out[d, 4] < best:
-            best = out[d, 4]
+        best = min(best, out[d, 4])
+        least = min(least, assigned[d])
     for d in range(nd):
         out[d, 5] = out[d, 4] - best
+        out[d, 7] = assigned[d] - least
 
 
 @numba.njit(cache=True)
@@ -122,11 +131,11 @@ def _est_batch(ops, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free,
 
 @numba.njit(cache=True)
 def _features_batch(
-    ops, pred_ptr, pred_idx, pred_bytes, comp, lat, inv, dev, start, finish, free, assigned, out
+    ops, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, out
 ):  # pragma: no cover
     for b in range(ops.shape[0]):
         features_into(
-            ops[b], pred_ptr, pred_idx, pred_bytes, comp, lat, inv,
+            ops[b], pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv,
             dev[b], start[b], finish[b], free[b], assigned[b], out[b],
         )  # fmt: skip
 
@@ -135,6 +144,11 @@ def _features_batch(
 def _place_batch(ops, devs, est, comp, dev, start, finish, free, assigned):  # pragma: no cover
     for b in range(ops.shape[0]):
         place(ops[b], devs[b], est[b], comp, dev[b], start[b], finish[b], free[b], assigned[b])
+
+
+def pred_comm_s(graph, costs: CostModel) -> np.ndarray:
+    """Mean transfer time of each edge, in predecessor-CSR slot order (feature ``input_comm``)."""
+    return np.ascontiguousarray(costs.mean_edge_comm_s()[graph.pred_eid], dtype=np.float64)
 
 
 class PlacementState:
@@ -153,6 +167,7 @@ class PlacementState:
         self.pred_ptr = np.ascontiguousarray(graph.pred_ptr, dtype=np.int64)
         self.pred_idx = np.ascontiguousarray(graph.pred_idx, dtype=np.int64)
         self.pred_bytes = np.ascontiguousarray(costs.pred_bytes(graph), dtype=np.float64)
+        self.pred_comm_s = pred_comm_s(graph, costs)
         self.compute_s = np.ascontiguousarray(costs.compute_s, dtype=np.float64)
         self.latency_s = np.ascontiguousarray(costs.latency_s, dtype=np.float64)
         self.inv_bw = np.ascontiguousarray(costs.inv_bw, dtype=np.float64)
@@ -176,7 +191,7 @@ class PlacementState:
         out = np.empty((self.batch, self.num_devices, NUM_DEVICE_FEATURES))
         _features_batch(
             np.ascontiguousarray(ops, dtype=np.int64), self.pred_ptr, self.pred_idx, self.pred_bytes,
-            self.compute_s, self.latency_s, self.inv_bw, self.dev, self.start_s, self.finish_s,
+            self.pred_comm_s, self.compute_s, self.latency_s, self.inv_bw, self.dev, self.start_s, self.finish_s,
             self.free_s, self.assigned_compute_s, out,
         )  # fmt: skip
         return out

@@ -350,8 +350,7 @@ def training_curve(
         ax.plot(x, [h["mean_ratio"] for h in rl], label="batch mean (sampled)", alpha=0.8)
         ax.plot(x, [h["best_ratio"] for h in rl], label="best so far")
         if "greedy_ratio" in rl[-1]:
-            pts = [(h["episode"], h["greedy_ratio"]) for h in rl if "greedy_ratio" in h]
-            ax.plot(*zip(*pts), "o-", label="greedy decode")
+            ax.plot(x, [h["greedy_ratio"] for h in rl], label="greedy decode", alpha=0.8)
     for i, (name, value) in enumerate((references or {}).items()):
         ax.axhline(value, ls="--", lw=1, color=f"C{i + 3}", label=name)
     ax.set_title("Stage II: simulator RL")

@@ -15,6 +15,7 @@ so several graphs (and clusters of other sizes) can share one policy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -23,7 +24,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -53,20 +54,21 @@ class TrainConfig:
 
     stages: tuple[str, ...] = ("il", "sim")  # which stages to run, in order
     episodes: int = 4000  # Stage II episodes (all graphs together)
-    il_episodes: int = 256  # Stage I episodes (all graphs together)
-    batch: int = 32  # Stage II episodes per graph per update (they share one encoder pass)
+    il_episodes: int = 1024  # Stage I episodes (all graphs together)
+    batch: int = 8  # Stage II episodes per graph per update (they share one encoder pass)
     il_batch: int = 8  # Stage I episodes per graph per update
-    lr: float = 1e-3  # Adam learning rate at the start of Stage II
+    lr: float = 3e-3  # Adam learning rate at the start of Stage II
     lr_final: float = 1e-6  # ... decayed linearly to this at the end
-    il_lr: float = 2e-3  # Adam learning rate of Stage I
-    eps_start: float = 0.2  # epsilon-greedy exploration in Stage II, decayed linearly ...
+    il_lr: float = 5e-3  # Adam learning rate of Stage I
+    eps_start: float = 0.02  # epsilon-greedy exploration in Stage II (paper: 0.2), decayed linearly ...
     eps_end: float = 0.0  # ... to this
-    entropy_coef: float = 1e-2  # weight of the (per-step mean) entropy bonus
+    entropy_coef: float = 1e-3  # weight of the (per-step mean) entropy bonus (paper: 1e-2)
     baseline: str = "loo"  # REINFORCE baseline: running | mean | loo (leave-one-out batch mean)
     running_decay: float = 0.95  # decay of the running-mean baseline
     normalize_advantage: bool = True  # divide advantages by the batch's standard deviation
-    self_improve_coef: float = 0.0  # weight of the log-likelihood of the best assignment so far
-    max_grad_norm: float = 1.0  # gradient clipping
+    self_improve_coef: float = 1.0  # weight of the log-likelihood of the best assignment so far (0: off)
+    sample_sel: bool = True  # Stage II samples SEL too (False: SEL decodes greedily, only PLC explores)
+    max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
     hidden: int = 128  # embedding width H
     mp_steps: int = 6  # message-passing steps K
@@ -216,6 +218,13 @@ class Trainer:
     episode: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     writer: Any = None
+    phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - t0
 
     @classmethod
     def create(cls, graphs: list[DataflowGraph], cluster: Cluster, cfg: TrainConfig, oracles=None) -> "Trainer":
@@ -258,21 +267,32 @@ class Trainer:
         eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
         self.optimizer.zero_grad()
         stats = {"loss_pg": 0.0, "entropy_sel": 0.0, "entropy_plc": 0.0, "loss_self": 0.0, "mean_ratio": 0.0,
-                 "best_ratio": 0.0}  # fmt: skip
+                 "greedy_ratio": 0.0, "best_ratio": 0.0}  # fmt: skip
         k = len(self.tasks)
         for task in self.tasks:
-            enc = self.policy.encode(task.features)
-            ro = rollout(task.features, enc, batch=cfg.batch, mode="sample", eps=eps, rng=self.rng)
-            mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
+            with self._phase("encoder"):
+                enc = self.policy.encode(task.features)
+            with self._phase("rollout"):
+                ro = rollout(task.features, enc, batch=cfg.batch, mode="sample", eps=eps, rng=self.rng,
+                             greedy_sel=not cfg.sample_sel)  # fmt: skip
+            with self._phase("oracle"):
+                mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
             cost = mk / task.lower_bound_s
             adv = torch.from_numpy(advantages(cost, task, cfg)).float()
-            sc = evaluate_actions(enc, ro)
-            logp = (sc.logp_sel + sc.logp_plc).sum(1)
+            with self._phase("rescore"):
+                sc = evaluate_actions(enc, ro)
+            sel_on = 1.0 if cfg.sample_sel else 0.0  # a greedy SEL is not credited by the policy gradient
+            logp = (sel_on * sc.logp_sel + sc.logp_plc).sum(1)
             ent_sel, ent_plc = sc.entropy_sel.mean(), sc.entropy_plc.mean()
-            entropy = ent_sel + ent_plc
+            entropy = sel_on * ent_sel + ent_plc
             loss_pg = -(adv * logp).mean() / task.graph.num_ops
             loss = loss_pg - cfg.entropy_coef * entropy
             task.record(ro, mk)
+            with torch.no_grad(), self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
+                ro_greedy = rollout(task.features, enc, batch=1, mode="greedy")
+                mk_greedy = np.asarray(task.oracle.evaluate(ro_greedy.assignment), dtype=np.float64)
+            task.record(ro_greedy, mk_greedy)
+            stats["greedy_ratio"] += float(mk_greedy[0]) / task.lower_bound_s / k
             if cfg.self_improve_coef > 0:
                 best = rollout(task.features, enc, batch=1, mode="teacher",
                                order=task.best_order, devices_by_step=task.best_step_device)  # fmt: skip
@@ -280,14 +300,16 @@ class Trainer:
                 loss_self = -(sb.logp_sel + sb.logp_plc).mean()
                 loss = loss + cfg.self_improve_coef * loss_self
                 stats["loss_self"] += float(loss_self.detach()) / k
-            (loss / k).backward()
+            with self._phase("backward"):
+                (loss / k).backward()
             stats["loss_pg"] += float(loss_pg.detach()) / k
             stats["entropy_sel"] += float(ent_sel.detach()) / k
             stats["entropy_plc"] += float(ent_plc.detach()) / k
             stats["mean_ratio"] += float(cost.mean()) / k
             stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        with self._phase("optimizer"):
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
         self.episode += cfg.batch * k
         stats["eps"] = eps
         stats["lr"] = self.optimizer.param_groups[0]["lr"]

@@ -97,12 +97,14 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, monkeypatch, args, patt
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    res = run("demo", "--json", "--budget-s", "0.2", "--out", str(tmp_path))
+    res = run("demo", "--json", "--budget-s", "0.2", "--train-episodes", "16", "--il-episodes", "8", "--out", str(tmp_path))
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
     assert [w["name"] for w in obj["workloads"]] == ["chainmm", "ffnn", "llama_block", "llama_layer"]
     for w in obj["workloads"]:
-        assert set(w["makespan_s"]) == {"round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal"}
+        assert set(w["makespan_s"]) == {"round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal",
+                                        "doppler"}
+        assert Path(w["doppler_training_curve_png"]).is_file() and w["doppler_train_s"] > 0
         assert min(w["makespan_s"].values()) >= w["lower_bound_s"] * (1 - 1e-9)
         # anneal starts from the best of critical_path/heft/enumerative and never gets worse
         assert w["makespan_s"]["anneal"] <= min(w["makespan_s"][m] for m in ("critical_path", "heft", "enumerative"))

@@ -162,9 +162,11 @@ def demo_cmd(
     budget_s: float = typer.Option(5.0, "--budget-s", help="Search budget of anneal per workload (s)."),
     out_dir: Path = typer.Option(Path("out/demo"), "--out", help="Where to write graph pictures and Gantt charts."),
     cluster_name: str = typer.Option("p100x4", "--cluster", help="Cluster preset or JSON file."),
+    train_episodes: int = typer.Option(1000, "--train-episodes", help="DOPPLER Stage II episodes per workload (0: skip DOPPLER)."),
+    il_episodes: int = typer.Option(512, "--il-episodes", help="DOPPLER Stage I (imitation) episodes per workload."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """End to end: place the four paper workloads with every baseline, simulate, draw the best schedules."""
+    """End to end: train DOPPLER and run every baseline on the four paper workloads, simulate, draw the best schedules."""
     with handle_errors():
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -176,12 +178,19 @@ def demo_cmd(
 
         if not budget_s > 0:
             raise UserError(f"--budget-s must be > 0, got {budget_s}")
+        if train_episodes < 0 or il_episodes < 1:
+            raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
+        from doppler.cli.train_cmd import train_and_assign
+        from doppler.simulate import lower_bound
+        from doppler.train import TrainConfig
+
+        methods = DEMO_METHODS + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
         names = ("chainmm", "ffnn", "llama_block", "llama_layer")
         results = []
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=err_console, transient=True) as progress:
-            task = progress.add_task("demo", total=len(names) * len(DEMO_METHODS))
+            task = progress.add_task("demo", total=len(names) * len(methods))
             for name in names:
                 progress.update(task, description=f"{name}: building the tile graph")
                 graph = workloads.build(name)
@@ -192,6 +201,18 @@ def demo_cmd(
 
                 rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s, on_method=on_method)
                 progress.advance(task)
+                train = None
+                if train_episodes:
+                    def on_train(st: dict, name: str = name) -> None:
+                        progress.update(task, description=f"{name}: [bold]doppler[/] training, {st['stage']} "
+                                        f"episode {st['episode']}/{st['total']}")  # fmt: skip
+
+                    train = train_and_assign(graph, cl, out_dir / f"doppler_{name}",
+                                             TrainConfig(episodes=train_episodes, il_episodes=il_episodes), on_train)  # fmt: skip
+                    rows.append({"method": "doppler", "assignment": train["assignment"],
+                                 "makespan_s": float(simulate(graph, cl, train["assignment"]).makespan_s),
+                                 "lower_bound_s": float(lower_bound(graph, cl))})  # fmt: skip
+                    progress.advance(task)
                 best = min(rows, key=lambda r: r["makespan_s"])
                 picture = out_dir / f"{name}_graph.png"
                 chart = out_dir / f"{name}_gantt_{best['method']}.png"
@@ -202,7 +223,9 @@ def demo_cmd(
                 results.append({"name": name, "num_ops": graph.num_ops, "num_edges": graph.num_edges,
                                 "total_flops": float(graph.flops.sum()), "lower_bound_s": best["lower_bound_s"],
                                 "makespan_s": {r["method"]: r["makespan_s"] for r in rows},
-                                "best_method": best["method"], "graph_png": str(picture), "gantt_png": str(chart)})
+                                "best_method": best["method"], "graph_png": str(picture), "gantt_png": str(chart),
+                                "doppler_train_s": train["train_s"] if train else None,
+                                "doppler_training_curve_png": str(train["training_curve"]) if train else None})
         if json_out:
             emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results})
             return
@@ -212,7 +235,7 @@ def demo_cmd(
         for r in results:
             table.add_column(f"{r['name']}\n{r['num_ops']} ops", justify="right")
         table.add_row("lower bound", *(f"{r['lower_bound_s'] * scale:.2f}" for r in results), style="dim", end_section=True)
-        for m in DEMO_METHODS:
+        for m in methods:
             cells = []
             for r in results:
                 v, best = r["makespan_s"][m], min(r["makespan_s"].values())
@@ -221,8 +244,13 @@ def demo_cmd(
         table.add_row("best / critical_path",
                       *(f"{min(r['makespan_s'].values()) / r['makespan_s']['critical_path']:.3f}" for r in results),
                       style="bold", end_section=True)
+        if train_episodes:
+            table.add_row("doppler training (s)", *(f"{r['doppler_train_s']:.0f}" for r in results), style="dim")
         console.print(table)
         console.print(f"anneal: {budget_s:g} s of simulated annealing per workload. "
                       f"Graph pictures and Gantt charts of the best schedules are in {out_dir}/.", highlight=False)
+        if train_episodes:
+            console.print(f"doppler: imitation + {train_episodes} simulator-RL episodes per workload, greedy decode; "
+                          f"checkpoints and training curves in {out_dir}/doppler_*/.", highlight=False)
         console.print("next: doppler graph build llama_layer -o g.json && "
                       "doppler compare g.json --cluster p100x4 --methods critical_path,heft,anneal", highlight=False)

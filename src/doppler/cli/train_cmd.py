@@ -38,7 +38,7 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
             raise UserError(f"{ckpt}: no checkpoint to resume from")
         ck = read_checkpoint(ckpt)
         saved = config_from_json(json.loads(ck["config"]))
-        saved.episodes, saved.il_episodes = cfg.episodes, cfg.il_episodes
+        saved.episodes = cfg.episodes  # a resumed run may be extended; everything else is the run's own
         if json.loads(ck["cluster"]) != cl.to_json():
             raise TrainError(f"{ckpt}: trained on cluster {json.loads(ck['cluster']).get('name')!r}, not {cl.name!r}")
         trainer = Trainer.create(graphs, cl, saved)
@@ -69,11 +69,11 @@ def train_cmd(
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
     stages: str = typer.Option("il,sim", "--stages", help="Comma list of stages: il (imitation), sim (simulator RL)."),
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
-    il_episodes: int = typer.Option(1024, "--il-episodes", help="Stage I episodes."),
-    batch: int = typer.Option(16, "--batch", help="Episodes per graph per update (they share one encoder pass)."),
+    il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
     teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, heft, enumerative, anneal."),
-    baseline: str = typer.Option("loo", "--baseline", help="REINFORCE baseline: running, mean, loo."),
-    self_improve: float = typer.Option(0.1, "--self-improve", help="Weight of the best-so-far imitation term (0: off)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
+    self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
@@ -84,8 +84,9 @@ def train_cmd(
         from doppler.train import TrainConfig, TrainError
 
         try:
-            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, il_episodes=il_episodes, batch=batch,
-                              teacher=teacher, baseline=baseline, self_improve_coef=self_improve, seed=seed)  # fmt: skip
+            given = {"il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve}
+            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed,
+                              **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume)
         except TrainError as e:
@@ -171,3 +172,21 @@ def _print_summary(s: dict[str, Any]) -> None:
             highlight=False,
         )
     console.print(f"training curve: {s['training_curve']}", highlight=False)
+
+
+def train_and_assign(graph, cl, run_dir: Path, cfg, on_progress=None) -> dict[str, Any]:
+    """Train DOPPLER on one graph into ``run_dir``, decode greedily, draw the training curve.
+
+    Returns ``assignment``, ``train_s``, ``assign_time_s`` and ``training_curve`` (the demo's DOPPLER row)."""
+    from doppler.baselines import assign
+    from doppler.report import training_curve
+    from doppler.train import Trainer
+
+    t0 = time.perf_counter()
+    trainer = Trainer.create([graph], cl, cfg)
+    trainer.run(run_dir, on_progress)
+    train_s = time.perf_counter() - t0
+    a = assign(graph, cl, "doppler", checkpoint=run_dir / "checkpoint.pt")
+    curve = run_dir / "training_curve.png"
+    training_curve(trainer.history, curve, title=f"DOPPLER on {graph.name} ({graph.num_ops} ops), {cl.name}")
+    return {"assignment": a, "train_s": train_s, "assign_time_s": a.assign_time_s, "training_curve": curve}

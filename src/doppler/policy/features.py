@@ -25,6 +25,7 @@ import numpy as np
 
 from doppler.baselines._costs import CostModel
 from doppler.graph import DataflowGraph
+from doppler.listsched import pred_comm_s
 
 OP_FEATURES = ("compute", "b_level", "t_level", "input_comm", "output_comm")
 NUM_OP_FEATURES = len(OP_FEATURES)
@@ -78,7 +79,7 @@ class GraphFeatures:
     time_scale_s: float
     costs: CostModel
     graph: DataflowGraph
-    kernel_arrays: tuple  # (pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, in_degree) for compiled loops
+    kernel_arrays: tuple  # (pred_ptr, pred_idx, pred_bytes, pred_comm_s, succ_ptr, succ_idx, in_degree)
 
     @property
     def num_ops(self) -> int:
@@ -138,6 +139,7 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
             np.ascontiguousarray(graph.pred_ptr, dtype=np.int64),
             np.ascontiguousarray(graph.pred_idx, dtype=np.int64),
             np.ascontiguousarray(cm.pred_bytes(graph), dtype=np.float64),
+            pred_comm_s(graph, cm),
             np.ascontiguousarray(graph.succ_ptr, dtype=np.int64),
             np.ascontiguousarray(graph.succ_idx, dtype=np.int64),
             np.ascontiguousarray(np.diff(graph.pred_ptr), dtype=np.int64),

@@ -66,9 +66,9 @@ def _pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: 
 
 @numba.njit(cache=True)
 def _rollout_kernel(
-    pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
+    pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_dev, w_out, b_out, leak,
-    mode, eps, uniforms, forced_order, forced_dev,
+    mode, sel_mode, eps, uniforms, forced_order, forced_dev,
     order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate."""
@@ -106,7 +106,7 @@ def _rollout_kernel(
                 if v < 0 or v >= n or pos[v] < 0:
                     return h
             else:
-                v = _pick(sel_score, cand, ncand, mode, u[0], u[1], eps)
+                v = _pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
             k = pos[v]
             ncand -= 1
             last = cand[ncand]
@@ -114,7 +114,9 @@ def _rollout_kernel(
             pos[last] = k
             pos[v] = -1
             # ---- PLC
-            features_into(v, pred_ptr, pred_idx, pred_bytes, comp, lat, inv, dev, start, finish, free, assigned, raw)
+            features_into(
+                v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, raw
+            )
             normalise_device_features(raw, inv_time_scale, x)
             best_est = raw[0, 4] - raw[0, 5]
             for d in range(nd):
@@ -190,10 +192,12 @@ def rollout(
     rng: np.random.Generator | None = None,
     order: np.ndarray | None = None,
     devices_by_step: np.ndarray | None = None,
+    greedy_sel: bool = False,
 ) -> Rollout:
     """Run ``batch`` episodes of ASSIGN(SEL, PLC) on one graph (see the module docstring).
 
     ``mode="teacher"`` replays ``order[B, n]`` and ``devices_by_step[B, n]``.
+    ``greedy_sel``: in ``sample`` mode, SEL still decodes greedily (only PLC samples).
     """
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
@@ -205,6 +209,8 @@ def rollout(
         forced_dev = np.ascontiguousarray(np.broadcast_to(devices_by_step, (batch, n)), dtype=np.int64)
     else:
         forced_order = forced_dev = np.zeros((1, 1), dtype=np.int64)
+    if mode == "sample" and rng is None:
+        raise ValueError("sample mode needs a random generator: pass rng=np.random.default_rng(seed)")
     uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
     ro = Rollout(
         order=np.empty((batch, n), np.int64),
@@ -219,7 +225,8 @@ def rollout(
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_dev, w_out, b_out, LEAK,
-        _MODE_CODE[mode], float(eps), uniforms, forced_order, forced_dev,
+        _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode], float(eps),
+        uniforms, forced_order, forced_dev,
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
     )  # fmt: skip
     if bad >= 0:

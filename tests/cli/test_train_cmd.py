@@ -1,0 +1,234 @@
+"""End-to-end tests of `doppler train` and of `doppler assign -m doppler` with its checkpoint
+(tiny runs: 30 ops on unit:2, a handful of updates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from doppler.assignment import load_assignment
+from doppler.cli import app
+from doppler.formats import load_graph
+
+runner = CliRunner()
+
+TRAIN_ARGS = ("-c", "unit:2", "--episodes", "64", "--il-episodes", "16", "--batch", "8")
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_json(res) -> dict:
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stdout
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict)
+    return obj
+
+
+def assert_usage_error(res, *words: str) -> str:
+    """Exit 2 with exactly one line on stderr that mentions every word."""
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert "internal error" not in lines[0] and "Traceback" not in res.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny training run: (dir, graph file, other graph file, run dir, JSON summary)."""
+    d = tmp_path_factory.mktemp("train")
+    g = d / "g.json"
+    res = run("graph", "build", "random", "--set", "num_ops=30", "-o", g)
+    assert res.exit_code == 0, res.output
+    other = d / "other.json"
+    res = run("graph", "build", "random", "--set", "num_ops=30", "--set", "seed=7", "-o", other)
+    assert res.exit_code == 0, res.output
+    run_dir = d / "RUN"
+    res = run("train", g, *TRAIN_ARGS, "-o", run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    return d, g, other, run_dir, one_json(res)
+
+
+def test_train_json_summary_and_run_dir(trained) -> None:
+    _, g, _, run_dir, summary = trained
+    graph = load_graph(g)
+    assert graph.num_ops == 30
+    for key in ("run_dir", "checkpoint", "training_curve", "il_episodes", "episodes", "elapsed_s", "graphs"):
+        assert key in summary, key
+    assert summary["episodes"] == 64 and summary["il_episodes"] == 16
+    assert len(summary["graphs"]) == 1
+    row = summary["graphs"][0]
+    for key in ("graph", "num_ops", "greedy_makespan_s", "best_makespan_s", "critical_path_makespan_s", "lower_bound_s"):
+        assert key in row, key
+    assert row["num_ops"] == 30
+    assert row["greedy_makespan_s"] >= row["lower_bound_s"] * (1 - 1e-9) > 0
+    assert row["best_makespan_s"] >= row["lower_bound_s"] * (1 - 1e-9)
+    assert row["critical_path_makespan_s"] >= row["lower_bound_s"] * (1 - 1e-9)
+    # the run directory
+    assert (run_dir / "checkpoint.pt").stat().st_size > 1000
+    assert Path(summary["checkpoint"]) == run_dir / "checkpoint.pt"
+    png = run_dir / "training_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    events = [p for p in (run_dir / "tensorboard").iterdir() if p.name.startswith("events.out.tfevents")]
+    assert events and events[0].stat().st_size > 0
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["episodes"] == 64 and cfg["il_episodes"] == 16 and cfg["batch"] == 8
+    assert cfg["stages"] == ["il", "sim"] and cfg["teacher"] == "critical_path"
+    best = load_assignment(run_dir / "best_assignment.json", graph)
+    assert best.devices.shape == (30,) and set(best.devices.tolist()) <= {0, 1}
+
+
+def test_train_human_summary(tmp_path: Path, trained) -> None:
+    _, g, _, _, _ = trained
+    res = run("train", g, "-c", "unit:2", "--stages", "il", "--il-episodes", "8", "-o", tmp_path / "R")
+    assert res.exit_code == 0, res.output
+    assert "trained 8 imitation + 0 RL episodes" in res.stdout
+    assert "greedy" in res.stdout and "critical_path" in res.stdout
+    assert (tmp_path / "R" / "checkpoint.pt").is_file()
+
+
+def test_assign_with_checkpoint_greedy_and_samples(tmp_path: Path, trained) -> None:
+    _, g, _, run_dir, summary = trained
+    graph = load_graph(g)
+    out = tmp_path / "a.json"
+    res = run("assign", g, "-c", "unit:2", "-m", "doppler", "--checkpoint", run_dir / "checkpoint.pt", "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    greedy = one_json(res)
+    a = load_assignment(out, graph)
+    assert a.devices.shape == (30,)
+    # the saved policy decodes to what the trainer's own greedy evaluation saw
+    assert greedy["makespan_s"] == pytest.approx(summary["graphs"][0]["greedy_makespan_s"], rel=1e-9)
+    # deterministic
+    out2 = tmp_path / "a2.json"
+    res = run("assign", g, "-c", "unit:2", "-m", "doppler", "--checkpoint", run_dir / "checkpoint.pt", "-o", out2)
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(load_assignment(out2, graph).devices, a.devices)
+    # best of greedy and 8 samples is never worse than greedy
+    out3 = tmp_path / "a3.json"
+    res = run("assign", g, "-c", "unit:2", "-m", "doppler", "--checkpoint", run_dir / "checkpoint.pt",
+              "--samples", "8", "-o", out3, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    sampled = one_json(res)
+    assert sampled["makespan_s"] <= greedy["makespan_s"] * (1 + 1e-12)
+    assert load_assignment(out3, graph).devices.shape == (30,)
+
+
+def test_resume_continues(tmp_path: Path, trained) -> None:
+    _, g, _, run_dir, summary = trained
+    run2 = tmp_path / "RUN"
+    shutil.copytree(run_dir, run2)
+    before = (run2 / "checkpoint.pt").read_bytes()
+    res = run("train", g, "-c", "unit:2", "--episodes", "80", "--il-episodes", "16", "--batch", "8",
+              "-o", run2, "--resume", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    s = one_json(res)
+    assert s["episodes"] == 80 > summary["episodes"]
+    assert s["il_episodes"] == 16  # Stage I was already complete
+    assert (run2 / "checkpoint.pt").read_bytes() != before
+    from doppler.train import read_checkpoint
+
+    ck = read_checkpoint(run2 / "checkpoint.pt")
+    assert ck["episode"] == 80 and ck["il_episode"] == 16
+    history = json.loads(ck["history"])
+    # the resumed history extends the old one: 2 imitation updates + 8 + 2 RL updates
+    assert len(history) == 2 + 8 + 2
+    assert [round(h["episode"]) for h in history if h["stage_il"] == 0.0] == [8 * k for k in range(1, 11)]
+
+
+# ============================================================================ bad input -> exit 2
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        (("--stages", "il,foo"), ["foo", "stage"]),
+        (("--stages", "real"), ["real"]),
+        (("--stages", " , "), ["stage"]),
+        (("--teacher", "nope"), ["nope", "teacher"]),
+        (("--episodes", "0"), ["--episodes"]),
+        (("--batch", "0"), ["--batch"]),
+        (("--baseline", "median"), ["median"]),
+    ],
+    ids=["unknown-stage", "stage-real", "no-stage", "teacher", "episodes-0", "batch-0", "baseline"],
+)
+def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
+    _, g, _, _, _ = trained
+    out = tmp_path / "R"
+    res = run("train", g, "-c", "unit:2", "--episodes", "16", "--il-episodes", "8", "--batch", "8", *extra, "-o", out)
+    assert_usage_error(res, *words)
+    assert not (out / "checkpoint.pt").exists()
+
+
+def test_train_bad_graph_or_cluster_exit_2(tmp_path: Path, trained) -> None:
+    _, g, _, _, _ = trained
+    assert_usage_error(run("train", tmp_path / "missing.json", "-c", "unit:2", "-o", tmp_path / "R"))
+    assert_usage_error(run("train", g, "-c", "nosuch", "-o", tmp_path / "R"))
+
+
+def test_train_refuses_existing_run_without_resume(tmp_path: Path, trained) -> None:
+    _, g, _, run_dir, _ = trained
+    before = (run_dir / "checkpoint.pt").stat().st_mtime_ns
+    res = run("train", g, *TRAIN_ARGS, "-o", run_dir)
+    assert_usage_error(res, "--resume")
+    assert (run_dir / "checkpoint.pt").stat().st_mtime_ns == before
+
+
+def test_resume_errors_exit_2(tmp_path: Path, trained) -> None:
+    _, g, other, run_dir, _ = trained
+    assert_usage_error(run("train", g, *TRAIN_ARGS, "-o", tmp_path / "empty", "--resume"), "resume")
+    run2 = tmp_path / "RUN"
+    shutil.copytree(run_dir, run2)
+    assert_usage_error(run("train", g, "-c", "unit:3", "--episodes", "80", "--il-episodes", "16", "-o", run2,
+                           "--resume"), "cluster")  # fmt: skip
+    assert_usage_error(run("train", other, "-c", "unit:2", "--episodes", "80", "--il-episodes", "16", "-o", run2,
+                           "--resume"), "other graphs")  # fmt: skip
+
+
+def _assign(g, out, *extra):
+    return run("assign", g, "-c", "unit:2", "-m", "doppler", "-o", out, *extra)
+
+
+def test_assign_bad_inputs_exit_2(tmp_path: Path, trained) -> None:
+    _, g, other, run_dir, _ = trained
+    ckpt = run_dir / "checkpoint.pt"
+    out = tmp_path / "a.json"
+    assert_usage_error(_assign(g, out, "--checkpoint", ckpt, "--samples", "0"), "--samples")
+    assert_usage_error(_assign(g, out), "--checkpoint")
+    assert_usage_error(_assign(g, out, "--checkpoint", tmp_path / "nope.pt"), "nope.pt")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(ckpt.read_bytes()[:100])
+    assert_usage_error(_assign(g, out, "--checkpoint", truncated), "truncated.pt", "checkpoint")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(np.random.default_rng(0).bytes(4096))
+    assert_usage_error(_assign(g, out, "--checkpoint", garbage), "garbage.pt", "checkpoint")
+    not_ours = tmp_path / "not_ours.pt"
+    import torch
+
+    torch.save({"format": "something-else", "x": torch.zeros(2)}, not_ours)
+    assert_usage_error(_assign(g, out, "--checkpoint", not_ours), "not_ours.pt")
+    # a single-graph policy applied to another graph, or to another cluster
+    assert_usage_error(_assign(other, out, "--checkpoint", ckpt), "fingerprints differ")
+    res = run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", ckpt, "-o", out)
+    assert_usage_error(res, "cluster", "unit:3")
+    assert not out.exists()
+
+
+def test_checkpoint_is_loadable_weights_only(trained) -> None:
+    _, _, _, run_dir, _ = trained
+    from doppler.train import CHECKPOINT_FORMAT, load_policy
+
+    policy, meta = load_policy(run_dir)  # a run directory works too
+    assert meta["format"] == CHECKPOINT_FORMAT
+    assert meta["episode"] == 64 and meta["il_episode"] == 16
+    assert [g["num_ops"] for g in meta["graphs"]] == [30]
+    assert not policy.training
+    assert os.path.getsize(run_dir / "checkpoint.pt") > 0

@@ -1,0 +1,126 @@
+"""Training: imitation reaches the teacher, Stage II improves on it, resume is exact,
+checkpoints are safe to load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from doppler import cluster, workloads
+from doppler.train import Trainer, TrainConfig, TrainError, load_policy, read_checkpoint
+
+SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)
+
+
+def test_imitation_reaches_ninety_percent_agreement_with_the_teacher():
+    g = workloads.build("random", num_ops=30, seed=1)
+    tr = Trainer.create([g], cluster("unit:3"), TrainConfig(stages=("il",), il_episodes=320, il_batch=8, **SMALL))
+    first = tr.imitation_update()
+    tr.run()
+    last = tr.history[-1]
+    assert first["agree_plc"] < 0.9  # it had something to learn
+    assert last["agree_sel"] > 0.9 and last["agree_plc"] > 0.9
+
+
+def test_stage_two_lowers_the_mean_makespan_where_the_teacher_is_suboptimal():
+    # critical_path is 1.50x anneal's makespan on this graph
+    g = workloads.build("random", num_ops=30, seed=0)
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=128, episodes=1500, batch=16, lr=3e-3, **SMALL)
+    tr = Trainer.create([g], cluster("p100x4"), cfg)
+    tr.run()
+    rl = [h for h in tr.history if not h["stage_il"]]
+    early = np.mean([h["mean_ratio"] for h in rl[:5]])
+    late = np.mean([h["mean_ratio"] for h in rl[-5:]])
+    assert late < 0.95 * early
+    _, greedy_s = tr.greedy(tr.tasks[0])
+    from doppler import assign, simulate
+
+    cp = simulate(g, cluster("p100x4"), assign(g, cluster("p100x4"), "critical_path")).makespan_s
+    assert greedy_s < cp
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_kill_and_resume_continues_exactly(tmp_path):
+    g = workloads.build("random", num_ops=24, seed=2)
+    cl = cluster("unit:2")
+    cfg = dict(il_episodes=16, il_batch=8, episodes=96, batch=8, checkpoint_every=32, self_improve_coef=0.5, **SMALL)
+
+    full = Trainer.create([g], cl, TrainConfig(**cfg))
+    full.run(tmp_path / "full")
+
+    killed = Trainer.create([g], cl, TrainConfig(**cfg))
+
+    def kill_at_64(st):
+        if st["stage"] == "sim" and st["episode"] >= 64:
+            raise Interrupt  # dies before writing the checkpoint of episode 64
+
+    with pytest.raises(Interrupt):
+        killed.run(tmp_path / "killed", kill_at_64)
+    ck = read_checkpoint(tmp_path / "killed" / "checkpoint.pt")
+    assert ck["episode"] == 32
+    resumed = Trainer.create([g], cl, TrainConfig(**cfg))
+    resumed.load_state(ck)
+    resumed.run(tmp_path / "killed")
+    assert resumed.episode == full.episode == 96
+    def untimed(history):
+        return [{k: v for k, v in h.items() if k != "episodes_per_s"} for h in history]
+
+    assert untimed(resumed.history) == untimed(full.history)
+    for (k, a), b in zip(full.policy.state_dict().items(), resumed.policy.state_dict().values()):
+        assert torch.equal(a, b), k
+    np.testing.assert_array_equal(resumed.tasks[0].best_assignment, full.tasks[0].best_assignment)
+
+
+def test_checkpoint_round_trip_and_bad_files(tmp_path):
+    g = workloads.build("random", num_ops=20, seed=3)
+    tr = Trainer.create([g], cluster("unit:2"), TrainConfig(stages=("il",), il_episodes=8, il_batch=8, **SMALL))
+    tr.run(tmp_path)
+    policy, meta = load_policy(tmp_path / "checkpoint.pt")
+    assert meta["graphs"][0]["fingerprint"] == g.fingerprint()
+    for a, b in zip(policy.state_dict().values(), tr.policy.state_dict().values()):
+        assert torch.equal(a, b)
+    data = (tmp_path / "checkpoint.pt").read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(TrainError, match="trunc.pt"):
+        load_policy(tmp_path / "trunc.pt")
+    torch.save({"format": "something else"}, tmp_path / "other.pt")
+    with pytest.raises(TrainError, match="not a doppler checkpoint"):
+        load_policy(tmp_path / "other.pt")
+    other = workloads.build("random", num_ops=21, seed=3)
+    fresh = Trainer.create([other], cluster("unit:2"), TrainConfig(**SMALL))
+    with pytest.raises(TrainError, match="other graphs"):
+        fresh.load_state(read_checkpoint(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(stages=("il", "foo")), "unknown stage"),
+        (dict(teacher="oracle"), "unknown teacher"),
+        (dict(episodes=0), "--episodes"),
+        (dict(baseline="median"), "unknown baseline"),
+    ],
+)
+def test_bad_config_is_rejected(bad, match):
+    with pytest.raises(TrainError, match=match):
+        TrainConfig(**bad).validate()
+
+
+def test_multi_graph_training_runs_and_transfers_to_an_unseen_graph():
+    from doppler.policy.features import graph_features
+    from doppler.policy.rollout import rollout
+
+    graphs = [workloads.build("random", num_ops=20, seed=s) for s in (4, 5)]
+    tr = Trainer.create(graphs, cluster("unit:3"), TrainConfig(il_episodes=16, il_batch=4, episodes=32, batch=8, **SMALL))
+    tr.run()
+    assert tr.episode == 32 and len(tr.tasks) == 2
+    unseen = workloads.build("random", num_ops=35, seed=9)
+    gf = graph_features(unseen, cluster("unit:4"))  # another size and another device count
+    with torch.no_grad():
+        ro = rollout(gf, tr.policy.encode(gf), batch=1, mode="greedy")
+    assert sorted(ro.order[0].tolist()) == list(range(35))
+    assert ro.assignment.max() < 4
