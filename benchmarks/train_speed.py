@@ -5,7 +5,8 @@
 Rows (all our own code, same networks, same simulator):
 1. ``doppler (default)``: B episodes per update share one encoder pass; compiled
    rollout without gradients, then one batched differentiable re-scoring pass.
-2. the same with 2 torch threads instead of 1;
+2. the same with one more torch thread (2 instead of 1 by default);
+   then the default with B = 32;
 3. ``per-step autograd, B``: the same batch, but each step's SEL/PLC scores are
    torch ops kept in the autograd graph (a Python loop of |V| steps, as a
    straightforward PyTorch implementation does) - what re-scoring replaces;
@@ -37,28 +38,31 @@ def per_step_autograd_update(tr: Trainer, batch: int) -> None:
     task, cfg = tr.tasks[0], tr.cfg
     gf, g = task.features, task.graph
     n, nd = g.num_ops, gf.num_devices
+    device = tr.policy.device
     tr.optimizer.zero_grad()
     enc = tr.policy.encode(gf)
     state = PlacementState(g, gf.costs, batch=batch)
     indeg = np.tile(np.diff(g.pred_ptr), (batch, 1))
     ready = indeg == 0
-    placed = torch.zeros(batch, nd, enc.plc_op.shape[1])
-    logp = torch.zeros(batch)
+    placed = torch.zeros(batch, nd, enc.plc_placed.shape[1], device=device)
+    m = enc.plc_op.shape[1]
+    logp = torch.zeros(batch, device=device)
     rows = np.arange(batch)
     for _ in range(n):
-        scores = enc.sel_score.expand(batch, n).masked_fill(torch.from_numpy(~ready), -torch.inf)
+        scores = enc.sel_score.expand(batch, n).masked_fill(torch.from_numpy(~ready).to(device), -torch.inf)
         sel = torch.distributions.Categorical(logits=scores)
         ops = sel.sample()
-        ops_np = ops.numpy()
+        ops_np = ops.cpu().numpy()
         feats = state.features(ops_np)
-        x = torch.from_numpy(feats).float()
+        x = torch.from_numpy(feats).float().to(device)
         x[..., :-1] /= gf.time_scale_s
-        pre = x @ enc.plc_dev + enc.plc_op[ops].unsqueeze(1) + placed
-        logits = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out
+        pre = x @ enc.plc_dev + enc.plc_op[ops].unsqueeze(1) + placed[..., :m]
+        affinity = (placed[..., m:] * enc.plc_query[ops].unsqueeze(1)).sum(-1)
+        logits = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out + affinity
         plc = torch.distributions.Categorical(logits=logits)
         devs = plc.sample()
         logp = logp + sel.log_prob(ops) + plc.log_prob(devs)
-        devs_np = devs.numpy()
+        devs_np = devs.cpu().numpy()
         state.place(ops_np, devs_np, feats[rows, devs_np, 4])
         placed = placed + torch.nn.functional.one_hot(devs, nd).unsqueeze(-1) * enc.plc_placed[ops].unsqueeze(1)
         ready[rows, ops_np] = False
@@ -68,7 +72,7 @@ def per_step_autograd_update(tr: Trainer, batch: int) -> None:
             ready[b, succ[indeg[b, succ] == 0]] = True
     mk = task.oracle.evaluate(state.dev)
     cost = mk / task.lower_bound_s
-    adv = torch.from_numpy(cost.mean() - cost).float() if batch > 1 else torch.zeros(1)
+    adv = (torch.from_numpy(cost.mean() - cost).float() if batch > 1 else torch.zeros(1)).to(device)
     (-(adv * logp).mean() / n).backward()
     torch.nn.utils.clip_grad_norm_(tr.policy.parameters(), cfg.max_grad_norm)
     tr.optimizer.step()
@@ -94,18 +98,23 @@ def measure(name: str, cfg: TrainConfig, episodes: int, per_step: bool = False) 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=1024, help="episodes per batched row (B=1 rows run 1/8 of them)")
+    ap.add_argument("--device", default="cpu", help="where the networks run (cpu, cuda)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the default rows")
     args = ap.parse_args()
     default = TrainConfig()
+    dev, th = args.device, args.threads
     rows = [
-        measure(f"doppler (default: B={default.batch}, 1 thread)", TrainConfig(), args.episodes),
-        measure(f"doppler, B={default.batch}, 2 torch threads", TrainConfig(torch_threads=2), args.episodes),
-        measure(f"per-step autograd, B={default.batch}", TrainConfig(), args.episodes // 4, per_step=True),
-        measure("paper-like: B=1, encoder per episode", TrainConfig(batch=1, baseline="running"), args.episodes // 8),
-        measure("paper-like, per-step autograd, B=1", TrainConfig(batch=1, baseline="running"), args.episodes // 16,
-                per_step=True),
+        measure(f"doppler (default: B={default.batch}, {th} thread(s), {dev})", TrainConfig(device=dev, torch_threads=th), args.episodes),
+        measure(f"doppler, B={default.batch}, {th + 1} torch threads", TrainConfig(device=dev, torch_threads=th + 1), args.episodes),
+        measure(f"doppler, B=32", TrainConfig(device=dev, torch_threads=th, batch=32), args.episodes),
+        measure(f"per-step autograd, B={default.batch}", TrainConfig(device=dev, torch_threads=th), args.episodes // 4, per_step=True),
+        measure("paper-like: B=1, encoder per episode", TrainConfig(device=dev, torch_threads=th, batch=1, baseline="running"),
+                args.episodes // 8),
+        measure("paper-like, per-step autograd, B=1", TrainConfig(device=dev, torch_threads=th, batch=1, baseline="running"),
+                args.episodes // 16, per_step=True),
     ]  # fmt: skip
     base = rows[0]["eps_per_s"]
-    print(f"Stage II on llama_layer (240 ops), p100x4, torch {torch.__version__}")
+    print(f"Stage II on llama_layer (240 ops), p100x4, torch {torch.__version__}, networks on {dev}")
     print(f"{'configuration':44s} {'episodes/s':>11s} {'8000 episodes':>14s} {'default is x faster':>20s}")
     for r in rows:
         print(f"{r['name']:44s} {r['eps_per_s']:11.1f} {8000 / r['eps_per_s']:12.0f} s {base / r['eps_per_s']:19.1f}x")

@@ -333,7 +333,8 @@ def training_curve(
     import matplotlib.pyplot as plt
 
     il = [h for h in history if h.get("stage_il")]
-    rl = [h for h in history if not h.get("stage_il")]
+    rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill")]
+    distill = [h for h in history if h.get("stage_distill")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     ax = axes[0]
     if il:
@@ -351,6 +352,10 @@ def training_curve(
         ax.plot(x, [h["best_ratio"] for h in rl], label="best so far")
         if "greedy_ratio" in rl[-1]:
             ax.plot(x, [h["greedy_ratio"] for h in rl], label="greedy decode", alpha=0.8)
+        if distill:
+            end = x[-1]
+            ax.plot([end + i + 1 for i in range(len(distill))], [h["greedy_ratio"] for h in distill],
+                    label=f"greedy during distillation ({len(distill)} updates)")  # fmt: skip
     for i, (name, value) in enumerate((references or {}).items()):
         ax.axhline(value, ls="--", lw=1, color=f"C{i + 3}", label=name)
     ax.set_title("Stage II: simulator RL")

@@ -68,6 +68,8 @@ class TrainConfig:
     normalize_advantage: bool = True  # divide advantages by the batch's standard deviation
     self_improve_coef: float = 1.0  # weight of the log-likelihood of the best assignment so far (0: off)
     sample_sel: bool = True  # Stage II samples SEL too (False: SEL decodes greedily, only PLC explores)
+    distill_updates: int = 1000  # after Stage II, at most this many updates that teach the policy to decode
+    # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
     max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
     hidden: int = 128  # embedding width H
@@ -77,6 +79,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
     torch_threads: int = 1  # intra-op threads (1 is faster on 2 cores, see benchmarks/train_speed.py)
+    device: str = "cpu"  # where the networks run (cpu, cuda); rollouts and the simulator stay on the CPU
 
     def validate(self) -> None:
         unknown = [s for s in self.stages if s not in STAGES]
@@ -160,25 +163,23 @@ def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, f
     """-log P(teacher's tied-best choices), per step; returns (loss, SEL agreement, PLC agreement).
 
     SEL's teacher picks the candidate with the largest b-level; PLC's the device with
-    the smallest EST (or, with another teacher, that method's device for the op)."""
+    the smallest EST, or with another teacher that method's partition of the ops
+    (``Rollout.plc_teacher``)."""
     sc = evaluate_actions(enc, ro)
     cs = sc.cands
     key = priority_key(task.features.b_level_s)[cs.op]
     seg_best = np.full(cs.num_segments, np.iinfo(np.int64).min)
     np.maximum.at(seg_best, cs.seg, key)
     tied = key == seg_best[cs.seg]
-    seg = torch.from_numpy(cs.seg)
-    masked = torch.where(torch.from_numpy(tied), sc.cand_logp, torch.tensor(-torch.inf))
+    device = sc.cand_logp.device
+    seg = torch.from_numpy(cs.seg).to(device)
+    masked = sc.cand_logp.masked_fill(~torch.from_numpy(tied).to(device), -torch.inf)
     sel_ll = segment_logsumexp(masked, seg, cs.num_segments)
-    if task.teacher_devices is None:
-        plc_mask = torch.from_numpy(ro.est_tied)
-    else:
-        want = task.teacher_devices[ro.order]  # [B, n]
-        plc_mask = torch.from_numpy(np.arange(ro.est_tied.shape[2]) == want[..., None])
+    plc_mask = torch.from_numpy(ro.plc_teacher).to(device)
     plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)
     loss = -(sel_ll.mean() + plc_ll.mean())
     with torch.no_grad():
-        seg_max = torch.full((cs.num_segments,), -torch.inf).scatter_reduce(0, seg, sc.cand_logp, "amax")
+        seg_max = torch.full((cs.num_segments,), -torch.inf, device=device).scatter_reduce(0, seg, sc.cand_logp, "amax")
         sel_agree = float((sel_ll >= seg_max - 1e-6).float().mean())
         plc_best = sc.plc_logp.argmax(-1, keepdim=True)
         plc_agree = float(plc_mask.gather(-1, plc_best).float().mean())
@@ -216,6 +217,7 @@ class Trainer:
     rng: np.random.Generator
     il_episode: int = 0
     episode: int = 0
+    distill_step: int = 0  # distillation updates done (set to distill_updates once greedy matches the best)
     history: list[dict[str, float]] = field(default_factory=list)
     writer: Any = None
     phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
@@ -236,7 +238,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(max(1, cfg.torch_threads))
         tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
-        policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden)
+        try:
+            policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden).to(cfg.device)
+        except (RuntimeError, AssertionError) as e:
+            raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
         return cls(cfg, tasks, policy, opt, np.random.default_rng(cfg.seed))
 
@@ -248,7 +253,8 @@ class Trainer:
         stats = {"loss_il": 0.0, "agree_sel": 0.0, "agree_plc": 0.0}
         for task in self.tasks:
             enc = self.policy.encode(task.features)
-            ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng)
+            ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng,
+                         teacher_devices=task.teacher_devices)  # fmt: skip
             loss, a_sel, a_plc = imitation_loss(task, ro, enc)
             (loss / len(self.tasks)).backward()
             stats["loss_il"] += float(loss.detach()) / len(self.tasks)
@@ -278,7 +284,7 @@ class Trainer:
             with self._phase("oracle"):
                 mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
             cost = mk / task.lower_bound_s
-            adv = torch.from_numpy(advantages(cost, task, cfg)).float()
+            adv = torch.from_numpy(advantages(cost, task, cfg)).float().to(self.policy.device)
             with self._phase("rescore"):
                 sc = evaluate_actions(enc, ro)
             sel_on = 1.0 if cfg.sample_sel else 0.0  # a greedy SEL is not credited by the policy gradient
@@ -315,6 +321,38 @@ class Trainer:
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
 
+    # ------------------------------------------------------------------ distillation
+    def distill_update(self) -> dict[str, float]:
+        """One step of imitating each graph's best assignment so far (replayed in teacher mode);
+        stops the stage once the greedy decode is as good as that assignment on every graph."""
+        self._set_lr(self.cfg.il_lr)
+        self.optimizer.zero_grad()
+        stats = {"loss_distill": 0.0, "greedy_ratio": 0.0, "best_ratio": 0.0}
+        matched = True
+        k = len(self.tasks)
+        for task in self.tasks:
+            enc = self.policy.encode(task.features)
+            with torch.no_grad():
+                ro_greedy = rollout(task.features, enc, batch=1, mode="greedy")
+                mk_greedy = float(np.asarray(task.oracle.evaluate(ro_greedy.assignment))[0])
+            task.record(ro_greedy, np.array([mk_greedy]))
+            matched &= mk_greedy <= task.best_makespan_s * (1 + 1e-9)
+            best = rollout(task.features, enc, batch=1, mode="teacher",
+                           order=task.best_order, devices_by_step=task.best_step_device)  # fmt: skip
+            sb = evaluate_actions(enc, best)
+            loss = -(sb.logp_sel + sb.logp_plc).mean()
+            (loss / k).backward()
+            stats["loss_distill"] += float(loss.detach()) / k
+            stats["greedy_ratio"] += mk_greedy / task.lower_bound_s / k
+            stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
+        if matched:
+            self.distill_step = self.cfg.distill_updates
+            return stats
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.distill_step += 1
+        return stats
+
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -339,6 +377,9 @@ class Trainer:
             self._loop("il", cfg.il_episodes, lambda: self.il_episode, self.imitation_update, run_dir, on_progress)
         if "sim" in cfg.stages:
             self._loop("sim", cfg.episodes, lambda: self.episode, self.rl_update, run_dir, on_progress)
+            if cfg.distill_updates > 0 and any(t.best_order is not None for t in self.tasks):
+                self._loop("distill", cfg.distill_updates, lambda: self.distill_step, self.distill_update, run_dir,
+                           on_progress)  # fmt: skip
         if self.writer is not None:
             self.writer.flush()
 
@@ -350,7 +391,7 @@ class Trainer:
             ep = counter()
             stats.update(stage=stage, episode=ep, total=total,
                          episodes_per_s=(ep - start) / max(time.perf_counter() - t0, 1e-9))  # fmt: skip
-            if stage == "sim":
+            if stage != "il":
                 stats["best_makespan_s"] = min(t.best_makespan_s for t in self.tasks)
             self._log(stage, stats)
             if on_progress is not None:
@@ -360,7 +401,7 @@ class Trainer:
                 next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
 
     def _log(self, stage: str, stats: dict[str, Any]) -> None:
-        row = {"stage_il": float(stage == "il"), **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}}
+        row = {"stage_il": float(stage == "il"), "stage_distill": float(stage == "distill"), **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}}
         self.history.append(row)
         if self.writer is None:
             return
@@ -383,6 +424,7 @@ class Trainer:
             "config": json.dumps(_config_json(self.cfg)),
             "il_episode": self.il_episode,
             "episode": self.episode,
+            "distill_step": self.distill_step,
             "history": json.dumps(self.history),
             "cluster": json.dumps(self.tasks[0].cluster.to_json()),
             "graphs": [
@@ -423,6 +465,7 @@ class Trainer:
         torch.set_rng_state(ck["torch_rng"])
         self.rng.bit_generator.state = json.loads(ck["numpy_rng"])
         self.il_episode, self.episode = int(ck["il_episode"]), int(ck["episode"])
+        self.distill_step = int(ck["distill_step"])
         self.history = json.loads(ck["history"])
         for t, g in zip(self.tasks, ck["graphs"]):
             t.baseline = g["baseline"]

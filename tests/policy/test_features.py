@@ -40,7 +40,7 @@ def test_op_features_by_hand_on_diamond():
     # input comm: [0, 1, 1, 3]; output comm: [2, 2, 1, 0]
     g = diamond()
     gf = graph_features(g, unit(2))
-    assert OP_FEATURES == ("compute", "b_level", "t_level", "input_comm", "output_comm")
+    assert OP_FEATURES[:5] == ("compute", "b_level", "t_level", "input_comm", "output_comm")
     assert gf.op_x.shape == (4, NUM_OP_FEATURES) and gf.op_x.dtype == np.float32
     assert gf.time_scale_s == pytest.approx(10.0)
     np.testing.assert_allclose(gf.b_level_s, [10, 7, 4, 2])
@@ -52,7 +52,10 @@ def test_op_features_by_hand_on_diamond():
             [2 / 3, 0.2, 0.8, 1.0, 0.0],
         ]
     )
-    np.testing.assert_allclose(gf.op_x, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(gf.op_x[:, :5], expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(gf.op_x[:, 5:9], 0.0)  # untiled ops: no block coordinates
+    ids = gf.op_x[:, 9:]  # the op-id features: distinct for every op, in [0, 1)
+    assert len({tuple(r) for r in ids.tolist()}) == 4 and ids.min() >= 0 and ids.max() < 1
     assert gf.num_ops == 4 and gf.num_devices == 2
     assert gf.path_scale == 3.0  # depth in ops
 
@@ -179,7 +182,7 @@ def test_longest_path_members_match_brute_force_on_random_graphs(seed):
 def test_single_device_has_no_communication_features():
     g = diamond()
     gf = graph_features(g, unit(1))
-    np.testing.assert_array_equal(gf.op_x[:, 3:], 0.0)
+    np.testing.assert_array_equal(gf.op_x[:, 3:5], 0.0)
     np.testing.assert_array_equal(gf.edge_attr[:, 0], 0.0)
     np.testing.assert_allclose(gf.op_x[:, 0], [2 / 3, 1, 1 / 3, 2 / 3], rtol=1e-6)
     assert np.isfinite(gf.op_x).all()
@@ -344,3 +347,21 @@ def test_batched_states_are_independent():
             refs[b].place(int(ops[b]), int(devs[b]))
     for b in range(2):
         np.testing.assert_array_equal(ps.dev[b], refs[b].dev)
+
+
+def test_block_features_are_tile_coordinates_over_the_grid():
+    from doppler import workloads
+
+    g = workloads.build("chainmm")
+    gf = graph_features(g, unit(4))
+    blk = gf.op_x[:, 5:9]
+    for v in range(g.num_ops):
+        grp = g.group[v]
+        if grp < 0:
+            assert not blk[v].any()
+            continue
+        grid = g.groups[grp].grid
+        for k in range(min(len(grid), 4)):
+            want = g.block[v, k] / grid[k] if g.block[v, k] >= 0 and grid[k] > 1 else 0.0
+            assert blk[v, k] == pytest.approx(want)
+    assert blk.max() > 0  # chainmm is tiled

@@ -104,7 +104,8 @@ def test_encode_shapes_finite_and_deterministic(graph):
     shapes = {
         "sel_score": (n,),
         "plc_op": (n, m_hidden),
-        "plc_placed": (n, m_hidden),
+        "plc_placed": (n, m_hidden + policy.plc.affinity),
+        "plc_query": (n, policy.plc.affinity),
         "plc_dev": (NUM_DEVICE_FEATURES, m_hidden),
         "plc_w_out": (m_hidden,),
         "plc_b_out": (),
@@ -128,15 +129,18 @@ def test_encode_two_graph_sizes_one_policy():
     with torch.no_grad():
         e_small, e_big = policy.encode(small), policy.encode(big)
     assert e_small.sel_score.shape == (20,) and e_big.sel_score.shape == (60,)
-    assert e_small.plc_placed.shape == (20, CFG["mlp_hidden"]) and e_big.plc_placed.shape == (60, CFG["mlp_hidden"])
+    width = CFG["mlp_hidden"] + policy.plc.affinity
+    assert e_small.plc_placed.shape == (20, width) and e_big.plc_placed.shape == (60, width)
     # graph-independent parts are shared
     assert torch.equal(e_small.plc_dev, e_big.plc_dev)
     assert torch.equal(e_small.plc_w_out, e_big.plc_w_out) and torch.equal(e_small.plc_b_out, e_big.plc_b_out)
-    # the placed part is w_placed(H) / n, so it scales with the graph size
+    # the placed part is [w_placed(H), aff_k(H)] / n, so it scales with the graph size
     h_small = policy.encoder(
         torch.from_numpy(small.op_x), torch.from_numpy(small.edge_index), torch.from_numpy(small.edge_attr)
     )
-    torch.testing.assert_close(e_small.plc_placed, policy.plc.w_placed(h_small).detach() / 20)
+    want = torch.cat([policy.plc.w_placed(h_small), policy.plc.aff_k(h_small)], dim=1).detach() / 20
+    torch.testing.assert_close(e_small.plc_placed, want)
+    torch.testing.assert_close(e_small.plc_query, policy.plc.aff_q(h_small).detach())
 
 
 def test_encode_is_differentiable():

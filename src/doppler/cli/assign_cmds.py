@@ -113,6 +113,8 @@ def assign_cmd(
             "seed": seed,
             "budget_s": budget_s,
         }
+        if "zero_shot" in a.info:
+            row["zero_shot"] = bool(a.info["zero_shot"])
         if json_out:
             emit_json(row)
         else:
@@ -123,6 +125,8 @@ def assign_cmd(
                 f"({format_seconds(lb)})",
                 highlight=False,
             )
+            if a.info.get("zero_shot"):
+                console.print("zero-shot: the policy was trained on other graphs than this one", highlight=False)
 
 
 @app.command("compare")

@@ -43,6 +43,8 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
             raise TrainError(f"{ckpt}: trained on cluster {json.loads(ck['cluster']).get('name')!r}, not {cl.name!r}")
         trainer = Trainer.create(graphs, cl, saved)
         trainer.load_state(ck)
+        if trainer.episode < saved.episodes:  # Stage II is extended: distil its new best again afterwards
+            trainer.distill_step = 0
         return trainer
     if ckpt.exists():
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
@@ -111,13 +113,17 @@ def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
         def on_progress(st: dict[str, Any]) -> None:
             stage = st["stage"]
             if stage not in bars:
-                label = "Stage I  imitation" if stage == "il" else "Stage II simulator RL"
+                label = {"il": "Stage I  imitation", "sim": "Stage II simulator RL", "distill": "distil the best"}[stage]
                 bars[stage] = progress.add_task(label, total=st["total"], status="")
             if stage == "il":
                 status = f"{st['episodes_per_s']:.0f} ep/s  agreement SEL {st['agree_sel']:.0%} PLC {st['agree_plc']:.0%}"
-            else:
+            elif stage == "sim":
                 status = (f"{st['episodes_per_s']:.0f} ep/s  mean {st['mean_ratio']:.3f}x LB  "
                           f"best {format_seconds(st['best_makespan_s'])}")  # fmt: skip
+            else:
+                status = f"greedy {st['greedy_ratio']:.3f}x LB, best {st['best_ratio']:.3f}x LB"
+            if stage == "distill" and st["episode"] >= st["total"]:
+                status += " (matched)" if st["greedy_ratio"] <= st["best_ratio"] * (1 + 1e-9) else ""
             progress.update(bars[stage], completed=min(st["episode"], st["total"]), status=status)
 
         if quiet:

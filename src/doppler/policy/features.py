@@ -11,7 +11,11 @@ sizes, cost scales and clusters:
 
 Static op features (:data:`OP_FEATURES`), in ``[0, 1]``: mean compute / max,
 b-level / time scale, t-level / time scale, summed input communication / max,
-summed output communication / max. Edge features: mean communication of the
+summed output communication / max (the paper's five); then the tile's block
+coordinates over its group's grid (0 for untiled ops: what the enumerative
+optimizer exploits) and two fixed values of the op id that break the symmetry
+between identical tiles, so a policy can learn one order and one placement for
+them (and reproduce its best assignment greedily). Edge features: mean communication of the
 edge / max, and a direction bit (0 = along the dataflow, 1 = the added reverse
 edge), so messages flow both ways through the DAG.
 """
@@ -27,7 +31,10 @@ from doppler.baselines._costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.listsched import pred_comm_s
 
-OP_FEATURES = ("compute", "b_level", "t_level", "input_comm", "output_comm")
+OP_FEATURES = (
+    "compute", "b_level", "t_level", "input_comm", "output_comm",
+    "block0", "block1", "block2", "block3", "op_id_a", "op_id_b",
+)  # fmt: skip
 NUM_OP_FEATURES = len(OP_FEATURES)
 NUM_EDGE_FEATURES = 2
 
@@ -63,6 +70,32 @@ def _path_members(nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keep = cur >= 0
         alive, cur = alive[keep], cur[keep]
     return np.concatenate(rows), np.concatenate(cols)
+
+
+def block_features(graph: DataflowGraph) -> np.ndarray:
+    """``[n, 4]``: each tile's block coordinates divided by its group's grid (0 where untiled)."""
+    n = graph.num_ops
+    out = np.zeros((n, 4))
+    if not graph.groups:
+        return out
+    grids = np.ones((len(graph.groups), 4))
+    for i, grp in enumerate(graph.groups):
+        k = min(len(grp.grid), 4)
+        grids[i, :k] = grp.grid[:k]
+    blk = graph.block[:, :4].astype(np.float64)
+    tiled = graph.group >= 0
+    grid = np.where(tiled[:, None], grids[np.maximum(graph.group, 0)], 1.0)
+    ok = tiled[:, None] & (blk >= 0) & (grid > 1)
+    out[ok] = (blk / grid)[ok]
+    return out
+
+
+def op_id_features(n: int) -> np.ndarray:
+    """``[n, 2]``: fixed low-discrepancy values of each op's id, so ops that the graph's
+    structure cannot tell apart (the tiles of one symmetric operation) still get distinct
+    embeddings (random node identifiers break a GNN's symmetries, Sato et al. 2021)."""
+    ids = np.arange(n, dtype=np.float64)
+    return np.stack([np.modf(ids * 0.6180339887498949)[0], np.modf(ids * 0.4142135623730951)[0]], axis=1)
 
 
 @dataclass
@@ -101,13 +134,20 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
     time_scale = float(b_level.max()) if n else 0.0
     in_comm = np.bincount(graph.dst, weights=edge_comm, minlength=n)
     out_comm = np.bincount(graph.src, weights=edge_comm, minlength=n)
-    op_x = np.stack(
+    op_x = np.concatenate(
         [
-            _safe_div(comp, float(comp.max(initial=0.0))),
-            _safe_div(b_level, time_scale),
-            _safe_div(t_level, time_scale),
-            _safe_div(in_comm, float(in_comm.max(initial=0.0))),
-            _safe_div(out_comm, float(out_comm.max(initial=0.0))),
+            np.stack(
+                [
+                    _safe_div(comp, float(comp.max(initial=0.0))),
+                    _safe_div(b_level, time_scale),
+                    _safe_div(t_level, time_scale),
+                    _safe_div(in_comm, float(in_comm.max(initial=0.0))),
+                    _safe_div(out_comm, float(out_comm.max(initial=0.0))),
+                ],
+                axis=1,
+            ),
+            block_features(graph),
+            op_id_features(n),
         ],
         axis=1,
     ).astype(np.float32)

@@ -17,9 +17,11 @@ PLC heads (DESIGN.md §3).
   inputs, so a SEL step is a masked softmax over the candidates.
 * :class:`PlcHead` scores device d for the op v being placed: MLP over
   [linear(device features of d), linear(op features of v), H[v], sum of H over
-  the ops already on d (divided by the op count)]. Its first layer is split so the
-  op-dependent part is one ``[ops, M]`` matrix per batch and a step is a gather
-  plus a ``[D, F] x [F, M]`` product.
+  the ops already on d (divided by the op count)], plus (our addition) a bilinear
+  affinity ``(Q H[v]) . (K sum of H over the ops on d)``: an additive MLP cannot
+  easily tell "v belongs with the ops on d", which co-location needs. Its first
+  layer is split so the op-dependent part is one ``[ops, M]`` matrix per batch and
+  a step is a gather plus a ``[D, F] x [F, M]`` product.
 
 Activations are LeakyReLU throughout.
 """
@@ -88,8 +90,9 @@ class SelHead(nn.Module):
 
 
 class PlcHead(nn.Module):
-    def __init__(self, hidden: int, mlp_hidden: int) -> None:
+    def __init__(self, hidden: int, mlp_hidden: int, affinity: int = 32) -> None:
         super().__init__()
+        self.affinity = affinity
         self.dev_lin = nn.Linear(NUM_DEVICE_FEATURES, hidden)
         self.op_lin = nn.Linear(NUM_OP_FEATURES, hidden)
         # the first MLP layer over [dev_lin(f_d), op_lin(x_v), H[v], placed_d], one block per input
@@ -98,14 +101,18 @@ class PlcHead(nn.Module):
         self.w_emb = nn.Linear(hidden, mlp_hidden, bias=False)
         self.w_placed = nn.Linear(hidden, mlp_hidden, bias=False)
         self.out = nn.Linear(mlp_hidden, 1)
+        # bilinear affinity of v with the ops already on d: (Q H[v]) . sum_{u on d} K H[u] / n
+        self.aff_q = nn.Linear(hidden, affinity, bias=False)
+        self.aff_k = nn.Linear(hidden, affinity, bias=False)
 
     def op_part(self, op_x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """``[n, M]``: the first layer's op-dependent part, plus both first-layer biases."""
         return self.w_op(self.op_lin(op_x)) + self.w_emb(emb) + self.w_dev(self.dev_lin.bias)
 
     def placed_part(self, emb: torch.Tensor) -> torch.Tensor:
-        """``[n, M]``: what placing op u on d adds to d's pre-activation (summed over placed ops)."""
-        return self.w_placed(emb) / emb.shape[0]
+        """``[n, M + A]``: what placing op u on d adds to d's state (summed over placed ops): first
+        its contribution to the pre-activation, then its affinity key."""
+        return torch.cat([self.w_placed(emb), self.aff_k(emb)], dim=1) / emb.shape[0]
 
     def device_matrix(self) -> torch.Tensor:
         """``[F, M]``: device features -> pre-activation (the device linear folded into the first layer)."""
@@ -118,15 +125,16 @@ class Encoded:
 
     sel_score: torch.Tensor  # [n]
     plc_op: torch.Tensor  # [n, M]
-    plc_placed: torch.Tensor  # [n, M]
+    plc_placed: torch.Tensor  # [n, M + A]
+    plc_query: torch.Tensor  # [n, A]
     plc_dev: torch.Tensor  # [F, M]
     plc_w_out: torch.Tensor  # [M]: the PLC head's output layer
     plc_b_out: torch.Tensor  # []
 
 
 def _path_sum(emb: torch.Tensor, pairs: tuple, scale: float) -> torch.Tensor:
-    rows = torch.as_tensor(pairs[0], dtype=torch.long)
-    cols = torch.as_tensor(pairs[1], dtype=torch.long)
+    rows = torch.as_tensor(pairs[0], dtype=torch.long, device=emb.device)
+    cols = torch.as_tensor(pairs[1], dtype=torch.long, device=emb.device)
     out = torch.zeros_like(emb).index_add_(0, rows, emb.index_select(0, cols))
     return out / scale
 
@@ -141,16 +149,22 @@ class DopplerPolicy(nn.Module):
         self.sel = SelHead(hidden, mlp_hidden)
         self.plc = PlcHead(hidden, mlp_hidden)
 
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.embed.weight.device
+
     def encode(self, gf: GraphFeatures) -> Encoded:
-        """Run the encoder once and precompute every op-dependent head input."""
-        op_x = torch.from_numpy(gf.op_x)
-        emb = self.encoder(op_x, torch.from_numpy(gf.edge_index), torch.from_numpy(gf.edge_attr))
+        """Run the encoder once and precompute every op-dependent head input (on the policy's device)."""
+        dev = self.device
+        op_x = torch.from_numpy(gf.op_x).to(dev)
+        emb = self.encoder(op_x, torch.from_numpy(gf.edge_index).to(dev), torch.from_numpy(gf.edge_attr).to(dev))
         down = _path_sum(emb, gf.path_down, gf.path_scale)
         up = _path_sum(emb, gf.path_up, gf.path_scale)
         return Encoded(
             sel_score=self.sel(op_x, emb, down, up),
             plc_op=self.plc.op_part(op_x, emb),
             plc_placed=self.plc.placed_part(emb),
+            plc_query=self.plc.aff_q(emb),
             plc_dev=self.plc.device_matrix(),
             plc_w_out=self.plc.out.weight.squeeze(0),
             plc_b_out=self.plc.out.bias.squeeze(0),

@@ -67,14 +67,16 @@ def _pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: 
 @numba.njit(cache=True)
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
-    sel_score, plc_op, plc_placed, plc_dev, w_out, b_out, leak,
-    mode, sel_mode, eps, uniforms, forced_order, forced_dev,
-    order, step_dev, assignment, enter_step, feats, est_tied,
+    sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
+    mode, sel_mode, eps, uniforms, forced_order, forced_dev, teacher_class,
+    order, step_dev, assignment, enter_step, feats, plc_teacher,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate."""
     B, n = order.shape
     nd = comp.shape[1]
     m_hidden = plc_op.shape[1]
+    m_placed = plc_placed.shape[1]
+    n_aff = plc_query.shape[1]
     nf = feats.shape[3]
     all_devs = np.arange(nd)
     for b in range(B):
@@ -94,7 +96,9 @@ def _rollout_kernel(
                 pos[v] = ncand
                 ncand += 1
                 enter_step[b, v] = 0
-        placed = np.zeros((nd, m_hidden))
+        placed = np.zeros((nd, m_placed))
+        class_dev = np.full(nd, -1, np.int64)  # teacher's device label -> our device (see Rollout.plc_teacher)
+        dev_class = np.full(nd, -1, np.int64)
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
         logits = np.empty(nd)
@@ -119,10 +123,20 @@ def _rollout_kernel(
             )
             normalise_device_features(raw, inv_time_scale, x)
             best_est = raw[0, 4] - raw[0, 5]
+            c = teacher_class[v]
+            mapped = class_dev[c] if c >= 0 else -1
+            any_free = False
+            for d in range(nd):
+                any_free |= dev_class[d] < 0
             for d in range(nd):
                 for f in range(nf):
                     feats[b, h, d, f] = x[d, f]
-                est_tied[b, h, d] = raw[d, 5] <= TIE_RTOL * abs(best_est)
+                if c < 0:
+                    plc_teacher[b, h, d] = raw[d, 5] <= TIE_RTOL * abs(best_est)
+                elif mapped >= 0:
+                    plc_teacher[b, h, d] = d == mapped
+                else:
+                    plc_teacher[b, h, d] = dev_class[d] < 0 or not any_free
                 z = b_out
                 for j in range(m_hidden):
                     a = plc_op[v, j] + placed[d, j]
@@ -131,6 +145,8 @@ def _rollout_kernel(
                     if a < 0.0:
                         a *= leak
                     z += w_out[j] * a
+                for j in range(n_aff):
+                    z += plc_query[v, j] * placed[d, m_hidden + j]
                 logits[d] = z
             if mode == 2:
                 d = forced_dev[b, h]
@@ -138,8 +154,11 @@ def _rollout_kernel(
                     return h
             else:
                 d = _pick(logits, all_devs, nd, mode, u[2], u[3], eps)
+            if c >= 0 and mapped < 0 and dev_class[d] < 0:
+                class_dev[c] = d
+                dev_class[d] = c
             place(v, d, raw[d, 4], comp, dev, start, finish, free, assigned)
-            for j in range(m_hidden):
+            for j in range(m_placed):
                 placed[d, j] += plc_placed[v, j]
             order[b, h] = v
             step_dev[b, h] = d
@@ -164,7 +183,7 @@ class Rollout:
     assignment: np.ndarray  # int64[B, n]: device per op
     enter_step: np.ndarray  # int64[B, n]: step at which each op became a candidate
     device_features: np.ndarray  # float32[B, n, D, F]: what PLC saw at each step
-    est_tied: np.ndarray  # bool[B, n, D]: devices tied for the smallest EST (the teacher's PLC choices)
+    plc_teacher: np.ndarray  # bool[B, n, D]: the PLC teacher's choices at each step (see rollout())
 
     @property
     def batch(self) -> int:
@@ -179,7 +198,8 @@ def _numpy_heads(enc: Encoded) -> tuple[np.ndarray, ...]:
     def arr(t: torch.Tensor) -> np.ndarray:
         return np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy())
 
-    return arr(enc.sel_score), arr(enc.plc_op), arr(enc.plc_placed), arr(enc.plc_dev), arr(enc.plc_w_out), float(enc.plc_b_out.detach())
+    return (arr(enc.sel_score), arr(enc.plc_op), arr(enc.plc_placed), arr(enc.plc_query), arr(enc.plc_dev),
+            arr(enc.plc_w_out), float(enc.plc_b_out.detach()))  # fmt: skip
 
 
 def rollout(
@@ -193,11 +213,20 @@ def rollout(
     order: np.ndarray | None = None,
     devices_by_step: np.ndarray | None = None,
     greedy_sel: bool = False,
+    teacher_devices: np.ndarray | None = None,
 ) -> Rollout:
     """Run ``batch`` episodes of ASSIGN(SEL, PLC) on one graph (see the module docstring).
 
     ``mode="teacher"`` replays ``order[B, n]`` and ``devices_by_step[B, n]``.
     ``greedy_sel``: in ``sample`` mode, SEL still decodes greedily (only PLC samples).
+
+    ``plc_teacher`` records the PLC teacher's choices at every visited state (for
+    imitation): by default the devices tied for the smallest EST (CRITICAL PATH).
+    With ``teacher_devices`` (another method's assignment), the teacher's *partition*
+    up to a renaming of devices, since devices are exchangeable to the policy: the
+    first time an op of teacher device ``t`` is placed, on a device ``d`` not yet
+    taken by another teacher device, ``t`` is renamed ``d``; later ops of ``t`` should
+    go to ``d``, and ops of a not-yet-renamed ``t`` to any device not yet taken.
     """
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
@@ -212,22 +241,28 @@ def rollout(
     if mode == "sample" and rng is None:
         raise ValueError("sample mode needs a random generator: pass rng=np.random.default_rng(seed)")
     uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
+    if teacher_devices is None:
+        teacher_class = np.full(n, -1, dtype=np.int64)
+    else:
+        teacher_class = np.ascontiguousarray(teacher_devices, dtype=np.int64)
+        if teacher_class.shape != (n,) or teacher_class.min(initial=0) < 0 or teacher_class.max(initial=0) >= nd:
+            raise ValueError(f"teacher_devices must hold one device in 0..{nd - 1} per op")
     ro = Rollout(
         order=np.empty((batch, n), np.int64),
         step_device=np.empty((batch, n), np.int64),
         assignment=np.empty((batch, n), np.int64),
         enter_step=np.empty((batch, n), np.int64),
         device_features=np.empty((batch, n, nd, NUM_DEVICE_FEATURES), np.float32),
-        est_tied=np.empty((batch, n, nd), np.bool_),
+        plc_teacher=np.empty((batch, n, nd), np.bool_),
     )
-    sel, plc_op, plc_placed, plc_dev, w_out, b_out = _numpy_heads(enc)
+    sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out = _numpy_heads(enc)
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
-        sel, plc_op, plc_placed, plc_dev, w_out, b_out, LEAK,
+        sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
         _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode], float(eps),
-        uniforms, forced_order, forced_dev,
-        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
+        uniforms, forced_order, forced_dev, teacher_class,
+        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.plc_teacher,
     )  # fmt: skip
     if bad >= 0:
         raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
@@ -237,10 +272,10 @@ def rollout(
 # ============================================================================ re-scoring
 def segment_logsumexp(values: torch.Tensor, seg: torch.Tensor, num_segments: int) -> torch.Tensor:
     """``log(sum(exp(values[seg == s])))`` for every segment ``s`` (-inf for empty ones)."""
-    top = torch.full((num_segments,), -torch.inf, dtype=values.dtype)
+    top = torch.full((num_segments,), -torch.inf, dtype=values.dtype, device=values.device)
     top = top.scatter_reduce(0, seg, values.detach(), reduce="amax", include_self=True)
     safe_top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    total = torch.zeros(num_segments, dtype=values.dtype).index_add_(0, seg, torch.exp(values - safe_top[seg]))
+    total = torch.zeros_like(top).index_add_(0, seg, torch.exp(values - safe_top[seg]))
     return torch.log(total) + safe_top
 
 
@@ -283,23 +318,27 @@ class ActionScores:
 def evaluate_actions(enc: Encoded, ro: Rollout) -> ActionScores:
     """Re-score every decision of ``ro`` under the current weights in one batched pass."""
     B, n = ro.order.shape
+    device = enc.sel_score.device
     cs = candidate_steps(ro)
-    seg = torch.from_numpy(cs.seg)
-    s = enc.sel_score[torch.from_numpy(cs.op)]
+    seg = torch.from_numpy(cs.seg).to(device)
+    s = enc.sel_score[torch.from_numpy(cs.op).to(device)]
     log_z = segment_logsumexp(s, seg, cs.num_segments)
     cand_logp = s - log_z[seg]
-    order = torch.from_numpy(ro.order)
+    order = torch.from_numpy(ro.order).to(device)
     logp_sel = enc.sel_score[order] - log_z.view(B, n)
     ent_terms = torch.exp(cand_logp) * cand_logp
-    entropy_sel = -torch.zeros(cs.num_segments, dtype=s.dtype).index_add_(0, seg, ent_terms).view(B, n)
+    entropy_sel = -torch.zeros_like(log_z).index_add_(0, seg, ent_terms).view(B, n)
 
-    dev = torch.from_numpy(ro.step_device)
-    contrib = enc.plc_placed[order]  # [B, n, M]
+    dev = torch.from_numpy(ro.step_device).to(device)
+    contrib = enc.plc_placed[order]  # [B, n, M + A]
     onehot = torch.nn.functional.one_hot(dev, ro.device_features.shape[2]).to(contrib.dtype)  # [B, n, D]
-    added = onehot.unsqueeze(-1) * contrib.unsqueeze(2)  # [B, n, D, M]
+    added = onehot.unsqueeze(-1) * contrib.unsqueeze(2)  # [B, n, D, M + A]
     placed_before = torch.cumsum(added, dim=1) - added
-    pre = torch.from_numpy(ro.device_features) @ enc.plc_dev + enc.plc_op[order].unsqueeze(2) + placed_before
-    logits = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out  # [B, n, D]
+    m = enc.plc_op.shape[1]
+    pre = (torch.from_numpy(ro.device_features).to(device) @ enc.plc_dev + enc.plc_op[order].unsqueeze(2)
+           + placed_before[..., :m])  # fmt: skip
+    affinity = (placed_before[..., m:] * enc.plc_query[order].unsqueeze(2)).sum(-1)
+    logits = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out + affinity  # [B, n, D]
     plc_logp = torch.log_softmax(logits, dim=-1)
     logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
     entropy_plc = -(torch.exp(plc_logp) * plc_logp).sum(-1)
