@@ -41,12 +41,16 @@ def clusters(names: list[str]):
 
 def run_setting(wname: str, cname: str, cl, args) -> dict:
     g = workloads.build(wname)
-    cfg = TrainConfig(episodes=int(EPISODES[wname] * args.episodes_scale), seed=args.seed)
+    cfg = TrainConfig(episodes=int(EPISODES[wname] * args.episodes_scale), seed=args.seed, torch_threads=args.threads)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         tr = Trainer.create([g], cl, cfg)
         tr.run(run_dir)
         train_s = time.perf_counter() - t0
+        if args.curves:
+            from doppler.report import training_curve
+
+            training_curve(tr.history, f"{args.curves}/{wname}_{cname}.png", title=f"DOPPLER on {wname}, {cname}")
         ckpt = f"{run_dir}/checkpoint.pt"
         greedy = assign(g, cl, "doppler", checkpoint=ckpt)
         sampled = assign(g, cl, "doppler", checkpoint=ckpt, samples=64, seed=args.seed)
@@ -74,7 +78,9 @@ def main() -> None:
     p.add_argument("--anneal-s", type=float, default=60.0)
     p.add_argument("--episodes-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch threads (1 when running two of these side by side)")
     p.add_argument("--out", default=None, help="also write the rows as JSON")
+    p.add_argument("--curves", default=None, help="also write a training-curve PNG per setting into this folder")
     args = p.parse_args()
     rows = []
     hdr = (f"{'cluster':8s} {'workload':12s} {'LB':>7s} {'crit.path':>9s} {'enum':>7s} {'anneal':>7s} "

@@ -99,13 +99,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=1024, help="episodes per batched row (B=1 rows run 1/8 of them)")
     ap.add_argument("--device", default="cpu", help="where the networks run (cpu, cuda)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the default rows")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the default rows (the second row uses the other of 1 and 2)")
     args = ap.parse_args()
     default = TrainConfig()
     dev, th = args.device, args.threads
     rows = [
         measure(f"doppler (default: B={default.batch}, {th} thread(s), {dev})", TrainConfig(device=dev, torch_threads=th), args.episodes),
-        measure(f"doppler, B={default.batch}, {th + 1} torch threads", TrainConfig(device=dev, torch_threads=th + 1), args.episodes),
+        measure(f"doppler, B={default.batch}, {3 - th} torch thread(s)", TrainConfig(device=dev, torch_threads=3 - th), args.episodes),
         measure(f"doppler, B=32", TrainConfig(device=dev, torch_threads=th, batch=32), args.episodes),
         measure(f"per-step autograd, B={default.batch}", TrainConfig(device=dev, torch_threads=th), args.episodes // 4, per_step=True),
         measure("paper-like: B=1, encoder per episode", TrainConfig(device=dev, torch_threads=th, batch=1, baseline="running"),

@@ -13,7 +13,7 @@ from doppler.baselines._costs import CostModel
 from doppler.graph import from_edges
 from doppler.hardware import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, PlacementState
-from doppler.policy.features import NUM_EDGE_FEATURES, NUM_OP_FEATURES, OP_FEATURES, graph_features
+from doppler.policy.features import NUM_EDGE_FEATURES, NUM_OP_FEATURES, OP_FEATURES, chain_members, graph_features
 
 HAS_INPUT = DEVICE_FEATURES.index("has_input")
 
@@ -82,9 +82,9 @@ def test_edge_index_forward_then_reversed_with_direction_bit():
 def test_longest_path_members_on_diamond():
     gf = graph_features(diamond(), unit(2))
     # down: longest path to an exit (0 -> 1 -> 3: 2 + 1 + 3 + 2 + 2 = 10 beats 0 -> 2 -> 3: 7)
-    assert pairs_to_sets(gf.path_down, 4) == [{0, 1, 3}, {1, 3}, {2, 3}, {3}]
+    assert pairs_to_sets(chain_members(gf.next_down), 4) == [{0, 1, 3}, {1, 3}, {2, 3}, {3}]
     # up: longest path from an entry (3 is reached at t = 8 through 1, at 5 through 2)
-    assert pairs_to_sets(gf.path_up, 4) == [{0}, {0, 1}, {0, 2}, {0, 1, 3}]
+    assert pairs_to_sets(chain_members(gf.next_up), 4) == [{0}, {0, 1}, {0, 2}, {0, 1, 3}]
 
 
 def test_longest_path_members_on_a_chain_with_a_shortcut():
@@ -92,8 +92,8 @@ def test_longest_path_members_on_a_chain_with_a_shortcut():
     # no bytes, so only compute counts: path lengths 1+5+5+1 = 12 vs 1+1+1 = 3 vs 1+1 = 2.
     g = from_edges([1, 5, 5, 1, 1, 1], [(0, 1), (1, 2), (2, 4), (0, 3), (3, 4), (5, 4)])
     gf = graph_features(g, unit(2))
-    assert pairs_to_sets(gf.path_down, 6) == [{0, 1, 2, 4}, {1, 2, 4}, {2, 4}, {3, 4}, {4}, {5, 4}]
-    assert pairs_to_sets(gf.path_up, 6) == [{0}, {0, 1}, {0, 1, 2}, {0, 3}, {0, 1, 2, 4}, {5}]
+    assert pairs_to_sets(chain_members(gf.next_down), 6) == [{0, 1, 2, 4}, {1, 2, 4}, {2, 4}, {3, 4}, {4}, {5, 4}]
+    assert pairs_to_sets(chain_members(gf.next_up), 6) == [{0}, {0, 1}, {0, 1, 2}, {0, 3}, {0, 1, 2, 4}, {5}]
     assert gf.path_scale == 4.0
 
 
@@ -101,8 +101,8 @@ def test_longest_path_ties_go_to_the_lowest_op_id():
     # a symmetric diamond: both branches tie, the lower id (1) wins in both directions
     g = from_edges([1, 2, 2, 1], [(0, 1), (0, 2), (1, 3), (2, 3)], output_bytes=[1, 1, 1, 0])
     gf = graph_features(g, unit(2))
-    assert pairs_to_sets(gf.path_down, 4)[0] == {0, 1, 3}
-    assert pairs_to_sets(gf.path_up, 4)[3] == {0, 1, 3}
+    assert pairs_to_sets(chain_members(gf.next_down), 4)[0] == {0, 1, 3}
+    assert pairs_to_sets(chain_members(gf.next_up), 4)[3] == {0, 1, 3}
 
 
 def _reference_paths(graph, comp, edge_comm):
@@ -159,8 +159,8 @@ def test_longest_path_members_match_brute_force_on_random_graphs(seed):
     cm = CostModel.build(g, cl)
     comp, comm = cm.mean_compute_s(), cm.mean_edge_comm_s()
     down, up, down_len = _reference_paths(g, comp, comm)
-    assert pairs_to_sets(gf.path_down, g.num_ops) == down
-    assert pairs_to_sets(gf.path_up, g.num_ops) == up
+    assert pairs_to_sets(chain_members(gf.next_down), g.num_ops) == down
+    assert pairs_to_sets(chain_members(gf.next_up), g.num_ops) == up
     np.testing.assert_allclose(gf.b_level_s, [down_len[v] for v in range(g.num_ops)], rtol=1e-9)
     assert gf.time_scale_s == pytest.approx(max(down_len.values()), rel=1e-12)
     assert gf.path_scale == float(g.depth)

@@ -14,7 +14,7 @@ from doppler.baselines.critical_path import TIE_RTOL
 from doppler.graph import from_edges
 from doppler.hardware import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, PlacementState
-from doppler.policy.features import graph_features
+from doppler.policy.features import chain_members, graph_features
 from doppler.policy.networks import LEAK, DopplerPolicy
 from doppler.policy.rollout import RolloutError, candidate_steps, evaluate_actions, rollout
 
@@ -206,8 +206,8 @@ def reference_scores(g, gf, policy, ro):
     n = g.num_ops
     op_x = torch.from_numpy(gf.op_x)
     H = policy.encoder(op_x, torch.from_numpy(gf.edge_index), torch.from_numpy(gf.edge_attr))
-    down = torch.stack([sum(H[m] for m in _members(gf.path_down, v)) for v in range(n)]) / gf.path_scale
-    up = torch.stack([sum(H[m] for m in _members(gf.path_up, v)) for v in range(n)]) / gf.path_scale
+    down = torch.stack([sum(H[m] for m in _members(chain_members(gf.next_down), v)) for v in range(n)]) / gf.path_scale
+    up = torch.stack([sum(H[m] for m in _members(chain_members(gf.next_up), v)) for v in range(n)]) / gf.path_scale
     sel = policy.sel.mlp(torch.cat([policy.sel.op_lin(op_x), H, down, up], dim=1)).squeeze(1)
     plc = policy.plc
     B = ro.order.shape[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from doppler.listsched import est_into
+
 
 @numba.njit(cache=True)
 def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cover - compiled
@@ -17,22 +19,11 @@ def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cove
     start = np.zeros(n)
     finish = np.zeros(n)
     ready = np.zeros(nd)
+    no_wait = np.zeros(nd)
     best_pos = 0
     for h in range(n):
         v = order[h]
-        for d in range(nd):
-            ready[d] = 0.0
-        for k in range(pred_ptr[v], pred_ptr[v + 1]):
-            p = pred_idx[k]
-            dp = dev[p]
-            fp = finish[p]
-            b = pb[k]
-            for d in range(nd):
-                t = fp
-                if d != dp:
-                    t = fp + lat[dp, d] + b * inv[dp, d]
-                if t > ready[d]:
-                    ready[d] = t
+        est_into(v, pred_ptr, pred_idx, pb, lat, inv, dev, finish, no_wait, ready)  # data-ready time per device
         best_f = np.inf
         best_s = 0.0
         best_d = 0

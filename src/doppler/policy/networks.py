@@ -132,10 +132,12 @@ class Encoded:
     plc_b_out: torch.Tensor  # []
 
 
-def _path_sum(emb: torch.Tensor, pairs: tuple, scale: float) -> torch.Tensor:
-    rows = torch.as_tensor(pairs[0], dtype=torch.long, device=emb.device)
-    cols = torch.as_tensor(pairs[1], dtype=torch.long, device=emb.device)
-    out = torch.zeros_like(emb).index_add_(0, rows, emb.index_select(0, cols))
+def _chain_sum(emb: torch.Tensor, jumps: list, scale: float) -> torch.Tensor:
+    """Sum of ``emb`` along each op's chain (see ``features.jump_tables``), divided by ``scale``."""
+    out = emb
+    for table in jumps:
+        t = torch.as_tensor(table, device=emb.device)
+        out = out + torch.where((t >= 0).unsqueeze(1), out[t.clamp(min=0)], 0.0)
     return out / scale
 
 
@@ -158,8 +160,8 @@ class DopplerPolicy(nn.Module):
         dev = self.device
         op_x = torch.from_numpy(gf.op_x).to(dev)
         emb = self.encoder(op_x, torch.from_numpy(gf.edge_index).to(dev), torch.from_numpy(gf.edge_attr).to(dev))
-        down = _path_sum(emb, gf.path_down, gf.path_scale)
-        up = _path_sum(emb, gf.path_up, gf.path_scale)
+        down = _chain_sum(emb, gf.down_jumps, gf.path_scale)
+        up = _chain_sum(emb, gf.up_jumps, gf.path_scale)
         return Encoded(
             sel_score=self.sel(op_x, emb, down, up),
             plc_op=self.plc.op_part(op_x, emb),
