@@ -72,3 +72,15 @@ def test_readme_python_api() -> None:
     assert isinstance(a.devices, np.ndarray) and a.devices.shape == (g.num_ops,)
     r = doppler.simulate(g, c, a, mode="wc")
     assert r.makespan_s >= doppler.lower_bound(g, c) > 0
+
+
+def test_readme_training_api(tmp_path) -> None:
+    """The DOPPLER lines of the README's Python API (smaller budgets)."""
+    import doppler
+    from doppler.train import Trainer, TrainConfig
+
+    g = doppler.workloads.build("ffnn", size="tiny")
+    c = doppler.cluster("p100x4")
+    Trainer.create([g], c, TrainConfig(episodes=16, il_episodes=8, distill_updates=2)).run(tmp_path / "g")
+    a = doppler.assign(g, c, method="doppler", checkpoint=tmp_path / "g" / "checkpoint.pt")
+    assert a.method == "doppler" and a.devices.shape == (g.num_ops,)
