@@ -124,3 +124,19 @@ def test_multi_graph_training_runs_and_transfers_to_an_unseen_graph():
         ro = rollout(gf, tr.policy.encode(gf), batch=1, mode="greedy")
     assert sorted(ro.order[0].tolist()) == list(range(35))
     assert ro.assignment.max() < 4
+
+
+def test_another_teacher_is_cloned_and_seeds_the_best_so_far():
+    from doppler import assign, simulate
+
+    g = workloads.build("random", num_ops=30, seed=0)
+    cl = cluster("p100x4")
+    heft = assign(g, cl, "heft").devices
+    cfg = TrainConfig(stages=("il",), teacher="heft", il_episodes=200, **SMALL)
+    tr = Trainer.create([g], cl, cfg)
+    task = tr.tasks[0]
+    np.testing.assert_array_equal(task.best_assignment, heft)
+    assert task.best_makespan_s == pytest.approx(simulate(g, cl, heft).makespan_s)
+    tr.run()
+    assert tr.il_episode == 200  # one replay of the teacher's trajectory per update
+    assert tr.history[-1]["agree_plc"] > 0.9 > tr.history[0]["agree_plc"]

@@ -41,6 +41,7 @@ from doppler.simulate import lower_bound, simulate_many
 STAGES = ("il", "sim")
 TEACHERS = ("critical_path", "heft", "enumerative", "anneal")
 BASELINES = ("running", "mean", "loo")
+TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
 CHECKPOINT_FORMAT = "doppler-checkpoint-1"
 
 
@@ -127,6 +128,7 @@ class Task:
     oracle: CostOracle
     lower_bound_s: float
     teacher_devices: np.ndarray | None  # per op, when PLC imitates a method other than critical_path
+    teacher_order: np.ndarray | None  # the b-level (critical_path) order its trajectory follows
     baseline: float | None = None  # running mean of normalised makespans
     best_makespan_s: float = math.inf
     best_order: np.ndarray | None = None
@@ -143,19 +145,28 @@ class Task:
 
 
 def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: CostOracle | None = None) -> Task:
-    teacher_devices = None
-    if cfg.teacher != "critical_path":
-        from doppler.baselines import assign
-
-        teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=10.0).devices
-    return Task(
+    """A training graph. With a teacher other than critical_path, that method's assignment
+    (along the b-level order) is the Stage I target and the first best-so-far."""
+    task = Task(
         graph=graph,
         cluster=cluster,
         features=graph_features(graph, cluster),
         oracle=oracle or SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed),
         lower_bound_s=lower_bound(graph, cluster),
-        teacher_devices=teacher_devices,
+        teacher_devices=None,
+        teacher_order=None,
     )
+    if cfg.teacher != "critical_path":
+        from doppler.baselines import assign
+        from doppler.baselines.critical_path import critical_path_schedule
+
+        task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S).devices
+        task.teacher_order = critical_path_schedule(graph, cluster)["order"]
+        task.best_order = task.teacher_order
+        task.best_step_device = task.teacher_devices[task.teacher_order]
+        task.best_assignment = task.teacher_devices
+        task.best_makespan_s = float(task.oracle.evaluate(task.teacher_devices[None, :])[0])
+    return task
 
 
 # ============================================================================ losses
@@ -163,8 +174,7 @@ def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, f
     """-log P(teacher's tied-best choices), per step; returns (loss, SEL agreement, PLC agreement).
 
     SEL's teacher picks the candidate with the largest b-level; PLC's the device with
-    the smallest EST, or with another teacher that method's partition of the ops
-    (``Rollout.plc_teacher``)."""
+    the smallest EST, or with another teacher that method's device for the op."""
     sc = evaluate_actions(enc, ro)
     cs = sc.cands
     key = priority_key(task.features.b_level_s)[cs.op]
@@ -175,7 +185,11 @@ def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, f
     seg = torch.from_numpy(cs.seg).to(device)
     masked = sc.cand_logp.masked_fill(~torch.from_numpy(tied).to(device), -torch.inf)
     sel_ll = segment_logsumexp(masked, seg, cs.num_segments)
-    plc_mask = torch.from_numpy(ro.plc_teacher).to(device)
+    if task.teacher_devices is None:
+        plc_mask = torch.from_numpy(ro.est_tied).to(device)
+    else:
+        want = task.teacher_devices[ro.order]  # [B, n]
+        plc_mask = torch.from_numpy(np.arange(ro.est_tied.shape[2]) == want[..., None]).to(device)
     plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)
     loss = -(sel_ll.mean() + plc_ll.mean())
     with torch.no_grad():
@@ -253,8 +267,11 @@ class Trainer:
         stats = {"loss_il": 0.0, "agree_sel": 0.0, "agree_plc": 0.0}
         for task in self.tasks:
             enc = self.policy.encode(task.features)
-            ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng,
-                         teacher_devices=task.teacher_devices)  # fmt: skip
+            if task.teacher_devices is None:  # DAgger: the teacher labels the states the policy visits
+                ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng)
+            else:  # behaviour cloning of the teacher's one trajectory (its labels depend on no state)
+                ro = rollout(task.features, enc, batch=1, mode="teacher", order=task.teacher_order,
+                             devices_by_step=task.teacher_devices[task.teacher_order])  # fmt: skip
             loss, a_sel, a_plc = imitation_loss(task, ro, enc)
             (loss / len(self.tasks)).backward()
             stats["loss_il"] += float(loss.detach()) / len(self.tasks)
@@ -262,7 +279,7 @@ class Trainer:
             stats["agree_plc"] += a_plc / len(self.tasks)
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
-        self.il_episode += cfg.il_batch * len(self.tasks)
+        self.il_episode += (cfg.il_batch if cfg.teacher == "critical_path" else 1) * len(self.tasks)
         return stats
 
     # ------------------------------------------------------------------ stage II

@@ -65,12 +65,12 @@ def test_greedy_is_deterministic_and_valid(setup):
     a = rollout(gf, enc, batch=2, mode="greedy")
     b = rollout(gf, enc, batch=1, mode="greedy")
     check_structure(g, a)
-    for field in ("order", "step_device", "assignment", "enter_step", "device_features", "plc_teacher"):
+    for field in ("order", "step_device", "assignment", "enter_step", "device_features", "est_tied"):
         x, y = getattr(a, field), getattr(b, field)
         np.testing.assert_array_equal(x[0], x[1], err_msg=field)
         np.testing.assert_array_equal(x[0], y[0], err_msg=field)
     assert a.batch == 2
-    assert a.order.dtype == np.int64 and a.device_features.dtype == np.float32 and a.plc_teacher.dtype == np.bool_
+    assert a.order.dtype == np.int64 and a.device_features.dtype == np.float32 and a.est_tied.dtype == np.bool_
     assert a.device_features.shape == (2, g.num_ops, gf.num_devices, NUM_DEVICE_FEATURES)
 
 
@@ -81,7 +81,7 @@ def test_sample_is_reproducible_from_the_generator(setup):
     c = rollout(gf, enc, batch=6, mode="sample", eps=0.1, rng=np.random.default_rng(6))
     check_structure(g, a)
     check_structure(g, c)
-    for field in ("order", "step_device", "assignment", "enter_step", "device_features", "plc_teacher"):
+    for field in ("order", "step_device", "assignment", "enter_step", "device_features", "est_tied"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
     assert not np.array_equal(a.order, c.order)
     # a random policy samples different episodes within one batch
@@ -101,7 +101,7 @@ def test_teacher_replays_a_sampled_rollout_exactly(setup):
     g, gf, _, enc = setup
     ro = rollout(gf, enc, batch=4, mode="sample", eps=0.3, rng=np.random.default_rng(11))
     rt = rollout(gf, enc, batch=4, mode="teacher", order=ro.order, devices_by_step=ro.step_device)
-    for field in ("order", "step_device", "assignment", "enter_step", "device_features", "plc_teacher"):
+    for field in ("order", "step_device", "assignment", "enter_step", "device_features", "est_tied"):
         np.testing.assert_array_equal(getattr(rt, field), getattr(ro, field), err_msg=field)
     # a single trajectory broadcasts over the batch
     r1 = rollout(gf, enc, batch=3, mode="teacher", order=ro.order[2], devices_by_step=ro.step_device[2])
@@ -123,7 +123,7 @@ def test_teacher_replays_a_hand_trajectory():
     # est / time scale 10: step 1 EST [2, 3], step 2 [5, 3], step 3 [5, 7]
     est = DEVICE_FEATURES.index("est")
     np.testing.assert_allclose(ro.device_features[0, :, :, est], np.array([[0, 0], [2, 3], [5, 3], [5, 7]]) / 10, rtol=1e-6)
-    assert ro.plc_teacher[0].tolist() == [[True, True], [True, False], [False, True], [True, False]]
+    assert ro.est_tied[0].tolist() == [[True, True], [True, False], [False, True], [True, False]]
 
 
 def test_device_features_are_normalised_placement_state_features(setup):
@@ -139,7 +139,7 @@ def test_device_features_are_normalised_placement_state_features(setup):
             np.testing.assert_allclose(ro.device_features[b, h], want, rtol=2e-6, atol=1e-7)
             est_s = raw[:, DEVICE_FEATURES.index("est")]
             best = est_s.min()
-            np.testing.assert_array_equal(ro.plc_teacher[b, h], est_s - best <= TIE_RTOL * abs(best))
+            np.testing.assert_array_equal(ro.est_tied[b, h], est_s - best <= TIE_RTOL * abs(best))
             est = ps.est(v)
             ps.place(v, d, est[:, d[0]])
 

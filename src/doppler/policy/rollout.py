@@ -68,8 +68,8 @@ def _pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: 
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
-    mode, sel_mode, eps, uniforms, forced_order, forced_dev, teacher_class,
-    order, step_dev, assignment, enter_step, feats, plc_teacher,
+    mode, sel_mode, eps, uniforms, forced_order, forced_dev,
+    order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate."""
     B, n = order.shape
@@ -97,8 +97,6 @@ def _rollout_kernel(
                 ncand += 1
                 enter_step[b, v] = 0
         placed = np.zeros((nd, m_placed))
-        class_dev = np.full(nd, -1, np.int64)  # teacher's device label -> our device (see Rollout.plc_teacher)
-        dev_class = np.full(nd, -1, np.int64)
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
         logits = np.empty(nd)
@@ -123,20 +121,10 @@ def _rollout_kernel(
             )
             normalise_device_features(raw, inv_time_scale, x)
             best_est = raw[0, 4] - raw[0, 5]
-            c = teacher_class[v]
-            mapped = class_dev[c] if c >= 0 else -1
-            any_free = False
-            for d in range(nd):
-                any_free |= dev_class[d] < 0
             for d in range(nd):
                 for f in range(nf):
                     feats[b, h, d, f] = x[d, f]
-                if c < 0:
-                    plc_teacher[b, h, d] = raw[d, 5] <= TIE_RTOL * abs(best_est)
-                elif mapped >= 0:
-                    plc_teacher[b, h, d] = d == mapped
-                else:
-                    plc_teacher[b, h, d] = dev_class[d] < 0 or not any_free
+                est_tied[b, h, d] = raw[d, 5] <= TIE_RTOL * abs(best_est)
                 z = b_out
                 for j in range(m_hidden):
                     a = plc_op[v, j] + placed[d, j]
@@ -154,9 +142,6 @@ def _rollout_kernel(
                     return h
             else:
                 d = _pick(logits, all_devs, nd, mode, u[2], u[3], eps)
-            if c >= 0 and mapped < 0 and dev_class[d] < 0:
-                class_dev[c] = d
-                dev_class[d] = c
             place(v, d, raw[d, 4], comp, dev, start, finish, free, assigned)
             for j in range(m_placed):
                 placed[d, j] += plc_placed[v, j]
@@ -183,7 +168,7 @@ class Rollout:
     assignment: np.ndarray  # int64[B, n]: device per op
     enter_step: np.ndarray  # int64[B, n]: step at which each op became a candidate
     device_features: np.ndarray  # float32[B, n, D, F]: what PLC saw at each step
-    plc_teacher: np.ndarray  # bool[B, n, D]: the PLC teacher's choices at each step (see rollout())
+    est_tied: np.ndarray  # bool[B, n, D]: devices tied for the smallest EST (CRITICAL PATH's PLC choices)
 
     @property
     def batch(self) -> int:
@@ -213,20 +198,11 @@ def rollout(
     order: np.ndarray | None = None,
     devices_by_step: np.ndarray | None = None,
     greedy_sel: bool = False,
-    teacher_devices: np.ndarray | None = None,
 ) -> Rollout:
     """Run ``batch`` episodes of ASSIGN(SEL, PLC) on one graph (see the module docstring).
 
     ``mode="teacher"`` replays ``order[B, n]`` and ``devices_by_step[B, n]``.
     ``greedy_sel``: in ``sample`` mode, SEL still decodes greedily (only PLC samples).
-
-    ``plc_teacher`` records the PLC teacher's choices at every visited state (for
-    imitation): by default the devices tied for the smallest EST (CRITICAL PATH).
-    With ``teacher_devices`` (another method's assignment), the teacher's *partition*
-    up to a renaming of devices, since devices are exchangeable to the policy: the
-    first time an op of teacher device ``t`` is placed, on a device ``d`` not yet
-    taken by another teacher device, ``t`` is renamed ``d``; later ops of ``t`` should
-    go to ``d``, and ops of a not-yet-renamed ``t`` to any device not yet taken.
     """
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
@@ -241,19 +217,13 @@ def rollout(
     if mode == "sample" and rng is None:
         raise ValueError("sample mode needs a random generator: pass rng=np.random.default_rng(seed)")
     uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
-    if teacher_devices is None:
-        teacher_class = np.full(n, -1, dtype=np.int64)
-    else:
-        teacher_class = np.ascontiguousarray(teacher_devices, dtype=np.int64)
-        if teacher_class.shape != (n,) or teacher_class.min(initial=0) < 0 or teacher_class.max(initial=0) >= nd:
-            raise ValueError(f"teacher_devices must hold one device in 0..{nd - 1} per op")
     ro = Rollout(
         order=np.empty((batch, n), np.int64),
         step_device=np.empty((batch, n), np.int64),
         assignment=np.empty((batch, n), np.int64),
         enter_step=np.empty((batch, n), np.int64),
         device_features=np.empty((batch, n, nd, NUM_DEVICE_FEATURES), np.float32),
-        plc_teacher=np.empty((batch, n, nd), np.bool_),
+        est_tied=np.empty((batch, n, nd), np.bool_),
     )
     sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out = _numpy_heads(enc)
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
@@ -261,8 +231,8 @@ def rollout(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
         _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode], float(eps),
-        uniforms, forced_order, forced_dev, teacher_class,
-        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.plc_teacher,
+        uniforms, forced_order, forced_dev,
+        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
     )  # fmt: skip
     if bad >= 0:
         raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
