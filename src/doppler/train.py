@@ -200,6 +200,23 @@ def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, f
     return loss, sel_agree, plc_agree
 
 
+def _greedy_makespan(task: Task, enc) -> float:
+    """Decode greedily (no gradients), score it with the task's oracle, keep it if it is the best."""
+    with torch.no_grad():
+        ro = rollout(task.features, enc, batch=1, mode="greedy")
+    mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
+    task.record(ro, mk)
+    return float(mk[0])
+
+
+def _best_nll(task: Task, enc) -> torch.Tensor:
+    """Per-step negative log-likelihood of the best trajectory so far (the self-improvement term)."""
+    best = rollout(task.features, enc, batch=1, mode="teacher", order=task.best_order,
+                   devices_by_step=task.best_step_device)  # fmt: skip
+    sb = evaluate_actions(enc, best)
+    return -(sb.logp_sel + sb.logp_plc).mean()
+
+
 def advantages(cost: np.ndarray, task: Task, cfg: TrainConfig) -> np.ndarray:
     """Advantage (higher is better) of each episode's normalised makespan ``cost``."""
     if cfg.baseline == "running":
@@ -311,16 +328,10 @@ class Trainer:
             loss_pg = -(adv * logp).mean() / task.graph.num_ops
             loss = loss_pg - cfg.entropy_coef * entropy
             task.record(ro, mk)
-            with torch.no_grad(), self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
-                ro_greedy = rollout(task.features, enc, batch=1, mode="greedy")
-                mk_greedy = np.asarray(task.oracle.evaluate(ro_greedy.assignment), dtype=np.float64)
-            task.record(ro_greedy, mk_greedy)
-            stats["greedy_ratio"] += float(mk_greedy[0]) / task.lower_bound_s / k
+            with self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
+                stats["greedy_ratio"] += _greedy_makespan(task, enc) / task.lower_bound_s / k
             if cfg.self_improve_coef > 0:
-                best = rollout(task.features, enc, batch=1, mode="teacher",
-                               order=task.best_order, devices_by_step=task.best_step_device)  # fmt: skip
-                sb = evaluate_actions(enc, best)
-                loss_self = -(sb.logp_sel + sb.logp_plc).mean()
+                loss_self = _best_nll(task, enc)
                 loss = loss + cfg.self_improve_coef * loss_self
                 stats["loss_self"] += float(loss_self.detach()) / k
             with self._phase("backward"):
@@ -349,15 +360,9 @@ class Trainer:
         k = len(self.tasks)
         for task in self.tasks:
             enc = self.policy.encode(task.features)
-            with torch.no_grad():
-                ro_greedy = rollout(task.features, enc, batch=1, mode="greedy")
-                mk_greedy = float(np.asarray(task.oracle.evaluate(ro_greedy.assignment))[0])
-            task.record(ro_greedy, np.array([mk_greedy]))
+            mk_greedy = _greedy_makespan(task, enc)
             matched &= mk_greedy <= task.best_makespan_s * (1 + 1e-9)
-            best = rollout(task.features, enc, batch=1, mode="teacher",
-                           order=task.best_order, devices_by_step=task.best_step_device)  # fmt: skip
-            sb = evaluate_actions(enc, best)
-            loss = -(sb.logp_sel + sb.logp_plc).mean()
+            loss = _best_nll(task, enc)
             (loss / k).backward()
             stats["loss_distill"] += float(loss.detach()) / k
             stats["greedy_ratio"] += mk_greedy / task.lower_bound_s / k
