@@ -232,3 +232,15 @@ def test_checkpoint_is_loadable_weights_only(trained) -> None:
     assert [g["num_ops"] for g in meta["graphs"]] == [30]
     assert not policy.training
     assert os.path.getsize(run_dir / "checkpoint.pt") > 0
+
+
+def test_compare_includes_doppler_with_a_checkpoint(trained) -> None:
+    _, g, _, run_dir, _ = trained
+    res = run("compare", g, "-c", "unit:2", "-m", "critical_path,doppler", "--checkpoint", run_dir / "checkpoint.pt",
+              "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["method"] for r in rows] == ["critical_path", "doppler"]
+    assert all(r["makespan_s"] >= r["lower_bound_s"] for r in rows)
+    res = run("compare", g, "-c", "unit:2", "-m", "critical_path,doppler")
+    assert res.exit_code == 2 and "--checkpoint" in res.stderr

@@ -160,6 +160,7 @@ def compare(
     seed: int = 0,
     budget_s: float | None = None,
     on_method: Callable[[str], None] | None = None,
+    method_kwargs: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run each method and score its assignment in the WC simulator.
 
@@ -167,7 +168,8 @@ def compare(
     ``ratio_to_lower_bound``, ``ratio_to_critical_path`` (critical_path is run as
     the reference if not in ``methods``), ``assign_time_s``,
     ``estimated_makespan_s`` and the ``assignment`` itself. ``on_method(name)`` is
-    called before each method runs (for progress display).
+    called before each method runs (for progress display). ``method_kwargs[name]``:
+    extra options of one method (e.g. ``{"doppler": {"checkpoint": path}}``).
     """
     from doppler.simulate import lower_bound, simulate
 
@@ -184,7 +186,7 @@ def compare(
     for m in methods:
         if on_method is not None:
             on_method(m)
-        a = assign(graph, cluster, m, seed=seed, budget_s=budget_s)
+        a = assign(graph, cluster, m, seed=seed, budget_s=budget_s, **(method_kwargs or {}).get(m, {}))
         rows.append({
             "method": m,
             "makespan_s": float(simulate(graph, cluster, a).makespan_s),

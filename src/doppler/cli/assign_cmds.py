@@ -141,6 +141,7 @@ def compare_cmd(
     ),
     budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per search method (s)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint for the learned method (doppler)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -168,7 +169,8 @@ def compare_cmd(
                 progress.update(task, description=f"running [bold]{m}[/]", completed=min(len(started), len(names)))
                 started.append(m)
 
-            rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_method=on_method)
+            learned = {"doppler": {"checkpoint": checkpoint}} if checkpoint is not None else {}
+            rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_method=on_method, method_kwargs=learned)
         keys = [
             "method",
             "makespan_s",

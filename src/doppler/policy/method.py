@@ -56,7 +56,8 @@ def doppler_method(
     from doppler.train import TrainError, load_policy
 
     if checkpoint is None:
-        raise MethodError("method 'doppler' needs a trained policy: pass --checkpoint RUN_DIR/checkpoint.pt")
+        raise MethodError("method 'doppler' needs a trained policy: pass --checkpoint RUN_DIR/checkpoint.pt "
+                          "(train one with `doppler train`)")
     if samples is not None and samples < 1:
         raise MethodError(f"--samples must be >= 1, got {samples}")
     try:
