@@ -140,3 +140,27 @@ def test_another_teacher_is_cloned_and_seeds_the_best_so_far():
     tr.run()
     assert tr.il_episode == 200  # one replay of the teacher's trajectory per update
     assert tr.history[-1]["agree_plc"] > 0.9 > tr.history[0]["agree_plc"]
+
+
+def test_a_non_finite_gradient_skips_the_step():
+    g = workloads.build("random", num_ops=20, seed=3)
+    tr = Trainer.create([g], cluster("unit:2"), TrainConfig(**SMALL))
+    before = [p.detach().clone() for p in tr.policy.parameters()]
+    for p in tr.policy.parameters():
+        p.grad = torch.zeros_like(p)
+    next(tr.policy.parameters()).grad.view(-1)[0] = float("nan")
+    assert tr._step() is False
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.policy.parameters()))
+    for p in tr.policy.parameters():
+        p.grad = torch.ones_like(p)
+    assert tr._step() is True
+    assert not all(torch.equal(a, b) for a, b in zip(before, tr.policy.parameters()))
+
+
+def test_ppo_epochs_run_and_stay_finite():
+    g = workloads.build("random", num_ops=24, seed=4)
+    tr = Trainer.create([g], cluster("unit:3"), TrainConfig(stages=("sim",), episodes=64, batch=8, update_epochs=3,
+                                                           distill_updates=0, **SMALL))  # fmt: skip
+    tr.run()
+    assert tr.episode == 64
+    assert all(np.isfinite(h["loss_pg"]) and h["skipped_steps"] == 0 for h in tr.history)

@@ -69,6 +69,8 @@ class TrainConfig:
     normalize_advantage: bool = True  # divide advantages by the batch's standard deviation
     self_improve_coef: float = 1.0  # weight of the log-likelihood of the best assignment so far (0: off)
     sample_sel: bool = True  # Stage II samples SEL too (False: SEL decodes greedily, only PLC explores)
+    update_epochs: int = 1  # gradient steps per batch of episodes (> 1: PPO-style clipped reuse)
+    clip_ratio: float = 0.2  # PPO's clip range for update_epochs > 1
     distill_updates: int = 1000  # after Stage II, at most this many updates that teach the policy to decode
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
     max_grad_norm: float = 5.0  # gradient clipping
@@ -294,21 +296,22 @@ class Trainer:
             stats["loss_il"] += float(loss.detach()) / len(self.tasks)
             stats["agree_sel"] += a_sel / len(self.tasks)
             stats["agree_plc"] += a_plc / len(self.tasks)
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        self._step()
         self.il_episode += (cfg.il_batch if cfg.teacher == "critical_path" else 1) * len(self.tasks)
         return stats
 
     # ------------------------------------------------------------------ stage II
     def rl_update(self) -> dict[str, float]:
+        """Sample ``batch`` episodes per graph, score them, then ``update_epochs`` gradient steps
+        on them (the first is plain REINFORCE; later ones use PPO's clipped per-step ratio)."""
         cfg = self.cfg
         frac = min(self.episode / cfg.episodes, 1.0)
         self._set_lr(cfg.lr + (cfg.lr_final - cfg.lr) * frac)
         eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
-        self.optimizer.zero_grad()
         stats = {"loss_pg": 0.0, "entropy_sel": 0.0, "entropy_plc": 0.0, "loss_self": 0.0, "mean_ratio": 0.0,
                  "greedy_ratio": 0.0, "best_ratio": 0.0}  # fmt: skip
         k = len(self.tasks)
+        batches = []
         for task in self.tasks:
             with self._phase("encoder"):
                 enc = self.policy.encode(task.features)
@@ -319,35 +322,56 @@ class Trainer:
                 mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
             cost = mk / task.lower_bound_s
             adv = torch.from_numpy(advantages(cost, task, cfg)).float().to(self.policy.device)
-            with self._phase("rescore"):
-                sc = evaluate_actions(enc, ro)
-            sel_on = 1.0 if cfg.sample_sel else 0.0  # a greedy SEL is not credited by the policy gradient
-            logp = (sel_on * sc.logp_sel + sc.logp_plc).sum(1)
-            ent_sel, ent_plc = sc.entropy_sel.mean(), sc.entropy_plc.mean()
-            entropy = sel_on * ent_sel + ent_plc
-            loss_pg = -(adv * logp).mean() / task.graph.num_ops
-            loss = loss_pg - cfg.entropy_coef * entropy
             task.record(ro, mk)
             with self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
                 stats["greedy_ratio"] += _greedy_makespan(task, enc) / task.lower_bound_s / k
-            if cfg.self_improve_coef > 0:
-                loss_self = _best_nll(task, enc)
-                loss = loss + cfg.self_improve_coef * loss_self
-                stats["loss_self"] += float(loss_self.detach()) / k
-            with self._phase("backward"):
-                (loss / k).backward()
-            stats["loss_pg"] += float(loss_pg.detach()) / k
-            stats["entropy_sel"] += float(ent_sel.detach()) / k
-            stats["entropy_plc"] += float(ent_plc.detach()) / k
             stats["mean_ratio"] += float(cost.mean()) / k
             stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
-        with self._phase("optimizer"):
-            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
+            batches.append([enc, ro, adv, None])
+        for epoch in range(cfg.update_epochs):
+            self.optimizer.zero_grad()
+            for task, item in zip(self.tasks, batches):
+                if epoch > 0:
+                    with self._phase("encoder"):
+                        item[0] = self.policy.encode(task.features)
+                parts = self._policy_loss(task, *item)
+                item[3] = parts["old_logp"]
+                with self._phase("backward"):
+                    (parts["loss"] / k).backward()
+                if epoch == 0:
+                    for key in ("loss_pg", "entropy_sel", "entropy_plc", "loss_self"):
+                        stats[key] += float(parts[key]) / k
+            with self._phase("optimizer"):
+                stats["skipped_steps"] = stats.get("skipped_steps", 0.0) + float(not self._step())
         self.episode += cfg.batch * k
         stats["eps"] = eps
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
+
+    def _policy_loss(self, task: Task, enc, ro: Rollout, adv: torch.Tensor, old_logp) -> dict[str, Any]:
+        """Policy-gradient loss of a scored batch: per-step log-likelihoods weighted by the episode's
+        advantage (clipped ratios against ``old_logp`` after the first epoch), minus the entropy
+        bonus, plus the self-improvement term."""
+        cfg = self.cfg
+        with self._phase("rescore"):
+            sc = evaluate_actions(enc, ro)
+        sel_on = 1.0 if cfg.sample_sel else 0.0  # a greedy SEL is not credited by the policy gradient
+        logp = sel_on * sc.logp_sel + sc.logp_plc  # [B, n]
+        a = adv.unsqueeze(1)
+        if old_logp is None:
+            loss_pg = -(a * logp).mean()
+        else:
+            ratio = torch.exp((logp - old_logp).clamp(max=20.0))
+            loss_pg = -torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * a).mean()
+        ent_sel, ent_plc = sc.entropy_sel.mean(), sc.entropy_plc.mean()
+        loss = loss_pg - cfg.entropy_coef * (sel_on * ent_sel + ent_plc)
+        loss_self = torch.zeros(())
+        if cfg.self_improve_coef > 0:
+            loss_self = _best_nll(task, enc)
+            loss = loss + cfg.self_improve_coef * loss_self
+        return {"loss": loss, "loss_pg": loss_pg.detach(), "entropy_sel": ent_sel.detach(),
+                "entropy_plc": ent_plc.detach(), "loss_self": loss_self.detach(),
+                "old_logp": logp.detach() if old_logp is None else old_logp}  # fmt: skip
 
     # ------------------------------------------------------------------ distillation
     def distill_update(self) -> dict[str, float]:
@@ -370,10 +394,19 @@ class Trainer:
         if matched:
             self.distill_step = self.cfg.distill_updates
             return stats
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
+        self._step()
         self.distill_step += 1
         return stats
+
+    def _step(self) -> bool:
+        """Clip the gradients and take an optimiser step, unless they are not finite (then the
+        step is skipped, so one bad batch cannot turn every weight into NaN). True if taken."""
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad()
+            return False
+        self.optimizer.step()
+        return True
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
