@@ -1,9 +1,11 @@
-"""Training DOPPLER: Stage I (imitation of a teacher) and Stage II (REINFORCE in the
-simulator), with Stage III being the Stage II loop with another :class:`CostOracle`.
+"""Training DOPPLER: Stage I (imitation of a teacher), Stage II (REINFORCE in the
+simulator) and a last distillation of the best assignment found into the greedy
+decode; Stage III is the Stage II loop with another :class:`CostOracle`.
 
-Read top to bottom, CleanRL-style: config -> seeding -> tasks (graph, cluster,
-features, oracle) -> policy and optimiser -> Stage I loop -> Stage II loop ->
-checkpoints and logging. Every hyper-parameter lives in :class:`TrainConfig`.
+Read top to bottom, CleanRL-style: config -> oracles -> tasks (graph, cluster,
+features, oracle) -> losses -> the trainer (seeding, policy and optimiser, Stage I,
+Stage II, distillation, the run loop, logging, checkpoints). Every hyper-parameter
+lives in :class:`TrainConfig`.
 
 One update processes, for every training graph, ``batch`` episodes that share one
 encoder pass: a compiled rollout records the actions
