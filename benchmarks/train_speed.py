@@ -106,7 +106,7 @@ def main() -> None:
     rows = [
         measure(f"doppler (default: B={default.batch}, {th} thread(s), {dev})", TrainConfig(device=dev, torch_threads=th), args.episodes),
         measure(f"doppler, B={default.batch}, {3 - th} torch thread(s)", TrainConfig(device=dev, torch_threads=3 - th), args.episodes),
-        measure(f"doppler, B=32", TrainConfig(device=dev, torch_threads=th, batch=32), args.episodes),
+        measure("doppler, B=32", TrainConfig(device=dev, torch_threads=th, batch=32), args.episodes),
         measure(f"per-step autograd, B={default.batch}", TrainConfig(device=dev, torch_threads=th), args.episodes // 4, per_step=True),
         measure("paper-like: B=1, encoder per episode", TrainConfig(device=dev, torch_threads=th, batch=1, baseline="running"),
                 args.episodes // 8),

@@ -13,7 +13,7 @@ from torch_geometric.nn import NNConv
 
 from doppler import cluster, workloads
 from doppler.listsched import NUM_DEVICE_FEATURES
-from doppler.policy.features import NUM_EDGE_FEATURES, graph_features
+from doppler.policy.features import graph_features
 from doppler.policy.networks import LEAK, DopplerPolicy, EdgeConditionedConv
 
 
