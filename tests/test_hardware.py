@@ -188,3 +188,30 @@ def test_device_index_and_with_streams() -> None:
     with pytest.raises(ClusterError, match="no device 'gpu9'"):
         c.device_index("gpu9")
     assert list(c.with_streams(3).streams) == [3, 3, 3]
+
+
+# ---------------------------------------------------------------- fixed per-op overheads
+def test_overheads_add_to_compute_time_and_survive_the_file_format(tmp_path) -> None:
+    g = from_edges([4.0, 8.0], [(0, 1)], [1.0, 1.0], kind=[OpKind.MATMUL, OpKind.ADD])
+    dev = Device("cpu0", kind="cpu", flops_per_s=2.0, overhead_s=0.5, overhead_s_by_kind={"add": 1.5})
+    cl = Cluster("c", [dev], np.zeros((1, 1)), np.zeros((1, 1)))
+    np.testing.assert_allclose(cl.compute_time_s(g)[:, 0], [4 / 2 + 0.5, 8 / 2 + 1.5])
+    p = tmp_path / "c.json"
+    cl.save(p)
+    back = Cluster.load(p)
+    np.testing.assert_allclose(back.compute_time_s(g), cl.compute_time_s(g))
+    assert not back.is_homogeneous() or back.num_devices == 1
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [("overhead_s", -1.0, "overhead_s must be"), ("overhead_s_by_kind", {"add": -1}, "overhead_s_by_kind"),
+     ("overhead_s_by_kind", {"nokind": 1e-6}, "nokind")],
+)  # fmt: skip
+def test_bad_overheads_are_errors_naming_the_device(tmp_path, field, value, needle) -> None:
+    obj = {"name": "c", "devices": [{"name": "cpu0", "kind": "cpu", "flops_per_s": 1e9, field: value}]}
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(ClusterError, match=needle) as e:
+        Cluster.load(p)
+    assert "cpu0" in str(e.value)

@@ -69,6 +69,15 @@ OPTIONS = st.sampled_from(
         dict(mode="bsp", link_contention=True),
     ]
 )
+WC_OPTIONS = st.sampled_from([dict(), dict(link_contention=True)])
+
+
+@st.composite
+def priorities(draw, n: int):
+    """None (the op-id default) or one priority per op from a small set, so ties are frequent."""
+    if draw(st.booleans()):
+        return None
+    return np.array(draw(st.lists(st.sampled_from([-1.5, 0.0, 1.0, 2.0, 7.0]), min_size=n, max_size=n)))
 
 
 # --------------------------------------------------------------------------- trace checks
@@ -76,8 +85,10 @@ def _arrivals(g: DataflowGraph, tr) -> dict[tuple[int, int], float]:
     return tr.arrival_s(g)
 
 
-def check_trace(g: DataflowGraph, c: Cluster, a: np.ndarray, res, *, mode: str, contention: bool) -> None:
-    """Every §5 rule that can be read off a noise-free trace."""
+def check_trace(
+    g: DataflowGraph, c: Cluster, a: np.ndarray, res, *, mode: str, contention: bool, priority: np.ndarray | None = None
+) -> None:
+    """Every §5 rule that can be read off a noise-free trace (``priority``: priority dispatch)."""
     tr = res.trace
     n, D = g.num_ops, c.num_devices
     comp = c.compute_time_s(g)
@@ -126,13 +137,14 @@ def check_trace(g: DataflowGraph, c: Cluster, a: np.ndarray, res, *, mode: str, 
             for (_, e0), (s1, _) in zip(iv, iv[1:]):
                 assert s1 >= e0
     if mode == "wc":
-        check_work_conserving(c, tr)
+        check_work_conserving(c, tr, priority)
     else:
         check_bsp_barriers(g, tr)
 
 
-def check_work_conserving(c: Cluster, tr) -> None:
-    """No device has a free stream while one of its ops is ready; FIFO by ready time."""
+def check_work_conserving(c: Cluster, tr, priority: np.ndarray | None = None) -> None:
+    """No device has a free stream while one of its ops is ready; FIFO by ready time, or with
+    ``priority`` an op never starts while an op of a smaller (priority, id) has been waiting."""
     dev, ready, start, end = tr.op_device, tr.op_ready, tr.op_start, tr.op_end
     for v in np.flatnonzero(start > ready):
         d = dev[v]
@@ -146,8 +158,14 @@ def check_work_conserving(c: Cluster, tr) -> None:
     for d in range(c.num_devices):
         ops = np.flatnonzero(dev == d)
         for x in ops:
-            later = ops[ready[ops] > ready[x]]
-            assert np.all(start[later] >= start[x]), "FIFO by ready time violated"
+            if priority is None:
+                later = ops[ready[ops] > ready[x]]
+                assert np.all(start[later] >= start[x]), "FIFO by ready time violated"
+            else:
+                # ops already waiting (ready strictly before x started) and still waiting after
+                waiting = ops[(ready[ops] < start[x]) & (start[ops] > start[x])]
+                for y in waiting:
+                    assert (priority[x], x) < (priority[y], y), f"op {x} started while op {y} of higher priority waited"
 
 
 def check_bsp_barriers(g: DataflowGraph, tr) -> None:
@@ -356,6 +374,188 @@ def test_critical_path_is_a_chain_to_the_makespan(case, mode) -> None:
         assert is_pred or same_dev or barrier
     if mode == "wc":
         assert t.op_start[path[0]] == 0.0
+
+
+# --------------------------------------------------------------------------- priority dispatch
+TRACE_FIELDS = ("op_ready", "op_start", "op_end", "tr_src_op", "tr_dst_device", "tr_start", "tr_end")
+
+
+def test_priority_default_runs_ready_ops_in_op_id_order() -> None:
+    """The FIFO example above: d0 is busy until 4, op 2 is ready at 3 and op 1 at 3.5.
+    FIFO runs op 2 first; priority dispatch (default: op id) runs op 1 first."""
+    g = from_edges([4, 1, 1, 3, 0.5], [(3, 2), (4, 1)], [0, 0, 0, 0, 0])
+    c = unit(2)
+    fifo = simulate(g, c, [0, 0, 0, 1, 1], trace=True).trace
+    for backend in ("auto", "python"):
+        r = simulate(g, c, [0, 0, 0, 1, 1], trace=True, dispatch="priority", backend=backend)
+        t = r.trace
+        np.testing.assert_array_equal(t.op_ready, [0, 3.5, 3, 0, 0])  # when the inputs arrived, as in FIFO
+        np.testing.assert_array_equal(fifo.op_start, [0, 5, 4, 0, 3])
+        np.testing.assert_array_equal(t.op_start, [0, 4, 5, 0, 3])
+        np.testing.assert_array_equal(t.op_end, [4, 5, 6, 3, 3.5])
+        assert r.makespan_s == 6.0
+
+
+def test_priority_runs_the_critical_op_first() -> None:
+    """Ops 0, 1, 2 (1 s each) are ready on d0 at 0; op 2 feeds op 3 (3 s) on d1.
+    FIFO (ties by id) runs op 2 last: makespan 3 + 3 = 6. Priority [2, 1, 0, 0] runs it
+    first: op 3 runs 1..4 while d0 finishes ops 1 and 0, makespan 4."""
+    g = from_edges([1, 1, 1, 3], [(2, 3)], [0, 0, 0, 0])
+    c = unit(2)
+    a = [0, 0, 0, 1]
+    fifo = simulate(g, c, a, trace=True)
+    np.testing.assert_array_equal(fifo.trace.op_start, [0, 1, 2, 3])
+    assert fifo.makespan_s == 6.0
+    for backend in ("auto", "python"):
+        r = simulate(g, c, a, trace=True, dispatch="priority", priority=[2, 1, 0, 0], backend=backend)
+        np.testing.assert_array_equal(r.trace.op_start, [2, 1, 0, 1])
+        np.testing.assert_array_equal(r.trace.op_ready, [0, 0, 0, 1])
+        assert r.makespan_s == 4.0
+        # equal priorities: ties by op id, i.e. the default order
+        tie = simulate(g, c, a, trace=True, dispatch="priority", priority=np.zeros(4), backend=backend)
+        np.testing.assert_array_equal(tie.trace.op_start, [0, 1, 2, 3])
+    # a float array, an int array and a list are the same priority
+    for p in ([2, 1, 0, 0], np.array([2.0, 1, 0, 0]), np.array([2, 1, 0, 0], np.int32)):
+        assert simulate(g, c, a, dispatch="priority", priority=p).makespan_s == 4.0
+
+
+@pytest.mark.parametrize("contention", [False, True])
+def test_priority_orders_ops_readied_by_remote_arrivals(contention: bool) -> None:
+    """d0 runs op 0 until 4. Ops 3 and 4 run on d1 (0..1, 1..2) and send 1 byte each to d0,
+    so op 1 is ready at 2 and op 2 at 3 (arrival events, also with link contention).
+    FIFO runs op 1 at 4; priority [0, 5, 1, 0, 0] runs op 2 at 4 and op 1 at 5."""
+    g = from_edges([4, 1, 1, 1, 1], [(3, 1), (4, 2)], [0, 0, 0, 1, 1])
+    c = unit(2)
+    a = [0, 0, 0, 1, 1]
+    fifo = simulate(g, c, a, trace=True, link_contention=contention)
+    np.testing.assert_array_equal(fifo.trace.op_start, [0, 4, 5, 0, 1])
+    for backend in ("auto", "python"):
+        r = simulate(
+            g, c, a, trace=True, link_contention=contention, dispatch="priority", priority=[0, 5, 1, 0, 0], backend=backend
+        )
+        np.testing.assert_array_equal(r.trace.op_ready, [0, 2, 3, 0, 0])
+        np.testing.assert_array_equal(r.trace.op_start, [0, 5, 4, 0, 1])
+        np.testing.assert_array_equal(r.trace.tr_end, [2, 3])
+        assert r.makespan_s == 6.0
+
+
+def test_priority_with_streams_fills_every_stream_in_priority_order() -> None:
+    # four independent 1 s ops on one device with 2 streams: priority [3, 0, 2, 1] runs 1 and 3, then 2 and 0
+    g = from_edges([1, 1, 1, 1], [], [0, 0, 0, 0])
+    c = unit(1).with_streams(2)
+    for backend in ("auto", "python"):
+        r = simulate(g, c, [0, 0, 0, 0], trace=True, dispatch="priority", priority=[3, 0, 2, 1], backend=backend)
+        np.testing.assert_array_equal(r.trace.op_start, [1, 0, 1, 0])
+        assert r.makespan_s == 2.0
+
+
+@SETTINGS
+@given(cases(), WC_OPTIONS, st.sampled_from([0.0, 0.3]), st.data())
+def test_priority_numba_and_python_agree(case, opts, sigma, data) -> None:
+    g, c, a = case
+    prio = data.draw(priorities(g.num_ops))
+    kw = dict(trace=True, noise_sigma=sigma, seed=5, dispatch="priority", priority=prio, **opts)
+    fast = simulate(g, c, a, **kw)
+    slow = simulate(g, c, a, backend="python", **kw)
+    assert fast.makespan_s == slow.makespan_s
+    for field in TRACE_FIELDS:
+        np.testing.assert_array_equal(getattr(fast.trace, field), getattr(slow.trace, field), err_msg=field)
+
+
+@SETTINGS
+@given(cases(), WC_OPTIONS, st.data())
+def test_priority_trace_rules(case, opts, data) -> None:
+    g, c, a = case
+    prio = data.draw(priorities(g.num_ops))
+    res = simulate(g, c, a, trace=True, dispatch="priority", priority=prio, **opts)
+    key = np.arange(g.num_ops, dtype=float) if prio is None else prio
+    check_trace(g, c, a, res, mode="wc", contention=opts.get("link_contention", False), priority=key)
+    assert res.makespan_s >= lower_bound(g, c) * (1 - REL)
+
+
+@SETTINGS
+@given(cases(), WC_OPTIONS, st.sampled_from([0.0, 0.3]))
+def test_priority_by_fifo_ready_times_reproduces_fifo(case, opts, sigma) -> None:
+    """With priority = the ready times of the FIFO run (ties by op id in both), every
+    dispatch sees the same ready ops with the same order, so the runs are identical."""
+    g, c, a = case
+    fifo = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=2, **opts)
+    for backend in ("auto", "python"):
+        prio = simulate(
+            g, c, a, trace=True, noise_sigma=sigma, seed=2, dispatch="priority", priority=fifo.trace.op_ready,
+            backend=backend, **opts,
+        )  # fmt: skip
+        assert prio.makespan_s == fifo.makespan_s
+        for field in TRACE_FIELDS:
+            np.testing.assert_array_equal(getattr(prio.trace, field), getattr(fifo.trace, field), err_msg=field)
+
+
+@SETTINGS
+@given(cases(), WC_OPTIONS, st.integers(1, 5), st.data())
+def test_priority_simulate_many_equals_loop(case, opts, batch, data) -> None:
+    g, c, _ = case
+    A = np.array(
+        [data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=g.num_ops, max_size=g.num_ops)) for _ in range(batch)]
+    )
+    prio = data.draw(priorities(g.num_ops))
+    sigma = data.draw(st.sampled_from([0.0, 0.2]))
+    kw = dict(noise_sigma=sigma, seed=3, dispatch="priority", priority=prio, **opts)
+    many = simulate_many(g, c, A, **kw)
+    loop = np.array([simulate(g, c, a, **kw).makespan_s for a in A])
+    np.testing.assert_array_equal(many, loop)
+    np.testing.assert_array_equal(simulate_many(g, c, A, backend="python", **kw), loop)
+    ctx = SimContext(g, c)
+    np.testing.assert_array_equal(ctx.simulate_many(A, **kw), loop)
+    np.testing.assert_array_equal([ctx.simulate(a, **kw).makespan_s for a in A], loop)
+
+
+def test_fifo_dispatch_is_the_default() -> None:
+    g = from_edges([4, 1, 1, 3, 0.5], [(3, 2), (4, 1)], [0, 0, 0, 0, 0])
+    c = unit(2)
+    a = [0, 0, 0, 1, 1]
+    default = simulate(g, c, a, trace=True)
+    explicit = simulate(g, c, a, trace=True, dispatch="fifo")
+    for field in TRACE_FIELDS:
+        np.testing.assert_array_equal(getattr(default.trace, field), getattr(explicit.trace, field), err_msg=field)
+    np.testing.assert_array_equal(simulate_many(g, c, [a], dispatch="fifo"), [default.makespan_s])
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(dispatch="lifo"), r"unknown dispatch 'lifo' \(use one of: fifo, priority\)"),
+        (dict(dispatch=None), "unknown dispatch None"),
+        (dict(priority=[0, 1, 2]), r'priority is only used with dispatch="priority"'),
+        (dict(dispatch="priority", mode="bsp"), r'dispatch="priority" needs mode="wc"'),
+        (dict(dispatch="priority", priority=[0, 1]), r"one number per op \(3\), got shape \(2,\)"),
+        (dict(dispatch="priority", priority=np.zeros((3, 1))), r"one number per op \(3\), got shape \(3, 1\)"),
+        (dict(dispatch="priority", priority=5), r"one number per op \(3\), got shape \(\)"),
+        (dict(dispatch="priority", priority=[0, float("nan"), 1]), r"priority of op 1 is NaN"),
+        (dict(dispatch="priority", priority=["a", "b", "c"]), "priority must hold numbers"),
+        (dict(dispatch="priority", priority=[0, None, 1]), "priority must hold numbers"),
+        (dict(dispatch="priority", priority=[True, False, True]), "priority must hold numbers"),
+        (dict(dispatch="priority", priority=[[0], [1, 2], 3]), "priority must be a 1-D sequence of numbers"),
+    ],
+)
+def test_dispatch_errors(kw: dict, msg: str) -> None:
+    g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
+    c = unit(2)
+    ctx = SimContext(g, c)
+    for call in (
+        lambda: simulate(g, c, [0, 1, 0], **kw),
+        lambda: simulate(g, c, [0, 1, 0], backend="python", **kw),
+        lambda: simulate_many(g, c, [[0, 1, 0]], **kw),
+        lambda: ctx.simulate([0, 1, 0], **kw),
+        lambda: ctx.simulate_many([[0, 1, 0]], **kw),
+    ):
+        with pytest.raises(SimulationError, match=msg):
+            call()
+
+
+def test_infinite_priorities_are_allowed() -> None:
+    g = from_edges([1, 1, 1], [], [0, 0, 0])
+    r = simulate(g, unit(1), [0, 0, 0], trace=True, dispatch="priority", priority=[np.inf, -np.inf, 0.0])
+    np.testing.assert_array_equal(r.trace.op_start, [2, 0, 1])
 
 
 # --------------------------------------------------------------------------- lower bounds

@@ -4,9 +4,12 @@ A :class:`Cluster` is a list of :class:`Device` plus two ``D x D`` matrices for
 the ordered device pairs: ``bandwidth_Bps`` (bytes/s) and ``latency_s``. Moving
 ``b`` bytes from device ``i`` to ``j != i`` takes ``latency_s[i, j] + b /
 bandwidth_Bps[i, j]``; staying on a device is free (the diagonal is ignored).
-An op of kind ``k`` with ``f`` FLOPs takes ``f / rate`` seconds on a device,
-where ``rate`` is the device's ``flops_per_s_by_kind[k]`` if given, else its
-``flops_per_s``. A device with ``streams = s`` runs up to ``s`` ops at once, each
+An op of kind ``k`` with ``f`` FLOPs takes ``overhead + f / rate`` seconds on a
+device, where ``rate`` is the device's ``flops_per_s_by_kind[k]`` if given, else
+its ``flops_per_s``, and ``overhead`` its ``overhead_s_by_kind[k]`` if given, else
+its ``overhead_s`` (0 by default: the presets model GPUs at full speed;
+``doppler calibrate`` fits both for a real engine, where a kernel launch and the
+engine's dispatch cost a fixed time per op). A device with ``streams = s`` runs up to ``s`` ops at once, each
 at full speed (DESIGN.md §5).
 
 Getting a cluster
@@ -22,6 +25,7 @@ JSON format (``Cluster.to_json``)::
     {"name": "mybox",
      "devices": [{"name": "gpu0", "kind": "gpu", "flops_per_s": 1e13,
                   "flops_per_s_by_kind": {"add": 9e10},   # optional
+                  "overhead_s": 2e-5, "overhead_s_by_kind": {"add": 1e-5},  # optional
                   "memory_bytes": 1.6e10,                  # optional, null = unlimited
                   "streams": 1}, ...],                     # optional, default 1
      "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},  # optional
@@ -121,6 +125,10 @@ def _finite_positive(x: float) -> bool:
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
+def _finite_nonneg(x: float) -> bool:
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
 @dataclass(frozen=True)
 class Device:
     """One execution device: a GPU or a CPU worker."""
@@ -131,6 +139,8 @@ class Device:
     flops_per_s_by_kind: dict[str, float] = field(default_factory=dict)  # OpKind label -> FLOP/s override
     memory_bytes: float = float("inf")
     streams: int = 1
+    overhead_s: float = 0.0  # fixed seconds per op (kernel launch + dispatch)
+    overhead_s_by_kind: dict[str, float] = field(default_factory=dict)  # OpKind label -> overhead override
 
     def validate(self, where: str = "") -> None:
         """Raise ClusterError unless every field is sensible."""
@@ -150,6 +160,17 @@ class Device:
                 raise ClusterError(f"{at}: flops_per_s_by_kind: {e}") from None
             if not _finite_positive(rate):
                 raise ClusterError(f"{at}: flops_per_s_by_kind[{label!r}] must be a finite number > 0, got {rate!r}")
+        if not _finite_nonneg(self.overhead_s):
+            raise ClusterError(f"{at}: overhead_s must be a finite number >= 0, got {self.overhead_s!r}")
+        if not isinstance(self.overhead_s_by_kind, dict):
+            raise ClusterError(f"{at}: overhead_s_by_kind must be an object mapping op kinds to seconds")
+        for label, sec in self.overhead_s_by_kind.items():
+            try:
+                OpKind.parse(str(label))
+            except ValueError as e:
+                raise ClusterError(f"{at}: overhead_s_by_kind: {e}") from None
+            if not _finite_nonneg(sec):
+                raise ClusterError(f"{at}: overhead_s_by_kind[{label!r}] must be a finite number >= 0, got {sec!r}")
         mem = self.memory_bytes
         if isinstance(mem, bool) or not isinstance(mem, (int, float, np.floating, np.integer)) or not (mem > 0):
             raise ClusterError(f"{at}: memory_bytes must be > 0 (or null for unlimited), got {mem!r}")
@@ -165,12 +186,16 @@ class Device:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "flops_per_s": float(self.flops_per_s)}
         if self.flops_per_s_by_kind:
             out["flops_per_s_by_kind"] = {str(k): float(v) for k, v in self.flops_per_s_by_kind.items()}
+        if self.overhead_s:
+            out["overhead_s"] = float(self.overhead_s)
+        if self.overhead_s_by_kind:
+            out["overhead_s_by_kind"] = {str(k): float(v) for k, v in self.overhead_s_by_kind.items()}
         out["memory_bytes"] = None if math.isinf(self.memory_bytes) else float(self.memory_bytes)
         out["streams"] = int(self.streams)
         return out
 
 
-_DEVICE_FIELDS = {"name", "kind", "flops_per_s", "flops_per_s_by_kind", "memory_bytes", "streams"}
+_DEVICE_FIELDS = {"name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams"}
 _LINK_FIELDS = {"src", "dst", "bandwidth_Bps", "latency_s"}
 _CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
 
@@ -262,9 +287,22 @@ class Cluster:
                 out[OpKind.parse(label).value, j] = rate
         return out
 
+    def overhead_matrix(self) -> np.ndarray:
+        """Fixed seconds per op per (OpKind code, device): float64[len(OpKind), D]."""
+        out = np.empty((len(OpKind), self.num_devices))
+        for j, dev in enumerate(self.devices):
+            out[:, j] = dev.overhead_s
+            for label, sec in dev.overhead_s_by_kind.items():
+                out[OpKind.parse(label).value, j] = sec
+        return out
+
     def compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
         """Seconds each op takes on each device: float64[num_ops, D]."""
-        return graph.flops[:, None] / self.throughput_matrix()[graph.kind.astype(np.int64)]
+        kinds = graph.kind.astype(np.int64)
+        t = graph.flops[:, None] / self.throughput_matrix()[kinds]
+        if any(d.overhead_s or d.overhead_s_by_kind for d in self.devices):
+            t = t + self.overhead_matrix()[kinds]
+        return t
 
     def transfer_time_s(self, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds to move ``nbytes`` between every ordered device pair: shape (..., D, D), zero diagonal."""
@@ -295,8 +333,8 @@ class Cluster:
         """All devices alike and all links alike."""
         d0 = self.devices[0]
         same_dev = all(
-            (dv.kind, dv.flops_per_s, dv.flops_per_s_by_kind, dv.memory_bytes, dv.streams)
-            == (d0.kind, d0.flops_per_s, d0.flops_per_s_by_kind, d0.memory_bytes, d0.streams)
+            (dv.kind, dv.flops_per_s, dv.flops_per_s_by_kind, dv.overhead_s, dv.overhead_s_by_kind, dv.memory_bytes, dv.streams)
+            == (d0.kind, d0.flops_per_s, d0.flops_per_s_by_kind, d0.overhead_s, d0.overhead_s_by_kind, d0.memory_bytes, d0.streams)
             for dv in self.devices
         )
         if self.num_devices == 1:
@@ -505,6 +543,13 @@ def _device_from_json(obj: Any, at: str) -> Device:
         if not isinstance(by_kind, dict):
             raise ClusterError(f"{at}: flops_per_s_by_kind must be an object mapping op kinds to FLOP/s")
         kwargs["flops_per_s_by_kind"] = {str(k): _number(by_kind, k, f"{at} flops_per_s_by_kind") for k in by_kind}
+    if "overhead_s" in obj:
+        kwargs["overhead_s"] = _number(obj, "overhead_s", at)
+    if "overhead_s_by_kind" in obj:
+        by_kind = obj["overhead_s_by_kind"]
+        if not isinstance(by_kind, dict):
+            raise ClusterError(f"{at}: overhead_s_by_kind must be an object mapping op kinds to seconds")
+        kwargs["overhead_s_by_kind"] = {str(k): _number(by_kind, k, f"{at} overhead_s_by_kind") for k in by_kind}
     if obj.get("memory_bytes") is not None:
         kwargs["memory_bytes"] = _number(obj, "memory_bytes", at)
     if "streams" in obj:

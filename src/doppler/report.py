@@ -333,8 +333,9 @@ def training_curve(
     import matplotlib.pyplot as plt
 
     il = [h for h in history if h.get("stage_il")]
-    rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill")]
+    rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill") and not h.get("stage_real")]
     distill = [h for h in history if h.get("stage_distill")]
+    real = [h for h in history if h.get("stage_real")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     ax = axes[0]
     if il:
@@ -356,9 +357,13 @@ def training_curve(
             end = x[-1]
             ax.plot([end + i + 1 for i in range(len(distill))], [h["greedy_ratio"] for h in distill],
                     label=f"greedy during distillation ({len(distill)} updates)")  # fmt: skip
+    if real:
+        start = (rl[-1]["episode"] if rl else 0) + len(distill)
+        ax.plot([start + h["episode"] for h in real], [h["mean_ratio"] for h in real], "o-", ms=3,
+                label="Stage III: measured on the engine (batch mean)")  # fmt: skip
     for i, (name, value) in enumerate((references or {}).items()):
         ax.axhline(value, ls="--", lw=1, color=f"C{i + 3}", label=name)
-    ax.set_title("Stage II: simulator RL")
+    ax.set_title("Stage II: simulator RL" + (" / Stage III: real system" if real else ""))
     ax.set_xlabel("episodes")
     ax.set_ylabel("makespan / lower bound")
     ax.legend(frameon=False, fontsize=8)

@@ -7,6 +7,11 @@ Semantics (DESIGN.md §5), exactly:
 * An op is *ready* on its device once every input has *arrived* there. Among
   its ready ops an idle device (a free stream) takes the one that became ready
   first (FIFO), ties broken by the lower op id.
+* ``dispatch="priority"`` (WC only) replaces that FIFO rule: among its ready
+  ops an idle device takes the one with the smallest static ``priority[v]``
+  (one number per op, lower runs first; the op id by default), ties broken by
+  the lower op id. When an op became ready no longer matters (the trace still
+  records it in ``op_ready``); everything else below is unchanged.
 * When ``u`` finishes on device ``a``, its output is sent once to every other
   device ``b`` that holds a consumer of ``u`` (one transfer per (op, device),
   however many consumers sit there). The transfer starts at ``u``'s finish and
@@ -91,6 +96,7 @@ def _jit() -> bool:
 
 MODES = ("wc", "bsp")
 BACKENDS = ("auto", "numba", "python")
+DISPATCHES = ("fifo", "priority")
 
 __all__ = [
     "SimContext",
@@ -184,6 +190,7 @@ def _sim_kernel(
     edge_f,
     bsp,
     contention,
+    key,
     op_ready,
     op_start,
     op_end,
@@ -201,6 +208,10 @@ def _sim_kernel(
     contention a transfer's end is known when its producer finishes, so instead
     of one event per transfer there is at most one "ready" event per op (and
     one release event per BSP level), which is what makes this loop fast.
+    The per-device ready heaps are keyed (ready time, op id), or (``key[v]``,
+    op id) in priority dispatch. FIFO passes ``key=None``: numba compiles a
+    separate specialization for it and prunes the ``key is None`` tests, so the
+    FIFO loop carries no trace of priority dispatch.
     """
     n = dev.shape[0]
     D = streams.shape[0]
@@ -299,7 +310,7 @@ def _sim_kernel(
             v = lvl_ops[q]
             op_ready[v] = 0.0
             d = dev[v]
-            rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], 0.0, v)
+            rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], 0.0 if key is None else key[v], v)
             if not ddirty[d]:
                 ddirty[d] = True
                 ddirty_list[nddirty] = d
@@ -309,7 +320,7 @@ def _sim_kernel(
             if indeg[v] == 0:
                 op_ready[v] = 0.0
                 d = dev[v]
-                rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], 0.0, v)
+                rsize[d] = _hpush(rt, ri, rbase[d], rsize[d], 0.0 if key is None else key[v], v)
                 if not ddirty[d]:
                     ddirty[d] = True
                     ddirty_list[nddirty] = d
@@ -401,7 +412,7 @@ def _sim_kernel(
                             if rdy[w] == t:
                                 op_ready[w] = t
                                 dw = dev[w]
-                                rsize[dw] = _hpush(rt, ri, rbase[dw], rsize[dw], t, w)
+                                rsize[dw] = _hpush(rt, ri, rbase[dw], rsize[dw], t if key is None else key[w], w)
                                 if not ddirty[dw]:
                                     ddirty[dw] = True
                                     ddirty_list[nddirty] = dw
@@ -412,7 +423,7 @@ def _sim_kernel(
                 w = x - n
                 op_ready[w] = t
                 dw = dev[w]
-                rsize[dw] = _hpush(rt, ri, rbase[dw], rsize[dw], t, w)
+                rsize[dw] = _hpush(rt, ri, rbase[dw], rsize[dw], t if key is None else key[w], w)
                 if not ddirty[dw]:
                     ddirty[dw] = True
                     ddirty_list[nddirty] = dw
@@ -434,7 +445,7 @@ def _sim_kernel(
                             pending[w] -= 1
                             if pending[w] == 0:
                                 op_ready[w] = t
-                                rsize[b] = _hpush(rt, ri, rbase[b], rsize[b], t, w)
+                                rsize[b] = _hpush(rt, ri, rbase[b], rsize[b], t if key is None else key[w], w)
                                 if not ddirty[b]:
                                     ddirty[b] = True
                                     ddirty_list[nddirty] = b
@@ -445,7 +456,7 @@ def _sim_kernel(
                     v = lvl_ops[q]
                     op_ready[v] = t
                     d2 = dev[v]
-                    rsize[d2] = _hpush(rt, ri, rbase[d2], rsize[d2], t, v)
+                    rsize[d2] = _hpush(rt, ri, rbase[d2], rsize[d2], t if key is None else key[v], v)
                     if not ddirty[d2]:
                         ddirty[d2] = True
                         ddirty_list[nddirty] = d2
@@ -463,7 +474,8 @@ def _sim_kernel(
 
 
 def _sim_many_kernel(
-    succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp, contention
+    succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
+    contention, key,
 ):  # pragma: no cover - compiled
     B, n = devs.shape
     E = succ_idx.shape[0]
@@ -478,15 +490,26 @@ def _sim_many_kernel(
     for b in range(B):
         mk, _ = _sim_kernel(
             succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs[b],
-            op_f, edge_f, bsp, contention, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
+            op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
         )  # fmt: skip
         out[b] = mk
     return out
 
 
 # =========================================================================== pure-Python reference
-def _simulate_python(ctx: "SimContext", dev: np.ndarray, op_f: np.ndarray, edge_f: np.ndarray, bsp: bool, contention: bool):
+def _simulate_python(
+    ctx: "SimContext",
+    dev: np.ndarray,
+    op_f: np.ndarray,
+    edge_f: np.ndarray,
+    bsp: bool,
+    contention: bool,
+    key: np.ndarray | None = None,
+):
     """An independent, straightforward implementation of the same semantics (heapq + dicts).
+
+    ``key`` (priority dispatch): each device's ready queue is ordered by
+    ``(key[v], v)`` instead of ``(ready time, v)``.
 
     Returns the same tuple of trace arrays as the kernel path. Bit-identical to
     it because every duration is computed with the same floating-point
@@ -498,6 +521,7 @@ def _simulate_python(ctx: "SimContext", dev: np.ndarray, op_f: np.ndarray, edge_
     comp = ctx.comp
     streams = ctx.streams.tolist()
     level = ctx.level.tolist()
+    prio_key = None if key is None else [float(x) for x in key]
 
     # transfers in creation order, with the noise slot of their first consumer
     transfers: list[tuple[int, int, int]] = []  # (producer, dst device, succ slot)
@@ -542,7 +566,7 @@ def _simulate_python(ctx: "SimContext", dev: np.ndarray, op_f: np.ndarray, edge_
 
     def make_ready(v: int, t: float) -> None:
         op_ready[v] = t
-        heapq.heappush(ready_q[dev_l[v]], (t, v))
+        heapq.heappush(ready_q[dev_l[v]], (t if prio_key is None else prio_key[v], v))
 
     if bsp:
         for v in level_ops[0]:
@@ -700,12 +724,33 @@ class SimContext:
         dev = check_assignment(self.graph, as_devices(assignment), self.num_devices)
         return np.ascontiguousarray(dev, dtype=np.int64)
 
-    def _run(self, dev: np.ndarray, mode: str, trace: bool, sigma: float, seed: int, contention: bool, backend: str) -> SimResult:
+    def _dispatch_key(self, dispatch: str, priority: Any, mode: str) -> np.ndarray | None:
+        """The per-op priority key (float64) for ``dispatch="priority"``, None for FIFO."""
+        if not _check_dispatch(dispatch, mode, priority is not None):
+            return None
+        if priority is None:
+            k = self.__dict__.get("_id_key")
+            if k is None:
+                k = self.__dict__["_id_key"] = np.arange(self.num_ops, dtype=np.float64)
+            return k
+        return _check_priority(priority, self.num_ops)
+
+    def _run(
+        self,
+        dev: np.ndarray,
+        mode: str,
+        trace: bool,
+        sigma: float,
+        seed: int,
+        contention: bool,
+        backend: str,
+        key: np.ndarray | None = None,
+    ) -> SimResult:
         op_f, edge_f = self.noise(sigma, seed)
         bsp = mode == "bsp"
         if backend == "python" or not _jit():
             check_assignment(self.graph, dev, self.num_devices)
-            mk, ready, start, end, tsrc, tdst, tstart, tend = _simulate_python(self, dev, op_f, edge_f, bsp, contention)
+            mk, ready, start, end, tsrc, tdst, tstart, tend = _simulate_python(self, dev, op_f, edge_f, bsp, contention, key)
             ntr = tsrc.shape[0]
         else:
             if trace:
@@ -718,7 +763,7 @@ class SimContext:
             mk, ntr = _sim_kernel(
                 self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
                 self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, bsp, contention,
-                ready, start, end, tsrc, tdst, tstart, tend,
+                key, ready, start, end, tsrc, tdst, tstart, tend,
             )  # fmt: skip
             if ntr < 0:  # a device index out of range: let check_assignment word the error
                 check_assignment(self.graph, dev, self.num_devices)
@@ -751,11 +796,16 @@ class SimContext:
         seed: int = 0,
         link_contention: bool = False,
         backend: str = "auto",
+        dispatch: str = "fifo",
+        priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> SimResult:
         """See :func:`simulate`."""
         if mode != "wc" or noise_sigma != 0.0 or seed != 0 or backend != "auto":
             mode, noise_sigma, seed = _check_options(mode, noise_sigma, seed, backend)
-        return self._run(self._devices(assignment), mode, bool(trace), noise_sigma, seed, bool(link_contention), backend)
+        key = None if dispatch == "fifo" and priority is None else self._dispatch_key(dispatch, priority, mode)
+        return self._run(
+            self._devices(assignment), mode, bool(trace), noise_sigma, seed, bool(link_contention), backend, key
+        )
 
     def makespan(self, devices: "np.ndarray | Assignment | Sequence[int]") -> float:
         """Fast path for hot loops: WC, no noise, no trace (same result as ``simulate(...).makespan_s``)."""
@@ -770,20 +820,24 @@ class SimContext:
         seed: int = 0,
         link_contention: bool = False,
         backend: str = "auto",
+        dispatch: str = "fifo",
+        priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> np.ndarray:
         """See :func:`simulate_many`."""
         mode, sigma, seed = _check_options(mode, noise_sigma, seed, backend)
+        key = self._dispatch_key(dispatch, priority, mode)
         devs = _check_batch(self.graph, assignments, self.num_devices)
         if devs.shape[0] == 0:
             return np.empty(0)
         if backend == "python" or not _jit():
             return np.array(
-                [self._run(row, mode, False, sigma, seed, bool(link_contention), "python").makespan_s for row in devs]
+                [self._run(row, mode, False, sigma, seed, bool(link_contention), "python", key).makespan_s for row in devs]
             )
         op_f, edge_f = self.noise(sigma, seed)
         return _sim_many_kernel(
             self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
             self.out_bytes, self.lat, self.bw, self.streams, devs, op_f, edge_f, mode == "bsp", bool(link_contention),
+            key,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ bounds
@@ -840,6 +894,36 @@ def _check_options(mode: str, noise_sigma: float, seed: int, backend: str = "aut
     return mode, sigma, int(seed)
 
 
+def _check_dispatch(dispatch: str, mode: str, has_priority: bool = False) -> bool:
+    """Validate ``dispatch`` (and that it fits ``mode`` and a given ``priority``); True for priority dispatch."""
+    if dispatch not in DISPATCHES:
+        raise SimulationError(f"unknown dispatch {dispatch!r} (use one of: {', '.join(DISPATCHES)})")
+    if dispatch == "fifo":
+        if has_priority:
+            raise SimulationError('priority is only used with dispatch="priority" (got dispatch="fifo")')
+        return False
+    if mode != "wc":
+        raise SimulationError(f'dispatch="priority" needs mode="wc" (got mode={mode!r})')
+    return True
+
+
+def _check_priority(priority: Any, num_ops: int) -> np.ndarray:
+    """``priority`` as a contiguous float64 array, one number (not NaN) per op."""
+    try:
+        arr = np.asarray(priority)
+    except (TypeError, ValueError):
+        raise SimulationError("priority must be a 1-D sequence of numbers, one per op") from None
+    if arr.dtype.kind not in "iuf":
+        raise SimulationError(f"priority must hold numbers (one per op), got values of type {arr.dtype}")
+    if arr.ndim != 1 or arr.shape[0] != num_ops:
+        raise SimulationError(f"priority must have one number per op ({num_ops}), got shape {arr.shape}")
+    key = np.array(arr, dtype=np.float64, order="C")  # a private, writable copy: one kernel specialization
+    bad = np.flatnonzero(np.isnan(key))
+    if bad.size:
+        raise SimulationError(f"priority of op {int(bad[0])} is NaN ({bad.size} NaN values in all)")
+    return key
+
+
 def _check_batch(graph: DataflowGraph, assignments: Any, num_devices: int) -> np.ndarray:
     arr = np.asarray(assignments)
     if arr.ndim != 2:
@@ -878,6 +962,8 @@ def simulate(
     seed: int = 0,
     link_contention: bool = False,
     backend: str = "auto",
+    dispatch: str = "fifo",
+    priority: "np.ndarray | Sequence[float] | None" = None,
 ) -> SimResult:
     """Simulate ``graph`` on ``cluster`` under ``assignment`` (device index per op).
 
@@ -886,6 +972,9 @@ def simulate(
     ``noise_sigma``/``seed``: seeded lognormal noise on every duration.
     ``link_contention``: one transfer at a time per ordered link.
     ``backend``: ``"auto"``/``"numba"`` (compiled) or ``"python"`` (reference).
+    ``dispatch``: ``"fifo"`` (ready ops run in order of readiness, the default)
+    or ``"priority"`` (WC only: ready ops run by ``priority``, one number per op,
+    lower first, ties by op id; the op id when ``priority`` is None).
     Raises :class:`~doppler.assignment.AssignmentError` for a wrong-length or
     out-of-range assignment and :class:`SimulationError` for bad options.
     """
@@ -897,6 +986,8 @@ def simulate(
         seed=seed,
         link_contention=link_contention,
         backend=backend,
+        dispatch=dispatch,
+        priority=priority,
     )
 
 
@@ -910,14 +1001,24 @@ def simulate_many(
     seed: int = 0,
     link_contention: bool = False,
     backend: str = "auto",
+    dispatch: str = "fifo",
+    priority: "np.ndarray | Sequence[float] | None" = None,
 ) -> np.ndarray:
     """Makespans of a batch ``assignments[B, num_ops]``: ``float64[B]``.
 
     Row ``b`` equals ``simulate(graph, cluster, assignments[b], same options).makespan_s``
-    (with noise, every row uses the same ``seed``: common random numbers).
+    (with noise, every row uses the same ``seed``: common random numbers; with
+    ``dispatch="priority"``, every row uses the same ``priority``).
     """
     return context(graph, cluster).simulate_many(
-        assignments, mode=mode, noise_sigma=noise_sigma, seed=seed, link_contention=link_contention, backend=backend
+        assignments,
+        mode=mode,
+        noise_sigma=noise_sigma,
+        seed=seed,
+        link_contention=link_contention,
+        backend=backend,
+        dispatch=dispatch,
+        priority=priority,
     )
 
 

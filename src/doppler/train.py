@@ -40,7 +40,7 @@ from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
 from doppler.simulate import lower_bound, simulate_many
 
-STAGES = ("il", "sim")
+STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "heft", "enumerative", "anneal")
 BASELINES = ("running", "mean", "loo")
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
@@ -81,6 +81,10 @@ class TrainConfig:
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
+    real_episodes: int = 64  # Stage III episodes (each one a measured run on the engine)
+    real_lr: float = 3e-4  # Adam learning rate of Stage III (constant; no exploration beyond sampling)
+    engine: str = "local"  # Stage III engine: local | dask
+    engine_repeats: int = 1  # runs per Stage III episode (the reward is their median)
     seed: int = 0
     checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
     torch_threads: int = 2  # intra-op threads (2 beat 1 by 1.5x on a 2-core machine, benchmarks/train_speed.py)
@@ -94,9 +98,11 @@ class TrainConfig:
             raise TrainError(f"unknown teacher {self.teacher!r} (use one of: {', '.join(TEACHERS)})")
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
-        for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every"):
+        for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats"):
             if int(getattr(self, name)) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.engine not in ("local", "dask"):
+            raise TrainError(f"unknown engine {self.engine!r} for Stage III (use local or dask)")
         if self.baseline != "running" and self.batch < 2:
             raise TrainError(f"baseline {self.baseline!r} needs --batch >= 2")
 
@@ -252,10 +258,12 @@ class Trainer:
     rng: np.random.Generator
     il_episode: int = 0
     episode: int = 0
+    real_episode: int = 0  # Stage III episodes done
     distill_step: int = 0  # distillation updates done (set to distill_updates once greedy matches the best)
     history: list[dict[str, float]] = field(default_factory=list)
     writer: Any = None
     phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
+    real_oracles: dict[int, CostOracle] = field(default_factory=dict)  # Stage III oracles per task (engine-backed)
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -264,7 +272,11 @@ class Trainer:
         self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - t0
 
     @classmethod
-    def create(cls, graphs: list[DataflowGraph], cluster: Cluster, cfg: TrainConfig, oracles=None) -> "Trainer":
+    def create(
+        cls, graphs: list[DataflowGraph], cluster: Cluster, cfg: TrainConfig, oracles=None, real_oracles=None
+    ) -> "Trainer":
+        """Set up a run; ``oracles``/``real_oracles`` map task index -> Stage II / Stage III oracle
+        (defaults: the simulator, and an :class:`~doppler.engine.oracle.EngineOracle` on ``cfg.engine``)."""
         cfg.validate()
         if not graphs:
             raise TrainError("give at least one graph")
@@ -278,7 +290,9 @@ class Trainer:
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
-        return cls(cfg, tasks, policy, opt, np.random.default_rng(cfg.seed))
+        trainer = cls(cfg, tasks, policy, opt, np.random.default_rng(cfg.seed))
+        trainer.real_oracles = dict(real_oracles or {})
+        return trainer
 
     # ------------------------------------------------------------------ stage I
     def imitation_update(self) -> dict[str, float]:
@@ -304,12 +318,40 @@ class Trainer:
 
     # ------------------------------------------------------------------ stage II
     def rl_update(self) -> dict[str, float]:
+        """Stage II: one REINFORCE update on simulated makespans (lr and epsilon decay linearly)."""
+        cfg = self.cfg
+        frac = min(self.episode / cfg.episodes, 1.0)
+        stats = self._reinforce(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac)
+        self.episode += cfg.batch * len(self.tasks)
+        return stats
+
+    def real_update(self) -> dict[str, float]:
+        """Stage III: the same update on makespans measured by the engine (constant lr, no epsilon)."""
+        stats = self._reinforce(self.cfg.real_lr, 0.0)
+        self.real_episode += self.cfg.batch * len(self.tasks)
+        return stats
+
+    def enter_real_stage(self) -> None:
+        """Swap every task's oracle for its engine oracle and re-measure the best assignment so far
+        (simulated and measured makespans are not comparable)."""
+        from doppler.engine.oracle import EngineOracle
+
+        for i, task in enumerate(self.tasks):
+            if i not in self.real_oracles:
+                self.real_oracles[i] = EngineOracle(task.graph, task.cluster, engine=self.cfg.engine,
+                                                    repeats=self.cfg.engine_repeats, seed=self.cfg.seed)  # fmt: skip
+            if task.oracle is self.real_oracles[i]:
+                continue
+            task.oracle = self.real_oracles[i]
+            task.baseline = None
+            if task.best_assignment is not None:
+                task.best_makespan_s = float(task.oracle.evaluate(task.best_assignment[None, :])[0])
+
+    def _reinforce(self, lr: float, eps: float) -> dict[str, float]:
         """Sample ``batch`` episodes per graph, score them, then ``update_epochs`` gradient steps
         on them (the first is plain REINFORCE; later ones use PPO's clipped per-step ratio)."""
         cfg = self.cfg
-        frac = min(self.episode / cfg.episodes, 1.0)
-        self._set_lr(cfg.lr + (cfg.lr_final - cfg.lr) * frac)
-        eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+        self._set_lr(lr)
         stats = {"loss_pg": 0.0, "entropy_sel": 0.0, "entropy_plc": 0.0, "loss_self": 0.0, "mean_ratio": 0.0,
                  "greedy_ratio": 0.0, "best_ratio": 0.0}  # fmt: skip
         k = len(self.tasks)
@@ -345,7 +387,6 @@ class Trainer:
                         stats[key] += float(parts[key]) / k
             with self._phase("optimizer"):
                 stats["skipped_steps"] = stats.get("skipped_steps", 0.0) + float(not self._step())
-        self.episode += cfg.batch * k
         stats["eps"] = eps
         stats["lr"] = self.optimizer.param_groups[0]["lr"]
         return stats
@@ -437,6 +478,9 @@ class Trainer:
             if cfg.distill_updates > 0 and any(t.best_order is not None for t in self.tasks):
                 self._loop("distill", cfg.distill_updates, lambda: self.distill_step, self.distill_update, run_dir,
                            on_progress)  # fmt: skip
+        if "real" in cfg.stages:
+            self.enter_real_stage()
+            self._loop("real", cfg.real_episodes, lambda: self.real_episode, self.real_update, run_dir, on_progress)
         if self.writer is not None:
             self.writer.flush()
 
@@ -458,7 +502,9 @@ class Trainer:
                 next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
 
     def _log(self, stage: str, stats: dict[str, Any]) -> None:
-        row = {"stage_il": float(stage == "il"), "stage_distill": float(stage == "distill"), **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}}
+        row = {"stage_il": float(stage == "il"), "stage_distill": float(stage == "distill"),
+               "stage_real": float(stage == "real"),
+               **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}}  # fmt: skip
         self.history.append(row)
         if self.writer is None:
             return
@@ -481,6 +527,7 @@ class Trainer:
             "config": json.dumps(_config_json(self.cfg)),
             "il_episode": self.il_episode,
             "episode": self.episode,
+            "real_episode": self.real_episode,
             "distill_step": self.distill_step,
             "history": json.dumps(self.history),
             "cluster": json.dumps(self.tasks[0].cluster.to_json()),
@@ -523,6 +570,7 @@ class Trainer:
         self.rng.bit_generator.state = json.loads(ck["numpy_rng"])
         self.il_episode, self.episode = int(ck["il_episode"]), int(ck["episode"])
         self.distill_step = int(ck["distill_step"])
+        self.real_episode = int(ck.get("real_episode", 0))
         self.history = json.loads(ck["history"])
         for t, g in zip(self.tasks, ck["graphs"]):
             t.baseline = g["baseline"]

@@ -73,6 +73,8 @@ def test_simulate_bsp_noise_contention(files) -> None:
         ("unknown", [], "assigned to device 7"),
         ("good", ["--mode", "async"], "unknown simulation mode"),
         ("good", ["--noise", "nan"], "noise_sigma"),
+        ("good", ["--dispatch", "lifo"], "unknown dispatch 'lifo' (use one of: fifo, priority)"),
+        ("good", ["--dispatch", "priority", "--mode", "bsp"], 'dispatch="priority" needs mode="wc"'),
     ],
 )
 def test_simulate_bad_input_exits_2(files, key: str, extra: list[str], msg: str) -> None:
@@ -80,6 +82,26 @@ def test_simulate_bad_input_exits_2(files, key: str, extra: list[str], msg: str)
     assert res.exit_code == 2, res.output
     assert msg in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_simulate_priority_dispatch(tmp_path: Path) -> None:
+    """d0 is busy until 4 while op 2 becomes ready at 3 and op 1 at 3.5: FIFO runs op 2 first,
+    --dispatch priority (op-id order) runs op 1 first."""
+    gp, ap = tmp_path / "g.json", tmp_path / "a.json"
+    save_graph(from_edges([4, 1, 1, 3, 0.5], [(3, 2), (4, 1)], [0, 0, 0, 0, 0], name="late"), gp)
+    ap.write_text(json.dumps([0, 0, 0, 1, 1]))
+    starts = {}
+    for dispatch in ("fifo", "priority"):
+        tj = tmp_path / f"{dispatch}.json"
+        res = run("simulate", gp, "-c", "unit:2", "-a", ap, "--dispatch", dispatch, "--trace", tj, "--json")
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["dispatch"] == dispatch and out["makespan_s"] == 6.0
+        starts[dispatch] = json.loads(tj.read_text())["ops"]["start_s"]
+    assert starts == {"fifo": [0, 5, 4, 0, 3], "priority": [0, 4, 5, 0, 3]}
+    res = run("simulate", gp, "-c", "unit:2", "-a", ap, "--dispatch", "priority")
+    assert res.exit_code == 0, res.output
+    assert "priority dispatch" in res.output
 
 
 @pytest.mark.parametrize("name,msg", [("p100x9", "unknown cluster"), ("v100x8:4", "fixed 8-device"), ("missing.json", "no such cluster file")])

@@ -151,14 +151,15 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
     "extra,words",
     [
         (("--stages", "il,foo"), ["foo", "stage"]),
-        (("--stages", "real"), ["real"]),
+        (("--stages", "il,real", "--engine", "mpi"), ["mpi", "engine"]),
+        (("--stages", "real", "--real-episodes", "0"), ["--real-episodes"]),
         (("--stages", " , "), ["stage"]),
         (("--teacher", "nope"), ["nope", "teacher"]),
         (("--episodes", "0"), ["--episodes"]),
         (("--batch", "0"), ["--batch"]),
         (("--baseline", "median"), ["median"]),
     ],
-    ids=["unknown-stage", "stage-real", "no-stage", "teacher", "episodes-0", "batch-0", "baseline"],
+    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "episodes-0", "batch-0", "baseline"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained

@@ -54,6 +54,10 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         from doppler.baselines import MethodError
 
         types.append(MethodError)
+    with contextlib.suppress(ImportError):
+        from doppler.engine import EngineError
+
+        types.append(EngineError)
     return tuple(types)
 
 

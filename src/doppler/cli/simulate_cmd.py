@@ -24,6 +24,9 @@ def simulate_cmd(
     noise: float = typer.Option(0.0, "--noise", help="Lognormal noise sigma on every duration (0 = deterministic)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
     link_contention: bool = typer.Option(False, "--link-contention", help="Serialise transfers per ordered link."),
+    dispatch: str = typer.Option(
+        "fifo", "--dispatch", help="fifo (ready ops run in arrival order) or priority (in op-id order; wc only)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Simulate one assignment on a cluster and report its makespan."""
@@ -31,16 +34,18 @@ def simulate_cmd(
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
         from doppler.hardware import cluster
-        from doppler.simulate import _check_options, lower_bound, simulate
+        from doppler.simulate import _check_dispatch, _check_options, lower_bound, simulate
 
         _check_options(mode, noise, seed)  # bad options fail before any file is read
+        _check_dispatch(dispatch, mode)
         graph = load_graph(graph_path)
         cl = cluster(cluster_name)
         assignment = load_assignment(assignment_path, graph)
         t0 = time.perf_counter()
         result = simulate(
-            graph, cl, assignment, mode=mode, trace=True, noise_sigma=noise, seed=seed, link_contention=link_contention
-        )
+            graph, cl, assignment, mode=mode, trace=True, noise_sigma=noise, seed=seed, link_contention=link_contention,
+            dispatch=dispatch,
+        )  # fmt: skip
         elapsed = time.perf_counter() - t0
         lb = lower_bound(graph, cl)
         tr = result.trace
@@ -59,6 +64,7 @@ def simulate_cmd(
             "lower_bound_s": lb,
             "ratio_to_lower_bound": result.makespan_s / lb if lb > 0 else None,
             "mode": mode,
+            "dispatch": dispatch,
             "graph": graph.name,
             "cluster": cl.name,
             "num_ops": graph.num_ops,
@@ -81,8 +87,9 @@ def simulate_cmd(
         from doppler.report import format_seconds
 
         ratio = f" ({result.makespan_s / lb:.2f}x the lower bound)" if lb > 0 else ""
+        how = mode.upper() if dispatch == "fifo" else f"{mode.upper()}, {dispatch} dispatch"
         console.print(
-            f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({mode.upper()}): makespan "
+            f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({how}): makespan "
             f"[bold]{format_seconds(result.makespan_s)}[/], lower bound {format_seconds(lb)}{ratio}; "
             f"{tr.num_transfers} transfers, {tr.tr_bytes.sum() / 1e6:.3g} MB moved",
             highlight=False,

@@ -17,8 +17,6 @@ def _parse_stages(stages: str) -> tuple[str, ...]:
     from doppler.train import STAGES
 
     out = tuple(s.strip() for s in stages.split(",") if s.strip())
-    if "real" in out:
-        raise UserError("stage 'real' needs the real execution engine, which doppler does not have yet (use il,sim)")
     bad = [s for s in out if s not in STAGES]
     if bad or not out:
         raise UserError(f"unknown stage {bad[0] if bad else stages!r} in --stages (use a comma list of: {', '.join(STAGES)})")
@@ -69,7 +67,7 @@ def _progress_bar():
 def train_cmd(
     graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
-    stages: str = typer.Option("il,sim", "--stages", help="Comma list of stages: il (imitation), sim (simulator RL)."),
+    stages: str = typer.Option("il,sim", "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs)."),
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
@@ -77,6 +75,8 @@ def train_cmd(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
+    real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run [default: 64]."),
+    engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
@@ -86,8 +86,9 @@ def train_cmd(
         from doppler.train import TrainConfig, TrainError
 
         try:
-            given = {"il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve}
-            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed,
+            given = {"il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
+                     "real_episodes": real_episodes}  # fmt: skip
+            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed, engine=engine,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume)
@@ -113,11 +114,12 @@ def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
         def on_progress(st: dict[str, Any]) -> None:
             stage = st["stage"]
             if stage not in bars:
-                label = {"il": "Stage I  imitation", "sim": "Stage II simulator RL", "distill": "distil the best"}[stage]
+                label = {"il": "Stage I  imitation", "sim": "Stage II simulator RL", "distill": "distil the best",
+                         "real": "Stage III real system"}[stage]  # fmt: skip
                 bars[stage] = progress.add_task(label, total=st["total"], status="")
             if stage == "il":
                 status = f"{st['episodes_per_s']:.0f} ep/s  agreement SEL {st['agree_sel']:.0%} PLC {st['agree_plc']:.0%}"
-            elif stage == "sim":
+            elif stage in ("sim", "real"):
                 status = (f"{st['episodes_per_s']:.0f} ep/s  mean {st['mean_ratio']:.3f}x LB  "
                           f"best {format_seconds(st['best_makespan_s'])}")  # fmt: skip
             else:
@@ -138,13 +140,16 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
 
     graphs = []
     refs: dict[str, float] = {}
+    real = trainer.real_episode > 0
     for task in trainer.tasks:
-        devices, greedy_s = trainer.greedy(task)
+        devices, oracle_s = trainer.greedy(task)
+        greedy_s = simulate(task.graph, task.cluster, devices).makespan_s
         cp = simulate(task.graph, task.cluster, assign(task.graph, task.cluster, "critical_path")).makespan_s
         graphs.append({
             "graph": task.graph.name,
             "num_ops": task.graph.num_ops,
             "greedy_makespan_s": greedy_s,
+            "greedy_measured_makespan_s": oracle_s if real else None,
             "best_makespan_s": task.best_makespan_s if task.best_assignment is not None else None,
             "critical_path_makespan_s": cp,
             "lower_bound_s": task.lower_bound_s,
@@ -159,6 +164,7 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
         "training_curve": str(curve),
         "il_episodes": trainer.il_episode,
         "episodes": trainer.episode,
+        "real_episodes": trainer.real_episode,
         "elapsed_s": elapsed_s,
         "graphs": graphs,
     }
@@ -167,10 +173,15 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
 def _print_summary(s: dict[str, Any]) -> None:
     from doppler.report import format_seconds
 
-    console.print(f"trained {s['il_episodes']} imitation + {s['episodes']} RL episodes in {s['elapsed_s']:.1f} s "
+    real = f" + {s['real_episodes']} real-system" if s["real_episodes"] else ""
+    console.print(f"trained {s['il_episodes']} imitation + {s['episodes']} RL{real} episodes in {s['elapsed_s']:.1f} s "
                   f"-> {s['checkpoint']}", highlight=False)  # fmt: skip
     for g in s["graphs"]:
+        measured = s["real_episodes"] > 0
         best = f", best sampled {format_seconds(g['best_makespan_s'])}" if g["best_makespan_s"] is not None else ""
+        if measured:
+            best = (f" (measured {format_seconds(g['greedy_measured_makespan_s'])})"
+                    + best.replace("best sampled", "best measured"))  # fmt: skip
         console.print(
             f"  {g['graph']} ({g['num_ops']} ops): greedy {format_seconds(g['greedy_makespan_s'])}{best}; "
             f"critical_path {format_seconds(g['critical_path_makespan_s'])}; "

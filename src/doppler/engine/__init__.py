@@ -1,7 +1,147 @@
-"""Real work-conserving execution of dataflow graphs (the engine lands here next).
+"""Real work-conserving execution of dataflow graphs: :func:`run` -> :class:`ExecutionResult`.
 
-The kernel whitelist that op specs name (numpy implementations, the reference
-evaluator and the FLOP formulas) lives in :mod:`doppler.kernels`; the executors
-(local threads, Dask) will run the same specs on real devices and return a
-:class:`doppler.trace.Trace`, like the simulator.
+Two backends share one interface and one :class:`~doppler.engine.program.Program`:
+
+* ``"local"`` (the default): one thread per device and per link on this
+  machine (:mod:`doppler.engine.local`), CPU devices running numpy kernels;
+* ``"dask"``: a ``dask.distributed`` cluster, one single-threaded worker per
+  device (:mod:`doppler.engine.dask_engine`), for graphs that outgrow one machine.
+
+Both return the simulator's :class:`~doppler.trace.Trace`, so Gantt charts,
+critical paths and comparisons work on measured runs exactly as on simulated
+ones. The engine never imports the simulator.
 """
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from doppler.assignment import Assignment, as_devices, check_assignment
+from doppler.engine.program import EngineError, Program, build_program
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.trace import Trace
+
+__all__ = ["ENGINES", "EngineError", "ExecutionResult", "Program", "build_program", "run"]
+
+ENGINES = ("local", "dask")
+#: the most devices a local run may use (one thread per device, one per ordered link)
+MAX_LOCAL_DEVICES = 64
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass
+class ExecutionResult:
+    """A measured execution: median makespan, every repeat, the median repeat's trace, the outputs."""
+
+    makespan_s: float
+    makespans_s: list[float]
+    trace: Trace
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    engine: str = "local"
+    num_devices: int = 1
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "num_devices": self.num_devices,
+            "makespan_s": self.makespan_s,
+            "makespans_s": list(self.makespans_s),
+            **self.info,
+        }
+
+
+def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float) -> None:
+    """Raise EngineError for an unknown engine or a bad device count, repeat count or timeout."""
+    if engine not in ENGINES:
+        raise EngineError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)) or not 1 <= num_devices:
+        raise EngineError(f"the number of devices must be an integer >= 1, got {num_devices!r}")
+    if engine == "local" and num_devices > MAX_LOCAL_DEVICES:
+        raise EngineError(f"the local engine runs at most {MAX_LOCAL_DEVICES} devices, got {num_devices}")
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+        raise EngineError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise EngineError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+
+
+def run(
+    graph: DataflowGraph,
+    assignment: "Assignment | Sequence[int] | np.ndarray",
+    *,
+    num_devices: int | None = None,
+    engine: str = "local",
+    repeats: int = 1,
+    warmup: int = 0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    program: Program | None = None,
+    cluster: Cluster | None = None,
+    time_scale: float = 1.0,
+    seed: int = 0,
+    scheduler: str | None = None,
+    keep_outputs: bool = True,
+) -> ExecutionResult:
+    """Execute ``graph`` under ``assignment`` for real, ``repeats`` times; the makespan is the median.
+
+    ``num_devices`` defaults to one more than the largest device index used (or
+    the cluster's device count). ``program`` reuses a prepared
+    :class:`Program` (inputs already made); otherwise one is built from
+    ``seed`` (real kernels) or ``cluster`` x ``time_scale`` (synthetic kernels
+    for cost-only graphs). ``timeout_s`` bounds each repeat. ``scheduler``:
+    the address of a running Dask scheduler (``engine="dask"``; default: a
+    LocalCluster on 127.0.0.1). ``warmup`` runs go first and are not kept
+    (the first run of a process pays page faults and cold caches).
+    """
+    devices = as_devices(assignment)
+    if num_devices is None:
+        num_devices = cluster.num_devices if cluster is not None else int(devices.max(initial=0)) + 1
+    check_options(engine, num_devices, repeats, timeout_s)
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
+        raise EngineError(f"warmup must be an integer >= 0, got {warmup!r}")
+    devices = check_assignment(graph, devices, num_devices)
+    if program is None:
+        program = build_program(graph, cluster=cluster, time_scale=time_scale, seed=seed)
+    elif program.graph is not graph:
+        raise EngineError("the program was built for a different graph")
+    placed = program.place(devices, num_devices)
+    traces: list[Trace] = []
+    values: list[np.ndarray | None] = []
+    info: dict[str, Any] = {}
+    if engine == "local":
+        from doppler.engine.local import run_local
+
+        for r in range(-int(warmup), repeats):
+            res = run_local(placed, timeout_s=timeout_s, keep_values=keep_outputs and r == repeats - 1)
+            if r < 0:
+                continue
+            traces.append(res.trace)
+            if res.values:
+                values = res.values
+    else:
+        from doppler.engine.dask_engine import run_dask
+
+        traces, values, info = run_dask(placed, repeats=repeats + int(warmup), timeout_s=timeout_s,
+                                        scheduler=scheduler, keep_values=keep_outputs)  # fmt: skip
+        traces = traces[int(warmup):]
+    makespans = [t.makespan_s for t in traces]
+    order = np.argsort(makespans, kind="stable")
+    median_run = int(order[(len(order) - 1) // 2])
+    outputs: dict[str, np.ndarray] = {}
+    if keep_outputs and values and not program.is_synthetic and graph.meta.get("outputs"):
+        from doppler.workloads import assemble_outputs
+
+        outputs = assemble_outputs(graph, values)
+    return ExecutionResult(
+        makespan_s=float(np.median(makespans)),
+        makespans_s=[float(m) for m in makespans],
+        trace=traces[median_run],
+        outputs=outputs,
+        engine=engine,
+        num_devices=int(num_devices),
+        info=info,
+    )

@@ -1,0 +1,254 @@
+"""``doppler execute`` (run one assignment for real), ``doppler calibrate`` (measure the
+engine's devices and links into a cluster file) and ``doppler validate`` (simulator
+versus engine on many assignments)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+
+ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
+SCHEDULER_OPT = typer.Option(
+    None, "--scheduler", help="Dask: address of a running scheduler (tcp://host:8786); default: a LocalCluster on 127.0.0.1."
+)
+TIMEOUT_OPT = typer.Option(600.0, "--timeout", help="Seconds one run may take before it is stopped.")
+JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+
+
+def _progress(label: str):
+    return Progress(
+        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    )  # fmt: skip
+
+
+def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
+    """The cluster to simulate (and size synthetic kernels) with, and the device count."""
+    from doppler.hardware import cluster
+
+    if cluster_name is not None:
+        cl = cluster(cluster_name)
+        if devices is not None and devices != cl.num_devices:
+            raise UserError(f"--devices {devices} does not match cluster {cl.name!r}, which has {cl.num_devices} devices")
+        return cl, cl.num_devices
+    n = 2 if devices is None else devices
+    if n < 1:
+        raise UserError(f"--devices must be >= 1, got {n}")
+    return cluster(f"cpu4:{n}"), n
+
+
+@app.command("execute")
+def execute_cmd(
+    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file."),
+    engine: str = ENGINE_OPT,
+    devices: Optional[int] = typer.Option(None, "--devices", "-d", help="Number of engine devices (default: the cluster's, else 2)."),
+    cluster_name: Optional[str] = typer.Option(
+        None, "--cluster", "-c", help="Cluster to compare with (a `doppler calibrate` file); sizes synthetic kernels of cost-only graphs."
+    ),
+    repeats: int = typer.Option(3, "--repeats", "-r", help="Runs; the makespan is their median."),
+    warmup: int = typer.Option(1, "--warmup", help="Untimed runs first (page faults, cold caches)."),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random input tensors."),
+    check: bool = typer.Option(False, "--check", help="Compare the outputs with the untiled numpy computation."),
+    gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart of the median run."),
+    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the median run's trace as JSON."),
+    scheduler: Optional[str] = SCHEDULER_OPT,
+    timeout_s: float = TIMEOUT_OPT,
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Execute one assignment on a real engine and report the measured makespan."""
+    with handle_errors():
+        import numpy as np
+
+        from doppler.assignment import load_assignment
+        from doppler.engine import check_options, run
+        from doppler.formats import load_graph
+        from doppler.report import format_seconds
+        from doppler.simulate import simulate
+
+        cl, num_devices = _engine_cluster(cluster_name, devices)
+        check_options(engine, num_devices, repeats, timeout_s)
+        graph = load_graph(graph_path)
+        assignment = load_assignment(assignment_path, graph)
+        res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
+                  timeout_s=timeout_s,
+                  cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler)  # fmt: skip
+        sim = simulate(graph, cl, assignment, link_contention=True).makespan_s
+        out: dict[str, Any] = {
+            "graph": graph.name,
+            "cluster": cl.name,
+            **res.to_json(),
+            "simulated_makespan_s": sim,
+            "sim_error_pct": (sim - res.makespan_s) / res.makespan_s * 100 if res.makespan_s > 0 else None,
+            "num_transfers": res.trace.num_transfers,
+            "transfer_bytes": float(res.trace.tr_bytes.sum()),
+        }
+        if check:
+            if not res.outputs:
+                raise UserError(f"graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
+            from doppler.workloads import make_inputs, reference
+
+            ref = reference(graph, make_inputs(graph, seed=seed, dtype=np.float64))
+            tol = 1e-3 if res.outputs[next(iter(res.outputs))].dtype != np.float64 else 1e-9
+            errs = {k: float(np.max(np.abs(res.outputs[k] - ref[k])) / max(float(np.max(np.abs(ref[k]))), 1e-30)) for k in ref}
+            out["max_rel_error"] = errs
+            out["outputs_match"] = bool(all(e <= tol for e in errs.values()))
+        if trace_path is not None:
+            res.trace.save(trace_path)
+            out["trace"] = str(trace_path)
+        if gantt_path is not None:
+            from doppler.report import gantt
+
+            gantt(graph, cl, res.trace, gantt_path, title=f"{graph.name}: measured on {engine} ({num_devices} devices)")
+            out["gantt"] = str(gantt_path)
+        if json_out:
+            emit_json(out)
+        else:
+            reps = ", ".join(format_seconds(m) for m in res.makespans_s)
+            console.print(
+                f"[bold]{graph.name}[/] on the {engine} engine ({num_devices} devices): measured makespan "
+                f"[bold]{format_seconds(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
+                f"{cl.name}: {format_seconds(sim)} ({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
+                f"{res.trace.tr_bytes.sum() / 1e6:.3g} MB moved",
+                highlight=False,
+            )
+            if check:
+                verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
+                console.print(f"outputs {verdict} the untiled numpy computation (max relative error "
+                              f"{max(out['max_rel_error'].values()):.2g})")  # fmt: skip
+            for label, p in (("gantt chart", gantt_path), ("trace", trace_path)):
+                if p is not None:
+                    console.print(f"{label} -> {p}", highlight=False)
+        if check and not out["outputs_match"]:
+            raise typer.Exit(1)
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    output: Path = typer.Option(..., "--output", "-o", help="Cluster JSON file to write."),
+    engine: str = ENGINE_OPT,
+    devices: int = typer.Option(2, "--devices", "-d", help="Number of engine devices to calibrate."),
+    runs: int = typer.Option(4, "--runs", help="Measured runs of the calibration graph."),
+    sizes: str = typer.Option("128,256,512,1024", "--sizes", help="Comma-separated matrix sizes of the calibration graph."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the assignments."),
+    scheduler: Optional[str] = SCHEDULER_OPT,
+    timeout_s: float = TIMEOUT_OPT,
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
+    with handle_errors():
+        from doppler.engine import check_options
+        from doppler.engine.calibrate import calibrate
+
+        check_options(engine, devices, 1, timeout_s)
+        try:
+            size_list = [int(s) for s in sizes.split(",") if s.strip()]
+        except ValueError:
+            raise UserError(f"--sizes must be comma-separated integers, got {sizes!r}") from None
+        if not size_list:
+            raise UserError("--sizes is empty")
+        if runs < 1:
+            raise UserError(f"--runs must be >= 1, got {runs}")
+        with _progress("calibrating") as progress:
+            task = progress.add_task("runs", total=runs)
+            res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, timeout_s=timeout_s,
+                            scheduler=scheduler, progress=lambda k, total: progress.update(task, completed=k))  # fmt: skip
+        res.cluster.save(output)
+        out = {
+            "cluster": str(output),
+            "engine": engine,
+            "num_devices": devices,
+            "runs": res.runs,
+            "dispatch_s": res.dispatch_s,
+            "kernels": res.kernel_fits,
+            "links": res.link_fits,
+        }
+        if json_out:
+            emit_json(out)
+            return
+        from rich.table import Table
+
+        from doppler.report import format_seconds
+
+        table = Table(title=f"kernels ({engine}, {devices} devices, dispatch {format_seconds(res.dispatch_s)} per op)",
+                      show_edge=False, header_style="bold")  # fmt: skip
+        for col in ("device", "kind", "ops", "fixed", "GFLOP/s", "median |err|"):
+            table.add_column(col, justify="left" if col in ("device", "kind") else "right")
+        for f in res.kernel_fits:
+            rate = "-" if f["flops_per_s"] >= 1e29 else f"{f['flops_per_s'] / 1e9:.3g}"
+            table.add_row(f"cpu{f['device']}", f["kind"], str(f["n"]), format_seconds(f["overhead_s"]), rate,
+                          f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
+        console.print(table)
+        links = Table(title="links", show_edge=False, header_style="bold")
+        for col in ("link", "copies", "latency", "GB/s", "median |err|"):
+            links.add_column(col, justify="left" if col == "link" else "right")
+        for f in res.link_fits:
+            links.add_row(f"cpu{f['src']} -> cpu{f['dst']}", str(f["n"]), format_seconds(f["latency_s"]),
+                          f"{f['bandwidth_Bps'] / 1e9:.3g}", f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
+        console.print(links)
+        console.print(f"cluster -> {output}", highlight=False)
+
+
+@app.command("validate")
+def validate_cmd(
+    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Calibrated cluster JSON (from `doppler calibrate`)."),
+    engine: str = ENGINE_OPT,
+    n: int = typer.Option(30, "--n", help="Number of assignments."),
+    repeats: int = typer.Option(3, "--repeats", "-r", help="Runs per assignment (interleaved, shuffled); median taken."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the assignments, inputs and run order."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the simulated-vs-measured scatter plot (PNG)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every assignment's numbers as JSON."),
+    dispatch: str = typer.Option("fifo", "--dispatch", help="Simulator dispatch rule: fifo (local engine) or priority (dask)."),
+    scheduler: Optional[str] = SCHEDULER_OPT,
+    timeout_s: float = TIMEOUT_OPT,
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Run many assignments through simulator and engine; report rank correlation and error."""
+    with handle_errors():
+        import json
+
+        from doppler.engine import check_options
+        from doppler.engine.validate import scatter_plot, validate
+        from doppler.formats import load_graph
+        from doppler.hardware import cluster
+        from doppler.io_util import atomic_write_text, to_jsonable
+
+        cl = cluster(cluster_name)
+        check_options(engine, cl.num_devices, repeats, timeout_s)
+        if n < 2:
+            raise UserError(f"--n must be >= 2, got {n}")
+        if dispatch not in ("fifo", "priority"):
+            raise UserError(f"--dispatch must be fifo or priority, got {dispatch!r}")
+        graph = load_graph(graph_path)
+        with _progress("validating") as progress:
+            task = progress.add_task("runs", total=n * repeats)
+            res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, timeout_s=timeout_s,
+                           scheduler=scheduler, dispatch=dispatch,
+                           progress=lambda k, total: progress.update(task, completed=k, total=total))  # fmt: skip
+        if plot is not None:
+            scatter_plot(res, plot)
+        if output is not None:
+            atomic_write_text(output, json.dumps(to_jsonable(res.to_json()), indent=1) + "\n")
+        summary = {k: v for k, v in res.to_json().items() if k != "assignments"}
+        if plot is not None:
+            summary["plot"] = str(plot)
+        if json_out:
+            emit_json(summary)
+            return
+        rt = "n/a" if res.retest_spearman is None else f"{res.retest_spearman:.3f}"
+        console.print(
+            f"[bold]{graph.name}[/] on {cl.name} ({engine} engine), {res.n} assignments x {repeats} runs:\n"
+            f"  Spearman rank correlation [bold]{res.spearman:.3f}[/] (the engine against itself: {rt})\n"
+            f"  mean |error| [bold]{res.mean_abs_pct_error:.1f}%[/], max {res.max_abs_pct_error:.1f}%, "
+            f"bias {res.bias_pct:+.1f}% (positive: the simulator overestimates)",
+            highlight=False,
+        )
+        if plot is not None:
+            console.print(f"scatter plot -> {plot}", highlight=False)

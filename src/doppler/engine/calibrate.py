@@ -1,0 +1,237 @@
+"""``doppler calibrate``: measure an engine's devices and links and write a :class:`Cluster`.
+
+What is measured, and how (so that the simulator sees what a real run sees):
+
+* **Kernels.** A calibration graph (:func:`calibration_graph`) holds every op
+  kind our workloads produce (matmul, add, elementwise, softmax, norm, rotary,
+  mask_fill, fill, select, reduce) at several sizes, built with the same tile
+  builder as the workloads but belonging to none of them. It runs on the
+  engine itself under several balanced random assignments, so every device is
+  busy while it is measured, outputs are freshly allocated and written, and
+  operands arrive by real transfers. Per device and op kind we fit
+  ``time = a + flops / rate`` by non-negative least squares on relative error
+  (every op counts as much as every other, whatever its size).
+* **Dispatch.** The engine's own per-op cost between kernels (waking a worker,
+  the Python glue) is the median gap ``start - max(ready, previous end on the
+  device)``; it is added to every kind's fixed time ``a``.
+* **Links.** Per ordered device pair, ``copy time = latency + bytes /
+  bandwidth`` fitted on the run's real transfers (outputs of many sizes),
+  plus the median hand-off delay from the producer's finish to the copy's
+  start on an idle link.
+
+The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``,
+per-pair links) that ``doppler simulate``/``validate`` load like any preset.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from doppler.engine.program import EngineError, build_program
+from doppler.graph import DataflowGraph, OpKind
+from doppler.hardware import Cluster, Device
+from doppler.trace import Trace
+
+__all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster"]
+
+#: default matrix sizes of the calibration graph (each op kind at each size, tiled 2x2)
+DEFAULT_SIZES = (128, 256, 512, 1024)
+
+
+def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
+    """Every op kind of our workloads at each size ``n`` (``n x n`` tensors cut in 2 x 2 tiles)."""
+    from doppler.workloads import TileBuilder, _rmsnorm, _softmax
+
+    b = TileBuilder("calibration", dtype)
+    for n in sizes:
+        n = int(n)
+        if n < 4 or n % 4:
+            raise EngineError(f"calibration size {n} must be a multiple of 4 and >= 4")
+        A = b.input(f"A{n}", (n, n), (2, 2))
+        B = b.input(f"B{n}", (n, n), (2, 2))
+        w = b.input(f"w{n}", (n,), (2,), {"init": "norm_weight"})
+        cos = b.input(f"cos{n}", (n, n), (2, 2), {"init": "rope_cos", "theta": 10000.0})
+        sin = b.input(f"sin{n}", (n, n), (2, 2), {"init": "rope_sin", "theta": 10000.0})
+        C = b.contract("ik,kj->ij", A, B, name=f"matmul{n}")
+        b.map("relu", "ij->ij", C, name=f"relu{n}")
+        b.map("silu_mul", "ij,ij->ij", A, B, name=f"silu{n}")
+        b.map("add", "ij,ij->ij", A, B, name=f"add{n}")
+        _softmax(b, A, "ij", "j", scale=0.5, name=f"softmax{n}")
+        _rmsnorm(b, B, w, eps=1e-6, name=f"norm{n}", rows="i")
+        b.map("rotary", "ij,ij,ij->ij", A, cos, sin, name=f"rotary{n}", kind=OpKind.ROTARY)
+        b.map("causal_mask", "ij->ij", B, name=f"mask{n}", kind=OpKind.MASK_FILL,
+              tile_params=lambda off: {"row_offset": off["i"], "col_offset": off["j"]})  # fmt: skip
+        M = b.fill("causal_mask", "ij", (n, n), (2, 2), name=f"fill{n}", kind=OpKind.MASK_FILL,
+                   tile_params=lambda off: {"row_offset": off["i"], "col_offset": off["j"]})  # fmt: skip
+        b.map("add", "ij,ij->ij", C, M, name=f"maskadd{n}", kind=OpKind.MASK_FILL)
+        b.select(A, [None, (0, n // 4)], name=f"select{n}")
+        b.reduce("ij->i", B, how="sum", name=f"reduce{n}")
+        b.output(f"out{n}", C)
+    return b.finish("calibration", {"sizes": [int(s) for s in sizes], "dtype": dtype})
+
+
+@dataclass
+class CalibrationResult:
+    """The fitted cluster and the fit's quality per (device, kind) and per link."""
+
+    cluster: Cluster
+    kernel_fits: list[dict[str, Any]] = field(default_factory=list)
+    link_fits: list[dict[str, Any]] = field(default_factory=list)
+    dispatch_s: float = 0.0
+    runs: int = 0
+
+
+def _fit_affine(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
+    """(a, b, median relative error) of ``t ~ a + b x`` with a, b >= 0, fitted on relative error."""
+    A = np.stack([np.ones_like(x), x], axis=1) / t[:, None]
+    coef, _ = nnls(A, np.ones_like(t))
+    a, b = float(coef[0]), float(coef[1])
+    pred = a + b * x
+    return a, b, float(np.median(np.abs(pred - t) / t))
+
+
+def _dispatch_gaps(trace: Trace) -> np.ndarray:
+    """Per op: start - max(ready, end of the previous op on its device)."""
+    gaps = []
+    for d in np.unique(trace.op_device):
+        ops = np.flatnonzero(trace.op_device == d)
+        ops = ops[np.argsort(trace.op_start[ops], kind="stable")]
+        prev_end = np.concatenate([[0.0], trace.op_end[ops[:-1]]])
+        gaps.append(trace.op_start[ops] - np.maximum(trace.op_ready[ops], prev_end))
+    return np.concatenate(gaps) if gaps else np.empty(0)
+
+
+def _handoff_delays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per transfer on an idle link: (src device, dst device, copy start - producer end)."""
+    src_end = trace.op_end[trace.tr_src_op]
+    keep = np.ones(trace.num_transfers, dtype=bool)
+    for a, b in {(int(x), int(y)) for x, y in zip(trace.tr_src_device, trace.tr_dst_device)}:
+        ks = np.flatnonzero((trace.tr_src_device == a) & (trace.tr_dst_device == b))
+        ks = ks[np.argsort(trace.tr_start[ks], kind="stable")]
+        prev_end = np.concatenate([[-np.inf], trace.tr_end[ks[:-1]]])
+        keep[ks] = prev_end <= src_end[ks]
+    return trace.tr_src_device[keep], trace.tr_dst_device[keep], (trace.tr_start - src_end)[keep]
+
+
+def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
+                meta: dict[str, Any] | None = None) -> CalibrationResult:  # fmt: skip
+    """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring)."""
+    if not traces:
+        raise EngineError("calibration needs at least one measured run")
+    dev = np.concatenate([t.op_device for t in traces])
+    dur = np.concatenate([t.op_end - t.op_start for t in traces])
+    flops = np.tile(graph.flops, len(traces))
+    kinds = np.tile(graph.kind.astype(np.int64), len(traces))
+    dispatch = float(np.median(np.concatenate([_dispatch_gaps(t) for t in traces])))
+    dur = np.maximum(dur, 1e-7)
+    devices: list[Device] = []
+    kernel_fits: list[dict[str, Any]] = []
+    for d in range(num_devices):
+        rates: dict[str, float] = {}
+        overheads: dict[str, float] = {}
+        for k in np.unique(kinds):
+            sel = (dev == d) & (kinds == k)
+            label = OpKind(int(k)).label
+            if sel.sum() < 2:
+                continue
+            x, t = flops[sel], dur[sel]
+            if np.ptp(x) > 0:
+                a, inv_rate, err = _fit_affine(x, t)
+            else:
+                a, inv_rate, err = float(np.median(t)), 0.0, float(np.median(np.abs(t - np.median(t)) / t))
+            rate = 1.0 / inv_rate if inv_rate > 0 else 1e30  # a kind with no FLOPs (select) is all overhead
+            rates[label] = min(rate, 1e30)
+            overheads[label] = a + dispatch
+            kernel_fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a,
+                                "flops_per_s": rates[label], "median_rel_error": err})  # fmt: skip
+        mm = rates.get("matmul", max(rates.values()) if rates else 1e9)
+        devices.append(
+            Device(name=f"cpu{d}", kind="cpu", flops_per_s=mm, flops_per_s_by_kind=rates,
+                   overhead_s=dispatch, overhead_s_by_kind=overheads)  # fmt: skip
+        )
+    bw = np.full((num_devices, num_devices), np.inf)
+    lat = np.zeros((num_devices, num_devices))
+    tr_src = np.concatenate([t.tr_src_device for t in traces])
+    tr_dst = np.concatenate([t.tr_dst_device for t in traces])
+    tr_bytes = np.concatenate([t.tr_bytes for t in traces])
+    tr_dur = np.maximum(np.concatenate([t.tr_end - t.tr_start for t in traces]), 1e-7)
+    hand = [_handoff_delays(t) for t in traces]
+    h_src = np.concatenate([h[0] for h in hand])
+    h_dst = np.concatenate([h[1] for h in hand])
+    h_del = np.concatenate([h[2] for h in hand])
+    link_fits: list[dict[str, Any]] = []
+    all_pairs = [(a, b) for a in range(num_devices) for b in range(num_devices) if a != b]
+    for a, b in all_pairs:
+        sel = (tr_src == a) & (tr_dst == b)
+        if sel.sum() < 2 or np.ptp(tr_bytes[sel]) == 0:
+            continue
+        l0, inv_bw, err = _fit_affine(tr_bytes[sel], tr_dur[sel])
+        hsel = (h_src == a) & (h_dst == b)
+        handoff = float(np.median(h_del[hsel])) if hsel.any() else 0.0
+        bw[a, b] = 1.0 / inv_bw if inv_bw > 0 else 1e15
+        lat[a, b] = l0 + max(handoff, 0.0)
+        link_fits.append({"src": a, "dst": b, "n": int(sel.sum()), "latency_s": lat[a, b], "bandwidth_Bps": bw[a, b],
+                          "handoff_s": handoff, "median_rel_error": err})  # fmt: skip
+    fitted = [(a, b) for a, b in all_pairs if np.isfinite(bw[a, b])]
+    if num_devices > 1 and not fitted:
+        raise EngineError("calibration saw no transfers to fit the links from (use at least 2 devices)")
+    for a, b in all_pairs:  # a pair never exercised gets the mean of the others
+        if not np.isfinite(bw[a, b]):
+            bw[a, b] = float(np.mean([bw[p] for p in fitted]))
+            lat[a, b] = float(np.mean([lat[p] for p in fitted]))
+    cluster = Cluster(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta or {}))
+    return CalibrationResult(cluster, kernel_fits, link_fits, dispatch, len(traces))
+
+
+def calibrate(
+    num_devices: int,
+    *,
+    engine: str = "local",
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    runs: int = 4,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    scheduler: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CalibrationResult:
+    """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster."""
+    from doppler.engine import check_options, run
+
+    check_options(engine, num_devices, 1, timeout_s)
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise EngineError(f"runs must be an integer >= 1, got {runs!r}")
+    graph = calibration_graph(sizes)
+    program = build_program(graph, seed=seed)
+    rng = np.random.default_rng(seed)
+    n = graph.num_ops
+    traces: list[Trace] = []
+    run(graph, np.arange(n) % num_devices, num_devices=num_devices, engine=engine, program=program,
+        timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False)  # warm-up (page faults, caches), not kept  # fmt: skip
+    for r in range(runs):
+        devices = rng.permutation(np.arange(n) % num_devices)
+        res = run(graph, devices, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
+                  scheduler=scheduler, keep_outputs=False)  # fmt: skip
+        traces.append(res.trace)
+        if progress is not None:
+            progress(r + 1, runs)
+    meta = {
+        "source": f"doppler calibrate --engine {engine} --devices {num_devices}",
+        "engine": engine,
+        "calibrated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.platform(),
+        "sizes": [int(s) for s in sizes],
+        "runs": int(runs),
+    }
+    name = f"{engine}{num_devices}-calibrated"
+    res = fit_cluster(graph, traces, num_devices, name=name, meta=meta)
+    res.cluster.meta["dispatch_s"] = res.dispatch_s
+    if not math.isfinite(res.dispatch_s):
+        raise EngineError("calibration measured no dispatch gaps")
+    return res

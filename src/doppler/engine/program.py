@@ -1,0 +1,239 @@
+"""What an engine runs: one callable per op and where its operands come from.
+
+A :class:`Program` is built once per (graph, inputs) and is backend-neutral:
+the local thread engine and the Dask engine both call ``program.kernel(v,
+operands)``. Graphs with op specs run their real kernels (the numpy whitelist
+of :mod:`doppler.kernels`, on the real tile shapes); cost-only graphs (imported
+text files, random graphs) run *synthetic* kernels: a GIL-free spin sized to the
+op's compute time on a given cluster, writing an output buffer of the op's
+``output_bytes`` so that transfers move real bytes.
+
+:meth:`Program.place` resolves input tiles for one assignment: each op's input
+tiles are copied into its device's memory before the clock starts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.kernels import DTYPE_BYTES, run_op_numpy
+
+__all__ = ["EngineError", "Operand", "PlacedProgram", "Program", "build_program", "spin_rate_per_s", "synthetic_kernel"]
+
+#: largest output buffer a synthetic op may allocate (bytes), so a cost-only graph cannot exhaust memory
+MAX_SYNTHETIC_OUTPUT_BYTES = 1 << 30
+
+
+class EngineError(RuntimeError):
+    """A run failed (kernel error, timeout, dead worker) or cannot start; the message names the op and device."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One kernel operand: the output of op ``op`` (``op >= 0``), or input tile number ``tile``."""
+
+    op: int = -1
+    tile: int = -1
+
+
+# ------------------------------------------------------------------ synthetic spin
+_SPIN: Callable[[int], float] | None = None
+_SPIN_RATE: float | None = None
+
+
+def _spin_fn() -> Callable[[int], float]:
+    """A numba ``nogil`` busy loop of ``k`` dependent multiply-adds (real CPU work, no GIL held)."""
+    global _SPIN
+    if _SPIN is None:
+        import numba
+
+        @numba.njit(nogil=True, cache=True)
+        def spin(k: int) -> float:  # pragma: no cover - compiled
+            x = 1.0
+            for _ in range(k):
+                x = x * 0.999999 + 1e-7
+            return x
+
+        spin(10)
+        _SPIN = spin
+    return _SPIN
+
+
+def spin_rate_per_s() -> float:
+    """Iterations per second of the synthetic spin on one core (measured once per process)."""
+    global _SPIN_RATE
+    if _SPIN_RATE is None:
+        spin = _spin_fn()
+        k = 200_000
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            spin(k)
+            best = min(best, time.perf_counter() - t0)
+        _SPIN_RATE = k / max(best, 1e-9)
+    return _SPIN_RATE
+
+
+def synthetic_kernel(seconds: float, nbytes: int, fill: int = 0) -> np.ndarray:
+    """Spin ``seconds`` of real CPU work without the GIL, then write and return ``nbytes`` fresh bytes."""
+    if seconds > 0:
+        _spin_fn()(int(seconds * spin_rate_per_s()))
+    out = np.empty(int(nbytes), dtype=np.uint8)
+    out.fill(int(fill) & 0xFF)
+    return out
+
+
+# ------------------------------------------------------------------ the program
+@dataclass
+class Program:
+    """Per-op kernels and operand sources of one graph (see the module docstring)."""
+
+    graph: DataflowGraph
+    operands: list[list[Operand]]  # per op, in kernel order
+    tiles: list[np.ndarray]  # distinct input tiles (host copies)
+    synthetic_s: np.ndarray | None  # float64[n, D]: synthetic durations, None for real kernels
+    dtype: Any
+    specs: list[dict[str, Any]] | None = None
+    labels: list[str] = field(default_factory=list)
+
+    @property
+    def num_ops(self) -> int:
+        return self.graph.num_ops
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.synthetic_s is not None
+
+    def label(self, v: int) -> str:
+        return self.labels[v]
+
+    def kernel(self, v: int, device: int, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Run op ``v``'s kernel on ``arrays`` (its operands, in order) and return a fresh output."""
+        if self.specs is not None:
+            return run_op_numpy(self.specs[v], arrays, label=self.labels[v], dtype=self.dtype)
+        return synthetic_kernel(float(self.synthetic_s[v, device]), int(self.graph.output_bytes[v]), v)  # type: ignore[index]
+
+    def output_template(self, v: int) -> tuple[tuple[int, ...], Any]:
+        """(shape, dtype) of op ``v``'s output, for preallocated receive buffers."""
+        if self.specs is not None:
+            return tuple(int(s) for s in self.specs[v]["shape"]), self.dtype
+        return (int(self.graph.output_bytes[v]),), np.uint8
+
+    def place(self, devices: np.ndarray, num_devices: int) -> "PlacedProgram":
+        """Copy every op's input tiles into its device's memory (once per (tile, device))."""
+        local: dict[tuple[int, int], np.ndarray] = {}
+        per_op: list[list[np.ndarray | None]] = []
+        for v, ops in enumerate(self.operands):
+            d = int(devices[v])
+            row: list[np.ndarray | None] = []
+            for o in ops:
+                if o.tile >= 0:
+                    key = (o.tile, d)
+                    if key not in local:
+                        local[key] = np.array(self.tiles[o.tile], copy=True)
+                    row.append(local[key])
+                else:
+                    row.append(None)
+            per_op.append(row)
+        return PlacedProgram(self, np.asarray(devices, dtype=np.int64), num_devices, per_op)
+
+
+@dataclass
+class PlacedProgram:
+    """A program bound to one assignment: device-local input tiles and the transfers it needs."""
+
+    program: Program
+    devices: np.ndarray
+    num_devices: int
+    tile_operands: list[list[np.ndarray | None]]  # per op: the device-local tile, None where an op output goes
+
+    def transfers(self) -> list[tuple[int, int]]:
+        """(producer op, destination device) of every transfer, sorted (one per op and remote device)."""
+        g, dev = self.program.graph, self.devices
+        out = set()
+        for u in range(g.num_ops):
+            for v in g.successors(u):
+                if dev[v] != dev[u]:
+                    out.add((u, int(dev[v])))
+        return sorted(out)
+
+
+def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any) -> tuple[list[list[Operand]], list[np.ndarray]]:
+    tiles: list[np.ndarray] = []
+    tile_ids: dict[tuple[str, str], int] = {}
+    operands: list[list[Operand]] = []
+    for v in range(graph.num_ops):
+        spec = graph.specs[v]  # type: ignore[index]
+        label = graph.op_label(v)
+        if spec is None:
+            raise EngineError(f"op {label} has no spec, so it cannot run (a graph needs specs on every op or none)")
+        row: list[Operand] = []
+        for ref in spec.get("inputs", []):
+            if "op" in ref:
+                row.append(Operand(op=int(ref["op"])))
+                continue
+            name = ref.get("input")
+            if name not in inputs:
+                raise EngineError(f"op {label}: input tensor {name!r} was not provided")
+            sl = ref.get("slice")
+            key = (name, repr(sl))
+            if key not in tile_ids:
+                full = inputs[name]
+                tile = full if sl is None else full[tuple(slice(int(lo), int(hi)) for lo, hi in sl)]
+                tile_ids[key] = len(tiles)
+                tiles.append(np.ascontiguousarray(tile, dtype=dtype))
+            row.append(Operand(tile=tile_ids[key]))
+        operands.append(row)
+    return operands, tiles
+
+
+def build_program(
+    graph: DataflowGraph,
+    *,
+    inputs: dict[str, np.ndarray] | None = None,
+    cluster: Cluster | None = None,
+    time_scale: float = 1.0,
+    seed: int = 0,
+    dtype: Any = None,
+) -> Program:
+    """The :class:`Program` of ``graph``.
+
+    With op specs: real kernels on ``inputs`` (default: ``workloads.make_inputs(graph, seed)``)
+    in ``dtype`` (default: the graph's dtype). Without: synthetic kernels lasting
+    ``time_scale x`` the op's compute time on ``cluster`` (required then).
+    """
+    labels = [graph.op_label(v) for v in range(graph.num_ops)]
+    if graph.specs is not None and any(s is not None for s in graph.specs):
+        from doppler.workloads import make_inputs
+
+        dtype = np.dtype(dtype or graph.meta.get("dtype", "float32"))
+        if dtype.name not in DTYPE_BYTES:
+            raise EngineError(f"dtype {dtype.name} is not one of {', '.join(DTYPE_BYTES)}")
+        if inputs is None:
+            inputs = make_inputs(graph, seed=seed, dtype=dtype)
+        operands, tiles = _input_tiles(graph, dict(inputs), dtype)
+        return Program(graph, operands, tiles, None, dtype, list(graph.specs), labels)  # type: ignore[arg-type]
+    if cluster is None:
+        raise EngineError(
+            f"graph {graph.name!r} has no op specs (a cost-only graph): give a cluster so that its synthetic kernels "
+            "can be sized to each op's compute time"
+        )
+    if not (math.isfinite(time_scale) and time_scale >= 0):
+        raise EngineError(f"time_scale must be a finite number >= 0, got {time_scale!r}")
+    big = np.flatnonzero(graph.output_bytes > MAX_SYNTHETIC_OUTPUT_BYTES)
+    if big.size:
+        v = int(big[0])
+        raise EngineError(
+            f"op {labels[v]}: output of {graph.output_bytes[v]:.3g} bytes is over the synthetic-kernel limit of "
+            f"{MAX_SYNTHETIC_OUTPUT_BYTES} bytes"
+        )
+    operands = [[Operand(op=int(u)) for u in graph.predecessors(v)] for v in range(graph.num_ops)]
+    seconds = cluster.compute_time_s(graph) * float(time_scale)
+    return Program(graph, operands, [], np.ascontiguousarray(seconds), np.uint8, None, labels)

@@ -1,0 +1,208 @@
+"""``doppler validate``: does the simulator rank and time assignments as the real engine does?
+
+For one graph and a calibrated cluster, :func:`validation_assignments` makes N
+diverse assignments (every baseline, then perturbations of them: a share of
+ops moved to random devices), :func:`validate` simulates each (with link
+contention: the engine's links carry one copy at a time) and executes each
+``repeats`` times, every (assignment, repeat) pair in one shuffled order so that
+drift of the machine hits all assignments alike, and compares medians.
+
+Reported: Spearman rank correlation (does the simulator order assignments
+correctly?), mean and max absolute % error, signed bias (positive: the
+simulator overestimates), and the engine's own test-retest Spearman between
+its first and second repeat, the ceiling any simulator can reach.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from doppler.engine.program import EngineError, build_program
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.io_util import atomic_write_bytes
+
+__all__ = ["ValidationResult", "validate", "validation_assignments"]
+
+#: the methods whose assignments seed the validation set (anneal gets a short budget)
+BASE_METHODS = ("single", "round_robin", "round_robin_block", "random", "critical_path", "heft", "metis",
+                "enumerative", "anneal")  # fmt: skip
+ANNEAL_BUDGET_S = 3.0
+#: shares of ops moved by the perturbations
+PERTURB_SHARES = (0.05, 0.2, 0.5)
+
+
+@dataclass
+class ValidationResult:
+    """Agreement between simulated and measured makespans (see the module docstring)."""
+
+    n: int
+    spearman: float
+    mean_abs_pct_error: float
+    max_abs_pct_error: float
+    bias_pct: float
+    retest_spearman: float | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "spearman": self.spearman,
+            "mean_abs_pct_error": self.mean_abs_pct_error,
+            "max_abs_pct_error": self.max_abs_pct_error,
+            "bias_pct": self.bias_pct,
+            "retest_spearman": self.retest_spearman,
+            **self.info,
+            "assignments": self.rows,
+        }
+
+
+def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    """``n`` distinct (label, devices) pairs: the baselines, then perturbations of them."""
+    from doppler.baselines import assign, get_method
+
+    if n < 2:
+        raise EngineError(f"validation needs at least 2 assignments, got n={n}")
+    out: list[tuple[str, np.ndarray]] = []
+    seen: dict[bytes, int] = {}
+
+    def add(label: str, dev: np.ndarray) -> None:
+        key = np.asarray(dev, np.int64).tobytes()
+        if key in seen:  # two methods agree: one case, both names
+            i = seen[key]
+            if "~" not in label:
+                out[i] = (f"{out[i][0]}={label}", out[i][1])
+        elif len(out) < n:
+            seen[key] = len(out)
+            out.append((label, np.asarray(dev, np.int64)))
+
+    for m in BASE_METHODS:
+        spec = get_method(m)
+        if cluster.num_devices < spec.min_devices:
+            continue
+        budget = ANNEAL_BUDGET_S if spec.uses_budget else None
+        add(m, assign(graph, cluster, m, seed=seed, budget_s=budget).devices)
+    rng = np.random.default_rng(seed)
+    bases = list(out)
+    tries = 0
+    while len(out) < n and tries < 50 * n:
+        tries += 1
+        label, base = bases[tries % len(bases)]
+        share = PERTURB_SHARES[(tries // len(bases)) % len(PERTURB_SHARES)]
+        dev = base.copy()
+        moved = rng.random(dev.shape[0]) < share
+        dev[moved] = rng.integers(0, cluster.num_devices, int(moved.sum()))
+        add(f"{label}~{share:g}", dev)
+    return out
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+def validate(
+    graph: DataflowGraph,
+    cluster: Cluster,
+    *,
+    engine: str = "local",
+    n: int = 30,
+    repeats: int = 3,
+    seed: int = 0,
+    timeout_s: float = 600.0,
+    scheduler: str | None = None,
+    dispatch: str = "fifo",
+    progress: Callable[[int, int], None] | None = None,
+) -> ValidationResult:
+    """Simulate and execute ``n`` diverse assignments; compare (see the module docstring)."""
+    from doppler.engine import check_options, run
+    from doppler.simulate import simulate
+
+    check_options(engine, cluster.num_devices, repeats, timeout_s)
+    cases = validation_assignments(graph, cluster, n, seed=seed)
+    sim_kw: dict[str, Any] = {"link_contention": True}
+    if dispatch != "fifo":
+        sim_kw["dispatch"] = dispatch
+    simulated = np.array([simulate(graph, cluster, dev, **sim_kw).makespan_s for _, dev in cases])
+    program = build_program(graph, cluster=cluster, seed=seed)
+    order = [(i, r) for r in range(repeats) for i in range(len(cases))]
+    np.random.default_rng(seed + 1).shuffle(order)
+    measured = np.full((len(cases), repeats), np.nan)
+    run(graph, cases[0][1], num_devices=cluster.num_devices, engine=engine, program=program, timeout_s=timeout_s,
+        scheduler=scheduler, keep_outputs=False)  # warm-up, not kept  # fmt: skip
+    for k, (i, r) in enumerate(order):
+        res = run(graph, cases[i][1], num_devices=cluster.num_devices, engine=engine, program=program,
+                  timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False)  # fmt: skip
+        measured[i, r] = res.makespan_s
+        if progress is not None:
+            progress(k + 1, len(order))
+    med = np.median(measured, axis=1)
+    err = (simulated - med) / med
+    rows = [
+        {"label": label, "simulated_s": float(s), "measured_s": float(m), "measured_repeats_s": measured[i].tolist()}
+        for i, ((label, _), s, m) in enumerate(zip(cases, simulated, med))
+    ]
+    retest = _spearman(measured[:, 0], measured[:, 1]) if repeats >= 2 else None
+    return ValidationResult(
+        n=len(cases),
+        spearman=_spearman(simulated, med),
+        mean_abs_pct_error=float(np.mean(np.abs(err)) * 100),
+        max_abs_pct_error=float(np.max(np.abs(err)) * 100),
+        bias_pct=float(np.mean(err) * 100),
+        retest_spearman=retest,
+        rows=rows,
+        info={"graph": graph.name, "cluster": cluster.name, "engine": engine, "repeats": repeats},
+    )
+
+
+def scatter_plot(result: ValidationResult, path: str | Path, *, title: str | None = None) -> None:
+    """Simulated vs measured makespan per assignment, with the y = x line (PNG, written atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from doppler.report import time_unit
+
+    sim = np.array([r["simulated_s"] for r in result.rows])
+    meas = np.array([r["measured_s"] for r in result.rows])
+    reps = np.array([r["measured_repeats_s"] for r in result.rows])
+    hi = float(max(sim.max(), np.nanmax(reps)) * 1.08)
+    scale, unit = time_unit(hi)
+    fig, ax = plt.subplots(figsize=(5.2, 5))
+    ax.plot([0, hi * scale], [0, hi * scale], color="0.6", lw=1, ls="--", label="y = x")
+    lo_err = (meas - np.nanmin(reps, axis=1)) * scale
+    hi_err = (np.nanmax(reps, axis=1) - meas) * scale
+    base = np.array([not ("~" in r["label"]) for r in result.rows])
+    ax.errorbar(meas[~base] * scale, sim[~base] * scale, xerr=[lo_err[~base], hi_err[~base]], fmt="o", ms=4,
+                alpha=0.6, lw=0.8, label="perturbed")  # fmt: skip
+    ax.errorbar(meas[base] * scale, sim[base] * scale, xerr=[lo_err[base], hi_err[base]], fmt="s", ms=5, lw=0.8,
+                label="baseline methods")  # fmt: skip
+    for r, m, s in zip(result.rows, meas, sim):
+        if "~" not in r["label"]:
+            ax.annotate(r["label"], (m * scale, s * scale), fontsize=6, xytext=(3, -8), textcoords="offset points")
+    ax.set_xlim(0, hi * scale)
+    ax.set_ylim(0, hi * scale)
+    ax.set_xlabel(f"measured makespan ({unit}, median; bars: min-max of repeats)")
+    ax.set_ylabel(f"simulated makespan ({unit})")
+    rt = "n/a" if result.retest_spearman is None or math.isnan(result.retest_spearman) else f"{result.retest_spearman:.3f}"
+    ax.set_title(title or f"{result.info.get('graph', '')} on {result.info.get('cluster', '')}", fontsize=10)
+    ax.text(0.03, 0.97, f"Spearman {result.spearman:.3f} (engine retest {rt})\nmean |error| "
+            f"{result.mean_abs_pct_error:.1f}%, bias {result.bias_pct:+.1f}%, n={result.n}",
+            transform=ax.transAxes, va="top", fontsize=8)  # fmt: skip
+    ax.legend(frameon=False, loc="lower right", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=130)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

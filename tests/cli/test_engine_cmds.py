@@ -1,0 +1,115 @@
+"""End-to-end tests of `doppler execute`, `doppler calibrate`, `doppler validate` and `train --stages ...,real`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from doppler import workloads
+from doppler.cli import app
+from doppler.formats import save_graph
+
+runner = CliRunner()
+
+
+def run(*args: object):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("engine_cli")
+    g = workloads.build("ffnn", size="tiny")
+    gp = d / "g.json"
+    save_graph(g, gp)
+    a = d / "a.json"
+    a.write_text(json.dumps({"assignment": (np.arange(g.num_ops) % 2).tolist()}))
+    short = d / "short.json"
+    short.write_text(json.dumps([0, 1]))
+    cal = d / "cal.json"
+    res = run("calibrate", "-o", cal, "--devices", 2, "--runs", 1, "--sizes", "32,64", "--json")
+    assert res.exit_code == 0, res.output
+    return {"graph": gp, "a": a, "short": short, "cal": cal, "dir": d}
+
+
+def test_calibrate_json_and_cluster_file(files) -> None:
+    cl = json.loads(files["cal"].read_text())
+    assert [dv["kind"] for dv in cl["devices"]] == ["cpu", "cpu"]
+    assert "overhead_s_by_kind" in cl["devices"][0] and "flops_per_s_by_kind" in cl["devices"][0]
+    assert cl["meta"]["engine"] == "local"
+
+
+def test_execute_json_keys_check_and_plots(files) -> None:
+    d = files["dir"]
+    res = run("execute", files["graph"], "-a", files["a"], "-c", files["cal"], "--repeats", 2, "--check",
+              "--gantt", d / "g.png", "--trace", d / "t.json", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    for key in ("makespan_s", "makespans_s", "simulated_makespan_s"):
+        assert key in out
+    assert len(out["makespans_s"]) == 2 and out["outputs_match"] is True
+    assert (d / "g.png").stat().st_size > 1000
+    assert json.loads((d / "t.json").read_text())["mode"] == "engine:local"
+
+
+def test_execute_human_output_without_cluster(files) -> None:
+    res = run("execute", files["graph"], "-a", files["a"], "--devices", 2, "--repeats", 1)
+    assert res.exit_code == 0, res.output
+    assert "measured makespan" in res.output and "simulated" in res.output
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--engine", "mpi"], "unknown engine"),
+        (["--repeats", "0"], "repeats"),
+        (["--devices", "3", "-c", "CAL"], "does not match"),
+        (["--timeout", "-1"], "timeout"),
+    ],
+)
+def test_execute_bad_options_exit_2(files, extra, needle) -> None:
+    extra = [str(files["cal"]) if x == "CAL" else x for x in extra]
+    res = run("execute", files["graph"], "-a", files["a"], *extra)
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+
+
+def test_execute_wrong_assignment_exit_2(files) -> None:
+    res = run("execute", files["graph"], "-a", files["short"])
+    assert res.exit_code == 2 and "short.json" in res.output
+
+
+def test_validate_json_and_plot(files) -> None:
+    d = files["dir"]
+    res = run("validate", files["graph"], "-c", files["cal"], "--n", 5, "--repeats", 2, "--plot", d / "v.png",
+              "-o", d / "v.json", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    for key in ("spearman", "mean_abs_pct_error", "max_abs_pct_error", "bias_pct", "retest_spearman", "n"):
+        assert key in out
+    assert out["n"] == 5
+    assert (d / "v.png").stat().st_size > 1000
+    assert len(json.loads((d / "v.json").read_text())["assignments"]) == 5
+    bad = run("validate", files["graph"], "-c", files["cal"], "--n", 1)
+    assert bad.exit_code == 2 and "--n" in bad.output
+
+
+def test_train_with_a_real_stage(files) -> None:
+    out_dir = files["dir"] / "run"
+    res = run("train", files["graph"], "-c", files["cal"], "--stages", "il,sim,real", "--il-episodes", 16,
+              "--episodes", 16, "--real-episodes", 16, "-o", out_dir, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["real_episodes"] == 16
+    g = out["graphs"][0]
+    assert g["greedy_measured_makespan_s"] > 0 and g["best_makespan_s"] > 0
+    import torch
+
+    ck = torch.load(out_dir / "checkpoint.pt", weights_only=True)
+    assert ck["real_episode"] == 16
+    hist = json.loads(ck["history"])
+    assert any(h.get("stage_real") for h in hist)

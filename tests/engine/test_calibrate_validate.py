@@ -1,0 +1,104 @@
+"""Calibration recovers known costs; validation and the engine oracle run end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from doppler import workloads
+from doppler.engine import EngineError
+from doppler.engine.calibrate import calibrate, calibration_graph, fit_cluster
+from doppler.engine.oracle import EngineOracle
+from doppler.engine.validate import validate, validation_assignments
+from doppler.graph import OpKind
+from doppler.hardware import Cluster, cluster
+from doppler.simulate import simulate
+
+
+def test_calibration_graph_has_every_workload_kind() -> None:
+    g = calibration_graph((16, 32))
+    used = set()
+    for name in ("chainmm", "ffnn", "llama_block", "llama_layer"):
+        used |= set(workloads.build(name, size="tiny").kind_labels())
+    assert used <= set(g.kind_labels())
+    assert g.meta["workload"] == "calibration"
+
+
+def test_fit_cluster_recovers_the_costs_of_a_simulated_run() -> None:
+    """Traces made by the simulator on a known cluster fit back to that cluster's numbers."""
+    g = calibration_graph((16, 32, 64))
+    rates = {"matmul": 5e9, "add": 7e8, "softmax": 1e9}
+    over = {"matmul": 3e-5, "add": 1e-5, "softmax": 2e-5}
+    from doppler.hardware import Device
+
+    devs = [Device(f"cpu{d}", kind="cpu", flops_per_s=2e9, flops_per_s_by_kind=rates, overhead_s=4e-6,
+                   overhead_s_by_kind=over) for d in range(2)]  # fmt: skip
+    bw = np.array([[np.inf, 3e9], [4e9, np.inf]])
+    lat = np.array([[0.0, 5e-5], [6e-5, 0.0]])
+    truth = Cluster("truth", devs, bw, lat)
+    rng = np.random.default_rng(0)
+    traces = [
+        simulate(g, truth, rng.integers(0, 2, g.num_ops), trace=True, link_contention=True).trace for _ in range(3)
+    ]
+    fit = fit_cluster(g, traces, 2).cluster
+    # the simulator has no dispatch gaps, so the fitted fixed times are the kernels' own
+    for label in rates:
+        k = OpKind.parse(label).value
+        assert fit.throughput_matrix()[k, 0] == pytest.approx(rates[label], rel=1e-6)
+        assert fit.overhead_matrix()[k, 1] == pytest.approx(over[label], rel=1e-6, abs=1e-12)
+    assert fit.bandwidth_Bps[0, 1] == pytest.approx(3e9, rel=1e-6)
+    assert fit.latency_s[1, 0] == pytest.approx(6e-5, rel=1e-6)
+    back = Cluster.from_json(fit.to_json())  # the overheads survive the file format
+    a = rng.integers(0, 2, g.num_ops)
+    assert simulate(g, back, a).makespan_s == pytest.approx(simulate(g, truth, a).makespan_s, rel=1e-6)
+
+
+def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
+    res = calibrate(2, sizes=(32, 64), runs=1)
+    path = tmp_path / "cal.json"
+    res.cluster.save(path)
+    cl = cluster(str(path))
+    assert cl.num_devices == 2 and all(d.kind == "cpu" for d in cl.devices)
+    assert res.dispatch_s >= 0 and res.kernel_fits and res.link_fits
+    assert np.isfinite(cl.bandwidth_Bps[0, 1]) and cl.latency_s[0, 1] >= 0
+    g = workloads.build("ffnn", size="tiny")
+    assert simulate(g, cl, np.arange(g.num_ops) % 2).makespan_s > 0
+    with pytest.raises(EngineError, match="multiple of 4"):
+        calibrate(2, sizes=(30,), runs=1)
+
+
+def test_validation_assignments_are_distinct_and_span_the_baselines() -> None:
+    g = workloads.build("ffnn", size="tiny")
+    cl = cluster("cpu4:2")
+    cases = validation_assignments(g, cl, 16, seed=0)
+    assert len(cases) == 16
+    assert len({c[1].tobytes() for c in cases}) == 16
+    labels = [c[0] for c in cases]
+    names = {part for label in labels if "~" not in label for part in label.split("=")}
+    assert {"single", "round_robin", "critical_path", "heft", "random"} <= names  # agreeing methods share a case
+    assert any("~" in label for label in labels)  # perturbations fill the rest
+
+
+def test_validate_end_to_end_reports_the_agreement() -> None:
+    g = workloads.build("ffnn", size="tiny")
+    cl = cluster("cpu4:2")
+    res = validate(g, cl, n=6, repeats=2, seed=0)
+    js = res.to_json()
+    for key in ("spearman", "mean_abs_pct_error", "max_abs_pct_error", "bias_pct", "retest_spearman", "n"):
+        assert key in js
+    assert js["n"] == 6 and len(js["assignments"]) == 6
+    assert all(len(r["measured_repeats_s"]) == 2 for r in res.rows)
+    assert res.max_abs_pct_error >= res.mean_abs_pct_error >= 0
+    sim = np.array([r["simulated_s"] for r in res.rows])
+    meas = np.array([r["measured_s"] for r in res.rows])
+    assert res.bias_pct == pytest.approx(float(np.mean((sim - meas) / meas) * 100))
+
+
+def test_engine_oracle_measures_a_batch() -> None:
+    g = workloads.build("ffnn", size="tiny")
+    oracle = EngineOracle(g, cluster("cpu4:2"))
+    mk = oracle.evaluate(np.stack([np.zeros(g.num_ops, np.int64), np.arange(g.num_ops) % 2]))
+    assert mk.shape == (2,) and (mk > 0).all()
+    assert oracle.calls == 1 and oracle.runs == 2
+    with pytest.raises(EngineError, match="shape"):
+        oracle.evaluate(np.zeros((1, 3), np.int64))

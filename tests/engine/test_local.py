@@ -1,0 +1,173 @@
+"""The local engine: outputs equal the untiled computation, traces obey the WC contract, faults never hang."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from doppler import workloads
+from doppler.assignment import AssignmentError
+from doppler.baselines import assign
+from doppler.engine import EngineError, build_program, run
+from doppler.graph import DataflowGraph
+from doppler.hardware import cluster
+
+WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
+
+
+def _assignments(g: DataflowGraph, num_devices: int) -> dict[str, np.ndarray]:
+    cl = cluster(f"cpu4:{num_devices}")
+    return {
+        "single": np.zeros(g.num_ops, np.int64),
+        "round_robin": np.arange(g.num_ops) % num_devices,
+        "critical_path": assign(g, cl, "critical_path").devices,
+        "random": np.random.default_rng(1).integers(0, num_devices, g.num_ops),
+    }
+
+
+def check_trace(g: DataflowGraph, tr, num_devices: int) -> None:
+    """The WC contract on a measured trace (DESIGN.md §5), up to clock resolution."""
+    eps = 1e-9
+    n = g.num_ops
+    assert (tr.op_end >= tr.op_start - eps).all()
+    assert (tr.op_start >= tr.op_ready - eps).all()
+    for d in range(num_devices):  # one op at a time per device
+        ops = np.flatnonzero(tr.op_device == d)
+        ops = ops[np.argsort(tr.op_start[ops])]
+        assert (tr.op_start[ops[1:]] >= tr.op_end[ops[:-1]] - eps).all()
+    arrival = tr.arrival_s(g)
+    need = set()
+    for v in range(n):
+        d = int(tr.op_device[v])
+        for u in g.predecessors(v):
+            u = int(u)
+            if int(tr.op_device[u]) != d:
+                need.add((u, d))
+            assert tr.op_ready[v] >= arrival[(u, d)] - eps  # ready only after every input arrived
+    got = list(zip(tr.tr_src_op.tolist(), tr.tr_dst_device.tolist()))
+    assert len(got) == len(set(got)) and set(got) == need  # one transfer per (op, remote device)
+    assert (tr.tr_start >= tr.op_end[tr.tr_src_op] - eps).all()
+    assert (tr.tr_end >= tr.tr_start - eps).all()
+    assert tr.makespan_s == pytest.approx(tr.op_end.max())
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_outputs_equal_untiled_numpy_tiny_float64(name: str) -> None:
+    g = workloads.build(name, size="tiny")
+    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    ref = workloads.reference(g, x)
+    prog = build_program(g, inputs=x, dtype=np.float64)
+    for label, dev in _assignments(g, 3).items():
+        res = run(g, dev, num_devices=3, program=prog)
+        for k in ref:
+            np.testing.assert_allclose(res.outputs[k], ref[k], rtol=1e-10, atol=1e-12, err_msg=f"{name}/{label}/{k}")
+        check_trace(g, res.trace, 3)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_outputs_equal_untiled_numpy_small_float32(name: str) -> None:
+    """The issue's sizes: every workload at size=small, in the graph's own float32, on 2 devices."""
+    g = workloads.build(name, size="small")
+    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    ref = workloads.reference(g, x)
+    prog = build_program(g, inputs=x)
+    assert prog.dtype == np.float32
+    for label, dev in _assignments(g, 2).items():
+        res = run(g, dev, num_devices=2, program=prog)
+        for k in ref:
+            scale = float(np.abs(ref[k]).max())
+            np.testing.assert_allclose(res.outputs[k], ref[k], rtol=1e-3, atol=1e-4 * scale, err_msg=f"{name}/{label}/{k}")
+        check_trace(g, res.trace, 2)
+
+
+def test_repeats_keep_every_makespan_and_take_the_median() -> None:
+    g = workloads.build("ffnn", size="tiny")
+    res = run(g, np.arange(g.num_ops) % 2, num_devices=2, repeats=3, warmup=1)
+    assert len(res.makespans_s) == 3 and all(m > 0 for m in res.makespans_s)
+    assert res.makespan_s == pytest.approx(float(np.median(res.makespans_s)))
+    assert res.trace.makespan_s in res.makespans_s  # the median run's trace
+    assert res.to_json()["makespans_s"] == res.makespans_s
+
+
+def test_cost_only_graph_runs_synthetic_kernels_sized_by_the_cluster() -> None:
+    g = workloads.build("random", num_ops=12, width=4, seed=3)
+    cl = cluster("unit:2")
+    comp = cl.compute_time_s(g)[:, 0]
+    scale = 0.004 / comp.max()  # the longest op lasts 4 ms
+    dev = np.arange(g.num_ops) % 2
+    res = run(g, dev, cluster=cl, time_scale=scale)
+    check_trace(g, res.trace, 2)
+    dur = res.trace.op_end - res.trace.op_start
+    longest = int(np.argmax(comp))
+    assert dur[longest] >= 0.5 * comp[longest] * scale  # the spin really ran (a loose bound: timing is noisy)
+    assert res.outputs == {}
+    with pytest.raises(EngineError, match="cost-only graph"):
+        run(g, dev, num_devices=2)
+
+
+def _thread_count() -> int:
+    return sum(t.name.startswith("doppler-") for t in threading.enumerate())
+
+
+def test_kernel_failure_names_op_and_device_and_cleans_up() -> None:
+    g = workloads.build("ffnn", size="tiny")
+    prog = build_program(g, dtype=np.float64)
+    bad = next(v for v in range(g.num_ops) if prog.specs[v]["kernel"] == "map")
+    good_specs = prog.specs
+    prog.specs = copy.deepcopy(good_specs)
+    prog.specs[bad]["fn"] = "no_such_fn"
+    dev = np.arange(g.num_ops) % 2
+    with pytest.raises(EngineError, match=rf"op {bad}\b.*on device {dev[bad]} failed.*no_such_fn"):
+        run(g, dev, num_devices=2, program=prog, timeout_s=30)
+    assert _thread_count() == 0
+    prog.specs = good_specs  # the process runs the next graph
+    assert run(g, dev, num_devices=2, program=prog).makespan_s > 0
+
+
+def test_timeout_stops_the_run_names_what_ran_and_next_run_works() -> None:
+    g = workloads.build("random", num_ops=6, width=2, seed=0)
+    cl = cluster("unit:2")
+    scale = 0.5 / cl.compute_time_s(g).min()  # every op spins >= 0.5 s
+    t0 = time.perf_counter()
+    with pytest.raises(EngineError, match=r"timeout of 0.2 s .* running: op \d+ on device \d"):
+        run(g, np.zeros(g.num_ops, np.int64), cluster=cl, time_scale=scale, timeout_s=0.2)
+    assert time.perf_counter() - t0 < 10
+    time.sleep(1.0)  # the abandoned spin finishes; its thread sees the stop and exits
+    assert _thread_count() == 0
+    small = workloads.build("ffnn", size="tiny")
+    assert run(small, np.zeros(small.num_ops, np.int64), num_devices=1).makespan_s > 0
+
+
+def test_bad_requests_are_clear_errors() -> None:
+    g = workloads.build("ffnn", size="tiny")
+    n = g.num_ops
+    with pytest.raises(AssignmentError, match="entries"):
+        run(g, [0] * (n - 1), num_devices=2)
+    with pytest.raises(AssignmentError, match="device 5"):
+        run(g, [5] * n, num_devices=2)
+    with pytest.raises(EngineError, match="unknown engine"):
+        run(g, [0] * n, engine="mpi")
+    with pytest.raises(EngineError, match="repeats"):
+        run(g, [0] * n, repeats=0)
+    with pytest.raises(EngineError, match="timeout_s"):
+        run(g, [0] * n, timeout_s=float("nan"))
+    with pytest.raises(EngineError, match="at most"):
+        run(g, [0] * n, num_devices=10_000)
+
+
+def test_repeated_runs_do_not_leak_memory() -> None:
+    psutil = pytest.importorskip("psutil")
+    g = workloads.build("ffnn", size="small")
+    prog = build_program(g)
+    dev = np.arange(g.num_ops) % 2
+    for _ in range(10):
+        run(g, dev, num_devices=2, program=prog, keep_outputs=False)
+    before = psutil.Process().memory_info().rss
+    for _ in range(50):
+        run(g, dev, num_devices=2, program=prog, keep_outputs=False)
+    grown_mb = (psutil.Process().memory_info().rss - before) / 1e6
+    assert grown_mb < 40, f"RSS grew by {grown_mb:.1f} MB over 50 runs"
