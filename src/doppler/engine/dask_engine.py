@@ -1,0 +1,816 @@
+"""The Dask engine: one single-threaded ``dask.distributed`` worker per device.
+
+:func:`run_dask` executes a :class:`~doppler.engine.program.PlacedProgram` on a
+Dask cluster and returns one :class:`~doppler.trace.Trace` per repeat (mode
+``"engine:dask"``), like the local engine (:mod:`doppler.engine.local`).
+
+Cluster
+    ``scheduler="tcp://host:port"`` connects to a running scheduler, which must
+    have at least ``num_devices`` workers; **device ``d`` is the ``d``-th worker
+    in sorted (lexicographic) address order**; extra workers get no work. Each
+    worker should run one thread (``--nthreads 1``) with one BLAS thread
+    (``OMP_NUM_THREADS=1``), and doppler must be importable on the scheduler
+    and the workers. Without a scheduler a ``LocalCluster`` on 127.0.0.1 is
+    started, with ``num_devices`` worker processes of one thread each, one BLAS
+    thread each, work stealing, the active memory manager, the profiler and
+    memory limits (spilling) off. It is cached per device count for the life of
+    the process (repeated runs do not pay start-up) until :func:`close_clusters`
+    (registered with :mod:`atexit`). A failed run discards its cluster (or its
+    client, for an external scheduler), so the next run gets a healthy one.
+
+Execution
+    Input tiles are scattered to their device's worker before the clock starts
+    (a tile used on two devices is placed on both, as in
+    :meth:`~doppler.engine.program.Program.place`). Every op is one task pinned
+    to its device's worker (``workers=[addr], allow_other_workers=False``),
+    with a unique key per repeat, ``pure=False`` and the static priority
+    ``-op_id``. **Dask does not run ready tasks in FIFO order**: a worker with
+    several ready tasks queued runs the one of highest priority, here the
+    lowest op id (the simulator's ``simulate(..., dispatch="priority")``); a
+    task that reaches an idle worker starts at once. **Inputs are fetched
+    lazily**: a worker fetches an op's remote inputs only once the scheduler
+    has seen all of them finish and hands it the op, so a transfer starts when
+    its consumer becomes runnable, not when its producer finishes (we do not
+    push outputs eagerly); a worker fetches each remote output once for all
+    its consumers. Every dependent op also pays a scheduler round trip (the
+    producer's completion goes to the scheduler, which dispatches the
+    consumer): see :func:`measure_overhead`.
+
+    The whole graph is submitted before the clock starts, behind a gate: first
+    one gate task per worker thread, pinned there, which blocks the thread on
+    the run's ``distributed.Event``; once every gate is executing, every op is
+    submitted, and once the scheduler holds them all and every source op (no
+    op predecessors) sits in its worker's ready queue, behind the gate, the
+    event is set. Each worker then starts its sources in priority order, with
+    no scheduler round trip. (Gating the sources through a dummy argument
+    instead would hand them to an idle worker one message at a time, in the
+    scheduler's set order, not by priority.)
+
+Timings
+    Op times are the ``"compute"`` intervals of Dask's task stream (the
+    scheduler's ``TaskStreamPlugin``, through ``distributed.get_task_stream``).
+    Transfers come from each worker's incoming-transfer log
+    (``Worker.transfer_incoming_log``, which names the keys each fetch moved,
+    unlike the task stream's ``"transfer"`` entries, which are attached to one
+    consumer only). Every time is in seconds from **the moment the first gate
+    task finished** (the earliest gate ``"compute"`` stop, on the scheduler's
+    clock, as every task-stream time): what happens before -- scatter,
+    submission, the event's round trip -- is set-up, outside the makespan;
+    ``timeout_s`` counts from the moment the event is set. Dask reports worker times on the scheduler's clock by adding an
+    estimated offset that jitters by milliseconds; the workers of our
+    LocalCluster share the scheduler's host and clock, so they report their
+    raw clock (offset 0) and their times are exact. For an external scheduler
+    the times are Dask's estimates.
+
+    The trace: ``op_start``/``op_end`` from ``"compute"``; ``op_ready`` = the
+    latest arrival of an input on the op's device (the producer's end on the
+    same device, else the end of the fetch that brought it there; a fetch
+    missing from the log counts as the producer's end); a source op is ready
+    when its device's gate finished (~0). One transfer per (producer op,
+    destination device) that Dask actually moved (the first fetch if it moved
+    one twice), sorted by (producer, destination); ``tr_src_device`` is the
+    worker it came from, ``tr_bytes`` the graph's ``output_bytes``.
+
+Failures never hang: a kernel that raises stops the run with an
+:class:`~doppler.engine.program.EngineError` naming the op and device; a worker
+that dies (its address leaves the scheduler) with one naming the device; a run
+past ``timeout_s`` with one naming what was running. The futures are cancelled,
+the gate released and the cluster discarded (a LocalCluster is closed, its
+processes killed; an external scheduler only loses our client). Outputs are
+gathered to this process only for real kernels (a synthetic program's outputs
+are filler bytes, never gathered).
+
+:func:`measure_overhead` times a chain of no-op ops on one device: Dask's cost
+per dependent op (the producer's completion reaching the scheduler, the
+consumer's dispatch to the worker); ``benchmarks/dask_overhead.py`` prints it
+next to the local engine's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask
+import numpy as np
+from distributed import Client, Event, LocalCluster, Nanny, Worker, get_task_stream, wait
+
+from doppler.engine.program import EngineError, PlacedProgram, Program, synthetic_kernel
+from doppler.kernels import run_op_numpy
+from doppler.trace import Trace
+
+__all__ = ["close_clusters", "local_client", "measure_overhead", "run_dask"]
+
+#: how often a running graph is checked for dead workers (seconds)
+POLL_S = 0.2
+#: wait for the first of at most this many unfinished sinks; more: wait for all, POLL_S at a time
+MAX_FIRST_COMPLETED = 64
+#: longest wait for a LocalCluster to start, a client to connect, the set-up of a run (seconds)
+SETUP_TIMEOUT_S = 60.0
+#: how long to wait for an external scheduler to have enough workers (seconds)
+WORKER_WAIT_S = 2.0
+#: how long a failed run's cluster gets to close (seconds)
+CLOSE_TIMEOUT_S = 10.0
+#: ops of the no-op chain behind ``info["overhead_per_op_s"]`` (measured once per cluster)
+OVERHEAD_CHAIN_OPS = 40
+#: tolerance when matching a re-fetched input to the op that used it (seconds)
+_EPS = 1e-6
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# ------------------------------------------------------------------ worker-side code (module level, picklable)
+class DaskOpError(RuntimeError):
+    """Raised inside a worker by an op whose kernel failed; the message names the op and device."""
+
+
+class _RealOp:
+    """Task callable of a real op: ``run_op_numpy`` on its own spec (the Program is not shipped)."""
+
+    __slots__ = ("spec", "label", "dtype", "device")
+
+    def __init__(self, spec: dict[str, Any], label: str, dtype: Any, device: int) -> None:
+        self.spec, self.label, self.dtype, self.device = spec, label, dtype, device
+
+    def __call__(self, *arrays: np.ndarray) -> np.ndarray:
+        try:
+            return run_op_numpy(self.spec, arrays, label=self.label, dtype=self.dtype)
+        except Exception as e:  # noqa: BLE001 - any kernel failure stops the run with a clear message
+            raise DaskOpError(f"op {self.label} on device {self.device} failed: {type(e).__name__}: {e}") from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_RealOp, (self.spec, self.label, self.dtype, self.device))
+
+
+class _SynthOp:
+    """Task callable of a synthetic op: spin ``seconds``, write ``nbytes`` (inputs are received, unused)."""
+
+    __slots__ = ("seconds", "nbytes", "v", "label", "device")
+
+    def __init__(self, seconds: float, nbytes: int, v: int, label: str, device: int) -> None:
+        self.seconds, self.nbytes, self.v, self.label, self.device = seconds, nbytes, v, label, device
+
+    def __call__(self, *args: Any) -> np.ndarray:
+        try:
+            return synthetic_kernel(self.seconds, self.nbytes, self.v)
+        except Exception as e:  # noqa: BLE001
+            raise DaskOpError(f"op {self.label} on device {self.device} failed: {type(e).__name__}: {e}") from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_SynthOp, (self.seconds, self.nbytes, self.v, self.label, self.device))
+
+
+def _gate(name: str, timeout: float) -> None:
+    """Hold this worker's thread until the run's event is set (then the clock starts)."""
+    if not Event(name).wait(timeout):
+        raise TimeoutError(f"gate {name} was never opened")
+    return None
+
+
+def _warm_worker(dask_worker: Any = None) -> float:
+    """Import the kernels, compile the synthetic spin and pin BLAS to one thread, before any clock starts."""
+    from threadpoolctl import threadpool_limits
+
+    from doppler.engine.program import spin_rate_per_s
+
+    threadpool_limits(limits=1)  # not a context: stays in force in this worker process
+    synthetic_kernel(0.0, 8, 0)
+    return spin_rate_per_s()
+
+
+def _incoming_transfers(
+    prefix: str, since: float, dask_worker: Any = None
+) -> list[tuple[float, float, str, list[str]]]:
+    """This worker's fetches of keys starting with ``prefix`` that ended after ``since``:
+    (start, stop, source worker, keys). The log is read from its newest entry back."""
+    out = []
+    log = dask_worker.transfer_incoming_log
+    for i in range(len(log) - 1, -1, -1):
+        rec = log[i]
+        if float(rec["stop"]) < since:
+            break
+        keys = [k for k in rec.get("keys", ()) if isinstance(k, str) and k.startswith(prefix)]
+        if keys:
+            out.append((float(rec["start"]), float(rec["stop"]), str(rec.get("who", "")), keys))
+    return out
+
+
+def _worker_task_states(keys: list[str], dask_worker: Any = None) -> dict[str, str]:
+    """The state of each of ``keys`` that this worker holds (e.g. ``"executing"``, ``"ready"``)."""
+    tasks = dask_worker.state.tasks
+    return {k: str(tasks[k].state) for k in keys if k in tasks}
+
+
+def _scheduler_known(keys: list[str], dask_scheduler: Any = None) -> int:
+    """How many of ``keys`` the scheduler holds."""
+    return sum(1 for k in keys if k in dask_scheduler.tasks)
+
+
+def _scheduler_executing(prefix: str, dask_scheduler: Any = None) -> dict[str, list[str]]:
+    """Per worker, the keys with ``prefix`` it reported executing (else those assigned to it)."""
+    out: dict[str, list[str]] = {}
+    for addr, ws in dask_scheduler.workers.items():
+        keys = [ts.key for ts in getattr(ws, "executing", {}) if str(ts.key).startswith(prefix)]
+        if not keys:
+            keys = sorted(ts.key for ts in ws.processing if str(ts.key).startswith(prefix))[:1]
+        out[addr] = keys
+    return out
+
+
+class SameHostWorker(Worker):
+    """A worker on the scheduler's host: it reports raw clock times (no estimated clock offset)."""
+
+    @property  # type: ignore[override]
+    def scheduler_delay(self) -> float:
+        return 0.0
+
+    @scheduler_delay.setter
+    def scheduler_delay(self, value: float) -> None:
+        pass
+
+
+class SameHostNanny(Nanny):
+    """The nanny of a :class:`SameHostWorker` (what our LocalCluster starts)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["worker_class"] = SameHostWorker
+        super().__init__(*args, **kwargs)
+
+
+# ------------------------------------------------------------------ connections
+@dataclass
+class _Conn:
+    client: Any
+    cluster: Any  # a LocalCluster we own, or None for an external scheduler
+    workers: list[str]  # sorted addresses (device d = workers[d] for d < num_devices)
+    key: tuple[str, Any]
+    threads: dict[str, int] = field(default_factory=dict)
+    overhead_s: float | None = None
+
+
+_CONNS: dict[tuple[str, Any], _Conn] = {}
+_LOCK = threading.RLock()
+_RUN_IDS = itertools.count()
+
+
+def _local_config() -> dict[str, Any]:
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
+    env.update(_ONE_THREAD)
+    return {
+        "distributed.scheduler.work-stealing": False,
+        "distributed.scheduler.active-memory-manager.start": False,
+        "distributed.worker.profile.enabled": False,
+        "distributed.admin.low-level-log-length": 100_000,
+        "distributed.nanny.pre-spawn-environ": env,
+    }
+
+
+def _open(scheduler: str | None, num_devices: int) -> _Conn:
+    key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
+    cluster = client = None
+    try:
+        if scheduler is None:
+            with dask.config.set(_local_config()):
+                cluster = LocalCluster(
+                    n_workers=num_devices,
+                    threads_per_worker=1,
+                    processes=True,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                    memory_limit=0,
+                    worker_class=SameHostNanny,
+                    env=dict(_ONE_THREAD),
+                    scheduler_kwargs={"dashboard_address": ":0"},  # no fixed port (dashboard itself off)
+                )
+                client = Client(cluster, set_as_default=False, timeout=SETUP_TIMEOUT_S)
+        else:
+            client = Client(scheduler, set_as_default=False, timeout=SETUP_TIMEOUT_S)
+        try:
+            client.wait_for_workers(num_devices, timeout=SETUP_TIMEOUT_S if cluster is not None else WORKER_WAIT_S)
+        except TimeoutError:
+            pass  # counted below
+        threads = {str(a): int(t) for a, t in client.nthreads().items()}
+        workers = sorted(threads)
+        if len(workers) < num_devices:
+            raise EngineError(f"the Dask scheduler has {len(workers)} workers, {num_devices} devices need as many")
+        client.run(_warm_worker, workers=workers)
+        client.get_task_stream(count=0)  # installs the scheduler's task-stream plugin
+        return _Conn(client, cluster, workers, key, threads)
+    except EngineError:
+        _close(client, cluster)
+        raise
+    except Exception as e:  # noqa: BLE001
+        _close(client, cluster)
+        where = "a LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
+        raise EngineError(f"could not start or reach {where}: {type(e).__name__}: {e}") from e
+
+
+def _close(client: Any, cluster: Any) -> None:
+    for obj in (client, cluster):
+        if obj is None:
+            continue
+        try:
+            obj.close(timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a broken cluster may not close cleanly; it is abandoned
+            pass
+
+
+def _get_conn(scheduler: str | None, num_devices: int) -> _Conn:
+    key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
+    with _LOCK:
+        conn = _CONNS.get(key)
+        if conn is not None and conn.client.status != "running":
+            _discard(conn)
+            conn = None
+        if conn is not None and len(conn.workers) < num_devices:  # an external cluster may have grown since
+            _discard(conn)
+            conn = None
+        if conn is None:
+            conn = _open(scheduler, num_devices)
+            _CONNS[key] = conn
+        return conn
+
+
+def _discard(conn: _Conn) -> None:
+    with _LOCK:
+        if _CONNS.get(conn.key) is conn:
+            del _CONNS[conn.key]
+    _close(conn.client, conn.cluster)
+
+
+def close_clusters() -> None:
+    """Close every cached LocalCluster and client (also run at interpreter exit)."""
+    with _LOCK:
+        conns = list(_CONNS.values())
+        _CONNS.clear()
+    for conn in conns:
+        _close(conn.client, conn.cluster)
+
+
+atexit.register(close_clusters)
+
+
+def local_client(num_devices: int) -> Any:
+    """The cached ``distributed.Client`` of the LocalCluster for ``num_devices`` devices (started if needed)."""
+    return _get_conn(None, num_devices).client
+
+
+# ------------------------------------------------------------------ one run
+def _task_callables(placed: PlacedProgram) -> list[Any]:
+    prog = placed.program
+    g = prog.graph
+    dev = placed.devices
+    out: list[Any] = []
+    for v in range(g.num_ops):
+        d = int(dev[v])
+        if prog.is_synthetic:
+            seconds = float(prog.synthetic_s[v, d])  # type: ignore[index]
+            out.append(_SynthOp(seconds, int(g.output_bytes[v]), v, prog.label(v), d))
+        else:
+            out.append(_RealOp(prog.specs[v], prog.label(v), prog.dtype, d))  # type: ignore[index]
+    return out
+
+
+def _failure_message(futs: list[Any], placed: PlacedProgram) -> str | None:
+    """The message of the first failed op future, if any."""
+    for v, f in enumerate(futs):
+        if f.status == "error":
+            try:
+                exc = f.exception(timeout=5)
+            except Exception as e:  # noqa: BLE001
+                exc = e
+            if isinstance(exc, DaskOpError):
+                return str(exc)
+            d = int(placed.devices[v])
+            return f"op {placed.program.label(v)} on device {d} failed: {type(exc).__name__}: {exc}"
+        if f.status == "cancelled":
+            d = int(placed.devices[v])
+            return f"op {placed.program.label(v)} on device {d} was cancelled by the Dask scheduler"
+    return None
+
+
+def _dead_devices(conn: _Conn, num_devices: int) -> list[int]:
+    live = set(conn.client.nthreads())
+    return [d for d in range(num_devices) if conn.workers[d] not in live]
+
+
+def _dead_message(conn: _Conn, dead: list[int]) -> str:
+    what = ", ".join(f"device {d} ({conn.workers[d]})" for d in dead)
+    return f"the Dask worker of {what} died during the run"
+
+
+def _timeout_message(conn: _Conn, futs: list[Any], placed: PlacedProgram, prefix: str, timeout_s: float) -> str:
+    n = len(futs)
+    left = sum(1 for f in futs if f.status != "finished")
+    busy: list[str] = []
+    try:
+        executing = conn.client.run_on_scheduler(_scheduler_executing, prefix)
+        for d in range(placed.num_devices):
+            for k in executing.get(conn.workers[d], []):
+                tail = str(k)[len(prefix) :]
+                if tail.isdigit():
+                    busy.append(f"op {placed.program.label(int(tail))} on device {d}")
+    except Exception:  # noqa: BLE001 - the message is best effort
+        pass
+    what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
+    return f"the run passed its timeout of {timeout_s:g} s with {left} of {n} ops unfinished{what}"
+
+
+def _await_workers(conn: _Conn, want: dict[int, list[str]], states: tuple[str, ...], what: str,
+                   num_devices: int, deadline: float) -> None:  # fmt: skip
+    """Wait until every key in ``want[d]`` is in one of ``states`` on device ``d``'s worker."""
+    want = {d: keys for d, keys in want.items() if keys}
+    if not want:
+        return
+    every = [k for keys in want.values() for k in keys]
+    addrs = [conn.workers[d] for d in want]
+    delay = 0.001
+    while True:
+        try:
+            got = conn.client.run(_worker_task_states, every, workers=addrs)
+        except Exception:  # noqa: BLE001 - a worker that cannot answer: dead, or a real error
+            dead = _dead_devices(conn, num_devices)
+            if dead:
+                raise EngineError(_dead_message(conn, dead)) from None
+            raise
+        if all(got.get(conn.workers[d], {}).get(k) in states for d, keys in want.items() for k in keys):
+            return
+        dead = _dead_devices(conn, num_devices)
+        if dead:
+            raise EngineError(_dead_message(conn, dead))
+        if time.monotonic() > deadline:
+            raise EngineError(f"set-up: {what} did not happen within {SETUP_TIMEOUT_S:g} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _await_scheduler(conn: _Conn, keys: list[str], deadline: float) -> None:
+    """Wait until the scheduler holds every one of ``keys``."""
+    delay = 0.001
+    while conn.client.run_on_scheduler(_scheduler_known, keys) < len(keys):
+        if time.monotonic() > deadline:
+            raise EngineError(f"set-up: the Dask scheduler did not take the graph within {SETUP_TIMEOUT_S:g} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _await_run(conn: _Conn, futs: list[Any], sinks: np.ndarray, placed: PlacedProgram, prefix: str,
+               timeout_s: float) -> None:  # fmt: skip
+    """Wait for every op; raise EngineError on a kernel failure, a dead worker or the timeout.
+
+    Only the sinks are waited on (every op precedes one, and a failure reaches
+    every sink downstream of it), to keep the client's work -- which shares an
+    event loop with our LocalCluster's scheduler -- small during the run.
+    """
+    client = conn.client
+    pending = {futs[int(v)] for v in sinks}
+    now = time.monotonic()
+    deadline = now + timeout_s
+    next_check = now + POLL_S
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise EngineError(_timeout_message(conn, futs, placed, prefix, timeout_s))
+        how = "FIRST_COMPLETED" if len(pending) <= MAX_FIRST_COMPLETED else "ALL_COMPLETED"
+        try:
+            with client.as_current():
+                wait(list(pending), timeout=min(POLL_S, remaining), return_when=how)
+        except TimeoutError:
+            pass
+        except Exception:  # noqa: BLE001 - a cancelled future: its status says what happened
+            pass
+        done = {f for f in pending if f.status != "pending"}
+        if any(f.status != "finished" for f in done):
+            raise EngineError(_failure_message(futs, placed) or "a Dask task failed")
+        pending -= done
+        if pending and time.monotonic() >= next_check:
+            dead = _dead_devices(conn, placed.num_devices)
+            if dead:
+                raise EngineError(_dead_message(conn, dead))
+            next_check = time.monotonic() + POLL_S
+    msg = _failure_message(futs, placed)
+    if msg:  # pragma: no cover - a finished sink implies finished ancestors
+        raise EngineError(msg)
+
+
+def _build_trace(
+    placed: PlacedProgram,
+    conn: _Conn,
+    records: list[dict[str, Any]],
+    fetches: dict[str, list[tuple[float, float, str, list[str]]]],
+    prefix: str,
+    gate_prefix: str,
+) -> Trace:
+    prog = placed.program
+    g = prog.graph
+    n, D = g.num_ops, placed.num_devices
+    dev = placed.devices
+    device_of = {conn.workers[d]: d for d in range(D)}
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    gate_end = np.full(D, np.nan)
+    for rec in records:
+        key = str(rec.get("key", ""))
+        comp = [s for s in rec.get("startstops", ()) if s.get("action") == "compute"]
+        if not comp:
+            continue
+        s0, s1 = float(comp[0]["start"]), float(comp[-1]["stop"])
+        if key.startswith(prefix) and key[len(prefix) :].isdigit():
+            v = int(key[len(prefix) :])
+            start[v], end[v] = s0, s1
+        elif key.startswith(gate_prefix):
+            d = int(key[len(gate_prefix) :].split("-")[0])
+            gate_end[d] = s1 if np.isnan(gate_end[d]) else max(gate_end[d], s1)
+    missing = np.flatnonzero(np.isnan(start))
+    if missing.size:
+        raise EngineError(
+            f"Dask's task stream lost the times of {missing.size} of {n} ops (e.g. op {prog.label(int(missing[0]))}); "
+            "raise distributed.scheduler.dashboard.tasks.task-stream-length"
+        )
+    t0 = float(np.nanmin(gate_end)) if np.isfinite(gate_end).any() else float(start.min())
+    gate_end = np.where(np.isfinite(gate_end), gate_end, t0)
+    start -= t0
+    end -= t0
+    gate_end -= t0
+    # every fetch of an op output onto a device: (end, start, source device)
+    arrivals: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    for addr, recs in fetches.items():
+        b = device_of.get(addr)
+        if b is None:
+            continue
+        for s0, s1, who, keys in recs:
+            a = device_of.get(who, -1)
+            for k in keys:
+                tail = k[len(prefix) :] if k.startswith(prefix) else ""
+                if tail.isdigit():
+                    u = int(tail)
+                    arrivals.setdefault((u, b), []).append((s1 - t0, s0 - t0, a if a >= 0 else int(dev[u])))
+    for lst in arrivals.values():
+        lst.sort()
+    ready = np.zeros(n)
+    for v in range(n):
+        d = int(dev[v])
+        preds = g.predecessors(v)
+        if preds.size == 0:
+            ready[v] = gate_end[d]
+            continue
+        r = 0.0
+        for u in preds:
+            u = int(u)
+            if int(dev[u]) == d:
+                t = end[u]
+            else:
+                lst = arrivals.get((u, d))
+                if not lst:
+                    t = end[u]
+                else:
+                    before = [a for a in lst if a[0] <= start[v] + _EPS]
+                    t = (before[-1] if before else lst[0])[0]
+            r = max(r, float(t))
+        ready[v] = r
+    moved = sorted(arrivals)
+    T = len(moved)
+    src = np.array([u for u, _ in moved], dtype=np.int64)
+    first = [arrivals[key][0] for key in moved]
+    return Trace(
+        op_device=dev.copy(),
+        op_ready=ready,
+        op_start=start,
+        op_end=end,
+        tr_src_op=src,
+        tr_src_device=np.array([f[2] for f in first], dtype=np.int64),
+        tr_dst_device=np.array([b for _, b in moved], dtype=np.int64),
+        tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
+        tr_start=np.array([f[1] for f in first], dtype=np.float64),
+        tr_end=np.array([f[0] for f in first], dtype=np.float64),
+        mode="engine:dask",
+    )
+
+
+def _run_once(
+    conn: _Conn,
+    placed: PlacedProgram,
+    calls: list[Any],
+    tile_futs: dict[int, Any],
+    *,
+    timeout_s: float,
+    keep_values: bool,
+) -> tuple[Trace, list[np.ndarray | None]]:
+    """One repeat: gates, then the graph, then open the gates and wait; the trace and (maybe) the outputs.
+
+    1. Each device worker's thread(s) are taken by a gate task blocked on the
+       run's ``Event``; we wait until every gate is executing.
+    2. Every op is submitted (pinned, priority ``-v``); we wait until the
+       scheduler holds them all and every source op sits in its worker's
+       ready queue, behind the gate.
+    3. The event is set: each worker runs its ready ops by priority.
+    """
+    client = conn.client
+    prog = placed.program
+    g = prog.graph
+    n, D = g.num_ops, placed.num_devices
+    dev = placed.devices
+    run_id = f"doppler-{uuid.uuid4().hex[:10]}-{next(_RUN_IDS)}"
+    prefix, gate_prefix = f"{run_id}-op", f"{run_id}-gate"
+    event = Event(run_id, client=client)
+    sources = np.flatnonzero(np.diff(g.pred_ptr) == 0)
+    sinks = np.flatnonzero(np.diff(g.succ_ptr) == 0)
+    gates: list[Any] = []
+    futs: list[Any] = [None] * n
+    ok = False
+    stream = get_task_stream(client=client)
+    stream.__enter__()
+    try:
+        deadline = time.monotonic() + SETUP_TIMEOUT_S
+        gate_timeout = SETUP_TIMEOUT_S + timeout_s
+        gate_keys: dict[int, list[str]] = {}
+        for d in range(D):
+            addr = conn.workers[d]
+            gate_keys[d] = [f"{gate_prefix}{d}-{i}" for i in range(max(1, conn.threads.get(addr, 1)))]
+            for key in gate_keys[d]:
+                gates.append(client.submit(_gate, run_id, gate_timeout, key=key, workers=[addr],
+                                           allow_other_workers=False, pure=False, priority=1 << 30))  # fmt: skip
+        _await_workers(conn, gate_keys, ("executing",), "the gate tasks starting", D, deadline)
+        for v in g.topo_order:
+            v = int(v)
+            d = int(dev[v])
+            args = [
+                tile_futs[id(tile)] if tile is not None else futs[o.op]
+                for o, tile in zip(prog.operands[v], placed.tile_operands[v])
+            ]
+            futs[v] = client.submit(calls[v], *args, key=f"{prefix}{v}", workers=[conn.workers[d]],
+                                    allow_other_workers=False, pure=False, priority=-v)  # fmt: skip
+        _await_scheduler(conn, [f.key for f in futs], deadline)
+        src_keys = {d: [f"{prefix}{int(v)}" for v in sources if int(dev[v]) == d] for d in range(D)}
+        _await_workers(conn, src_keys, ("ready", "constrained"), "the source ops reaching their workers", D, deadline)
+        event.set()
+        _await_run(conn, futs, sinks, placed, prefix, timeout_s)
+        ok = True
+    finally:
+        try:
+            event.set()  # release any gate still waiting, whatever happened
+        except Exception:  # noqa: BLE001
+            pass
+        if not ok:
+            try:
+                client.cancel([f for f in futs + gates if f is not None], force=True)
+            except Exception:  # noqa: BLE001
+                pass
+    stream.__exit__(None, None, None)
+    records = [r for r in stream.data if str(r.get("key", "")).startswith(run_id)]
+    gate_starts = [
+        float(ss["start"])
+        for r in records
+        if str(r.get("key", "")).startswith(gate_prefix)
+        for ss in r.get("startstops", ())
+        if ss.get("action") == "compute"
+    ]
+    since = min(gate_starts) - 1.0 if gate_starts else 0.0  # nothing of ours moved before the gates ran
+    fetches = _bounded(lambda: client.run(_incoming_transfers, prefix, since, workers=conn.workers[:D]),
+                       "collecting the workers' transfer logs")  # fmt: skip
+    trace = _build_trace(placed, conn, records, fetches, prefix, gate_prefix)
+    values: list[np.ndarray | None] = []
+    if keep_values and not prog.is_synthetic:
+        values = list(_bounded(lambda: client.gather(futs), "gathering the outputs"))
+    try:
+        event.clear()
+    except Exception:  # noqa: BLE001
+        pass
+    client.cancel(futs + gates)
+    return trace, values
+
+
+def _bounded(fn: Any, what: str, timeout_s: float = SETUP_TIMEOUT_S) -> Any:
+    """``fn()`` on a helper thread, an EngineError if it takes longer than ``timeout_s`` (a worker
+    that dies after the run but before its results are collected must not hang the caller)."""
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    th = threading.Thread(target=call, name="doppler-dask-collect", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise EngineError(f"Dask: {what} took longer than {timeout_s:g} s (a worker died after the run?)")
+    if "error" in box:
+        raise EngineError(f"Dask: {what} failed: {type(box['error']).__name__}: {box['error']}")
+    return box["value"]
+
+
+def run_dask(
+    placed: PlacedProgram,
+    *,
+    repeats: int,
+    timeout_s: float,
+    scheduler: str | None,
+    keep_values: bool,
+) -> tuple[list[Trace], list[np.ndarray | None], dict[str, Any]]:
+    """Run ``placed`` ``repeats`` times on Dask: (one trace per repeat, the last repeat's outputs, info).
+
+    ``values`` holds one array per op, gathered to this process only when
+    ``keep_values``. ``info``: the scheduler's address, the worker of each
+    device, whether the cluster is a LocalCluster started here, the threads
+    of each device's worker, and Dask's overhead per dependent op
+    (``overhead_per_op_s``: a chain of no-op ops, as :func:`measure_overhead`,
+    measured once per cluster). See the module docstring.
+    """
+    D = int(placed.num_devices)
+    conn = _get_conn(scheduler, D)
+    try:
+        if conn.overhead_s is None:
+            conn.overhead_s = _chain_overhead(conn, OVERHEAD_CHAIN_OPS)
+        prog = placed.program
+        g = prog.graph
+        calls = _task_callables(placed)
+        # device-local input tiles, scattered once to their worker, before any clock
+        per_device: dict[int, dict[int, np.ndarray]] = {}
+        for v in range(g.num_ops):
+            for tile in placed.tile_operands[v]:
+                if tile is not None:
+                    per_device.setdefault(int(placed.devices[v]), {})[id(tile)] = tile
+        tile_futs: dict[int, Any] = {}
+        for d, tiles in per_device.items():
+            scattered = conn.client.scatter(list(tiles.values()), workers=[conn.workers[d]], broadcast=False,
+                                            hash=False, timeout=SETUP_TIMEOUT_S)  # fmt: skip
+            tile_futs.update(zip(tiles, scattered))
+        traces: list[Trace] = []
+        values: list[np.ndarray | None] = []
+        for r in range(repeats):
+            trace, vals = _run_once(conn, placed, calls, tile_futs, timeout_s=timeout_s,
+                                    keep_values=keep_values and r == repeats - 1)  # fmt: skip
+            traces.append(trace)
+            if vals:
+                values = vals
+        if tile_futs:
+            conn.client.cancel(list(tile_futs.values()))
+    except EngineError:
+        _discard(conn)
+        raise
+    except Exception as e:  # noqa: BLE001 - a broken cluster is discarded, the error named
+        _discard(conn)
+        raise EngineError(f"the Dask run failed: {type(e).__name__}: {e}") from e
+    info = {
+        "scheduler": str(conn.client.scheduler.address),
+        "workers": list(conn.workers[:D]),
+        "local_cluster": conn.cluster is not None,
+        "threads_per_worker": [conn.threads.get(w, 0) for w in conn.workers[:D]],
+        "overhead_per_op_s": conn.overhead_s,
+    }
+    return traces, values, info
+
+
+# ------------------------------------------------------------------ overhead
+def _chain_program(num_ops: int, num_devices: int, op_seconds: float) -> Program:
+    from doppler.engine.program import build_program
+    from doppler.graph import DataflowGraph
+    from doppler.hardware import unit
+
+    g = DataflowGraph.from_arrays(np.ones(num_ops), np.full(num_ops, 8.0), np.arange(num_ops - 1),
+                                  np.arange(1, num_ops), name="noop-chain")  # fmt: skip
+    return build_program(g, cluster=unit(num_devices), time_scale=op_seconds)
+
+
+def _chain_overhead(conn: _Conn, num_ops: int, op_seconds: float = 0.0) -> float:
+    prog = _chain_program(num_ops, 1, op_seconds)
+    placed = prog.place(np.zeros(num_ops, dtype=np.int64), 1)
+    calls = _task_callables(placed)
+    best = float("inf")
+    for _ in range(2):
+        trace, _ = _run_once(conn, placed, calls, {}, timeout_s=SETUP_TIMEOUT_S + 2 * num_ops * op_seconds,
+                             keep_values=False)  # fmt: skip
+        kernels = float((trace.op_end - trace.op_start).sum())
+        best = min(best, (trace.makespan_s - kernels) / num_ops)
+    return best
+
+
+def measure_overhead(
+    num_devices: int = 1, *, num_ops: int = 200, op_seconds: float = 0.0, scheduler: str | None = None
+) -> float:
+    """Dask's time per dependent op (seconds): (makespan - kernel time) / ops of a chain on one worker.
+
+    The chain has ``num_ops`` synthetic ops of ``op_seconds`` each (writing 8
+    bytes) on device 0 of the cached cluster of ``num_devices`` devices, so
+    every op waits for the previous one: what is left beyond the kernels is the
+    per-op round trip -- the worker reports the finished producer to the
+    scheduler, which hands the consumer to the worker. Best of two runs.
+
+    With no-op kernels (the default) this is bounded below by the scheduler's
+    message batching: Dask sends to a worker at most once per 5 ms (and a
+    worker to the scheduler once per 2 ms), so a chain of very short ops pays
+    about 5 ms per op; ops longer than that pay only the round trip (about
+    3 ms on a 2-core machine). ``benchmarks/dask_overhead.py`` prints both.
+    """
+    conn = _get_conn(scheduler, int(num_devices))
+    try:
+        return _chain_overhead(conn, int(num_ops), float(op_seconds))
+    except Exception:
+        _discard(conn)
+        raise
