@@ -82,7 +82,11 @@ class TrainConfig:
     mlp_hidden: int = 128  # width of the heads' hidden layer
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
     real_episodes: int = 64  # Stage III episodes (each one a measured run on the engine)
-    real_lr: float = 3e-4  # Adam learning rate of Stage III (constant; no exploration beyond sampling)
+    real_lr: float = 3e-4  # Adam learning rate of Stage III (constant)
+    real_eps: float = 0.0  # epsilon-greedy exploration of Stage III (constant)
+    real_seed_methods: tuple[str, ...] = ("single", "metis", "critical_path")  # measured at the start of
+    # Stage III next to the best simulated assignment; the fastest measured one becomes the incumbent that
+    # the self-improvement term imitates (empty: only the simulator's best)
     engine: str = "local"  # Stage III engine: local | dask
     engine_repeats: int = 1  # runs per Stage III episode (the reward is their median)
     seed: int = 0
@@ -326,8 +330,8 @@ class Trainer:
         return stats
 
     def real_update(self) -> dict[str, float]:
-        """Stage III: the same update on makespans measured by the engine (constant lr, no epsilon)."""
-        stats = self._reinforce(self.cfg.real_lr, 0.0)
+        """Stage III: the same update on makespans measured by the engine (constant lr and epsilon)."""
+        stats = self._reinforce(self.cfg.real_lr, self.cfg.real_eps)
         self.real_episode += self.cfg.batch * len(self.tasks)
         return stats
 
@@ -346,6 +350,24 @@ class Trainer:
             task.baseline = None
             if task.best_assignment is not None:
                 task.best_makespan_s = float(task.oracle.evaluate(task.best_assignment[None, :])[0])
+            self._seed_real_incumbent(task)
+
+    def _seed_real_incumbent(self, task: Task) -> None:
+        """Measure the ``real_seed_methods`` baselines; a faster one replaces the incumbent (replayed
+        along the b-level order, as a non-critical_path teacher is)."""
+        from doppler.baselines import assign, get_method
+        from doppler.baselines.critical_path import critical_path_schedule
+
+        methods = [m for m in self.cfg.real_seed_methods if task.cluster.num_devices >= get_method(m).min_devices]
+        if not methods:
+            return
+        cands = np.stack([assign(task.graph, task.cluster, m, seed=self.cfg.seed).devices for m in methods])
+        mk = np.asarray(task.oracle.evaluate(cands), dtype=np.float64)
+        b = int(np.argmin(mk))
+        if mk[b] < task.best_makespan_s:
+            order = critical_path_schedule(task.graph, task.cluster)["order"]
+            task.best_makespan_s, task.best_assignment = float(mk[b]), cands[b]
+            task.best_order, task.best_step_device = order, cands[b][order]
 
     def _reinforce(self, lr: float, eps: float) -> dict[str, float]:
         """Sample ``batch`` episodes per graph, score them, then ``update_epochs`` gradient steps
@@ -584,6 +606,7 @@ class Trainer:
 def _config_json(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["stages"] = list(cfg.stages)
+    d["real_seed_methods"] = list(cfg.real_seed_methods)
     return d
 
 
@@ -591,6 +614,7 @@ def config_from_json(obj: dict[str, Any]) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     kw = {k: v for k, v in obj.items() if k in names}
     kw["stages"] = tuple(kw.get("stages", TrainConfig.stages))
+    kw["real_seed_methods"] = tuple(kw.get("real_seed_methods", TrainConfig.real_seed_methods))
     return TrainConfig(**kw)
 
 

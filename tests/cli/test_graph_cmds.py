@@ -110,6 +110,10 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         assert w["makespan_s"]["anneal"] <= min(w["makespan_s"][m] for m in ("critical_path", "heft", "enumerative"))
         assert Path(w["gantt_png"]).read_bytes()[:4] == b"\x89PNG"
         assert Path(w["graph_png"]).exists()
+    real = obj["engine"]  # the real-engine part: calibrated cluster, measured next to simulated
+    assert [r["method"] for r in real["rows"]] == ["single", "round_robin", "critical_path", "metis"]
+    assert all(r["measured_s"] > 0 and r["simulated_s"] > 0 for r in real["rows"])
+    assert Path(real["cluster"]).is_file() and Path(real["gantt_png"]).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_demo_rejects_bad_budget() -> None:

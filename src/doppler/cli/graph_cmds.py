@@ -164,6 +164,7 @@ def demo_cmd(
     cluster_name: str = typer.Option("p100x4", "--cluster", help="Cluster preset or JSON file."),
     train_episodes: int = typer.Option(1000, "--train-episodes", help="DOPPLER Stage II episodes per workload (0: skip DOPPLER)."),
     il_episodes: int = typer.Option(512, "--il-episodes", help="DOPPLER Stage I (imitation) episodes per workload."),
+    engine: bool = typer.Option(True, "--engine/--no-engine", help="Also calibrate the local engine and execute a small graph for real."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """End to end: train DOPPLER and run every baseline on the four paper workloads, simulate, draw the best schedules."""
@@ -226,8 +227,9 @@ def demo_cmd(
                                 "best_method": best["method"], "graph_png": str(picture), "gantt_png": str(chart),
                                 "doppler_train_s": train["train_s"] if train else None,
                                 "doppler_training_curve_png": str(train["training_curve"]) if train else None})
+        real = _engine_demo(out_dir, progress_console=err_console) if engine else None
         if json_out:
-            emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results})
+            emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results, "engine": real})
             return
         scale, unit = time_unit(min(r["lower_bound_s"] for r in results))
         table = Table(title=f"Simulated makespan ({unit}) on {cl.name}, work-conserving engine", caption="best per workload in green")
@@ -252,5 +254,56 @@ def demo_cmd(
         if train_episodes:
             console.print(f"doppler: imitation + {train_episodes} simulator-RL episodes per workload, greedy decode; "
                           f"checkpoints and training curves in {out_dir}/doppler_*/.", highlight=False)
+        if real is not None:
+            _print_engine_demo(real)
         console.print("next: doppler graph build llama_layer -o g.json && "
                       "doppler compare g.json --cluster p100x4 --methods critical_path,heft,anneal", highlight=False)
+
+
+ENGINE_DEMO_METHODS = ("single", "round_robin", "critical_path", "metis")
+
+
+def _engine_demo(out_dir: Path, progress_console) -> dict:
+    """Calibrate the local engine (2 CPU devices), then execute ``ffnn`` (size small) under a few
+    assignments for real, next to the simulator's prediction on the calibrated cluster."""
+    from rich.status import Status
+
+    from doppler import workloads
+    from doppler.baselines import assign
+    from doppler.engine import build_program, run
+    from doppler.engine.calibrate import calibrate
+    from doppler.report import gantt
+    from doppler.simulate import simulate
+
+    with Status("real engine: calibrating 2 CPU devices", console=progress_console):
+        cal = calibrate(2, runs=2)
+    cal_path = out_dir / "engine_cluster.json"
+    cal.cluster.save(cal_path)
+    graph = workloads.build("ffnn", size="small")
+    program = build_program(graph)
+    rows = []
+    for m in ENGINE_DEMO_METHODS:
+        with Status(f"real engine: executing ffnn (small) under {m}", console=progress_console):
+            a = assign(graph, cal.cluster, m)
+            res = run(graph, a, num_devices=2, program=program, repeats=3, warmup=1)
+        sim = simulate(graph, cal.cluster, a, link_contention=True).makespan_s
+        rows.append({"method": m, "measured_s": res.makespan_s, "simulated_s": sim, "trace": res.trace})
+    best = min(rows, key=lambda r: r["measured_s"])
+    chart = out_dir / f"ffnn_small_engine_gantt_{best['method']}.png"
+    gantt(graph, cal.cluster, best["trace"], chart, title=f"ffnn (small) measured on the local engine, {best['method']}")
+    return {"cluster": str(cal_path), "graph": f"ffnn (size=small, {graph.num_ops} ops)", "gantt_png": str(chart),
+            "rows": [{k: v for k, v in r.items() if k != "trace"} for r in rows]}
+
+
+def _print_engine_demo(real: dict) -> None:
+    from doppler.report import format_seconds
+
+    table = Table(title=f"Real engine: {real['graph']} on 2 local CPU devices (median of 3 runs)")
+    for col in ("method", "measured", "simulated (calibrated)", "error"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in real["rows"]:
+        err = (r["simulated_s"] - r["measured_s"]) / r["measured_s"] * 100
+        table.add_row(r["method"], format_seconds(r["measured_s"]), format_seconds(r["simulated_s"]), f"{err:+.0f}%")
+    console.print(table)
+    console.print(f"calibrated cluster: {real['cluster']}; Gantt chart of the fastest measured run: {real['gantt_png']}",
+                  highlight=False)

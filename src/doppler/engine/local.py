@@ -243,6 +243,7 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
             if n == 0:
                 done.set()
             ok = done.wait(timeout_s)
+            at_timeout = (list(running), finished[0])  # what ran when the clock ran out, before stopping
     finally:
         for q in dev_q:
             q.stop()
@@ -256,8 +257,8 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
     if failure:
         raise EngineError(failure[0])
     if not ok:
-        busy = [f"op {prog.label(v)} on device {d}" for d, v in enumerate(running) if v >= 0]
-        left = n - finished[0]
+        busy = [f"op {prog.label(v)} on device {d}" for d, v in enumerate(at_timeout[0]) if v >= 0]
+        left = n - at_timeout[1]
         what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
         raise EngineError(f"the run passed its timeout of {timeout_s:g} s with {left} of {n} ops unfinished{what}")
     src = np.array([u for u, _ in transfers], dtype=np.int64)
