@@ -113,3 +113,26 @@ def test_train_with_a_real_stage(files) -> None:
     assert ck["real_episode"] == 16
     hist = json.loads(ck["history"])
     assert any(h.get("stage_real") for h in hist)
+
+
+def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
+    from doppler.graph import DataflowGraph
+
+    g = workloads.build("random", num_ops=12, width=4, seed=1)
+    h = DataflowGraph.from_arrays(np.round(g.flops / 1e8), np.round(g.output_bytes / 1e3), g.src, g.dst, name="r")
+    gp = tmp_path / "r.txt"
+    save_graph(h, gp)
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps((np.arange(h.num_ops) % 2).tolist()))
+    res = run("execute", gp, "-a", a, "-c", "unit:2", "--time-scale", "1e-5", "--repeats", 1, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["time_scale"] == 1e-5 and out["makespan_s"] > 0
+    from doppler.formats import load_graph
+    from doppler.hardware import cluster
+    from doppler.simulate import simulate
+
+    raw = simulate(load_graph(gp), cluster("unit:2"), np.arange(h.num_ops) % 2, link_contention=True).makespan_s
+    assert out["simulated_makespan_s"] == pytest.approx(raw * 1e-5)  # scaled like the synthetic kernels
+    res = run("execute", gp, "-a", a, "-c", "unit:2", "--time-scale", "1", "--timeout", "0.3", "--repeats", 1)
+    assert res.exit_code == 2 and "timeout of 0.3 s" in res.output and "Traceback" not in res.output

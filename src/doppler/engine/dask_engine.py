@@ -114,6 +114,10 @@ MAX_FIRST_COMPLETED = 64
 SETUP_TIMEOUT_S = 60.0
 #: how long to wait for an external scheduler to have enough workers (seconds)
 WORKER_WAIT_S = 2.0
+#: runs after which our LocalCluster is closed and a fresh one started: its in-process scheduler
+#: keeps about 2 MB of history per run of a 168-op graph (submitted graphs, messages) that
+#: Dask's own limits do not bound (measured: linear growth over 300 runs)
+RECYCLE_AFTER_RUNS = 100
 #: how long a failed run's cluster gets to close (seconds)
 CLOSE_TIMEOUT_S = 10.0
 #: ops of the no-op chain behind ``info["overhead_per_op_s"]`` (measured once per cluster)
@@ -250,6 +254,7 @@ class _Conn:
     key: tuple[str, Any]
     threads: dict[str, int] = field(default_factory=dict)
     overhead_s: float | None = None
+    runs: int = 0  # repeats run on this connection (a LocalCluster is recycled after RECYCLE_AFTER_RUNS)
 
 
 _CONNS: dict[tuple[str, Any], _Conn] = {}
@@ -264,7 +269,10 @@ def _local_config() -> dict[str, Any]:
         "distributed.scheduler.work-stealing": False,
         "distributed.scheduler.active-memory-manager.start": False,
         "distributed.worker.profile.enabled": False,
-        "distributed.admin.low-level-log-length": 100_000,
+        # bounded histories (the in-process scheduler keeps them): enough for one run's transfers and
+        # task-stream records of graphs up to 20k ops, without growing by megabytes per run for ever
+        "distributed.admin.low-level-log-length": 20_000,
+        "distributed.scheduler.dashboard.tasks.task-stream-length": 20_000,
         "distributed.nanny.pre-spawn-environ": env,
     }
 
@@ -751,6 +759,7 @@ def run_dask(
                 values = vals
         if tile_futs:
             conn.client.cancel(list(tile_futs.values()))
+        conn.runs += repeats
     except EngineError:
         _discard(conn)
         raise
@@ -764,6 +773,8 @@ def run_dask(
         "threads_per_worker": [conn.threads.get(w, 0) for w in conn.workers[:D]],
         "overhead_per_op_s": conn.overhead_s,
     }
+    if conn.cluster is not None and conn.runs >= RECYCLE_AFTER_RUNS:
+        _discard(conn)  # the next run starts a fresh LocalCluster (bounded memory over long trainings)
     return traces, values, info
 
 
