@@ -134,5 +134,8 @@ def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
 
     raw = simulate(load_graph(gp), cluster("unit:2"), np.arange(h.num_ops) % 2, link_contention=True).makespan_s
     assert out["simulated_makespan_s"] == pytest.approx(raw * 1e-5)  # scaled like the synthetic kernels
+    val = run("validate", gp, "-c", "unit:2", "--time-scale", "1e-5", "--n", 4, "--repeats", 2, "--json")
+    assert val.exit_code == 0, val.output
+    assert json.loads(val.stdout)["n"] == 4
     res = run("execute", gp, "-a", a, "-c", "unit:2", "--time-scale", "1", "--timeout", "0.3", "--repeats", 1)
     assert res.exit_code == 2 and "timeout of 0.3 s" in res.output and "Traceback" not in res.output

@@ -18,6 +18,7 @@ SCHEDULER_OPT = typer.Option(
 )
 TIMEOUT_OPT = typer.Option(600.0, "--timeout", help="Seconds one run may take before it is stopped.")
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+TIME_SCALE_OPT = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time.")
 
 
 def _progress(label: str):
@@ -53,7 +54,7 @@ def execute_cmd(
     ),
     repeats: int = typer.Option(3, "--repeats", "-r", help="Runs; the makespan is their median."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed runs first (page faults, cold caches)."),
-    time_scale: float = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time."),
+    time_scale: float = TIME_SCALE_OPT,
     seed: int = typer.Option(0, "--seed", help="Seed of the random input tensors."),
     check: bool = typer.Option(False, "--check", help="Compare the outputs with the untiled numpy computation."),
     gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart of the median run."),
@@ -211,6 +212,7 @@ def validate_cmd(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write the simulated-vs-measured scatter plot (PNG)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every assignment's numbers as JSON."),
     dispatch: str = typer.Option("fifo", "--dispatch", help="Simulator dispatch rule: fifo (local engine) or priority (dask)."),
+    time_scale: float = TIME_SCALE_OPT,
     scheduler: Optional[str] = SCHEDULER_OPT,
     timeout_s: float = TIMEOUT_OPT,
     json_out: bool = JSON_OPT,
@@ -235,7 +237,7 @@ def validate_cmd(
         with _progress("validating") as progress:
             task = progress.add_task("runs", total=n * repeats)
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, timeout_s=timeout_s,
-                           scheduler=scheduler, dispatch=dispatch,
+                           scheduler=scheduler, dispatch=dispatch, time_scale=time_scale,
                            progress=lambda k, total: progress.update(task, completed=k, total=total))  # fmt: skip
         if plot is not None:
             scatter_plot(res, plot)

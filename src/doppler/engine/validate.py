@@ -139,9 +139,13 @@ def validate(
     timeout_s: float = 600.0,
     scheduler: str | None = None,
     dispatch: str = "fifo",
+    time_scale: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> ValidationResult:
-    """Simulate and execute ``n`` diverse assignments; compare (see the module docstring)."""
+    """Simulate and execute ``n`` diverse assignments; compare (see the module docstring).
+
+    Cost-only graphs run synthetic kernels of ``time_scale`` x the cluster's op times, and
+    their simulated makespans are scaled alike."""
     from doppler.engine import check_options, run
     from doppler.simulate import simulate
 
@@ -151,7 +155,9 @@ def validate(
     if dispatch != "fifo":
         sim_kw["dispatch"] = dispatch
     simulated = np.array([simulate(graph, cluster, dev, **sim_kw).makespan_s for _, dev in cases])
-    program = build_program(graph, cluster=cluster, seed=seed)
+    program = build_program(graph, cluster=cluster, seed=seed, time_scale=time_scale)
+    if program.is_synthetic:
+        simulated = simulated * time_scale
     order = [(i, r) for r in range(repeats) for i in range(len(cases))]
     np.random.default_rng(seed + 1).shuffle(order)
     measured = np.full((len(cases), repeats), np.nan)
