@@ -1,0 +1,44 @@
+"""End-to-end tests of `doppler --version`, `doppler methods` and `doppler clusters`."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from doppler import __version__
+from doppler.baselines import list_methods
+from doppler.cli import app
+from doppler.hardware import PRESETS
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.stdout.strip() == f"doppler {__version__}"
+
+
+def test_methods_lists_every_registered_method() -> None:
+    res = runner.invoke(app, ["methods", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["name"] for r in rows] == list_methods()
+    assert {r["name"] for r in rows if r["uses_budget"]} == {"anneal"}
+    human = runner.invoke(app, ["methods"])
+    assert human.exit_code == 0 and "critical_path" in human.stdout and "doppler" in human.stdout
+
+
+def test_clusters_lists_every_preset_with_devices_rates_and_links() -> None:
+    res = runner.invoke(app, ["clusters", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert set(rows) == set(PRESETS)
+    p = rows["p100x4"]
+    assert p["devices"] == 4 and p["device_count_settable"]
+    assert p["link_bandwidth_Bps"] == [12e9, 12e9] and p["link_latency_s"] == [1e-5, 1e-5]
+    assert not rows["v100x8"]["device_count_settable"]
+    lo, hi = rows["v100x8"]["link_bandwidth_Bps"]
+    assert lo < hi  # the DGX-1's NVLink and PCIe pairs differ
+    human = runner.invoke(app, ["clusters"])
+    assert human.exit_code == 0 and "h100x8" in human.stdout and "GB/s" in human.stdout
