@@ -6,6 +6,8 @@ return it, so everything downstream (reports, the CLI) reads one format.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,16 +131,23 @@ class Trace:
             v = nxt
         return path[::-1]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, graph: DataflowGraph | None = None) -> dict[str, Any]:
+        """Plain JSON; with ``graph``, each op's name, kind, group and block too (readable without the graph)."""
+        ops: dict[str, Any] = {
+            "device": self.op_device.tolist(),
+            "ready_s": self.op_ready.tolist(),
+            "start_s": self.op_start.tolist(),
+            "end_s": self.op_end.tolist(),
+        }
+        if graph is not None:
+            ops["name"] = [graph.op_name(v) for v in range(graph.num_ops)]
+            ops["kind"] = graph.kind_labels()
+            ops["group"] = graph.group.tolist()
+            ops["block"] = [[int(x) for x in row if x >= 0] for row in graph.block]
         return {
             "mode": self.mode,
             "makespan_s": self.makespan_s,
-            "ops": {
-                "device": self.op_device.tolist(),
-                "ready_s": self.op_ready.tolist(),
-                "start_s": self.op_start.tolist(),
-                "end_s": self.op_end.tolist(),
-            },
+            "ops": ops,
             "transfers": {
                 "src_op": self.tr_src_op.tolist(),
                 "src_device": self.tr_src_device.tolist(),
@@ -149,6 +158,48 @@ class Trace:
             },
         }
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, graph: DataflowGraph | None = None) -> None:
         """Write :meth:`to_json` atomically."""
-        atomic_write_text(path, json.dumps(self.to_json()) + "\n")
+        atomic_write_text(path, json.dumps(self.to_json(graph)) + "\n")
+
+    def chrome_trace(self, graph: DataflowGraph, device_names: list[str]) -> dict[str, Any]:
+        """The Chrome trace-event format (Perfetto, chrome://tracing): one track per device,
+        one per ordered link for its transfers; times in microseconds."""
+        D = len(device_names)
+        links = sorted({(int(a), int(b)) for a, b in zip(self.tr_src_device, self.tr_dst_device)})
+        link_tid = {ab: D + i for i, ab in enumerate(links)}
+        meta = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"doppler ({self.mode})"}}]
+        for d, name in enumerate(device_names):
+            meta.append({"ph": "M", "pid": 0, "tid": d, "name": "thread_name", "args": {"name": name}})
+        for (a, b), tid in link_tid.items():
+            meta.append({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name",
+                         "args": {"name": f"{device_names[a]} -> {device_names[b]}"}})  # fmt: skip
+        kinds = graph.kind_labels()
+        events = [
+            {"ph": "X", "pid": 0, "tid": int(self.op_device[v]), "name": graph.op_name(v), "cat": kinds[v],
+             "ts": float(self.op_start[v]) * 1e6, "dur": float(self.op_end[v] - self.op_start[v]) * 1e6,
+             "args": {"op": v, "ready_us": float(self.op_ready[v]) * 1e6}}
+            for v in range(self.num_ops)
+        ]  # fmt: skip
+        for k in range(self.num_transfers):
+            u, a, b = int(self.tr_src_op[k]), int(self.tr_src_device[k]), int(self.tr_dst_device[k])
+            events.append({"ph": "X", "pid": 0, "tid": link_tid[(a, b)], "name": f"{graph.op_name(u)} -> {device_names[b]}",
+                           "cat": "transfer", "ts": float(self.tr_start[k]) * 1e6,
+                           "dur": float(self.tr_end[k] - self.tr_start[k]) * 1e6,
+                           "args": {"op": u, "bytes": float(self.tr_bytes[k])}})  # fmt: skip
+        return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+    def save_chrome_trace(self, path: str | Path, graph: DataflowGraph, device_names: list[str]) -> None:
+        """Write :meth:`chrome_trace` atomically."""
+        atomic_write_text(path, json.dumps(self.chrome_trace(graph, device_names)) + "\n")
+
+    def save_ops_csv(self, path: str | Path, graph: DataflowGraph) -> None:
+        """One row per op: op, name, kind, device, ready_s, start_s, end_s (written atomically)."""
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(["op", "name", "kind", "device", "ready_s", "start_s", "end_s"])
+        kinds = graph.kind_labels()
+        for v in range(self.num_ops):
+            w.writerow([v, graph.op_name(v), kinds[v], int(self.op_device[v]), repr(float(self.op_ready[v])),
+                        repr(float(self.op_start[v])), repr(float(self.op_end[v]))])  # fmt: skip
+        atomic_write_text(path, buf.getvalue())

@@ -46,7 +46,8 @@ def test_calibrate_json_and_cluster_file(files) -> None:
 def test_execute_json_keys_check_and_plots(files) -> None:
     d = files["dir"]
     res = run("execute", files["graph"], "-a", files["a"], "-c", files["cal"], "--repeats", 2, "--check",
-              "--gantt", d / "g.png", "--trace", d / "t.json", "--json")  # fmt: skip
+              "--gantt", d / "g.png", "--trace", d / "t.json", "--chrome-trace", d / "c.json", "--ops-csv", d / "o.csv",
+              "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     for key in ("makespan_s", "makespans_s", "simulated_makespan_s"):
@@ -54,6 +55,9 @@ def test_execute_json_keys_check_and_plots(files) -> None:
     assert len(out["makespans_s"]) == 2 and out["outputs_match"] is True
     assert (d / "g.png").stat().st_size > 1000
     assert json.loads((d / "t.json").read_text())["mode"] == "engine:local"
+    events = json.loads((d / "c.json").read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" and e["cat"] != "transfer" for e in events) == 168  # ffnn tiny: one per op
+    assert len((d / "o.csv").read_text().splitlines()) == 1 + 168
 
 
 def test_execute_human_output_without_cluster(files) -> None:

@@ -114,3 +114,15 @@ def test_simulate_bad_cluster_exits_2(files, name: str, msg: str) -> None:
 def test_simulate_missing_graph_exits_2(files) -> None:
     res = run("simulate", files["dir"] / "nope.json", "--cluster", "unit", "--assignment", files["good"])
     assert res.exit_code == 2, res.output
+
+
+def test_simulate_writes_chrome_trace_and_ops_csv(files) -> None:
+    d = files["dir"]
+    res = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"],
+              "--chrome-trace", d / "c.json", "--ops-csv", d / "o.csv", "--trace", d / "t.json", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["chrome_trace"] == str(d / "c.json") and out["ops_csv"] == str(d / "o.csv")
+    assert "traceEvents" in json.loads((d / "c.json").read_text())
+    assert (d / "o.csv").read_text().splitlines()[0] == "op,name,kind,device,ready_s,start_s,end_s"
+    assert "name" in json.loads((d / "t.json").read_text())["ops"]

@@ -84,3 +84,22 @@ def emit_json(obj: Any) -> None:
     """Print exactly one JSON value on stdout."""
     sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
     sys.stdout.flush()
+
+
+def write_trace_files(trace, graph, device_names: list[str], out: dict[str, Any], *, trace_path=None,
+                      chrome_path=None, csv_path=None) -> list[tuple[str, Any]]:  # fmt: skip
+    """Write the requested trace exports (JSON with op names, Chrome trace, per-op CSV); record them in ``out``."""
+    written = []
+    if trace_path is not None:
+        trace.save(trace_path, graph)
+        out["trace"] = str(trace_path)
+        written.append(("trace", trace_path))
+    if chrome_path is not None:
+        trace.save_chrome_trace(chrome_path, graph, device_names)
+        out["chrome_trace"] = str(chrome_path)
+        written.append(("chrome trace (Perfetto, chrome://tracing)", chrome_path))
+    if csv_path is not None:
+        trace.save_ops_csv(csv_path, graph)
+        out["ops_csv"] = str(csv_path)
+        written.append(("per-op table", csv_path))
+    return written

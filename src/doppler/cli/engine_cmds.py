@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors, write_trace_files
 
 ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
 SCHEDULER_OPT = typer.Option(
@@ -58,7 +58,9 @@ def execute_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the random input tensors."),
     check: bool = typer.Option(False, "--check", help="Compare the outputs with the untiled numpy computation."),
     gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart of the median run."),
-    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the median run's trace as JSON."),
+    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the median run's trace as JSON (with op names and kinds)."),
+    chrome_path: Optional[Path] = typer.Option(None, "--chrome-trace", help="Write the median run in Chrome trace-event format (Perfetto)."),
+    csv_path: Optional[Path] = typer.Option(None, "--ops-csv", help="Write the median run as a per-op table (CSV)."),
     scheduler: Optional[str] = SCHEDULER_OPT,
     timeout_s: float = TIMEOUT_OPT,
     json_out: bool = JSON_OPT,
@@ -104,9 +106,8 @@ def execute_cmd(
             errs = {k: float(np.max(np.abs(res.outputs[k] - ref[k])) / max(float(np.max(np.abs(ref[k]))), 1e-30)) for k in ref}
             out["max_rel_error"] = errs
             out["outputs_match"] = bool(all(e <= tol for e in errs.values()))
-        if trace_path is not None:
-            res.trace.save(trace_path)
-            out["trace"] = str(trace_path)
+        written = write_trace_files(res.trace, graph, [f"cpu{d}" for d in range(num_devices)], out,
+                                    trace_path=trace_path, chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
         if gantt_path is not None:
             from doppler.report import gantt
 
@@ -128,7 +129,7 @@ def execute_cmd(
                 verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
                 console.print(f"outputs {verdict} the untiled numpy computation (max relative error "
                               f"{max(out['max_rel_error'].values()):.2g})")  # fmt: skip
-            for label, p in (("gantt chart", gantt_path), ("trace", trace_path)):
+            for label, p in [("gantt chart", gantt_path), *written]:
                 if p is not None:
                     console.print(f"{label} -> {p}", highlight=False)
         if check and not out["outputs_match"]:

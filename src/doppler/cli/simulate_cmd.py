@@ -10,7 +10,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from doppler.cli._common import app, console, emit_json, handle_errors
+from doppler.cli._common import app, console, emit_json, handle_errors, write_trace_files
 
 
 @app.command("simulate")
@@ -20,7 +20,9 @@ def simulate_cmd(
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file (JSON object or bare list)."),
     mode: str = typer.Option("wc", "--mode", help="wc (work-conserving) or bsp (barrier per topological level)."),
     gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart (.png, .pdf or .svg)."),
-    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the per-op and per-transfer trace as JSON."),
+    trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the per-op and per-transfer trace as JSON (with op names and kinds)."),
+    chrome_path: Optional[Path] = typer.Option(None, "--chrome-trace", help="Write the trace in Chrome trace-event format (Perfetto, chrome://tracing)."),
+    csv_path: Optional[Path] = typer.Option(None, "--ops-csv", help="Write a per-op table: op, name, kind, device, ready_s, start_s, end_s."),
     noise: float = typer.Option(0.0, "--noise", help="Lognormal noise sigma on every duration (0 = deterministic)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
     link_contention: bool = typer.Option(False, "--link-contention", help="Serialise transfers per ordered link."),
@@ -53,8 +55,6 @@ def simulate_cmd(
         util = tr.utilisation(cl)
         busy = tr.busy_s(cl.num_devices)
         ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
-        if trace_path is not None:
-            tr.save(trace_path)
         if gantt_path is not None:
             from doppler.report import gantt
 
@@ -79,8 +79,8 @@ def simulate_cmd(
         }
         if gantt_path is not None:
             out["gantt"] = str(gantt_path)
-        if trace_path is not None:
-            out["trace"] = str(trace_path)
+        written = write_trace_files(tr, graph, [d.name for d in cl.devices], out, trace_path=trace_path,
+                                    chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
         if json_out:
             emit_json(out)
             return
@@ -100,6 +100,6 @@ def simulate_cmd(
         for d, dev in enumerate(cl.devices):
             table.add_row(dev.name, str(int(ops_per_dev[d])), format_seconds(float(busy[d])), f"{100 * util[d]:.1f}%")
         console.print(table)
-        for label, p in (("gantt chart", gantt_path), ("trace", trace_path)):
+        for label, p in [("gantt chart", gantt_path), *written]:
             if p is not None:
                 console.print(f"{label} -> {p}", highlight=False)
