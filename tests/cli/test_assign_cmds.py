@@ -142,3 +142,38 @@ def test_too_few_devices_exit_2(graph_file: Path, tmp_path: Path) -> None:
         assert "at least 8 devices" in res.output
     finally:
         METHODS.pop("test_needs_8", None)
+
+
+def test_compare_save_dir_writes_every_assignment(graph_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "saved"
+    res = runner.invoke(app, ["compare", str(graph_file), "-c", "unit:2", "-m", "single,round_robin",
+                              "--save-dir", str(out), "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["assignment_file"] for r in rows] == [str(out / "single.json"), str(out / "round_robin.json")]
+    g = load_graph(graph_file)
+    assert load_assignment(out / "single.json", g).devices.tolist() == [0] * g.num_ops
+    assert load_assignment(out / "round_robin.json", g).method == "round_robin"
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = runner.invoke(app, ["compare", str(graph_file), "-c", "unit:2", "-m", "single", "--save-dir", str(blocker)])
+    assert bad.exit_code == 2 and "not a directory" in bad.output
+
+
+def test_diff_shows_both_sides_and_the_moved_ops(graph_file: Path, tmp_path: Path) -> None:
+    g = load_graph(graph_file)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([0] * g.num_ops))
+    b.write_text(json.dumps([0] * (g.num_ops - 1) + [1]))
+    res = runner.invoke(app, ["diff", str(graph_file), str(a), str(b), "-c", "unit:2", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["moved_ops"] == 1 and out["moved"][0] == {"op": g.num_ops - 1, "name": g.op_name(g.num_ops - 1),
+                                                         "from": 0, "to": 1}  # fmt: skip
+    assert out["a"]["transfers"] == 0 and out["a"]["ops_per_device"] == [g.num_ops, 0]
+    human = runner.invoke(app, ["diff", str(graph_file), str(a), str(b), "-c", "unit:2"])
+    assert human.exit_code == 0 and "1 of" in human.stdout and "ops moved" in human.stdout
+    short = tmp_path / "short.json"
+    short.write_text("[0]")
+    bad = runner.invoke(app, ["diff", str(graph_file), str(a), str(short), "-c", "unit:2"])
+    assert bad.exit_code == 2 and "short.json" in bad.output

@@ -143,6 +143,7 @@ def compare_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint for the learned method (doppler)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
+    save_dir: Optional[Path] = typer.Option(None, "--save-dir", help="Save every method's assignment as DIR/METHOD.json."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Run several methods on one graph and compare their simulated makespans."""
@@ -189,8 +190,16 @@ def compare_cmd(
             for r in rows:
                 w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
             atomic_write_text(csv_path, buf.getvalue())
+        saved = []
+        if save_dir is not None:
+            if save_dir.exists() and not save_dir.is_dir():
+                raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
+            for r in rows:
+                path = save_dir / f"{r['method']}.json"
+                r["assignment"].save(path)
+                saved.append(str(path))
         if json_out:
-            emit_json([{k: r[k] for k in keys} for r in rows])
+            emit_json([{k: r[k] for k in keys} | ({"assignment_file": saved[i]} if saved else {}) for i, r in enumerate(rows)])
             return
         from doppler.report import comparison_table, format_seconds
 
@@ -199,3 +208,5 @@ def compare_cmd(
         console.print(f"lower bound {format_seconds(rows[0]['lower_bound_s'])}", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}", highlight=False)
+        if saved:
+            console.print(f"assignments -> {save_dir}/METHOD.json ({len(saved)} files)", highlight=False)

@@ -103,3 +103,60 @@ def simulate_cmd(
         for label, p in [("gantt chart", gantt_path), *written]:
             if p is not None:
                 console.print(f"{label} -> {p}", highlight=False)
+
+
+@app.command("diff")
+def diff_cmd(
+    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    first: Path = typer.Argument(..., metavar="A.json", help="First assignment."),
+    second: Path = typer.Argument(..., metavar="B.json", help="Second assignment."),
+    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset or JSON file."),
+    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
+) -> None:
+    """Two assignments side by side: simulated makespan, ops per device, transfers, and the ops that moved."""
+    with handle_errors():
+        from doppler.assignment import load_assignment
+        from doppler.formats import load_graph
+        from doppler.hardware import cluster
+        from doppler.report import format_seconds
+        from doppler.simulate import simulate
+
+        graph = load_graph(graph_path)
+        cl = cluster(cluster_name)
+        sides = []
+        for path in (first, second):
+            a = load_assignment(path, graph)
+            tr = simulate(graph, cl, a, trace=True).trace
+            assert tr is not None
+            sides.append({"file": str(path), "method": a.method, "makespan_s": tr.makespan_s,
+                          "ops_per_device": np.bincount(a.devices, minlength=cl.num_devices).tolist(),
+                          "transfers": tr.num_transfers, "transfer_bytes": float(tr.tr_bytes.sum()),
+                          "devices": a.devices})  # fmt: skip
+        moved = np.flatnonzero(sides[0]["devices"] != sides[1]["devices"])
+        out = {
+            "graph": graph.name,
+            "cluster": cl.name,
+            "a": {k: v for k, v in sides[0].items() if k != "devices"},
+            "b": {k: v for k, v in sides[1].items() if k != "devices"},
+            "moved_ops": int(moved.size),
+            "moved": [{"op": int(v), "name": graph.op_name(int(v)), "from": int(sides[0]["devices"][v]),
+                       "to": int(sides[1]["devices"][v])} for v in moved],  # fmt: skip
+            "makespan_ratio_b_over_a": sides[1]["makespan_s"] / sides[0]["makespan_s"] if sides[0]["makespan_s"] > 0 else None,
+        }
+        if json_out:
+            emit_json(out)
+            return
+        table = Table(title=f"{graph.name} on {cl.name}", show_edge=False, header_style="bold")
+        table.add_column("")
+        for side in sides:
+            table.add_column(Path(side["file"]).name, justify="right")
+        table.add_row("method", *(s["method"] for s in sides))
+        table.add_row("simulated makespan", *(format_seconds(s["makespan_s"]) for s in sides))
+        table.add_row("ops per device", *(" ".join(map(str, s["ops_per_device"])) for s in sides))
+        table.add_row("transfers", *(str(s["transfers"]) for s in sides))
+        table.add_row("bytes moved", *(f"{s['transfer_bytes'] / 1e6:.3g} MB" for s in sides))
+        console.print(table)
+        shown = ", ".join(f"{m['name']} {m['from']}->{m['to']}" for m in out["moved"][:8])
+        more = f" (+{moved.size - 8} more)" if moved.size > 8 else ""
+        console.print(f"{moved.size} of {graph.num_ops} ops moved{': ' + shown + more if moved.size else ''}",
+                      highlight=False)  # fmt: skip
