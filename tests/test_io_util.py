@@ -41,3 +41,15 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path: Path) -> N
 def test_creates_parent_directories(tmp_path: Path) -> None:
     atomic_write_text(tmp_path / "x" / "y" / "a.txt", "hi")
     assert (tmp_path / "x" / "y" / "a.txt").read_text() == "hi"
+
+
+def test_writing_to_a_directory_or_an_unwritable_place_names_the_given_path(tmp_path) -> None:
+    import pytest
+
+    from doppler.io_util import OutputPathError, atomic_write_text
+
+    with pytest.raises(OutputPathError, match=rf"^{tmp_path}: is a directory"):
+        atomic_write_text(tmp_path, "x")
+    with pytest.raises(OutputPathError, match=r"^/proc/doppler-x\.json: cannot write"):
+        atomic_write_text("/proc/doppler-x.json", "x")
+    assert not list(tmp_path.iterdir())  # no temporary file left behind

@@ -36,11 +36,30 @@ def _new_file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+class OutputPathError(ValueError):
+    """An output path cannot be written; the message names the path the user gave and why."""
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one."""
+    """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one.
+
+    A path that is a directory, or whose directory cannot be created or written, is an
+    :class:`OutputPathError` naming ``path`` (not the temporary file) and the reason."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    if p.is_dir():
+        raise OutputPathError(f"{path}: is a directory (give a file name)")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OutputPathError(f"{path}: cannot write here ({e.strerror or e})") from None
+    try:
+        _write_and_replace(fd, tmp, p, data)
+    except OSError as e:
+        raise OutputPathError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def _write_and_replace(fd: int, tmp: str, p: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -41,7 +41,10 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from doppler.graph import GraphError
     from doppler.hardware import ClusterError
 
-    types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError]
+    from doppler.io_util import OutputPathError
+
+    types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError,
+                                        IsADirectoryError, NotADirectoryError, PermissionError, OutputPathError]  # fmt: skip
     with contextlib.suppress(ImportError):
         from doppler.workloads import WorkloadError
 
@@ -69,7 +72,12 @@ def handle_errors() -> Iterator[None]:
     except typer.Exit:
         raise
     except user_error_types() as e:
-        msg = str(e) if not isinstance(e, FileNotFoundError) else f"{e.filename or e}: no such file"
+        if isinstance(e, FileNotFoundError):
+            msg = f"{e.filename or e}: no such file"
+        elif isinstance(e, OSError):  # a directory or an unreadable file given as an input
+            msg = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+        else:
+            msg = str(e)
         err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
