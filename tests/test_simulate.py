@@ -678,3 +678,15 @@ def test_large_graph_runs() -> None:
     r = simulate(g, c, a, trace=True, link_contention=True)
     assert r.makespan_s >= lower_bound(g, c)
     assert r.makespan_s == simulate(g, c, a, link_contention=True, backend="python").makespan_s
+
+
+@pytest.mark.parametrize("sigma", [3.0 + 1e-9, 5.0, 1e308])
+def test_noise_above_the_bound_is_an_error_that_says_why(sigma) -> None:
+    from doppler.graph import from_edges
+    from doppler.hardware import cluster
+    from doppler.simulate import MAX_NOISE_SIGMA, SimulationError, simulate
+
+    g = from_edges([1.0, 1.0], [(0, 1)], [1.0, 1.0])
+    with pytest.raises(SimulationError, match=rf"<= {MAX_NOISE_SIGMA:g}.*overflow"):
+        simulate(g, cluster("unit:2"), [0, 1], noise_sigma=sigma)
+    assert simulate(g, cluster("unit:2"), [0, 1], noise_sigma=MAX_NOISE_SIGMA).makespan_s > 0

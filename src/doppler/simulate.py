@@ -109,6 +109,10 @@ __all__ = [
 ]
 
 
+#: largest accepted lognormal noise sigma (see _check_options)
+MAX_NOISE_SIGMA = 3.0
+
+
 class SimulationError(ValueError):
     """Bad simulator options (mode, noise, seed, ...); the message says which."""
 
@@ -889,6 +893,11 @@ def _check_options(mode: str, noise_sigma: float, seed: int, backend: str = "aut
         raise SimulationError(f"noise_sigma must be a number >= 0, got {noise_sigma!r}") from None
     if not math.isfinite(sigma) or sigma < 0:
         raise SimulationError(f"noise_sigma must be a finite number >= 0, got {noise_sigma!r}")
+    if sigma > MAX_NOISE_SIGMA:
+        raise SimulationError(
+            f"noise_sigma must be <= {MAX_NOISE_SIGMA:g}, got {noise_sigma!r}: at sigma {MAX_NOISE_SIGMA:g} the durations "
+            f"at +2 and -2 standard deviations already differ {math.exp(4 * MAX_NOISE_SIGMA):.0f}x, and larger values overflow"
+        )
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise SimulationError(f"seed must be an integer >= 0, got {seed!r}")
     return mode, sigma, int(seed)

@@ -87,6 +87,8 @@ def simulate_cmd(
         from doppler.report import format_seconds
 
         ratio = f" ({result.makespan_s / lb:.2f}x the lower bound)" if lb > 0 else ""
+        if noise > 0:
+            ratio += " (with noise, durations are random: the noise-free lower bound does not bind)"
         how = mode.upper() if dispatch == "fifo" else f"{mode.upper()}, {dispatch} dispatch"
         console.print(
             f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({how}): makespan "
