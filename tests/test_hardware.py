@@ -215,3 +215,16 @@ def test_bad_overheads_are_errors_naming_the_device(tmp_path, field, value, need
     with pytest.raises(ClusterError, match=needle) as e:
         Cluster.load(p)
     assert "cpu0" in str(e.value)
+
+
+def test_device_count_above_the_maximum_is_rejected_before_building() -> None:
+    from doppler.hardware import MAX_DEVICES
+
+    assert cluster(f"unit:{MAX_DEVICES}").num_devices == MAX_DEVICES
+    for text in (f"unit:{MAX_DEVICES + 1}", "unit:100000000"):
+        with pytest.raises(ClusterError, match=rf"at most {MAX_DEVICES} devices"):
+            cluster(text)
+    devs = [Device(f"d{i}") for i in range(MAX_DEVICES + 1)]
+    n = len(devs)
+    with pytest.raises(ClusterError, match=rf"at most {MAX_DEVICES}"):
+        Cluster("big", devs, np.ones((n, n)), np.zeros((n, n)))

@@ -349,3 +349,14 @@ def test_tile_builder_checks_shapes_and_letters():
         b.contract("ik,kj->ij", A, C, name="mm2")
     with pytest.raises(WorkloadError, match="must lie inside one block"):
         b.select(out, [(1, 3), None], name="bad_select")
+
+
+def test_sizes_above_the_maximum_are_rejected_before_allocating() -> None:
+    import pytest
+
+    from doppler.workloads import MAX_BLOCK_PRODUCT, MAX_OPS, WorkloadError, build
+
+    with pytest.raises(WorkloadError, match=rf"num_ops=10000000000 is over the maximum of {MAX_OPS}"):
+        build("random", num_ops=10_000_000_000)
+    with pytest.raises(WorkloadError, match=rf"over the maximum of {MAX_BLOCK_PRODUCT}"):
+        build("llama_block", dim=4096, dim_blocks=4096, head_blocks=32, hidden_blocks=32, seq_blocks=16)

@@ -117,6 +117,11 @@ ACHIEVED_MEMORY_FRACTION = 0.8
 MEMORY_BOUND_BYTES_PER_FLOP = 8.0
 
 
+#: the most devices a cluster may have (the link matrices hold D x D entries; the simulator's
+#: per-device state grows with D x ops), documented in the README
+MAX_DEVICES = 1024
+
+
 class ClusterError(ValueError):
     """A cluster description is invalid; the message names the file, field or device."""
 
@@ -227,6 +232,8 @@ class Cluster:
         d = len(self.devices)
         if d < 1:
             raise ClusterError(f"{where}cluster {self.name!r} has no devices")
+        if d > MAX_DEVICES:
+            raise ClusterError(f"{where}cluster {self.name!r} has {d} devices; at most {MAX_DEVICES} are supported")
         seen: dict[str, int] = {}
         for i, dev in enumerate(self.devices):
             if not isinstance(dev, Device):
@@ -731,6 +738,8 @@ def cluster(name_or_path: "str | Path | Cluster") -> Cluster:
             raise ClusterError(f"cluster {text!r}: the device count after ':' must be an integer, got {count_text!r}") from None
         if count < 1:
             raise ClusterError(f"cluster {text!r}: the device count must be >= 1, got {count}")
+        if count > MAX_DEVICES:
+            raise ClusterError(f"cluster {text!r}: at most {MAX_DEVICES} devices are supported, got {count}")
         if not scalable and count != native:
             raise ClusterError(
                 f"cluster {text!r}: preset {base!r} has a fixed {native}-device topology; "

@@ -22,6 +22,34 @@ if TYPE_CHECKING:  # pragma: no cover
     from doppler.simulate import SimResult
     from doppler.trace import Trace
 
+class FigureFormatError(ValueError):
+    """A figure path whose extension matplotlib cannot write; the message names the path and the formats."""
+
+
+def figure_format(path: str | Path) -> str:
+    """The image format of ``path`` from its extension (none: png); FigureFormatError if unsupported."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in supported:
+        raise FigureFormatError(f"{path}: cannot draw a .{fmt} image (use one of: {', '.join(sorted(supported))})")
+    return fmt
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int | None = None) -> None:
+    """Render ``fig`` in the format of ``path``'s extension, write it atomically, close it."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=figure_format(path), dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 # one stable colour per op kind (colour-blind-friendly Okabe-Ito first, then tab20)
 _KIND_COLOURS: dict[int, str] = {
     OpKind.MATMUL: "#0072B2",
@@ -213,11 +241,7 @@ def gantt(
         handles.append(Line2D([], [], color="#D55E00", lw=1.0, ls="--", label="lower bound"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 if D > 2 else -0.3), ncol=min(len(handles), 9), fontsize=8, frameon=False)
 
-    buf = io.BytesIO()
-    fmt = path.suffix.lstrip(".").lower() or "png"
-    fig.savefig(buf, format=fmt, dpi=dpi)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, dpi)
     return path
 
 
@@ -287,10 +311,7 @@ def draw_graph(graph: DataflowGraph, path: str | Path, title: str | None = None)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="op kind")
     ax.autoscale_view()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 # ------------------------------------------------------------------ tables
@@ -369,7 +390,4 @@ def training_curve(
     ax.legend(frameon=False, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, 110)

@@ -759,6 +759,10 @@ WORKLOADS: dict[str, _Workload] = {
 }
 
 _POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 or negative
+#: the largest graphs a workload may build (checked before anything is allocated; README "Command line")
+MAX_OPS = 2_000_000
+#: the largest product of a tiled workload's block counts (its tile-op count grows with it)
+MAX_BLOCK_PRODUCT = 2_000_000
 _NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
 
 
@@ -834,6 +838,14 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
             raise WorkloadError(f"{name}: {k}={v} must be {'>= 0' if k in _NONNEG_FLOAT else '> 0'}")
     if "dtype" in p and p["dtype"] not in DTYPE_BYTES:
         raise WorkloadError(f"{name}: dtype={p['dtype']!r} must be one of {', '.join(DTYPE_BYTES)}")
+    if p.get("num_ops", 0) > MAX_OPS:
+        raise WorkloadError(f"{name}: num_ops={p['num_ops']} is over the maximum of {MAX_OPS}")
+    blocks = [int(v) for k, v in p.items() if k.endswith("_blocks")]
+    if blocks and math.prod(blocks) > MAX_BLOCK_PRODUCT:
+        raise WorkloadError(
+            f"{name}: the block counts multiply to {math.prod(blocks)}, over the maximum of {MAX_BLOCK_PRODUCT} "
+            "(the graph would have too many tile ops)"
+        )
     for bk, dk in w.divides:
         if p[dk] % p[bk]:
             raise WorkloadError(f"{name}: {bk}={p[bk]} does not divide {dk}={p[dk]}")

@@ -126,3 +126,13 @@ def test_simulate_writes_chrome_trace_and_ops_csv(files) -> None:
     assert "traceEvents" in json.loads((d / "c.json").read_text())
     assert (d / "o.csv").read_text().splitlines()[0] == "op,name,kind,device,ready_s,start_s,end_s"
     assert "name" in json.loads((d / "t.json").read_text())["ops"]
+
+
+def test_gantt_format_follows_the_extension_and_unknown_ones_exit_2(files) -> None:
+    d = files["dir"]
+    bad = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"], "--gantt", d / "g.bmp")
+    assert bad.exit_code == 2 and "g.bmp" in bad.output and ".bmp" in bad.output and "png" in bad.output
+    assert not (d / "g.bmp").exists()
+    ok = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"], "--gantt", d / "g.jpg")
+    assert ok.exit_code == 0, ok.output
+    assert (d / "g.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # JPEG, not PNG bytes under a .jpg name

@@ -61,6 +61,10 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         from doppler.engine import EngineError
 
         types.append(EngineError)
+    with contextlib.suppress(ImportError):
+        from doppler.report import FigureFormatError
+
+        types.append(FigureFormatError)
     return tuple(types)
 
 

@@ -77,6 +77,10 @@ def execute_cmd(
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
         check_options(engine, num_devices, repeats, timeout_s)
+        if gantt_path is not None:
+            from doppler.report import figure_format
+
+            figure_format(gantt_path)
         graph = load_graph(graph_path)
         assignment = load_assignment(assignment_path, graph)
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
@@ -234,6 +238,10 @@ def validate_cmd(
             raise UserError(f"--n must be >= 2, got {n}")
         if dispatch not in ("fifo", "priority"):
             raise UserError(f"--dispatch must be fifo or priority, got {dispatch!r}")
+        if plot is not None:
+            from doppler.report import figure_format
+
+            figure_format(plot)
         graph = load_graph(graph_path)
         with _progress("validating") as progress:
             task = progress.add_task("runs", total=n * repeats)

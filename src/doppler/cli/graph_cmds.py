@@ -140,13 +140,14 @@ def convert_cmd(
 @graph_app.command("draw")
 def draw_cmd(
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
-    output: Path = typer.Option(..., "-o", "--output", help="PNG file to write."),
+    output: Path = typer.Option(..., "-o", "--output", help="Image to write (.png, .svg, .pdf, .jpg, ...: by extension)."),
     max_ops: int = typer.Option(5000, "--max-ops", help="Refuse to draw larger graphs."),
 ) -> None:
     """Draw a graph as a layered picture, ops coloured by kind."""
     with handle_errors():
-        from doppler.report import draw_graph
+        from doppler.report import draw_graph, figure_format
 
+        figure_format(output)  # an unsupported extension fails before any work
         graph = load_graph(graph_path)
         if graph.num_ops > max_ops:
             raise UserError(f"{graph_path}: {graph.num_ops} ops is too many to draw legibly (limit --max-ops {max_ops})")

@@ -19,7 +19,7 @@ def simulate_cmd(
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (unit, p100x4, v100x8, h100x8, cpu4; 'name:N') or JSON file."),
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file (JSON object or bare list)."),
     mode: str = typer.Option("wc", "--mode", help="wc (work-conserving) or bsp (barrier per topological level)."),
-    gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart (.png, .pdf or .svg)."),
+    gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart (.png, .svg, .pdf, .jpg, ...: by extension)."),
     trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the per-op and per-transfer trace as JSON (with op names and kinds)."),
     chrome_path: Optional[Path] = typer.Option(None, "--chrome-trace", help="Write the trace in Chrome trace-event format (Perfetto, chrome://tracing)."),
     csv_path: Optional[Path] = typer.Option(None, "--ops-csv", help="Write a per-op table: op, name, kind, device, ready_s, start_s, end_s."),
@@ -39,6 +39,10 @@ def simulate_cmd(
         from doppler.simulate import _check_dispatch, _check_options, lower_bound, simulate
 
         _check_options(mode, noise, seed)  # bad options fail before any file is read
+        if gantt_path is not None:
+            from doppler.report import figure_format
+
+            figure_format(gantt_path)
         _check_dispatch(dispatch, mode)
         graph = load_graph(graph_path)
         cl = cluster(cluster_name)

@@ -16,7 +16,6 @@ its first and second repeat, the ceiling any simulator can reach.
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,6 @@ import numpy as np
 from doppler.engine.program import EngineError, build_program
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import atomic_write_bytes
 
 __all__ = ["ValidationResult", "validate", "validation_assignments"]
 
@@ -195,7 +193,7 @@ def scatter_plot(result: ValidationResult, path: str | Path, *, title: str | Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from doppler.report import time_unit
+    from doppler.report import save_figure, time_unit
 
     sim = np.array([r["simulated_s"] for r in result.rows])
     meas = np.array([r["measured_s"] for r in result.rows])
@@ -225,7 +223,4 @@ def scatter_plot(result: ValidationResult, path: str | Path, *, title: str | Non
             transform=ax.transAxes, va="top", fontsize=8)  # fmt: skip
     ax.legend(frameon=False, loc="lower right", fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=130)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, 130)
