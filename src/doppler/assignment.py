@@ -61,11 +61,18 @@ def as_devices(assignment: "Assignment | Sequence[int] | np.ndarray") -> np.ndar
         return assignment.devices
     arr = np.asarray(assignment)
     if arr.dtype.kind == "f":
-        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-            bad = int(np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))[0])
-            raise AssignmentError(f"op {bad} has a non-integer device {arr.reshape(-1)[bad]!r}")
+        flat = arr.reshape(-1)
+        with np.errstate(invalid="ignore"):
+            bad_mask = ~np.isfinite(flat) | (flat != np.round(flat)) | (np.abs(flat) >= 2**62)
+        if bad_mask.any():
+            bad = int(np.flatnonzero(bad_mask)[0])
+            x = float(flat[bad])
+            if math.isfinite(x) and abs(x) < 2**62:
+                raise AssignmentError(f"op {bad} has a non-integer device {x:g}")
+            raise AssignmentError(f"op {bad} has device {x:g}, not a device index")
     elif arr.dtype.kind not in "iu" and arr.size:
-        raise AssignmentError(f"an assignment must be a list of device indices, got values of type {arr.dtype}")
+        raise AssignmentError("an assignment must be a list of device indices (integers), "
+                              f"got {'text' if arr.dtype.kind in 'US' else 'values that are not numbers'}")  # fmt: skip
     return arr.astype(np.int64).reshape(-1)
 
 
@@ -87,8 +94,9 @@ def check_assignment(graph: DataflowGraph, devices: np.ndarray, num_devices: int
     return devices
 
 
-def load_assignment(path: str | Path, graph: DataflowGraph | None = None) -> Assignment:
-    """Read an assignment file; with ``graph``, check its length and fingerprint."""
+def load_assignment(path: str | Path, graph: DataflowGraph | None = None, num_devices: int | None = None) -> Assignment:
+    """Read an assignment file; with ``graph``, check its length and fingerprint; with
+    ``num_devices``, that every device index is in range (errors name the file)."""
     p = Path(path)
     try:
         obj = json.loads(p.read_text())
@@ -118,4 +126,9 @@ def load_assignment(path: str | Path, graph: DataflowGraph | None = None) -> Ass
             raise AssignmentError(
                 f"{p}: made for a different graph (fingerprint {fp}, this graph is {graph.fingerprint()})"
             )
+    if graph is not None and num_devices is not None:
+        try:
+            check_assignment(graph, devices, num_devices)
+        except AssignmentError as e:
+            raise AssignmentError(f"{p}: {e}") from None
     return Assignment(devices=devices, method=method, graph_fingerprint=fp)

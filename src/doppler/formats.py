@@ -121,11 +121,11 @@ def graph_from_json_text(text: str, source: str = "<json>") -> DataflowGraph:
     return graph_from_json(doc, source=source)
 
 
-def _number_column(values: Any, key: str, n: int | None, source: str, dtype: Any) -> np.ndarray:
+def _number_column(values: Any, key: str, n: int | None, source: str, dtype: Any, per: str = "op") -> np.ndarray:
     if not isinstance(values, list):
         raise GraphError(f"{source}: {key} must be a list, got {type(values).__name__}")
     if n is not None and len(values) != n:
-        raise GraphError(f"{source}: {key} has {len(values)} entries, expected {n} (one per op)")
+        raise GraphError(f"{source}: {key} has {len(values)} entries, expected {n} (one per {per})")
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise GraphError(f"{source}: {key}[{i}] is {v!r}, not a number")
@@ -174,7 +174,7 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
             raise GraphError(f"{source}: ops.kind[{i}] is {label!r}; known kinds: {', '.join(label_to_code)}")
         kind_codes[i] = code
     src = _number_column(edges.get("src"), "edges.src", None, source, np.int64)
-    dst = _number_column(edges.get("dst"), "edges.dst", src.shape[0], source, np.int64)
+    dst = _number_column(edges.get("dst"), "edges.dst", src.shape[0], source, np.int64, per="edge, as edges.src")
     names = ops.get("name")
     if names is not None and (not isinstance(names, list) or len(names) != n or not all(isinstance(s, str) for s in names)):
         raise GraphError(f"{source}: ops.name must be a list of {n} strings")

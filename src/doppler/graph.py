@@ -29,6 +29,7 @@ to unknown ops, an empty graph and negative/NaN/inf costs are errors
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -37,6 +38,11 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 MAX_BLOCK_DIMS = 4
+
+
+#: the largest total FLOPs (or output bytes) of a graph: sums, longest paths and times on slow
+#: devices must not overflow float64 (whose maximum is about 1.8e308)
+MAX_TOTAL_COST = 1e250
 
 
 class GraphError(ValueError):
@@ -211,6 +217,14 @@ class DataflowGraph:
                 raise GraphError(
                     f"op {self.op_label(i)} has invalid {label} {float(arr[i])!r} (costs must be finite and >= 0)"
                     + (f"; {bad.size - 1} more ops are invalid too" if bad.size > 1 else "")
+                )
+            with np.errstate(over="ignore"):
+                total = float(arr.sum())
+            if not math.isfinite(total) or total > MAX_TOTAL_COST:
+                i = int(np.argmax(arr))
+                raise GraphError(
+                    f"op {self.op_label(i)} has {label} {float(arr[i]):g}: the graph's total {label} overflows "
+                    f"(every sum of costs must stay below {MAX_TOTAL_COST:g})"
                 )
         known_kinds = np.array([k.value for k in OpKind])
         bad_kind = np.flatnonzero(~np.isin(self.kind, known_kinds))

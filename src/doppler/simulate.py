@@ -945,7 +945,7 @@ def _check_batch(graph: DataflowGraph, assignments: Any, num_devices: int) -> np
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             b, i = (int(x) for x in np.argwhere(bad)[0])
-            raise AssignmentError(f"assignment {b}: op {graph.op_label(i)} has a non-integer device {arr[b, i]!r}")
+            raise AssignmentError(f"assignment {b}: op {graph.op_label(i)} has a non-integer device {float(arr[b, i]):g}")
     elif arr.dtype.kind not in "iu" and arr.size:
         raise AssignmentError(f"assignments must hold device indices, got values of type {arr.dtype}")
     devs = np.ascontiguousarray(arr, dtype=np.int64)

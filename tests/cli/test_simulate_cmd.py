@@ -136,3 +136,31 @@ def test_gantt_format_follows_the_extension_and_unknown_ones_exit_2(files) -> No
     ok = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"], "--gantt", d / "g.jpg")
     assert ok.exit_code == 0, ok.output
     assert (d / "g.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # JPEG, not PNG bytes under a .jpg name
+
+
+def _graph_file(d, name: str, ops: dict, edges: dict):
+    p = d / f"{name}.json"
+    p.write_text(json.dumps({"format": "doppler-graph", "version": 1, "name": name,
+                             "ops": {"kind": ["matmul"] * len(ops["flops"]), **ops}, "edges": edges}))  # fmt: skip
+    return p
+
+
+def test_clean_one_line_messages_for_bad_costs_edges_and_devices(files) -> None:
+    d = files["dir"]
+    big = _graph_file(d, "big", {"flops": [1e308, 1e308], "output_bytes": [1, 1]}, {"src": [0], "dst": [1]})
+    res = run("graph", "info", big)
+    assert res.exit_code == 2 and "op 0" in res.output and "overflows" in res.output and "inf" not in res.output
+    short = _graph_file(d, "short", {"flops": [1, 1], "output_bytes": [1, 1]}, {"src": [0, 1], "dst": [1]})
+    res = run("graph", "info", short)
+    assert res.exit_code == 2 and "one per edge" in res.output
+    dup = _graph_file(d, "dup", {"flops": [1, 1], "output_bytes": [1, 1]}, {"src": [0, 0], "dst": [1, 1]})
+    res = run("graph", "info", dup)
+    assert res.exit_code == 0 and "warning: graph 'dup': merged 1 duplicate edge(s)" in res.output
+    assert "UserWarning" not in res.output and "graph.py" not in res.output
+    for text, needle in (("[0, 1e30]", "device 1e+30, not a device index"), ("[0, 0.5]", "non-integer device 0.5"),
+                         ("[0, 5]", "device 5, but the cluster has devices 0..1")):  # fmt: skip
+        a = d / "bad_a.json"
+        a.write_text(text)
+        res = run("simulate", dup, "--cluster", "unit:2", "--assignment", a)
+        assert res.exit_code == 2 and needle in res.output and "bad_a.json" in res.output, res.output
+        assert "np.float64" not in res.output

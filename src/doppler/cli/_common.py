@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import warnings
 from typing import Any, Iterator
 
 import typer
@@ -68,11 +69,18 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """Warnings as one clean line on stderr (no source file, no code line)."""
+    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
 @contextlib.contextmanager
 def handle_errors() -> Iterator[None]:
-    """Turn user mistakes into exit 2 with one line, anything else into exit 1."""
+    """Turn user mistakes into exit 2 with one line, anything else into exit 1; warnings print as one line."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            yield
     except typer.Exit:
         raise
     except user_error_types() as e:

@@ -82,7 +82,7 @@ def execute_cmd(
 
             figure_format(gantt_path)
         graph = load_graph(graph_path)
-        assignment = load_assignment(assignment_path, graph)
+        assignment = load_assignment(assignment_path, graph, num_devices)
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
                   timeout_s=timeout_s,
                   cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler)  # fmt: skip

@@ -46,7 +46,7 @@ def simulate_cmd(
         _check_dispatch(dispatch, mode)
         graph = load_graph(graph_path)
         cl = cluster(cluster_name)
-        assignment = load_assignment(assignment_path, graph)
+        assignment = load_assignment(assignment_path, graph, cl.num_devices)
         t0 = time.perf_counter()
         result = simulate(
             graph, cl, assignment, mode=mode, trace=True, noise_sigma=noise, seed=seed, link_contention=link_contention,
@@ -131,7 +131,7 @@ def diff_cmd(
         cl = cluster(cluster_name)
         sides = []
         for path in (first, second):
-            a = load_assignment(path, graph)
+            a = load_assignment(path, graph, cl.num_devices)
             tr = simulate(graph, cl, a, trace=True).trace
             assert tr is not None
             sides.append({"file": str(path), "method": a.method, "makespan_s": tr.makespan_s,
