@@ -94,9 +94,11 @@ def check_assignment(graph: DataflowGraph, devices: np.ndarray, num_devices: int
     return devices
 
 
-def load_assignment(path: str | Path, graph: DataflowGraph | None = None, num_devices: int | None = None) -> Assignment:
-    """Read an assignment file; with ``graph``, check its length and fingerprint; with
-    ``num_devices``, that every device index is in range (errors name the file)."""
+def load_assignment(
+    path: str | Path, graph: DataflowGraph | None = None, num_devices: int | None = None, *, check_fingerprint: bool = True
+) -> Assignment:
+    """Read an assignment file; with ``graph``, check its length and (unless told not to) its
+    fingerprint; with ``num_devices``, that every device index is in range (errors name the file)."""
     p = Path(path)
     try:
         obj = json.loads(p.read_text())
@@ -122,9 +124,10 @@ def load_assignment(path: str | Path, graph: DataflowGraph | None = None, num_de
             raise AssignmentError(
                 f"{p}: the assignment has {devices.shape[0]} entries but graph {graph.name!r} has {graph.num_ops} ops"
             )
-        if fp is not None and fp != graph.fingerprint():
+        if check_fingerprint and fp is not None and not graph.matches_fingerprint(fp):
             raise AssignmentError(
-                f"{p}: made for a different graph (fingerprint {fp}, this graph is {graph.fingerprint()})"
+                f"{p}: made for a different graph (fingerprint {fp}, this graph is {graph.fingerprint()}; "
+                "--ignore-fingerprint uses it anyway if the ops are the same)"
             )
     if graph is not None and num_devices is not None:
         try:

@@ -71,14 +71,19 @@ def load_graph(path: str | Path) -> DataflowGraph:
     return graph_from_text(text, source=str(p), name=p.stem)
 
 
-def save_graph(graph: DataflowGraph, path: str | Path) -> None:
-    """Write a graph file atomically, choosing the format by extension."""
+def save_graph(graph: DataflowGraph, path: str | Path, *, round_costs: bool = False) -> None:
+    """Write a graph file atomically, choosing the format by extension. The text format
+    needs integer costs: ``round_costs`` rounds them, otherwise a non-integer cost is an error."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".json":
         atomic_write_text(p, json.dumps(graph_to_json(graph), separators=(",", ":")) + "\n")
     elif suffix == ".txt":
-        atomic_write_text(p, graph_to_text(graph))
+        try:
+            text = graph_to_text(graph, round_costs=round_costs)
+        except GraphError as e:
+            raise GraphError(f"{p}: {e}") from None
+        atomic_write_text(p, text)
     else:
         raise GraphError(f"{p}: unknown graph file extension {p.suffix!r} (use .json or .txt)")
 
@@ -284,22 +289,27 @@ def graph_from_text(text: str, source: str = "<text>", name: str = "graph") -> D
         raise GraphError(f"{source}: {e}") from None
 
 
-def _int_text(values: np.ndarray, what: str, graph: DataflowGraph) -> list[str]:
+def _int_text(values: np.ndarray, what: str, graph: DataflowGraph, round_costs: bool) -> list[str]:
+    if round_costs:
+        values = np.round(values)
     bad = np.flatnonzero(values != np.round(values))
     if bad.size:
         i = int(bad[0])
-        raise GraphError(f"op {graph.op_label(i)} has non-integer {what} {values[i]!r}; the DOPPLER text format needs integers")
+        raise GraphError(
+            f"op {graph.op_label(i)} has non-integer {what} {float(values[i]):.17g}; the DOPPLER text format needs "
+            f"integers (use --round to round every cost; {bad.size} ops are affected)"
+        )
     return [str(int(v)) for v in values]
 
 
-def graph_to_text(graph: DataflowGraph) -> str:
+def graph_to_text(graph: DataflowGraph, *, round_costs: bool = False) -> str:
     """The DOPPLER text form of a graph (canonical separators: ``,``)."""
     header = graph.meta.get("text_format", {})
     input_ids = [int(v) for v in header.get("input_ids", [])]
     total = graph.num_ops + len(input_ids)
     with_optype = bool(header.get("optypes", True))
-    compute = _int_text(graph.flops, "flops", graph)
-    comm = _int_text(graph.output_bytes, "output_bytes", graph)
+    compute = _int_text(graph.flops, "flops", graph, round_costs)
+    comm = _int_text(graph.output_bytes, "output_bytes", graph, round_costs)
     lines = [
         str(total),
         ",".join(map(str, input_ids)),

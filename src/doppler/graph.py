@@ -434,18 +434,28 @@ class DataflowGraph:
 
     # ----------------------------------------------------------- identity
     def fingerprint(self) -> str:
-        """Stable content hash of structure and costs (names, specs and metadata excluded)."""
+        """Stable content hash of structure and costs (names, kinds, specs and metadata excluded),
+        so a graph keeps it through JSON -> DOPPLER text -> JSON, whose optypes are coarser than our kinds."""
+        return self._hash(b"doppler-graph-v2", with_kind=False)
+
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint files written before v2 carry (it also hashed the op kinds)."""
+        return self._hash(b"doppler-graph-v1", with_kind=True)
+
+    def matches_fingerprint(self, fp: str) -> bool:
+        """True if ``fp`` is this graph's fingerprint, current or legacy."""
+        return fp == self.fingerprint() or fp == self.legacy_fingerprint()
+
+    def _hash(self, tag: bytes, with_kind: bool) -> str:
         h = hashlib.sha256()
-        h.update(b"doppler-graph-v1")
+        h.update(tag)
         h.update(np.int64(self.num_ops).tobytes())
         order = np.lexsort((self.dst, self.src))
-        for arr in (
-            self.src[order].astype("<i8"),
-            self.dst[order].astype("<i8"),
-            self.kind.astype("<i1"),
-            self.flops.astype("<f8"),
-            self.output_bytes.astype("<f8"),
-        ):
+        arrays = [self.src[order].astype("<i8"), self.dst[order].astype("<i8")]
+        if with_kind:
+            arrays.append(self.kind.astype("<i1"))
+        arrays += [self.flops.astype("<f8"), self.output_bytes.astype("<f8")]
+        for arr in arrays:
             h.update(np.ascontiguousarray(arr).tobytes())
         return h.hexdigest()[:16]
 

@@ -584,7 +584,9 @@ class Trainer:
 
     def load_state(self, ck: dict[str, Any]) -> None:
         """Continue from a checkpoint of the same graphs (see :meth:`state`)."""
-        if [g["fingerprint"] for g in ck["graphs"]] != [t.graph.fingerprint() for t in self.tasks]:
+        if len(ck["graphs"]) != len(self.tasks) or not all(
+            t.graph.matches_fingerprint(g["fingerprint"]) for g, t in zip(ck["graphs"], self.tasks)
+        ):
             raise TrainError("the checkpoint was trained on other graphs (fingerprints differ)")
         self.policy.load_state_dict(ck["state_dict"])
         self.optimizer.load_state_dict(ck["optimizer"])

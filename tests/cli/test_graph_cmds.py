@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from doppler.cli import app
-from doppler.formats import load_graph
+from doppler.formats import load_graph, save_graph
 
 runner = CliRunner()
 
@@ -119,3 +120,33 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
 def test_demo_rejects_bad_budget() -> None:
     res = run("demo", "--budget-s", "0")
     assert res.exit_code == 2 and "--budget-s" in res.stderr
+
+
+def test_convert_to_text_needs_integer_costs_or_round(tmp_path: Path) -> None:
+    from doppler import workloads
+    from doppler.formats import load_graph, save_graph
+
+    g = workloads.build("random", num_ops=10, seed=0)  # lognormal (non-integer) costs
+    src = tmp_path / "g.json"
+    save_graph(g, src)
+    res = run("graph", "convert", str(src), str(tmp_path / "g.txt"))
+    assert res.exit_code == 2 and "g.txt" in res.output and "--round" in res.output and "np.float64" not in res.output
+    assert not (tmp_path / "g.txt").exists()
+    res = run("graph", "convert", str(src), str(tmp_path / "g.txt"), "--round")
+    assert res.exit_code == 0, res.output
+    back = load_graph(tmp_path / "g.txt")
+    assert np.array_equal(back.flops, np.round(g.flops))
+
+
+def test_ignore_fingerprint_uses_an_assignment_of_another_graph_version(tmp_path: Path) -> None:
+    from doppler.graph import from_edges
+
+    g1 = from_edges([1, 2], [(0, 1)], [1, 1], name="v1")
+    g2 = from_edges([1, 3], [(0, 1)], [1, 1], name="v2")  # same ops, another cost
+    save_graph(g2, tmp_path / "g2.json")
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"assignment": [0, 1], "graph_fingerprint": g1.fingerprint()}))
+    res = run("simulate", str(tmp_path / "g2.json"), "-c", "unit:2", "-a", str(a))
+    assert res.exit_code == 2 and "--ignore-fingerprint" in res.output
+    res = run("simulate", str(tmp_path / "g2.json"), "-c", "unit:2", "-a", str(a), "--ignore-fingerprint")
+    assert res.exit_code == 0, res.output

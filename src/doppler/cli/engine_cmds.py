@@ -63,6 +63,7 @@ def execute_cmd(
     csv_path: Optional[Path] = typer.Option(None, "--ops-csv", help="Write the median run as a per-op table (CSV)."),
     scheduler: Optional[str] = SCHEDULER_OPT,
     timeout_s: float = TIMEOUT_OPT,
+    ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use an assignment made for another version of the graph."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Execute one assignment on a real engine and report the measured makespan."""
@@ -82,7 +83,7 @@ def execute_cmd(
 
             figure_format(gantt_path)
         graph = load_graph(graph_path)
-        assignment = load_assignment(assignment_path, graph, num_devices)
+        assignment = load_assignment(assignment_path, graph, num_devices, check_fingerprint=not ignore_fingerprint)
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
                   timeout_s=timeout_s,
                   cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler)  # fmt: skip

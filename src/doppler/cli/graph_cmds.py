@@ -124,12 +124,13 @@ def info_cmd(
 def convert_cmd(
     input_path: Path = typer.Argument(..., metavar="IN", help="Graph file to read (.json or .txt)."),
     output_path: Path = typer.Argument(..., metavar="OUT", help="Graph file to write (.json or .txt)."),
+    round_costs: bool = typer.Option(False, "--round", help="Round costs to integers (the text format needs integers)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Convert between the native JSON and the DOPPLER text format (by extension)."""
     with handle_errors():
         graph = load_graph(input_path)
-        save_graph(graph, output_path)
+        save_graph(graph, output_path, round_costs=round_costs)
         if json_out:
             emit_json({"input": str(input_path), "output": str(output_path), "num_ops": graph.num_ops,
                        "num_edges": graph.num_edges, "fingerprint": graph.fingerprint()})

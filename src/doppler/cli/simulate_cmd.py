@@ -26,6 +26,7 @@ def simulate_cmd(
     noise: float = typer.Option(0.0, "--noise", help="Lognormal noise sigma on every duration (0 = deterministic)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
     link_contention: bool = typer.Option(False, "--link-contention", help="Serialise transfers per ordered link."),
+    ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use an assignment made for another version of the graph (same op count)."),
     dispatch: str = typer.Option(
         "fifo", "--dispatch", help="fifo (ready ops run in arrival order) or priority (in op-id order; wc only)."
     ),
@@ -46,7 +47,7 @@ def simulate_cmd(
         _check_dispatch(dispatch, mode)
         graph = load_graph(graph_path)
         cl = cluster(cluster_name)
-        assignment = load_assignment(assignment_path, graph, cl.num_devices)
+        assignment = load_assignment(assignment_path, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint)
         t0 = time.perf_counter()
         result = simulate(
             graph, cl, assignment, mode=mode, trace=True, noise_sigma=noise, seed=seed, link_contention=link_contention,
@@ -117,6 +118,7 @@ def diff_cmd(
     first: Path = typer.Argument(..., metavar="A.json", help="First assignment."),
     second: Path = typer.Argument(..., metavar="B.json", help="Second assignment."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset or JSON file."),
+    ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use assignments made for another version of the graph."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
     """Two assignments side by side: simulated makespan, ops per device, transfers, and the ops that moved."""
@@ -131,7 +133,7 @@ def diff_cmd(
         cl = cluster(cluster_name)
         sides = []
         for path in (first, second):
-            a = load_assignment(path, graph, cl.num_devices)
+            a = load_assignment(path, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint)
             tr = simulate(graph, cl, a, trace=True).trace
             assert tr is not None
             sides.append({"file": str(path), "method": a.method, "makespan_s": tr.makespan_s,

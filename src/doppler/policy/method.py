@@ -23,8 +23,7 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
 
     A policy trained on several graphs may be applied to any graph (zero-shot)."""
     graphs = meta["graphs"]
-    fp = graph.fingerprint()
-    if any(g["fingerprint"] == fp for g in graphs):
+    if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
         if len(graphs) == 1:
             trained_on = json.loads(meta["cluster"])
             if trained_on != cluster.to_json():
