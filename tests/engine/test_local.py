@@ -174,3 +174,11 @@ def test_repeated_runs_do_not_leak_memory() -> None:
         run(g, dev, num_devices=2, program=prog, keep_outputs=False)
     grown_mb = (psutil.Process().memory_info().rss - before) / 1e6
     assert grown_mb < 40, f"RSS grew by {grown_mb:.1f} MB over 50 runs"
+
+
+def test_timeout_beyond_a_week_is_rejected() -> None:
+    from doppler.engine import MAX_TIMEOUT_S
+
+    g = workloads.build("ffnn", size="tiny")
+    with pytest.raises(EngineError, match="a week"):
+        run(g, [0] * g.num_ops, timeout_s=MAX_TIMEOUT_S * 2)

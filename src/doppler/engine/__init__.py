@@ -32,6 +32,8 @@ ENGINES = ("local", "dask")
 #: the most devices a local run may use (one thread per device, one per ordered link)
 MAX_LOCAL_DEVICES = 64
 DEFAULT_TIMEOUT_S = 600.0
+#: the longest timeout accepted (a week; the platform's wait primitives overflow far beyond)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -66,8 +68,8 @@ def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float)
         raise EngineError(f"the local engine runs at most {MAX_LOCAL_DEVICES} devices, got {num_devices}")
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
         raise EngineError(f"repeats must be an integer >= 1, got {repeats!r}")
-    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
-        raise EngineError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise EngineError(f"timeout_s must be a number > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {timeout_s!r}")
 
 
 def run(
