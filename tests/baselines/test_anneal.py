@@ -97,3 +97,25 @@ def test_keeps_searching_while_above_the_lower_bound(setup):
     a = assign(g, c, "anneal", max_evals=256, batch_size=32)
     assert not a.info["reached_lower_bound"]  # slow links: far above the compute-only bound
     assert a.info["evals"] == 256
+
+
+def test_anneal_starts_from_the_best_cheap_method_including_metis_and_round_robin_block() -> None:
+    from doppler import assign, cluster, simulate, workloads
+
+    g = workloads.build("ffnn", size="tiny")
+    cl = cluster("p100x4")
+    a = assign(g, cl, "anneal", max_evals=0)  # no search: the start itself
+    starts = [simulate(g, cl, assign(g, cl, m)).makespan_s
+              for m in ("critical_path", "heft", "enumerative", "round_robin_block", "metis")]  # fmt: skip
+    assert simulate(g, cl, a).makespan_s == pytest.approx(min(starts))
+
+
+def test_python_api_accepts_a_preset_name_like_the_cli() -> None:
+    from doppler import assign, simulate, workloads
+    from doppler.hardware import ClusterError
+
+    g = workloads.build("ffnn", size="tiny")
+    a = assign(g, "p100x4", "heft")
+    assert simulate(g, "p100x4", a).makespan_s > 0
+    with pytest.raises(ClusterError, match="unknown cluster 'nosuch'"):
+        assign(g, "nosuch", "heft")

@@ -186,3 +186,16 @@ def test_a_directory_where_a_file_belongs_is_exit_2_naming_it(graph_file: Path, 
     res = runner.invoke(app, [str(graph_file) if a == "G" else str(tmp_path) if a == "DIR" else a for a in args])
     assert res.exit_code == 2, res.output
     assert str(tmp_path) in res.output and "directory" in res.output.lower() and "Traceback" not in res.output
+
+
+def test_anneal_init_starts_from_a_given_assignment(graph_file: Path, tmp_path: Path) -> None:
+    g = load_graph(graph_file)
+    start = tmp_path / "start.json"
+    start.write_text(json.dumps([0] * g.num_ops))
+    out = tmp_path / "a.json"
+    res = run("assign", str(graph_file), "-c", "unit:2", "-m", "anneal", "--budget-s", "0.3", "--init", str(start),
+              "-o", str(out), "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["makespan_s"] <= float(g.flops.sum())  # never worse than its start (all on one device)
+    bad = run("assign", str(graph_file), "-c", "unit:2", "-m", "heft", "--init", str(start), "-o", str(out))
+    assert bad.exit_code == 2 and "--init" in bad.output

@@ -128,6 +128,10 @@ def assign(
     """
     spec = get_method(method)
     check_budget(budget_s)
+    if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
+        from doppler.hardware import cluster as resolve_cluster
+
+        cluster = resolve_cluster(cluster)
     d = int(cluster.num_devices)
     if d < spec.min_devices:
         raise MethodError(
@@ -181,6 +185,10 @@ def compare(
     for m in methods:
         get_method(m)
     check_budget(budget_s)
+    if not hasattr(cluster, "num_devices"):
+        from doppler.hardware import cluster as resolve_cluster
+
+        cluster = resolve_cluster(cluster)
     lb = float(lower_bound(graph, cluster))
     rows: list[dict[str, Any]] = []
     for m in methods:

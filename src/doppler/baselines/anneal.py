@@ -2,8 +2,9 @@
 
 The obvious answer to "why RL?": search assignments directly in the simulator.
 
-* Start: the best (by simulated makespan) of ``critical_path``, ``heft`` and
-  ``enumerative`` (ties: in that order), or an explicit ``start`` assignment.
+* Start: the best (by simulated makespan) of every cheap method: ``critical_path``,
+  ``heft``, ``enumerative``, ``round_robin_block`` and ``metis`` (ties: in that
+  order), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
   and scores them in one :func:`doppler.simulate.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
@@ -148,7 +149,7 @@ class _Moves:
 
 @register(
     "anneal",
-    description="simulated annealing in the WC simulator from the best of critical_path/heft/enumerative",
+    description="simulated annealing in the WC simulator from the best cheap method (or --init)",
     uses_budget=True,
     deterministic=False,
 )
@@ -189,11 +190,15 @@ def anneal_search(
         from doppler.baselines.critical_path import critical_path_schedule
         from doppler.baselines.enumerative import enumerative_assign
         from doppler.baselines.heft import heft_schedule
+        from doppler.baselines.metis import metis_partition
+        from doppler.baselines.simple import round_robin_block
 
         cands = {
             "critical_path": critical_path_schedule(graph, cluster)["assignment"],
             "heft": heft_schedule(graph, cluster).assignment,
             "enumerative": enumerative_assign(graph, cluster)[0],
+            "round_robin_block": round_robin_block(graph, cluster).devices,
+            "metis": metis_partition(graph, cluster, seed=seed),
         }
     names = list(cands)
     ms = _simulate_many(graph, cluster, np.stack([cands[k] for k in names]))

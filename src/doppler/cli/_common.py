@@ -28,8 +28,9 @@ app = typer.Typer(
 graph_app = typer.Typer(help="Build, inspect, convert and draw dataflow graphs.", no_args_is_help=True)
 app.add_typer(graph_app, name="graph")
 
-console = Console()
-err_console = Console(stderr=True)
+# piped (not a terminal): no wrapping at 80 columns inside file names, no truncated table cells
+console = Console() if sys.stdout.isatty() else Console(width=1000)
+err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=1000)
 
 
 class UserError(Exception):

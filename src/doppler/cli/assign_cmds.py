@@ -77,6 +77,7 @@ def assign_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Samples drawn by a learned method."),
+    init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Assign every op of a graph to a device with one method and write the assignment file."""
@@ -87,6 +88,12 @@ def assign_cmd(
         _check_budget(budget_s)
         kw = _method_kwargs(checkpoint, samples)
         graph, cl = _load(graph_path, cluster_name)
+        if init is not None:
+            if method != "anneal":
+                raise UserError(f"--init starts a search from an assignment; method {method!r} does not search")
+            from doppler.assignment import load_assignment
+
+            kw["start"] = load_assignment(init, graph, cl.num_devices).devices
         if spec.uses_budget:
             a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
         else:
