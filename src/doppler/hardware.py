@@ -134,6 +134,19 @@ def _finite_nonneg(x: float) -> bool:
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
+def _check_by_kind(at: str, field_name: str, values: Any, unit: str, ok: Callable[[Any], bool], bound: str) -> None:
+    """A per-kind override map: known op kinds only, each value passing ``ok``."""
+    if not isinstance(values, dict):
+        raise ClusterError(f"{at}: {field_name} must be an object mapping op kinds to {unit}")
+    for label, value in values.items():
+        try:
+            OpKind.parse(str(label))
+        except ValueError as e:
+            raise ClusterError(f"{at}: {field_name}: {e}") from None
+        if not ok(value):
+            raise ClusterError(f"{at}: {field_name}[{label!r}] must be a finite number {bound}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Device:
     """One execution device: a GPU or a CPU worker."""
@@ -156,26 +169,10 @@ class Device:
             raise ClusterError(f"{at}: kind must be one of {', '.join(DEVICE_KINDS)}, got {self.kind!r}")
         if not _finite_positive(self.flops_per_s):
             raise ClusterError(f"{at}: flops_per_s must be a finite number > 0, got {self.flops_per_s!r}")
-        if not isinstance(self.flops_per_s_by_kind, dict):
-            raise ClusterError(f"{at}: flops_per_s_by_kind must be an object mapping op kinds to FLOP/s")
-        for label, rate in self.flops_per_s_by_kind.items():
-            try:
-                OpKind.parse(str(label))
-            except ValueError as e:
-                raise ClusterError(f"{at}: flops_per_s_by_kind: {e}") from None
-            if not _finite_positive(rate):
-                raise ClusterError(f"{at}: flops_per_s_by_kind[{label!r}] must be a finite number > 0, got {rate!r}")
+        _check_by_kind(at, "flops_per_s_by_kind", self.flops_per_s_by_kind, "FLOP/s", _finite_positive, "> 0")
         if not _finite_nonneg(self.overhead_s):
             raise ClusterError(f"{at}: overhead_s must be a finite number >= 0, got {self.overhead_s!r}")
-        if not isinstance(self.overhead_s_by_kind, dict):
-            raise ClusterError(f"{at}: overhead_s_by_kind must be an object mapping op kinds to seconds")
-        for label, sec in self.overhead_s_by_kind.items():
-            try:
-                OpKind.parse(str(label))
-            except ValueError as e:
-                raise ClusterError(f"{at}: overhead_s_by_kind: {e}") from None
-            if not _finite_nonneg(sec):
-                raise ClusterError(f"{at}: overhead_s_by_kind[{label!r}] must be a finite number >= 0, got {sec!r}")
+        _check_by_kind(at, "overhead_s_by_kind", self.overhead_s_by_kind, "seconds", _finite_nonneg, ">= 0")
         mem = self.memory_bytes
         if isinstance(mem, bool) or not isinstance(mem, (int, float, np.floating, np.integer)) or not (mem > 0):
             raise ClusterError(f"{at}: memory_bytes must be > 0 (or null for unlimited), got {mem!r}")
@@ -285,23 +282,22 @@ class Cluster:
         names = ", ".join(d.name for d in self.devices)
         raise ClusterError(f"cluster {self.name!r} has no device {name_or_index!r} (devices: {names})")
 
-    def throughput_matrix(self) -> np.ndarray:
-        """FLOP/s per (OpKind code, device): float64[len(OpKind), D]."""
+    def _per_kind_matrix(self, default: str, by_kind: str) -> np.ndarray:
+        """A device field per (OpKind code, device), with its per-kind overrides: float64[len(OpKind), D]."""
         out = np.empty((len(OpKind), self.num_devices))
         for j, dev in enumerate(self.devices):
-            out[:, j] = dev.flops_per_s
-            for label, rate in dev.flops_per_s_by_kind.items():
-                out[OpKind.parse(label).value, j] = rate
+            out[:, j] = getattr(dev, default)
+            for label, value in getattr(dev, by_kind).items():
+                out[OpKind.parse(label).value, j] = value
         return out
+
+    def throughput_matrix(self) -> np.ndarray:
+        """FLOP/s per (OpKind code, device): float64[len(OpKind), D]."""
+        return self._per_kind_matrix("flops_per_s", "flops_per_s_by_kind")
 
     def overhead_matrix(self) -> np.ndarray:
         """Fixed seconds per op per (OpKind code, device): float64[len(OpKind), D]."""
-        out = np.empty((len(OpKind), self.num_devices))
-        for j, dev in enumerate(self.devices):
-            out[:, j] = dev.overhead_s
-            for label, sec in dev.overhead_s_by_kind.items():
-                out[OpKind.parse(label).value, j] = sec
-        return out
+        return self._per_kind_matrix("overhead_s", "overhead_s_by_kind")
 
     def compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
         """Seconds each op takes on each device: float64[num_ops, D]."""

@@ -26,7 +26,6 @@ per-pair links) that ``doppler simulate``/``validate`` load like any preset.
 from __future__ import annotations
 
 import datetime
-import math
 import platform
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -129,7 +128,10 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     dur = np.concatenate([t.op_end - t.op_start for t in traces])
     flops = np.tile(graph.flops, len(traces))
     kinds = np.tile(graph.kind.astype(np.int64), len(traces))
-    dispatch = float(np.median(np.concatenate([_dispatch_gaps(t) for t in traces])))
+    gaps = np.concatenate([_dispatch_gaps(t) for t in traces])
+    if gaps.size == 0:
+        raise EngineError("calibration measured no ops, so no dispatch gaps")
+    dispatch = float(np.median(gaps))
     dur = np.maximum(dur, 1e-7)
     devices: list[Device] = []
     kernel_fits: list[dict[str, Any]] = []
@@ -232,6 +234,4 @@ def calibrate(
     name = f"{engine}{num_devices}-calibrated"
     res = fit_cluster(graph, traces, num_devices, name=name, meta=meta)
     res.cluster.meta["dispatch_s"] = res.dispatch_s
-    if not math.isfinite(res.dispatch_s):
-        raise EngineError("calibration measured no dispatch gaps")
     return res
