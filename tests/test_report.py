@@ -9,7 +9,7 @@ import pytest
 
 from doppler.graph import OpKind, from_edges
 from doppler.hardware import cluster
-from doppler.report import format_seconds, gantt
+from doppler.report import format_time, gantt, time_unit
 from doppler.simulate import lower_bound, simulate
 
 
@@ -48,7 +48,42 @@ def test_gantt_accepts_a_trace_and_needs_one(tmp_path: Path) -> None:
         gantt(g, c, simulate(g, c, [0, 1, 0]), tmp_path / "u.png")
 
 
-def test_format_seconds() -> None:
-    assert format_seconds(0.0123) == "12.3 ms"
-    assert format_seconds(2.5) == "2.5 s"
-    assert format_seconds(3e-6) == "3 µs"
+def test_format_time() -> None:
+    assert format_time(0.0123) == "12.3 ms"
+    assert format_time(2.5) == "2.5 s"
+    assert format_time(3e-6) == "3 µs"
+
+
+def test_large_gantt_drops_outlines_samples_transfers_and_threads_the_critical_path(tmp_path: Path, monkeypatch) -> None:
+    import doppler.report as report
+
+    figs = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
+    g = _graph()
+    c = cluster("p100x4")
+    tr = simulate(g, c, np.arange(g.num_ops) % 4, trace=True).trace
+    assert tr.num_transfers > 10
+    gantt(g, c, tr, tmp_path / "big.png", detail_ops=5, max_transfer_lines=10)
+    ax = figs[-1].axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"transfer (10 of {tr.num_transfers} shown)" in labels
+    assert f"critical path ({len(tr.critical_path(g))} ops)" in labels
+    assert not ax.texts or all("%" in t.get_text() or t.get_text() == "busy" for t in ax.texts)
+    bars = [col for col in ax.collections if type(col).__name__ == "PolyCollection"]
+    assert bars and all(col.get_edgecolor().size == 0 for col in bars)  # no outlines
+    gantt(g, c, tr, tmp_path / "small.png")  # the detailed chart: outlined critical ops, every transfer
+    labels = [t.get_text() for t in figs[-1].axes[0].get_legend().get_texts()]
+    assert "transfer" in labels and "critical path" in labels
+
+
+def test_unit_cost_clusters_print_units(tmp_path: Path, monkeypatch) -> None:
+    import doppler.report as report
+
+    g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
+    c = cluster("unit:2")
+    assert format_time(12.5, c) == "12.5 units" and format_time(12.5) == "12.5 s"
+    assert time_unit(1e-3, c) == (1.0, "units")
+    figs = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
+    gantt(g, c, simulate(g, c, [0, 1, 0], trace=True), tmp_path / "u.png")
+    assert figs[0].axes[0].get_xlabel() == "time (units)"

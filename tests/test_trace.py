@@ -57,3 +57,63 @@ def test_ops_csv_round_trips_the_times(traced, tmp_path) -> None:
     assert [int(r["device"]) for r in rows] == tr.op_device.tolist()
     assert [float(r["end_s"]) for r in rows] == tr.op_end.tolist()  # repr keeps every digit
     assert rows[0]["kind"] == g.kind_labels()[0]
+
+
+# ------------------------------------------------------------------ device memory
+def _slow_peak(g, tr, num_devices: int) -> np.ndarray:
+    """Obviously-correct reference: list every buffer with loops, then sum what is live at every allocation time."""
+    bufs = []  # (device, alloc, free, bytes)
+    for u in range(g.num_ops):
+        d = int(tr.op_device[u])
+        succ = [int(v) for v in g.successors(u)]
+        if not succ:
+            free = tr.makespan_s
+        else:
+            free = max([float(tr.op_end[u])] + [float(tr.op_end[v]) for v in succ if tr.op_device[v] == d]
+                       + [float(tr.tr_end[k]) for k in range(tr.num_transfers) if tr.tr_src_op[k] == u])  # fmt: skip
+        bufs.append((d, float(tr.op_start[u]), free, float(g.output_bytes[u])))
+    for k in range(tr.num_transfers):
+        u, b = int(tr.tr_src_op[k]), int(tr.tr_dst_device[k])
+        free = max(float(tr.op_end[v]) for v in g.successors(u) if tr.op_device[v] == b)
+        bufs.append((b, float(tr.tr_start[k]), free, float(tr.tr_bytes[k])))
+    peak = np.zeros(num_devices)
+    for d, t, _, _ in bufs:
+        live = sum(nb for e, a, f, nb in bufs if e == d and (a <= t < f or a == f == t))
+        peak[d] = max(peak[d], live)
+    return peak
+
+
+def test_peak_memory_of_a_chain_on_one_device_is_two_buffers() -> None:
+    from doppler.graph import DataflowGraph
+
+    g = DataflowGraph.from_arrays([1.0, 2.0, 3.0], [10.0, 20.0, 40.0], [0, 1], [1, 2])
+    tr = simulate(g, cluster("unit:2"), [0, 0, 0], trace=True).trace
+    # op 1 runs while op 0's output (read) and its own output (written) are live: 30; op 2: 20 + 40
+    assert tr.peak_memory_bytes(g, 2).tolist() == [60.0, 0.0]
+
+
+def test_peak_memory_counts_received_copies_on_the_receiver() -> None:
+    from doppler.graph import DataflowGraph
+
+    # 0 -> 1 (other device) -> 2 (back on the first): the copy of 0 lives on device 1 until 1 ends
+    g = DataflowGraph.from_arrays([1.0, 1.0, 1.0], [8.0, 4.0, 2.0], [0, 1], [1, 2])
+    tr = simulate(g, cluster("unit:2"), [0, 1, 0], trace=True).trace
+    assert tr.num_transfers == 2
+    assert tr.peak_memory_bytes(g, 2).tolist() == [8.0, 12.0]  # device 0: 8 until sent, then 4 (copy) + 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_peak_memory_equals_a_slow_reference_on_random_graphs(seed: int) -> None:
+    g = workloads.build("random", num_ops=60, seed=seed)
+    cl = cluster("p100x4")
+    dev = np.random.default_rng(seed).integers(0, 4, g.num_ops)
+    tr = simulate(g, cl, dev, trace=True, link_contention=seed % 2 == 1).trace
+    np.testing.assert_allclose(tr.peak_memory_bytes(g, 4), _slow_peak(g, tr, 4), rtol=1e-12)
+    assert tr.to_json(g, 4)["peak_memory_bytes"] == tr.peak_memory_bytes(g, 4).tolist()
+
+
+def test_peak_memory_of_a_single_device_run_is_at_most_all_outputs(traced) -> None:
+    g, cl, _ = traced
+    tr = simulate(g, cl, np.zeros(g.num_ops, dtype=np.int64), trace=True).trace
+    peak = tr.peak_memory_bytes(g, cl.num_devices)
+    assert 0 < peak[0] <= g.output_bytes.sum() and peak[1:].tolist() == [0.0, 0.0, 0.0]

@@ -270,6 +270,17 @@ class Cluster:
     def streams(self) -> np.ndarray:
         return np.array([d.streams for d in self.devices], dtype=np.int64)
 
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        """Each device's memory (``inf`` where unlimited): float64[D]."""
+        return np.array([d.memory_bytes for d in self.devices], dtype=np.float64)
+
+    @property
+    def unit_cost(self) -> bool:
+        """True for clusters whose times are abstract cost units, not seconds (the ``unit``
+        preset, or ``"meta": {"time_unit": "unit"}`` in a cluster file): output says "units"."""
+        return self.meta.get("preset") == "unit" or self.meta.get("time_unit") == "unit"
+
     def device_index(self, name_or_index: str | int) -> int:
         """Index of a device given its name or index; ClusterError if unknown."""
         if isinstance(name_or_index, (int, np.integer)) and not isinstance(name_or_index, bool):

@@ -75,8 +75,10 @@ def kind_colour(kind: int) -> str:
     return _KIND_COLOURS.get(int(kind), "#999999")
 
 
-def time_unit(span_s: float) -> tuple[float, str]:
-    """(scale, label) so that span_s * scale is a readable number."""
+def time_unit(span_s: float, cluster: "Cluster | None" = None) -> tuple[float, str]:
+    """(scale, label) so that span_s * scale is a readable number; ``(1, "units")`` on a unit-cost cluster."""
+    if cluster is not None and cluster.unit_cost:
+        return 1.0, "units"
     if span_s <= 0:
         return 1.0, "s"
     for scale, label in ((1.0, "s"), (1e3, "ms"), (1e6, "µs"), (1e9, "ns")):
@@ -85,10 +87,27 @@ def time_unit(span_s: float) -> tuple[float, str]:
     return 1e9, "ns"
 
 
-def format_seconds(x: float) -> str:
-    """``0.0123`` -> ``"12.3 ms"``."""
-    scale, unit = time_unit(abs(x))
-    return f"{x * scale:.4g} {unit}"
+def format_time(x: float, cluster: "Cluster | None" = None) -> str:
+    """``0.0123`` -> ``"12.3 ms"``; on a unit-cost cluster (times are cost units) ``"12.3 units"``."""
+    scale, unit = time_unit(abs(x), cluster)
+    return f"{x * scale:.{6 if unit == 'units' else 4}g} {unit}"
+
+
+def format_bytes(x: float) -> str:
+    """``1.6e10`` -> ``"16 GB"`` (decimal units); ``inf`` -> ``"unlimited"``."""
+    if not np.isfinite(x):
+        return "unlimited"
+    for scale, label in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {label}"
+    return f"{x:.0f} B"
+
+
+def memory_overruns(peak_bytes: np.ndarray, cluster: "Cluster") -> list[str]:
+    """One phrase per device whose peak live bytes exceed its ``memory_bytes`` (empty when all fit)."""
+    cap = cluster.memory_bytes
+    return [f"{cluster.devices[d].name} holds {format_bytes(float(peak_bytes[d]))} at peak, more than its "
+            f"{format_bytes(float(cap[d]))}" for d in np.flatnonzero(peak_bytes > cap)]  # fmt: skip
 
 
 def _lanes(dev: np.ndarray, start: np.ndarray, end: np.ndarray, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +139,8 @@ def gantt(
     title: str | None = None,
     lower_bound_s: float | None = None,
     *,
-    max_transfer_lines: int = 20000,
+    detail_ops: int = 2000,
+    max_transfer_lines: int = 1500,
     dpi: int = 200,
 ) -> Path:
     """Draw a Gantt chart of ``result`` (a SimResult with a trace, or a Trace) to ``path``.
@@ -131,6 +151,11 @@ def gantt(
     black (its transfers drawn as dark arrows), makespan and lower bound in
     the title and as vertical lines. The format follows the extension
     (``.png``, ``.pdf``, ``.svg``).
+
+    Graphs of more than ``detail_ops`` ops (a 20k-op graph would be a black
+    mass) are drawn for the big picture instead: bars without outlines, the
+    critical path as one black thread through its ops, and at most
+    ``max_transfer_lines`` transfers (a random sample, said in the legend).
     """
     import matplotlib
 
@@ -147,7 +172,7 @@ def gantt(
     n, D = trace.num_ops, cluster.num_devices
     dev, start, end = trace.op_device, trace.op_start, trace.op_end
     makespan = trace.makespan_s
-    scale, unit = time_unit(makespan)
+    scale, unit = time_unit(makespan, cluster)
 
     lane, nlanes = _lanes(dev, start, end, D)
     # rows top to bottom: device 0 first; each device gets height 1, split into its lanes
@@ -169,23 +194,32 @@ def gantt(
         y0, y1 = op_y0[idx], op_y0[idx] + lane_h[idx] * 0.92
         return [np.array([[a, c], [b, c], [b, d_], [a, d_]]) for a, b, c, d_ in zip(x0, x1, y0, y1)]
 
+    detailed = n <= detail_ops
     kinds_present = [int(k) for k in np.unique(graph.kind)]
     for k in kinds_present:
         m = graph.kind == k
+        if not detailed:  # no outlines: at this density they would hide the bars
+            ax.add_collection(PolyCollection(bars(m), facecolors=kind_colour(k), edgecolors="none", zorder=2))
+            continue
         polys = bars(m & ~on_crit)
         if polys:
             ax.add_collection(PolyCollection(polys, facecolors=kind_colour(k), edgecolors="white", linewidths=0.3, zorder=2))
         polys = bars(m & on_crit)
         if polys:
             ax.add_collection(PolyCollection(polys, facecolors=kind_colour(k), edgecolors="black", linewidths=1.4, zorder=4))
+    if not detailed and crit:
+        # the critical path as one thread: along each op's bar, then to the next op's start
+        cy = op_y0[crit] + lane_h[crit] * 0.46
+        pts = np.stack([np.stack([start[crit] * scale, cy], 1), np.stack([end[crit] * scale, cy], 1)], 1).reshape(-1, 2)
+        ax.plot(pts[:, 0], pts[:, 1], color="#C00000", lw=0.7, alpha=0.9, zorder=5, solid_capstyle="butt")
 
     # transfers: sender row at start -> receiver row at end
     ntr = trace.num_transfers
     crit_pairs = {(u, int(dev[v])) for u, v in zip(crit[:-1], crit[1:]) if dev[u] != dev[v]}
+    shown = np.arange(ntr)
+    if ntr > max_transfer_lines:
+        shown = np.sort(np.random.default_rng(0).choice(ntr, max_transfer_lines, replace=False))
     if ntr:
-        shown = np.arange(ntr)
-        if ntr > max_transfer_lines:
-            shown = np.random.default_rng(0).choice(ntr, max_transfer_lines, replace=False)
         segs = np.stack(
             [
                 np.stack([trace.tr_start[shown] * scale, row_y[trace.tr_src_device[shown]]], axis=1),
@@ -194,7 +228,9 @@ def gantt(
             axis=1,
         )
         alpha = float(np.clip(30.0 / np.sqrt(max(len(shown), 1)), 0.12, 0.6))
-        ax.add_collection(LineCollection(segs, colors="#555555", linewidths=0.6, alpha=alpha, zorder=3))
+        ax.add_collection(LineCollection(segs, colors="#555555", linewidths=0.6 if detailed else 0.3, alpha=alpha,
+                                         zorder=3))  # fmt: skip
+    if ntr and detailed:
         for k in range(ntr):
             if (int(trace.tr_src_op[k]), int(trace.tr_dst_device[k])) in crit_pairs:
                 ax.annotate(
@@ -228,14 +264,18 @@ def gantt(
 
     mode = getattr(trace, "mode", "wc").upper()
     head = title or f"{graph.name} on {cluster.name}"
-    sub = f"{mode} · {n} ops · {ntr} transfers · makespan {format_seconds(makespan)}"
+    sub = f"{mode} · {n} ops · {ntr} transfers · makespan {format_time(makespan, cluster)}"
     if lower_bound_s is not None and lower_bound_s > 0:
-        sub += f" · lower bound {format_seconds(lower_bound_s)} ({makespan / lower_bound_s:.2f}×)"
+        sub += f" · lower bound {format_time(lower_bound_s, cluster)} ({makespan / lower_bound_s:.2f}×)"
     ax.set_title(f"{head}\n{sub}", fontsize=10, loc="left")
 
     handles: list[Any] = [Patch(facecolor=kind_colour(k), edgecolor="none", label=OpKind(k).label) for k in kinds_present]
-    handles.append(Line2D([], [], color="#555555", lw=0.8, label="transfer"))
-    handles.append(Patch(facecolor="white", edgecolor="black", lw=1.4, label="critical path"))
+    sampled = f" ({len(shown)} of {ntr} shown)" if len(shown) < ntr else ""
+    handles.append(Line2D([], [], color="#555555", lw=0.8, label="transfer" + sampled))
+    if detailed:
+        handles.append(Patch(facecolor="white", edgecolor="black", lw=1.4, label="critical path"))
+    else:
+        handles.append(Line2D([], [], color="#C00000", lw=0.9, label=f"critical path ({len(crit)} ops)"))
     handles.append(Line2D([], [], color="black", lw=1.0, label="makespan"))
     if lower_bound_s is not None and lower_bound_s > 0:
         handles.append(Line2D([], [], color="#D55E00", lw=1.0, ls="--", label="lower bound"))
@@ -315,21 +355,25 @@ def draw_graph(graph: DataflowGraph, path: str | Path, title: str | None = None)
 
 
 # ------------------------------------------------------------------ tables
-def comparison_table(rows: list[dict[str, Any]], title: str) -> "Any":
-    """A rich table of :func:`doppler.baselines.compare` rows; the best makespan in bold green."""
+def comparison_table(rows: list[dict[str, Any]], title: str, cluster: "Cluster | None" = None) -> "Any":
+    """A rich table of :func:`doppler.baselines.compare` rows; the best makespan in bold green, peak
+    memory (largest over devices) in red where some device's peak exceeds its memory."""
     from rich.table import Table
 
     table = Table(title=title)
     table.add_column("method")
-    for col in ("makespan", "/ lower bound", "/ critical_path", "assign time (s)"):
+    for col in ("makespan", "/ lower bound", "/ critical_path", "peak memory", "assign time (s)"):
         table.add_column(col, justify="right")
     best = min(r["makespan_s"] for r in rows)
     for r in rows:
+        peak = max(r["peak_memory_bytes"])
+        over = r.get("memory_overruns")
         table.add_row(
             r["method"],
-            format_seconds(r["makespan_s"]),
+            format_time(r["makespan_s"], cluster),
             f"{r['ratio_to_lower_bound']:.3f}" if r["ratio_to_lower_bound"] is not None else "-",
             f"{r['ratio_to_critical_path']:.3f}" if r["ratio_to_critical_path"] is not None else "-",
+            f"[red]{format_bytes(peak)} (over)[/]" if over else format_bytes(peak),
             f"{r['assign_time_s']:.3f}",
             style="bold green" if r["makespan_s"] == best else None,
         )

@@ -67,6 +67,66 @@ class Trace:
             return np.zeros(cluster.num_devices)
         return busy / (mk * cluster.streams)
 
+    def memory_intervals(self, graph: DataflowGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every buffer the run held: (device, alloc_s, free_s, bytes), one row per op output and per transfer.
+
+        The memory model (README, "Device memory"): an op's output buffer is
+        live on its device from the op's *start* (the kernel writes it) until
+        the latest of its own end, the end of every consumer on that device
+        (consumers read while they run) and the end of every transfer of it.
+        A received copy is live on the destination from the transfer's start
+        until the end of the last consumer there. Outputs nobody consumes (the
+        graph's results) stay live until the makespan. Inputs and weights are
+        the outputs of input ops, so they count like any other output.
+        """
+        n, T = self.num_ops, self.num_transfers
+        dev, start, end = self.op_device, self.op_start, self.op_end
+        src, dst = graph.src, graph.dst
+        out_free = end.copy()
+        local = dev[src] == dev[dst]
+        np.maximum.at(out_free, src[local], end[dst[local]])
+        if T:
+            np.maximum.at(out_free, self.tr_src_op, self.tr_end)
+        out_free[graph.out_degree() == 0] = self.makespan_s
+        tr_free = self.tr_end.copy()
+        if T:
+            D = int(max(dev.max(), self.tr_dst_device.max())) + 1
+            tr_key = self.tr_src_op * D + self.tr_dst_device
+            order = np.argsort(tr_key, kind="stable")
+            cross = ~local
+            edge_key = src[cross] * D + dev[dst[cross]]
+            pos = np.minimum(np.searchsorted(tr_key[order], edge_key), T - 1)
+            found = tr_key[order][pos] == edge_key
+            np.maximum.at(tr_free, order[pos[found]], end[dst[cross][found]])
+        return (
+            np.concatenate([dev, self.tr_dst_device]).astype(np.int64),
+            np.concatenate([start, self.tr_start]),
+            np.concatenate([out_free, tr_free]),
+            np.concatenate([graph.output_bytes[:n].astype(np.float64), self.tr_bytes]),
+        )
+
+    def peak_memory_bytes(self, graph: DataflowGraph, num_devices: int) -> np.ndarray:
+        """Largest number of bytes live at once on each device (see :meth:`memory_intervals`)."""
+        device, alloc, free, nbytes = self.memory_intervals(graph)
+        m = device.shape[0]
+        # events at one time on one device: frees of buffers that lived a while, then
+        # allocations, then frees of zero-length buffers (so those still count)
+        ev_dev = np.concatenate([device, device, device])
+        ev_t = np.concatenate([free, alloc, free])
+        zero = alloc == free
+        ev_rank = np.concatenate([np.zeros(m), np.ones(m), np.full(m, 2.0)])
+        ev_delta = np.concatenate([np.where(zero, 0.0, -nbytes), nbytes, np.where(zero, -nbytes, 0.0)])
+        order = np.lexsort((ev_rank, ev_t, ev_dev))
+        live = np.cumsum(ev_delta[order])
+        ev_dev = ev_dev[order]
+        # running sum per device: subtract what the devices before it left (0, up to rounding)
+        first = np.searchsorted(ev_dev, np.arange(num_devices))
+        before = np.where(first > 0, live[np.maximum(first - 1, 0)], 0.0)
+        peak = np.zeros(num_devices)
+        if live.size:
+            np.maximum.at(peak, ev_dev, live - before[ev_dev])
+        return peak
+
     def arrival_s(self, graph: DataflowGraph) -> dict[tuple[int, int], float]:
         """(op, device) -> time the op's output is available on that device."""
         out: dict[tuple[int, int], float] = {}
@@ -131,8 +191,10 @@ class Trace:
             v = nxt
         return path[::-1]
 
-    def to_json(self, graph: DataflowGraph | None = None) -> dict[str, Any]:
-        """Plain JSON; with ``graph``, each op's name, kind, group and block too (readable without the graph)."""
+    def to_json(self, graph: DataflowGraph | None = None, num_devices: int | None = None) -> dict[str, Any]:
+        """Plain JSON; with ``graph``, each op's name, kind, group and block too (readable without the
+        graph) and ``peak_memory_bytes`` per device (``num_devices`` of them; by default up to the
+        highest device used)."""
         ops: dict[str, Any] = {
             "device": self.op_device.tolist(),
             "ready_s": self.op_ready.tolist(),
@@ -144,9 +206,13 @@ class Trace:
             ops["kind"] = graph.kind_labels()
             ops["group"] = graph.group.tolist()
             ops["block"] = [[int(x) for x in row if x >= 0] for row in graph.block]
+        out: dict[str, Any] = {"mode": self.mode, "makespan_s": self.makespan_s}
+        if graph is not None:
+            if num_devices is None:
+                num_devices = int(max(self.op_device.max(initial=-1), self.tr_dst_device.max(initial=-1))) + 1
+            out["peak_memory_bytes"] = self.peak_memory_bytes(graph, num_devices).tolist()
         return {
-            "mode": self.mode,
-            "makespan_s": self.makespan_s,
+            **out,
             "ops": ops,
             "transfers": {
                 "src_op": self.tr_src_op.tolist(),
@@ -158,9 +224,9 @@ class Trace:
             },
         }
 
-    def save(self, path: str | Path, graph: DataflowGraph | None = None) -> None:
+    def save(self, path: str | Path, graph: DataflowGraph | None = None, num_devices: int | None = None) -> None:
         """Write :meth:`to_json` atomically."""
-        atomic_write_text(path, json.dumps(self.to_json(graph)) + "\n")
+        atomic_write_text(path, json.dumps(self.to_json(graph, num_devices)) + "\n")
 
     def chrome_trace(self, graph: DataflowGraph, device_names: list[str]) -> dict[str, Any]:
         """The Chrome trace-event format (Perfetto, chrome://tracing): one track per device,

@@ -199,3 +199,24 @@ def test_anneal_init_starts_from_a_given_assignment(graph_file: Path, tmp_path: 
     assert json.loads(res.stdout)["makespan_s"] <= float(g.flops.sum())  # never worse than its start (all on one device)
     bad = run("assign", str(graph_file), "-c", "unit:2", "-m", "heft", "--init", str(start), "-o", str(out))
     assert bad.exit_code == 2 and "--init" in bad.output
+
+
+def test_memory_overruns_warn_in_assign_and_compare_and_strict_writes_nothing(graph_file: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from doppler.hardware import cluster
+
+    cl = cluster("p100x4")
+    small = tmp_path / "small.json"
+    replace(cl, name="small", devices=[replace(d, memory_bytes=1e3) for d in cl.devices]).save(small)
+    out = tmp_path / "a.json"
+    res = run("assign", str(graph_file), "-c", str(small), "-m", "single", "-o", str(out), "--strict-memory")
+    assert res.exit_code == 2 and "single on" in res.output and "more than its 1 kB" in res.output
+    assert not out.exists()
+    res = run("assign", str(graph_file), "-c", str(small), "-m", "single", "-o", str(out), "--json")
+    assert res.exit_code == 0 and out.exists() and "--strict-memory makes this an error" in res.stderr
+    assert json.loads(res.stdout)["peak_memory_bytes"][0] > 1e3
+    res = run("compare", str(graph_file), "-c", str(small), "-m", "single,round_robin")
+    assert res.exit_code == 0 and "peak memory" in res.stdout and "(over)" in res.stdout
+    rows = json.loads(run("compare", str(graph_file), "-c", "p100x4", "-m", "single", "--json").stdout)
+    assert rows[0]["memory_overruns"] == [] and rows[0]["peak_memory_bytes"][0] > 0 == rows[0]["peak_memory_bytes"][1]

@@ -54,7 +54,10 @@ def test_info_human_output(tmp_path: Path) -> None:
     p.write_text(TEXT)
     res = run("graph", "info", str(p))
     assert res.exit_code == 0, res.output
-    assert "num_ops" in res.stdout and "lower_bound_s" in res.stdout
+    assert "num_ops" in res.stdout and "lower_bound (unit)" in res.stdout
+    assert " units" in res.stdout  # a text graph on the unit cluster: cost units, not seconds
+    res = run("graph", "info", str(p), "--cluster", "p100x4")
+    assert res.exit_code == 0 and "units" not in res.stdout
 
 
 def test_convert_round_trip(tmp_path: Path) -> None:

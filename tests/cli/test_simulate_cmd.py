@@ -36,7 +36,7 @@ def run(*args: str):
 def test_simulate_human_output(files) -> None:
     res = run("simulate", files["graph"], "--cluster", "unit:2", "--assignment", files["good"])
     assert res.exit_code == 0, res.output
-    assert "makespan" in res.output and "4 s" in res.output
+    assert "makespan" in res.output and "4 units" in res.output  # unit-cost cluster: cost units, not seconds
     assert "gpu0" in res.output and "utilisation" in res.output
 
 
@@ -164,3 +164,36 @@ def test_clean_one_line_messages_for_bad_costs_edges_and_devices(files) -> None:
         res = run("simulate", dup, "--cluster", "unit:2", "--assignment", a)
         assert res.exit_code == 2 and needle in res.output and "bad_a.json" in res.output, res.output
         assert "np.float64" not in res.output
+
+
+def _small_memory_cluster(d: Path, memory_bytes: float) -> Path:
+    from dataclasses import replace
+
+    from doppler.hardware import cluster
+
+    cl = cluster("p100x4:2")
+    cl = replace(cl, name="small", devices=[replace(dv, memory_bytes=memory_bytes) for dv in cl.devices])
+    p = d / "small.json"
+    cl.save(p)
+    return p
+
+
+def test_peak_memory_is_reported_and_strict_memory_fails_writing_nothing(files) -> None:
+    d = files["dir"]
+    roomy = run("simulate", files["graph"], "-c", _small_memory_cluster(d, 1e9), "-a", files["good"], "--json")
+    assert roomy.exit_code == 0, roomy.output
+    out = json.loads(roomy.stdout)
+    assert out["peak_memory_bytes"] == [1.0, 1.0] and out["memory_overruns"] == []  # op 1 (1 byte) and its copy
+    assert out["memory_bytes"] == [1e9, 1e9]
+    tight = _small_memory_cluster(d, 0.5)
+    warned = run("simulate", files["graph"], "-c", tight, "-a", files["good"])
+    assert warned.exit_code == 0 and "warning:" in warned.output and "gpu0 holds 1 B at peak" in warned.output
+    trace = d / "t.json"
+    strict = run("simulate", files["graph"], "-c", tight, "-a", files["good"], "--strict-memory", "--trace", trace)
+    assert strict.exit_code == 2 and "gpu0 holds 1 B at peak, more than its 0 B" in strict.output
+    assert "Traceback" not in strict.output and not trace.exists()
+
+
+def test_times_are_seconds_on_real_clusters(files) -> None:
+    res = run("simulate", files["graph"], "-c", "p100x4:2", "-a", files["good"])
+    assert res.exit_code == 0 and "units" not in res.output and " µs" in res.output

@@ -170,11 +170,13 @@ def compare(
 
     One row per method: ``method``, ``makespan_s``, ``lower_bound_s``,
     ``ratio_to_lower_bound``, ``ratio_to_critical_path`` (critical_path is run as
-    the reference if not in ``methods``), ``assign_time_s``,
+    the reference if not in ``methods``), ``peak_memory_bytes`` (per device),
+    ``memory_overruns`` (one phrase per device over its memory), ``assign_time_s``,
     ``estimated_makespan_s`` and the ``assignment`` itself. ``on_method(name)`` is
     called before each method runs (for progress display). ``method_kwargs[name]``:
     extra options of one method (e.g. ``{"doppler": {"checkpoint": path}}``).
     """
+    from doppler.report import memory_overruns
     from doppler.simulate import lower_bound, simulate
 
     if not methods:
@@ -195,9 +197,13 @@ def compare(
         if on_method is not None:
             on_method(m)
         a = assign(graph, cluster, m, seed=seed, budget_s=budget_s, **(method_kwargs or {}).get(m, {}))
+        result = simulate(graph, cluster, a, trace=True)
+        peak = result.trace.peak_memory_bytes(graph, cluster.num_devices)
         rows.append({
             "method": m,
-            "makespan_s": float(simulate(graph, cluster, a).makespan_s),
+            "makespan_s": float(result.makespan_s),
+            "peak_memory_bytes": peak.tolist(),
+            "memory_overruns": memory_overruns(peak, cluster),
             "lower_bound_s": lb,
             "assign_time_s": a.assign_time_s,
             "estimated_makespan_s": a.estimated_makespan_s,

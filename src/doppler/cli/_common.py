@@ -101,6 +101,19 @@ def handle_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+STRICT_MEMORY_HELP = "Exit 2 (and write nothing) when a device's peak memory exceeds its memory_bytes; default: a warning."
+
+
+def check_memory(overruns: list[str], strict: bool, what: str) -> None:
+    """Warn (or, with ``strict``, fail with exit 2) when an assignment overfills some device's memory."""
+    if not overruns:
+        return
+    msg = f"{what}: {'; '.join(overruns)} (outputs and received copies live until their last reader ends)"
+    if strict:
+        raise UserError(msg)
+    warnings.warn(msg + "; --strict-memory makes this an error", stacklevel=2)
+
+
 def emit_json(obj: Any) -> None:
     """Print exactly one JSON value on stdout."""
     sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
@@ -112,7 +125,7 @@ def write_trace_files(trace, graph, device_names: list[str], out: dict[str, Any]
     """Write the requested trace exports (JSON with op names, Chrome trace, per-op CSV); record them in ``out``."""
     written = []
     if trace_path is not None:
-        trace.save(trace_path, graph)
+        trace.save(trace_path, graph, len(device_names))
         out["trace"] = str(trace_path)
         written.append(("trace", trace_path))
     if chrome_path is not None:

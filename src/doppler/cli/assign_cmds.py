@@ -12,7 +12,16 @@ import numpy as np
 import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import (
+    STRICT_MEMORY_HELP,
+    UserError,
+    app,
+    check_memory,
+    console,
+    emit_json,
+    err_console,
+    handle_errors,
+)
 
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
 
@@ -44,7 +53,7 @@ def _check_budget(budget_s: Optional[float]) -> None:
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
     """Run a search method with a live bar on stderr: time used of the budget, best makespan so far."""
     from doppler.baselines import assign
-    from doppler.report import format_seconds
+    from doppler.report import format_time
 
     with Progress(
         SpinnerColumn(),
@@ -62,7 +71,7 @@ def _assign_with_progress(graph, cl, method: str, **kw: Any):
             if total is None and st.get("max_evals"):
                 total, done = st["max_evals"], st["evals"]
             progress.update(task, total=total, completed=done,
-                            status=f"best {format_seconds(st['best_makespan_s'])} after {st['evals']:,} simulations")
+                            status=f"best {format_time(st['best_makespan_s'], cl)} after {st['evals']:,} simulations")
 
         return assign(graph, cl, method, on_progress=on_progress, **kw)
 
@@ -78,6 +87,7 @@ def assign_cmd(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Samples drawn by a learned method."),
     init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
+    strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Assign every op of a graph to a device with one method and write the assignment file."""
@@ -98,11 +108,14 @@ def assign_cmd(
             a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
         else:
             a = assign(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
-        a.save(output)
-        from doppler.report import format_seconds
+        from doppler.report import format_time, memory_overruns
         from doppler.simulate import lower_bound, simulate
 
-        makespan = float(simulate(graph, cl, a).makespan_s)
+        result = simulate(graph, cl, a, trace=True)
+        makespan = float(result.makespan_s)
+        peak = result.trace.peak_memory_bytes(graph, cl.num_devices)
+        check_memory(memory_overruns(peak, cl), strict_memory, f"{method} on {graph_path}")
+        a.save(output)
         lb = float(lower_bound(graph, cl))
         counts = [int(c) for c in np.bincount(a.devices, minlength=cl.num_devices)]
         row = {
@@ -115,6 +128,7 @@ def assign_cmd(
             "ops_per_device": counts,
             "makespan_s": makespan,
             "lower_bound_s": lb,
+            "peak_memory_bytes": peak.tolist(),
             "assign_time_s": a.assign_time_s,
             "estimated_makespan_s": a.estimated_makespan_s,
             "seed": seed,
@@ -128,8 +142,8 @@ def assign_cmd(
             console.print(
                 f"[bold]{method}[/]: {graph.num_ops} ops on {cl.num_devices} devices of {cl.name} "
                 f"(ops per device {counts}) in {a.assign_time_s:.3f} s -> {output}\n"
-                f"simulated makespan {format_seconds(makespan)}, {makespan / lb:.3f}x the lower bound "
-                f"({format_seconds(lb)})",
+                f"simulated makespan {format_time(makespan, cl)}, {makespan / lb:.3f}x the lower bound "
+                f"({format_time(lb, cl)})",
                 highlight=False,
             )
             if a.info.get("zero_shot"):
@@ -187,15 +201,18 @@ def compare_cmd(
             "ratio_to_critical_path",
             "assign_time_s",
             "estimated_makespan_s",
+            "peak_memory_bytes",
+            "memory_overruns",
         ]
         if csv_path is not None:
             from doppler.io_util import atomic_write_text
 
             buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+            w = csv.DictWriter(buf, fieldnames=keys[:-1], lineterminator="\n")  # peak: the largest over devices
             w.writeheader()
             for r in rows:
-                w.writerow({k: ("" if r[k] is None else r[k]) for k in keys})
+                w.writerow({k: ("" if r[k] is None else max(r[k]) if k == "peak_memory_bytes" else r[k])
+                            for k in keys[:-1]})  # fmt: skip
             atomic_write_text(csv_path, buf.getvalue())
         saved = []
         if save_dir is not None:
@@ -208,11 +225,14 @@ def compare_cmd(
         if json_out:
             emit_json([{k: r[k] for k in keys} | ({"assignment_file": saved[i]} if saved else {}) for i, r in enumerate(rows)])
             return
-        from doppler.report import comparison_table, format_seconds
+        from doppler.report import comparison_table, format_time
 
         title = f"{graph.name} ({graph.num_ops} ops) on {cl.name} ({cl.num_devices} devices)"
-        console.print(comparison_table(rows, title))
-        console.print(f"lower bound {format_seconds(rows[0]['lower_bound_s'])}", highlight=False)
+        console.print(comparison_table(rows, title, cl))
+        over = [f"{r['method']} ({'; '.join(r['memory_overruns'])})" for r in rows if r["memory_overruns"]]
+        if over:
+            console.print(f"[red]over device memory:[/] {', '.join(over)}", highlight=False)
+        console.print(f"lower bound {format_time(rows[0]['lower_bound_s'], cl)}", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}", highlight=False)
         if saved:

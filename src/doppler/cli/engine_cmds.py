@@ -73,7 +73,7 @@ def execute_cmd(
         from doppler.assignment import load_assignment
         from doppler.engine import check_options, run
         from doppler.formats import load_graph
-        from doppler.report import format_seconds
+        from doppler.report import format_bytes, format_time
         from doppler.simulate import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
@@ -100,6 +100,7 @@ def execute_cmd(
             "sim_error_pct": (sim - res.makespan_s) / res.makespan_s * 100 if res.makespan_s > 0 else None,
             "num_transfers": res.trace.num_transfers,
             "transfer_bytes": float(res.trace.tr_bytes.sum()),
+            "peak_memory_bytes": res.trace.peak_memory_bytes(graph, num_devices).tolist(),
         }
         if check:
             if not res.outputs:
@@ -121,13 +122,13 @@ def execute_cmd(
         if json_out:
             emit_json(out)
         else:
-            reps = ", ".join(format_seconds(m) for m in res.makespans_s)
+            reps = ", ".join(format_time(m) for m in res.makespans_s)
             console.print(
                 f"[bold]{graph.name}[/] on the {engine} engine ({num_devices} devices): measured makespan "
-                f"[bold]{format_seconds(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
-                f"{cl.name}{f' x {time_scale:g}' if synthetic else ''}: {format_seconds(sim)} "
+                f"[bold]{format_time(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
+                f"{cl.name}{f' x {time_scale:g}' if synthetic else ''}: {format_time(sim)} "
                 f"({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
-                f"{res.trace.tr_bytes.sum() / 1e6:.3g} MB moved",
+                f"{format_bytes(res.trace.tr_bytes.sum())} moved",
                 highlight=False,
             )
             if check:
@@ -186,22 +187,22 @@ def calibrate_cmd(
             return
         from rich.table import Table
 
-        from doppler.report import format_seconds
+        from doppler.report import format_time
 
-        table = Table(title=f"kernels ({engine}, {devices} devices, dispatch {format_seconds(res.dispatch_s)} per op)",
+        table = Table(title=f"kernels ({engine}, {devices} devices, dispatch {format_time(res.dispatch_s)} per op)",
                       show_edge=False, header_style="bold")  # fmt: skip
         for col in ("device", "kind", "ops", "fixed", "GFLOP/s", "median |err|"):
             table.add_column(col, justify="left" if col in ("device", "kind") else "right")
         for f in res.kernel_fits:
             rate = "-" if f["flops_per_s"] >= 1e29 else f"{f['flops_per_s'] / 1e9:.3g}"
-            table.add_row(f"cpu{f['device']}", f["kind"], str(f["n"]), format_seconds(f["overhead_s"]), rate,
+            table.add_row(f"cpu{f['device']}", f["kind"], str(f["n"]), format_time(f["overhead_s"]), rate,
                           f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(table)
         links = Table(title="links", show_edge=False, header_style="bold")
         for col in ("link", "copies", "latency", "GB/s", "median |err|"):
             links.add_column(col, justify="left" if col == "link" else "right")
         for f in res.link_fits:
-            links.add_row(f"cpu{f['src']} -> cpu{f['dst']}", str(f["n"]), format_seconds(f["latency_s"]),
+            links.add_row(f"cpu{f['src']} -> cpu{f['dst']}", str(f["n"]), format_time(f["latency_s"]),
                           f"{f['bandwidth_Bps'] / 1e9:.3g}", f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(links)
         console.print(f"cluster -> {output}", highlight=False)

@@ -115,7 +115,9 @@ def info_cmd(
         table.add_row("critical_path_flops", f"{stats['critical_path_flops']:.4g}")
         table.add_row("total_output_bytes", f"{stats['total_output_bytes']:.4g}")
         table.add_row("ops_by_kind", ", ".join(f"{k} {v}" for k, v in stats["ops_by_kind"].items()))
-        table.add_row(f"lower_bound_s ({cl.name})", f"{stats['lower_bound_s']:.6g}")
+        from doppler.report import format_time
+
+        table.add_row(f"lower_bound ({cl.name})", format_time(stats["lower_bound_s"], cl))
         table.add_row("fingerprint", stats["fingerprint"])
         console.print(table)
 
@@ -233,7 +235,7 @@ def demo_cmd(
         if json_out:
             emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results, "engine": real})
             return
-        scale, unit = time_unit(min(r["lower_bound_s"] for r in results))
+        scale, unit = time_unit(min(r["lower_bound_s"] for r in results), cl)
         table = Table(title=f"Simulated makespan ({unit}) on {cl.name}, work-conserving engine", caption="best per workload in green")
         table.add_column("method")
         for r in results:
@@ -298,14 +300,14 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
 
 
 def _print_engine_demo(real: dict) -> None:
-    from doppler.report import format_seconds
+    from doppler.report import format_time
 
     table = Table(title=f"Real engine: {real['graph']} on 2 local CPU devices (median of 3 runs)")
     for col in ("method", "measured", "simulated (calibrated)", "error"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in real["rows"]:
         err = (r["simulated_s"] - r["measured_s"]) / r["measured_s"] * 100
-        table.add_row(r["method"], format_seconds(r["measured_s"]), format_seconds(r["simulated_s"]), f"{err:+.0f}%")
+        table.add_row(r["method"], format_time(r["measured_s"]), format_time(r["simulated_s"]), f"{err:+.0f}%")
     console.print(table)
     console.print(f"calibrated cluster: {real['cluster']}; Gantt chart of the fastest measured run: {real['gantt_png']}",
                   highlight=False)

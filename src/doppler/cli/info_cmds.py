@@ -77,7 +77,7 @@ def clusters_cmd(json_out: bool = JSON_OPT) -> None:
     """List the cluster presets: device count, FLOP/s per device, link bandwidths and latencies."""
     with handle_errors():
         from doppler.hardware import PRESETS
-        from doppler.report import format_seconds
+        from doppler.report import format_time
 
         rows = [_cluster_row(name, scalable) for name, (_, _, scalable) in PRESETS.items()]
         if json_out:
@@ -94,7 +94,7 @@ def clusters_cmd(json_out: bool = JSON_OPT) -> None:
         for r in rows:
             flops = span(min(r["flops_per_s"]), max(r["flops_per_s"]), lambda x: f"{x:.3g}")
             bw = span(*r["link_bandwidth_Bps"], lambda x: f"{x / 1e9:.3g} GB/s" if x >= 1e6 else f"{x:g} B/s")
-            lat = span(*r["link_latency_s"], format_seconds)
+            lat = span(*r["link_latency_s"], format_time)
             table.add_row(r["name"], str(r["devices"]), "yes" if r["device_count_settable"] else "no", r["kind"],
                           flops, bw, lat)  # fmt: skip
         console.print(table)

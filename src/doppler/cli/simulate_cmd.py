@@ -10,7 +10,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from doppler.cli._common import app, console, emit_json, handle_errors, write_trace_files
+from doppler.cli._common import STRICT_MEMORY_HELP, app, check_memory, console, emit_json, handle_errors, write_trace_files
 
 
 @app.command("simulate")
@@ -30,9 +30,10 @@ def simulate_cmd(
     dispatch: str = typer.Option(
         "fifo", "--dispatch", help="fifo (ready ops run in arrival order) or priority (in op-id order; wc only)."
     ),
+    strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
 ) -> None:
-    """Simulate one assignment on a cluster and report its makespan."""
+    """Simulate one assignment on a cluster and report its makespan and peak memory per device."""
     with handle_errors():
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
@@ -60,6 +61,11 @@ def simulate_cmd(
         util = tr.utilisation(cl)
         busy = tr.busy_s(cl.num_devices)
         ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
+        peak = tr.peak_memory_bytes(graph, cl.num_devices)
+        from doppler.report import memory_overruns
+
+        overruns = memory_overruns(peak, cl)
+        check_memory(overruns, strict_memory, str(assignment_path))
         if gantt_path is not None:
             from doppler.report import gantt
 
@@ -77,6 +83,9 @@ def simulate_cmd(
             "num_transfers": tr.num_transfers,
             "transfer_bytes": float(tr.tr_bytes.sum()),
             "utilisation": [float(u) for u in util],
+            "peak_memory_bytes": peak.tolist(),
+            "memory_bytes": [None if np.isinf(m) else float(m) for m in cl.memory_bytes],
+            "memory_overruns": overruns,
             "noise_sigma": noise,
             "seed": seed,
             "link_contention": link_contention,
@@ -89,7 +98,7 @@ def simulate_cmd(
         if json_out:
             emit_json(out)
             return
-        from doppler.report import format_seconds
+        from doppler.report import format_bytes, format_time
 
         ratio = f" ({result.makespan_s / lb:.2f}x the lower bound)" if lb > 0 else ""
         if noise > 0:
@@ -97,15 +106,18 @@ def simulate_cmd(
         how = mode.upper() if dispatch == "fifo" else f"{mode.upper()}, {dispatch} dispatch"
         console.print(
             f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({how}): makespan "
-            f"[bold]{format_seconds(result.makespan_s)}[/], lower bound {format_seconds(lb)}{ratio}; "
-            f"{tr.num_transfers} transfers, {tr.tr_bytes.sum() / 1e6:.3g} MB moved",
+            f"[bold]{format_time(result.makespan_s, cl)}[/], lower bound {format_time(lb, cl)}{ratio}; "
+            f"{tr.num_transfers} transfers, {format_bytes(tr.tr_bytes.sum())} moved",
             highlight=False,
         )
         table = Table(show_edge=False, header_style="bold")
-        for col in ("device", "ops", "busy", "utilisation"):
+        for col in ("device", "ops", "busy", "utilisation", "peak memory", "memory"):
             table.add_column(col, justify="left" if col == "device" else "right")
         for d, dev in enumerate(cl.devices):
-            table.add_row(dev.name, str(int(ops_per_dev[d])), format_seconds(float(busy[d])), f"{100 * util[d]:.1f}%")
+            over = peak[d] > dev.memory_bytes
+            table.add_row(dev.name, str(int(ops_per_dev[d])), format_time(float(busy[d]), cl), f"{100 * util[d]:.1f}%",
+                          f"[red]{format_bytes(peak[d])}[/]" if over else format_bytes(peak[d]),
+                          format_bytes(dev.memory_bytes))  # fmt: skip
         console.print(table)
         for label, p in [("gantt chart", gantt_path), *written]:
             if p is not None:
@@ -126,7 +138,7 @@ def diff_cmd(
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
         from doppler.hardware import cluster
-        from doppler.report import format_seconds
+        from doppler.report import format_bytes, format_time
         from doppler.simulate import simulate
 
         graph = load_graph(graph_path)
@@ -159,10 +171,10 @@ def diff_cmd(
         for side in sides:
             table.add_column(Path(side["file"]).name, justify="right")
         table.add_row("method", *(s["method"] for s in sides))
-        table.add_row("simulated makespan", *(format_seconds(s["makespan_s"]) for s in sides))
+        table.add_row("simulated makespan", *(format_time(s["makespan_s"], cl) for s in sides))
         table.add_row("ops per device", *(" ".join(map(str, s["ops_per_device"])) for s in sides))
         table.add_row("transfers", *(str(s["transfers"]) for s in sides))
-        table.add_row("bytes moved", *(f"{s['transfer_bytes'] / 1e6:.3g} MB" for s in sides))
+        table.add_row("bytes moved", *(format_bytes(s["transfer_bytes"]) for s in sides))
         console.print(table)
         shown = ", ".join(f"{m['name']} {m['from']}->{m['to']}" for m in out["moved"][:8])
         more = f" (+{moved.size - 8} more)" if moved.size > 8 else ""

@@ -102,12 +102,13 @@ def train_cmd(
         if json_out:
             emit_json(summary)
         else:
-            _print_summary(summary)
+            _print_summary(summary, trainer.tasks[0].cluster)
 
 
 def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
-    from doppler.report import format_seconds
+    from doppler.report import format_time
 
+    cl = trainer.tasks[0].cluster
     with _progress_bar() as progress:
         bars: dict[str, Any] = {}
 
@@ -121,7 +122,7 @@ def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
                 status = f"{st['episodes_per_s']:.0f} ep/s  agreement SEL {st['agree_sel']:.0%} PLC {st['agree_plc']:.0%}"
             elif stage in ("sim", "real"):
                 status = (f"{st['episodes_per_s']:.0f} ep/s  mean {st['mean_ratio']:.3f}x LB  "
-                          f"best {format_seconds(st['best_makespan_s'])}")  # fmt: skip
+                          f"best {format_time(st['best_makespan_s'], cl)}")  # fmt: skip
             else:
                 status = f"greedy {st['greedy_ratio']:.3f}x LB, best {st['best_ratio']:.3f}x LB"
             if stage == "distill" and st["episode"] >= st["total"]:
@@ -170,22 +171,22 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
     }
 
 
-def _print_summary(s: dict[str, Any]) -> None:
-    from doppler.report import format_seconds
+def _print_summary(s: dict[str, Any], cl) -> None:
+    from doppler.report import format_time
 
     real = f" + {s['real_episodes']} real-system" if s["real_episodes"] else ""
     console.print(f"trained {s['il_episodes']} imitation + {s['episodes']} RL{real} episodes in {s['elapsed_s']:.1f} s "
                   f"-> {s['checkpoint']}", highlight=False)  # fmt: skip
     for g in s["graphs"]:
         measured = s["real_episodes"] > 0
-        best = f", best sampled {format_seconds(g['best_makespan_s'])}" if g["best_makespan_s"] is not None else ""
+        best = f", best sampled {format_time(g['best_makespan_s'], cl)}" if g["best_makespan_s"] is not None else ""
         if measured:
-            best = (f" (measured {format_seconds(g['greedy_measured_makespan_s'])})"
+            best = (f" (measured {format_time(g['greedy_measured_makespan_s'], cl)})"
                     + best.replace("best sampled", "best measured"))  # fmt: skip
         console.print(
-            f"  {g['graph']} ({g['num_ops']} ops): greedy {format_seconds(g['greedy_makespan_s'])}{best}; "
-            f"critical_path {format_seconds(g['critical_path_makespan_s'])}; "
-            f"lower bound {format_seconds(g['lower_bound_s'])}",
+            f"  {g['graph']} ({g['num_ops']} ops): greedy {format_time(g['greedy_makespan_s'], cl)}{best}; "
+            f"critical_path {format_time(g['critical_path_makespan_s'], cl)}; "
+            f"lower bound {format_time(g['lower_bound_s'], cl)}",
             highlight=False,
         )
     console.print(f"training curve: {s['training_curve']}", highlight=False)
