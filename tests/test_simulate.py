@@ -690,3 +690,14 @@ def test_noise_above_the_bound_is_an_error_that_says_why(sigma) -> None:
     with pytest.raises(SimulationError, match=rf"<= {MAX_NOISE_SIGMA:g}.*overflow"):
         simulate(g, cluster("unit:2"), [0, 1], noise_sigma=sigma)
     assert simulate(g, cluster("unit:2"), [0, 1], noise_sigma=MAX_NOISE_SIGMA).makespan_s > 0
+
+
+def test_a_traced_result_carries_the_peak_memory_per_device() -> None:
+    from doppler import workloads
+    from doppler.hardware import cluster
+
+    g = workloads.build("ffnn", size="tiny")
+    cl = cluster("p100x4")
+    r = simulate(g, cl, np.arange(g.num_ops) % 4, trace=True)
+    assert r.peak_memory_bytes.tolist() == r.trace.peak_memory_bytes(g, 4).tolist()
+    assert simulate(g, cl, np.arange(g.num_ops) % 4).peak_memory_bytes is None

@@ -103,6 +103,7 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
         (dict(teacher="oracle"), "unknown teacher"),
         (dict(episodes=0), "--episodes"),
         (dict(baseline="median"), "unknown baseline"),
+        (dict(seed=-1), "--seed must be an integer >= 0"),
     ],
 )
 def test_bad_config_is_rejected(bad, match):

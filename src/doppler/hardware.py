@@ -126,6 +126,10 @@ class ClusterError(ValueError):
     """A cluster description is invalid; the message names the file, field or device."""
 
 
+#: every sum of op or transfer times on a cluster must stay below this (see Cluster.check_times)
+MAX_TOTAL_TIME = 1e250
+
+
 def _finite_positive(x: float) -> bool:
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
@@ -313,10 +317,31 @@ class Cluster:
     def compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
         """Seconds each op takes on each device: float64[num_ops, D]."""
         kinds = graph.kind.astype(np.int64)
-        t = graph.flops[:, None] / self.throughput_matrix()[kinds]
-        if any(d.overhead_s or d.overhead_s_by_kind for d in self.devices):
-            t = t + self.overhead_matrix()[kinds]
+        with np.errstate(over="ignore"):  # inf: caught by check_times, which names the op
+            t = graph.flops[:, None] / self.throughput_matrix()[kinds]
+            if any(d.overhead_s or d.overhead_s_by_kind for d in self.devices):
+                t = t + self.overhead_matrix()[kinds]
         return t
+
+    def check_times(self, graph: DataflowGraph, compute_s: np.ndarray | None = None) -> None:
+        """ClusterError unless every sum of op and transfer times of ``graph`` here stays finite
+        (below ``MAX_TOTAL_TIME``): tiny FLOP/s or bandwidths can overflow costs that are fine alone."""
+        t = self.compute_time_s(graph) if compute_s is None else compute_s
+        off = ~np.eye(self.num_devices, dtype=bool)
+        slowest_link_s_per_byte = float((1.0 / self.bandwidth_Bps[off]).max()) if off.any() else 0.0
+        latency = float(self.latency_s[off].max()) if off.any() else 0.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            per_op = [("compute", t.max(axis=1)), ("transfer", latency + graph.output_bytes * slowest_link_s_per_byte)]
+            for what, times in per_op:
+                running = np.cumsum(times)
+                bad = np.flatnonzero(~(np.isfinite(running) & (running <= MAX_TOTAL_TIME)))
+                if bad.size:
+                    v = int(bad[0])
+                    raise ClusterError(
+                        f"cluster {self.name!r}: the graph's {what} times overflow when added up (at op "
+                        f"{graph.op_name(v)}, which alone takes {times[v]:.3g} s; sums must stay below "
+                        f"{MAX_TOTAL_TIME:g} s): check the cluster's flops_per_s, bandwidths and latencies"
+                    )
 
     def transfer_time_s(self, nbytes: np.ndarray | float) -> np.ndarray:
         """Seconds to move ``nbytes`` between every ordered device pair: shape (..., D, D), zero diagonal."""

@@ -48,6 +48,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     p = Path(path)
     if p.is_dir():
         raise OutputPathError(f"{path}: is a directory (give a file name)")
+    blocking = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+    if blocking is not None:
+        raise OutputPathError(f"{path}: cannot write here ({blocking} is a file, not a directory)")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")

@@ -120,11 +120,13 @@ class SimulationError(ValueError):
 # =========================================================================== results
 @dataclass
 class SimResult:
-    """``makespan_s`` (seconds) and, with ``trace=True``, the :class:`Trace`."""
+    """``makespan_s`` (seconds) and, with ``trace=True``, the :class:`Trace` and the peak live
+    bytes per device (:meth:`Trace.peak_memory_bytes`; the model is in the README)."""
 
     makespan_s: float
     trace: Trace | None = None
     mode: str = "wc"
+    peak_memory_bytes: np.ndarray | None = None  # float64[D], with trace=True
 
 
 # =========================================================================== numba kernel
@@ -677,6 +679,7 @@ class SimContext:
         self.lvl_ptr = np.zeros(int(self.level.max()) + 2, dtype=np.int64)
         np.cumsum(np.bincount(self.level), out=self.lvl_ptr[1:])
         self.comp = np.ascontiguousarray(cluster.compute_time_s(graph), dtype=np.float64)
+        cluster.check_times(graph, self.comp)
         self.out_bytes = np.ascontiguousarray(graph.output_bytes, dtype=np.float64)
         self.lat = np.ascontiguousarray(cluster.latency_s, dtype=np.float64)
         self.bw = np.ascontiguousarray(cluster.bandwidth_Bps, dtype=np.float64)
@@ -788,7 +791,7 @@ class SimContext:
             tr_end=tend[:ntr].copy(),
             mode=mode,
         )
-        return SimResult(float(mk), tr, mode)
+        return SimResult(float(mk), tr, mode, tr.peak_memory_bytes(self.graph, self.num_devices))
 
     def simulate(
         self,

@@ -35,6 +35,7 @@ from doppler.baselines._costs import priority_key
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import atomic_write_bytes, atomic_write_text
+from doppler.malloc import tune_malloc
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
@@ -105,6 +106,8 @@ class TrainConfig:
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats"):
             if int(getattr(self, name)) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise TrainError(f"--seed must be an integer >= 0, got {self.seed!r}")
         if self.engine not in ("local", "dask"):
             raise TrainError(f"unknown engine {self.engine!r} for Stage III (use local or dask)")
         if self.baseline != "running" and self.batch < 2:
@@ -288,6 +291,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(max(1, cfg.torch_threads))
+        tune_malloc()  # every update frees and re-allocates the same large tensors: reuse, do not fault them in
         tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
         try:
             policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden).to(cfg.device)

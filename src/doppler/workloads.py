@@ -660,8 +660,14 @@ def _build_random(p: dict[str, Any]) -> DataflowGraph:
     dst = np.concatenate([ops, ops[rep]])
     key = np.unique(src * n + dst)
     src, dst = key // n, key % n
-    flops = p["flops_median"] * np.exp(p["flops_sigma"] * rng.standard_normal(n))
-    nbytes = np.round(p["bytes_median"] * np.exp(p["bytes_sigma"] * rng.standard_normal(n)))
+    with np.errstate(over="ignore"):
+        flops = p["flops_median"] * np.exp(p["flops_sigma"] * rng.standard_normal(n))
+        nbytes = np.round(p["bytes_median"] * np.exp(p["bytes_sigma"] * rng.standard_normal(n)))
+        overflows = {key: not np.isfinite(arr.sum()) for key, arr in (("flops", flops), ("bytes", nbytes))}
+    for key, bad in overflows.items():
+        if bad:
+            raise WorkloadError(f"random: {key}_median={p[key + '_median']:g} with {key}_sigma={p[key + '_sigma']:g} "
+                                f"gives costs that overflow; use a smaller median or sigma")  # fmt: skip
     meta = {
         "workload": "random",
         "params": dict(p),
@@ -761,6 +767,8 @@ WORKLOADS: dict[str, _Workload] = {
 _POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 or negative
 #: the largest graphs a workload may build (checked before anything is allocated; README "Command line")
 MAX_OPS = 2_000_000
+#: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
+MAX_EDGES = 20_000_000
 #: the largest product of a tiled workload's block counts (its tile-op count grows with it)
 MAX_BLOCK_PRODUCT = 2_000_000
 _NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
@@ -840,6 +848,9 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
         raise WorkloadError(f"{name}: dtype={p['dtype']!r} must be one of {', '.join(DTYPE_BYTES)}")
     if p.get("num_ops", 0) > MAX_OPS:
         raise WorkloadError(f"{name}: num_ops={p['num_ops']} is over the maximum of {MAX_OPS}")
+    if "max_fan_in" in p and p["num_ops"] * p["max_fan_in"] > MAX_EDGES:
+        raise WorkloadError(f"{name}: num_ops x max_fan_in = {p['num_ops'] * p['max_fan_in']} is over the maximum of "
+                            f"{MAX_EDGES} edges")  # fmt: skip
     blocks = [int(v) for k, v in p.items() if k.endswith("_blocks")]
     if blocks and math.prod(blocks) > MAX_BLOCK_PRODUCT:
         raise WorkloadError(

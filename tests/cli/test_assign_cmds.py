@@ -220,3 +220,43 @@ def test_memory_overruns_warn_in_assign_and_compare_and_strict_writes_nothing(gr
     assert res.exit_code == 0 and "peak memory" in res.stdout and "(over)" in res.stdout
     rows = json.loads(run("compare", str(graph_file), "-c", "p100x4", "-m", "single", "--json").stdout)
     assert rows[0]["memory_overruns"] == [] and rows[0]["peak_memory_bytes"][0] > 0 == rows[0]["peak_memory_bytes"][1]
+
+
+def test_bad_seeds_sizes_and_overflowing_times_exit_2_with_one_line(graph_file: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from doppler.hardware import cluster
+
+    for args in (["assign", str(graph_file), "-c", "p100x4", "-m", "random", "-o", str(tmp_path / "a.json")],
+                 ["compare", str(graph_file), "-c", "p100x4", "-m", "random"]):  # fmt: skip
+        res = run(*args, "--seed", "-5")
+        assert res.exit_code == 2 and "the seed must be an integer >= 0, got -5" in res.output
+    res = run("graph", "build", "random", "--set", "max_fan_in=10000000000", "-o", str(tmp_path / "r.json"))
+    assert res.exit_code == 2 and "over the maximum of 20000000 edges" in res.output
+    res = run("graph", "build", "random", "--set", "flops_median=1e308", "-o", str(tmp_path / "r.json"))
+    assert res.exit_code == 2 and "gives costs that overflow" in res.output and "warning" not in res.output
+    g = tmp_path / "big.json"
+    g.write_text(json.dumps({"format": "doppler-graph", "version": 1, "name": "big",
+                             "ops": {"kind": ["matmul", "matmul"], "flops": [1e249, 1e249], "output_bytes": [1, 1]},
+                             "edges": {"src": [0], "dst": [1]}}))  # fmt: skip
+    cl = cluster("p100x4")
+    slow = tmp_path / "slow.json"
+    replace(cl, name="slow", devices=[replace(d, flops_per_s=1e-100, flops_per_s_by_kind={}) for d in cl.devices]).save(slow)
+    for args in (["compare", str(g), "-c", str(slow), "-m", "single,critical_path"],
+                 ["assign", str(g), "-c", str(slow), "-m", "heft", "-o", str(tmp_path / "h.json")]):  # fmt: skip
+        res = run(*args)
+        assert res.exit_code == 2, res.output
+        assert "compute times overflow when added up (at op op0" in res.output and "warning" not in res.output
+        assert "inf s" not in res.stdout and "nan" not in res.stdout
+    res = run("assign", str(graph_file), "-c", "p100x4", "-m", "single", "-o", str(graph_file / "x.json"))
+    assert res.exit_code == 2 and f"({graph_file} is a file, not a directory)" in res.output
+
+
+def test_anneal_init_can_ignore_the_fingerprint(graph_file: Path, tmp_path: Path) -> None:
+    start = tmp_path / "start.json"
+    g = load_graph(graph_file)
+    start.write_text(json.dumps({"assignment": [0] * g.num_ops, "graph_fingerprint": "0123456789abcdef"}))
+    args = ["assign", str(graph_file), "-c", "unit:2", "-m", "anneal", "--budget-s", "0.2", "--init", str(start),
+            "-o", str(tmp_path / "a.json")]  # fmt: skip
+    assert run(*args).exit_code == 2
+    assert run(*args, "--ignore-fingerprint").exit_code == 0

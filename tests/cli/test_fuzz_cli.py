@@ -141,5 +141,10 @@ def test_odd_option_values(tmp_path_factory, option, value) -> None:
                 value = "8"
         except ValueError:
             pass
-    args = per_command[option] + [option, value]
-    _check(runner.invoke(app, [str(x) for x in args]))
+    commands = [per_command[option]]
+    if option == "--seed":  # every command that takes a seed
+        commands += [["assign", g, "-c", "unit:2", "-m", "random", "-o", d / "r.json"],
+                     ["compare", g, "-c", "unit:2", "-m", "random"],
+                     ["execute", g, "-a", a, "-c", "unit:2", "--time-scale", "1e-6", "--repeats", "1"]]  # fmt: skip
+    for args in commands:
+        _check(runner.invoke(app, [str(x) for x in args + [option, value]]))

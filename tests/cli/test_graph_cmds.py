@@ -153,3 +153,11 @@ def test_ignore_fingerprint_uses_an_assignment_of_another_graph_version(tmp_path
     assert res.exit_code == 2 and "--ignore-fingerprint" in res.output
     res = run("simulate", str(tmp_path / "g2.json"), "-c", "unit:2", "-a", str(a), "--ignore-fingerprint")
     assert res.exit_code == 0, res.output
+
+
+def test_info_does_not_wrap_a_long_path(tmp_path: Path) -> None:
+    p = tmp_path / ("a_rather_long_directory_name_" * 4) / ("graph_file_with_a_long_name_" * 3 + ".txt")
+    p.parent.mkdir()
+    p.write_text(TEXT)
+    res = run("graph", "info", str(p))
+    assert res.exit_code == 0 and str(p) in res.stdout

@@ -14,6 +14,7 @@ from torch_geometric.nn import NNConv
 from doppler import cluster, workloads
 from doppler.listsched import NUM_DEVICE_FEATURES
 from doppler.policy.features import graph_features
+from doppler.policy import networks
 from doppler.policy.networks import LEAK, DopplerPolicy, EdgeConditionedConv
 
 
@@ -54,9 +55,12 @@ def _random_graph(num_nodes: int, num_edges: int, edge_dim: int, channels: int, 
     return x, torch.stack([src, dst]), e
 
 
+@pytest.mark.parametrize("per_basis", [False, True])
 @pytest.mark.parametrize("aggr", ["mean", "add"])
 @pytest.mark.parametrize("channels,basis", [(6, 3), (5, 1)])
-def test_edge_conditioned_conv_equals_nnconv(aggr, channels, basis):
+def test_edge_conditioned_conv_equals_nnconv(aggr, channels, basis, per_basis, monkeypatch):
+    if per_basis:  # the large-graph path: one basis matrix at a time
+        monkeypatch.setattr(networks, "GATHER_ALL_MAX_BYTES", 0)
     ours, ref = _mapped_pair(channels, edge_dim=2, basis=basis, edge_hidden=7, aggr=aggr, seed=channels + basis)
     x, ei, ea = _random_graph(num_nodes=9, num_edges=23, edge_dim=2, channels=channels, seed=3)
     got = ours(x, ei, ea)
@@ -70,7 +74,10 @@ def test_edge_conditioned_conv_equals_nnconv(aggr, channels, basis):
     assert not torch.allclose(got2[ei[1, 0]], got[ei[1, 0]])
 
 
-def test_edge_conditioned_conv_gradients_match_nnconv():
+@pytest.mark.parametrize("per_basis", [False, True])
+def test_edge_conditioned_conv_gradients_match_nnconv(per_basis, monkeypatch):
+    if per_basis:
+        monkeypatch.setattr(networks, "GATHER_ALL_MAX_BYTES", 0)
     ours, ref = _mapped_pair(4, edge_dim=2, basis=2, edge_hidden=5, aggr="mean", seed=0)
     x, ei, ea = _random_graph(num_nodes=6, num_edges=12, edge_dim=2, channels=4, seed=1)
     xa = x.clone().requires_grad_(True)

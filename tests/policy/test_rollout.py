@@ -241,10 +241,15 @@ def _members(pairs, v):
     return [int(c) for r, c in zip(rows.tolist(), cols.tolist()) if r == v]
 
 
-@pytest.mark.parametrize("preset,mode", [("p100x4", "sample"), ("unit:3", "greedy")])
-def test_evaluate_actions_matches_per_step_reference(preset, mode):
+@pytest.mark.parametrize("preset,mode,chunked", [("p100x4", "sample", False), ("unit:3", "greedy", False),
+                                                 ("p100x4", "sample", True)])  # fmt: skip
+def test_evaluate_actions_matches_per_step_reference(preset, mode, chunked, monkeypatch):
     g, gf, policy = make(num_ops=14, seed=3, preset=preset, policy_seed=4)
     enc = policy.encode(gf)
+    if chunked:  # PLC re-scoring in chunks of 3 steps, carrying the per-device sums across chunks
+        import doppler.policy.rollout as rollout_module
+
+        monkeypatch.setattr(rollout_module, "PLC_CHUNK_BYTES", 3 * 2 * gf.num_devices * enc.plc_placed.shape[1] * 4)
     ro = rollout(gf, enc, batch=2, mode=mode, eps=0.2, rng=np.random.default_rng(9))
     sc = evaluate_actions(enc, ro)
     ref = reference_scores(g, gf, policy, ro)

@@ -111,6 +111,13 @@ def check_budget(budget_s: float | None) -> None:
         raise MethodError(f"the time budget must be a positive number of seconds, got {budget_s!r}")
 
 
+def check_seed(seed: Any) -> int:
+    """A seed is an integer >= 0 (numpy's generators take no negative seeds)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise MethodError(f"the seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
 def assign(
     graph: DataflowGraph,
     cluster: Any,
@@ -128,10 +135,12 @@ def assign(
     """
     spec = get_method(method)
     check_budget(budget_s)
+    seed = check_seed(seed)
     if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
         from doppler.hardware import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
+    cluster.check_times(graph)
     d = int(cluster.num_devices)
     if d < spec.min_devices:
         raise MethodError(
@@ -140,7 +149,7 @@ def assign(
         )
     t0 = time.perf_counter()
     try:
-        out = spec.fn(graph, cluster, seed=int(seed), budget_s=budget_s, **kw)
+        out = spec.fn(graph, cluster, seed=seed, budget_s=budget_s, **kw)
     except TypeError as e:
         if kw and "unexpected keyword argument" in str(e):
             raise MethodError(f"method {method!r} does not accept option(s) {', '.join(sorted(kw))}") from None
@@ -187,6 +196,7 @@ def compare(
     for m in methods:
         get_method(m)
     check_budget(budget_s)
+    check_seed(seed)
     if not hasattr(cluster, "num_devices"):
         from doppler.hardware import cluster as resolve_cluster
 
@@ -198,7 +208,7 @@ def compare(
             on_method(m)
         a = assign(graph, cluster, m, seed=seed, budget_s=budget_s, **(method_kwargs or {}).get(m, {}))
         result = simulate(graph, cluster, a, trace=True)
-        peak = result.trace.peak_memory_bytes(graph, cluster.num_devices)
+        peak = result.peak_memory_bytes
         rows.append({
             "method": m,
             "makespan_s": float(result.makespan_s),

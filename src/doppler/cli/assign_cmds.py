@@ -62,7 +62,7 @@ def _assign_with_progress(graph, cl, method: str, **kw: Any):
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
         console=err_console,
-        transient=True,
+        transient=True, disable=not err_console.is_terminal,
     ) as progress:
         task = progress.add_task(f"[bold]{method}[/]", total=None, status="starting")
 
@@ -87,6 +87,7 @@ def assign_cmd(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Samples drawn by a learned method."),
     init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
+    ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
     strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -103,7 +104,7 @@ def assign_cmd(
                 raise UserError(f"--init starts a search from an assignment; method {method!r} does not search")
             from doppler.assignment import load_assignment
 
-            kw["start"] = load_assignment(init, graph, cl.num_devices).devices
+            kw["start"] = load_assignment(init, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint).devices
         if spec.uses_budget:
             a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
         else:
@@ -113,7 +114,7 @@ def assign_cmd(
 
         result = simulate(graph, cl, a, trace=True)
         makespan = float(result.makespan_s)
-        peak = result.trace.peak_memory_bytes(graph, cl.num_devices)
+        peak = result.peak_memory_bytes
         check_memory(memory_overruns(peak, cl), strict_memory, f"{method} on {graph_path}")
         a.save(output)
         lb = float(lower_bound(graph, cl))
@@ -182,7 +183,7 @@ def compare_cmd(
             BarColumn(),
             TimeElapsedColumn(),
             console=err_console,
-            transient=True,
+            transient=True, disable=not err_console.is_terminal,
         ) as progress:
             task = progress.add_task("methods", total=len(names))
             started: list[str] = []

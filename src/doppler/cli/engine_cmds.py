@@ -24,7 +24,7 @@ TIME_SCALE_OPT = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synth
 def _progress(label: str):
     return Progress(
         TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True,
+        console=err_console, transient=True, disable=not err_console.is_terminal,
     )  # fmt: skip
 
 
@@ -77,7 +77,7 @@ def execute_cmd(
         from doppler.simulate import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
-        check_options(engine, num_devices, repeats, timeout_s)
+        check_options(engine, num_devices, repeats, timeout_s, seed)
         if gantt_path is not None:
             from doppler.report import figure_format
 
@@ -159,7 +159,7 @@ def calibrate_cmd(
         from doppler.engine import check_options
         from doppler.engine.calibrate import calibrate
 
-        check_options(engine, devices, 1, timeout_s)
+        check_options(engine, devices, 1, timeout_s, seed)
         try:
             size_list = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
@@ -235,7 +235,7 @@ def validate_cmd(
         from doppler.io_util import atomic_write_text, to_jsonable
 
         cl = cluster(cluster_name)
-        check_options(engine, cl.num_devices, repeats, timeout_s)
+        check_options(engine, cl.num_devices, repeats, timeout_s, seed)
         if n < 2:
             raise UserError(f"--n must be >= 2, got {n}")
         if dispatch not in ("fifo", "priority"):

@@ -106,7 +106,8 @@ def info_cmd(
         if json_out:
             emit_json(stats)
             return
-        table = Table(title=f"{graph_path}", show_header=False, title_justify="left")
+        console.print(str(graph_path), highlight=False, soft_wrap=True)  # not a table title: it would wrap
+        table = Table(show_header=False)
         table.add_column(style="bold")
         table.add_column(justify="right")
         for key in ("name", "num_ops", "num_edges", "depth", "critical_path_ops"):
@@ -194,7 +195,7 @@ def demo_cmd(
         names = ("chainmm", "ffnn", "llama_block", "llama_layer")
         results = []
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                      console=err_console, transient=True) as progress:
+                      console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
             task = progress.add_task("demo", total=len(names) * len(methods))
             for name in names:
                 progress.update(task, description=f"{name}: building the tile graph")

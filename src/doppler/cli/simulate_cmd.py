@@ -61,7 +61,7 @@ def simulate_cmd(
         util = tr.utilisation(cl)
         busy = tr.busy_s(cl.num_devices)
         ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
-        peak = tr.peak_memory_bytes(graph, cl.num_devices)
+        peak = result.peak_memory_bytes
         from doppler.report import memory_overruns
 
         overruns = memory_overruns(peak, cl)

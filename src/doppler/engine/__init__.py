@@ -58,8 +58,8 @@ class ExecutionResult:
         }
 
 
-def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float) -> None:
-    """Raise EngineError for an unknown engine or a bad device count, repeat count or timeout."""
+def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float, seed: int = 0) -> None:
+    """Raise EngineError for an unknown engine or a bad device count, repeat count, timeout or seed."""
     if engine not in ENGINES:
         raise EngineError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
     if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)) or not 1 <= num_devices:
@@ -70,6 +70,8 @@ def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float)
         raise EngineError(f"repeats must be an integer >= 1, got {repeats!r}")
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise EngineError(f"timeout_s must be a number > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {timeout_s!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise EngineError(f"the seed must be an integer >= 0, got {seed!r}")
 
 
 def run(
@@ -102,7 +104,7 @@ def run(
     devices = as_devices(assignment)
     if num_devices is None:
         num_devices = cluster.num_devices if cluster is not None else int(devices.max(initial=0)) + 1
-    check_options(engine, num_devices, repeats, timeout_s)
+    check_options(engine, num_devices, repeats, timeout_s, seed)
     if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
         raise EngineError(f"warmup must be an integer >= 0, got {warmup!r}")
     devices = check_assignment(graph, devices, num_devices)

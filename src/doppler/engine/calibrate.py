@@ -206,7 +206,7 @@ def calibrate(
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster."""
     from doppler.engine import check_options, run
 
-    check_options(engine, num_devices, 1, timeout_s)
+    check_options(engine, num_devices, 1, timeout_s, seed)
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise EngineError(f"runs must be an integer >= 1, got {runs!r}")
     graph = calibration_graph(sizes)

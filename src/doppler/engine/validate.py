@@ -147,7 +147,7 @@ def validate(
     from doppler.engine import check_options, run
     from doppler.simulate import simulate
 
-    check_options(engine, cluster.num_devices, repeats, timeout_s)
+    check_options(engine, cluster.num_devices, repeats, timeout_s, seed)
     cases = validation_assignments(graph, cluster, n, seed=seed)
     sim_kw: dict[str, Any] = {"link_contention": True}
     if dispatch != "fifo":

@@ -285,6 +285,41 @@ class ActionScores:
     cands: CandidateSteps
 
 
+#: bytes of one [B, steps, D, M + A] float32 block of the PLC re-scoring (see plc_logits)
+PLC_CHUNK_BYTES = 8 << 20
+
+
+def plc_logits(enc: Encoded, order: torch.Tensor, dev: torch.Tensor, device_features: torch.Tensor) -> torch.Tensor:
+    """PLC logits ``[B, n, D]`` of every step, given the ops taken (``order``), their devices and the
+    device features each step saw: the batched twin of the scoring inside :func:`_rollout_kernel`.
+
+    The sums over ops already on each device are ``[B, n, D, M + A]`` tensors, 200 MB at 10k ops.
+    Steps go in chunks of about :data:`PLC_CHUNK_BYTES`, carrying the per-device sums from chunk to
+    chunk: blocks that size come back from the allocator's free lists, where whole-graph blocks were
+    fresh memory every update (millions of page faults at 10k ops; ``benchmarks/doppler_scale.py``).
+    """
+    B, n = order.shape
+    D = device_features.shape[2]
+    m, width = enc.plc_op.shape[1], enc.plc_placed.shape[1]
+    chunk = max(1, PLC_CHUNK_BYTES // max(1, B * D * width * enc.plc_placed.element_size()))
+    # split (not sliced per chunk): the backward of a split is one concatenation, where every
+    # slice of a tensor would allocate and fill a full-size zero gradient
+    per_step = [t.split(chunk, dim=1) for t in (enc.plc_placed[order], enc.plc_op[order], enc.plc_query[order],
+                                                 device_features, dev)]  # fmt: skip
+    carry = enc.plc_placed.new_zeros((B, 1, D, width))
+    out = []
+    for contrib, op_part, query, feats, devs in zip(*per_step):
+        onehot = torch.nn.functional.one_hot(devs, D).to(contrib.dtype)  # [B, c, D]
+        added = onehot.unsqueeze(-1) * contrib.unsqueeze(2)  # [B, c, D, M + A]
+        running = torch.cumsum(added, dim=1)
+        placed_before = carry + (running - added)
+        pre = feats @ enc.plc_dev + op_part.unsqueeze(2) + placed_before[..., :m]
+        affinity = (placed_before[..., m:] * query.unsqueeze(2)).sum(-1)
+        out.append(torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out + affinity)
+        carry = carry + running[:, -1:]
+    return torch.cat(out, dim=1)
+
+
 def evaluate_actions(enc: Encoded, ro: Rollout) -> ActionScores:
     """Re-score every decision of ``ro`` under the current weights in one batched pass."""
     B, n = ro.order.shape
@@ -300,15 +335,7 @@ def evaluate_actions(enc: Encoded, ro: Rollout) -> ActionScores:
     entropy_sel = -torch.zeros_like(log_z).index_add_(0, seg, ent_terms).view(B, n)
 
     dev = torch.from_numpy(ro.step_device).to(device)
-    contrib = enc.plc_placed[order]  # [B, n, M + A]
-    onehot = torch.nn.functional.one_hot(dev, ro.device_features.shape[2]).to(contrib.dtype)  # [B, n, D]
-    added = onehot.unsqueeze(-1) * contrib.unsqueeze(2)  # [B, n, D, M + A]
-    placed_before = torch.cumsum(added, dim=1) - added
-    m = enc.plc_op.shape[1]
-    pre = (torch.from_numpy(ro.device_features).to(device) @ enc.plc_dev + enc.plc_op[order].unsqueeze(2)
-           + placed_before[..., :m])  # fmt: skip
-    affinity = (placed_before[..., m:] * enc.plc_query[order].unsqueeze(2)).sum(-1)
-    logits = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out + affinity  # [B, n, D]
+    logits = plc_logits(enc, order, dev, torch.from_numpy(ro.device_features).to(device))
     plc_logp = torch.log_softmax(logits, dim=-1)
     logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
     entropy_plc = -(torch.exp(plc_logp) * plc_logp).sum(-1)
