@@ -52,6 +52,10 @@ def check_trace(g: DataflowGraph, tr, num_devices: int) -> None:
     assert len(got) == len(set(got)) and set(got) == need  # one transfer per (op, remote device)
     assert (tr.tr_start >= tr.op_end[tr.tr_src_op] - eps).all()
     assert (tr.tr_end >= tr.tr_start - eps).all()
+    for a, b in set(zip(tr.tr_src_device.tolist(), tr.tr_dst_device.tolist())):  # one copy at a time per link
+        ks = np.flatnonzero((tr.tr_src_device == a) & (tr.tr_dst_device == b))
+        ks = ks[np.argsort(tr.tr_start[ks])]
+        assert (tr.tr_start[ks[1:]] >= tr.tr_end[ks[:-1]] - eps).all()
     assert tr.makespan_s == pytest.approx(tr.op_end.max())
 
 
