@@ -27,7 +27,7 @@ from doppler.baselines import assign
 from doppler.hardware import cluster
 from doppler.io_util import atomic_write_text
 from doppler.simulate import lower_bound, simulate
-from doppler.train import Trainer, TrainConfig
+from doppler.train import WARM_START_METHODS, Trainer, TrainConfig
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 EPISODES = {"chainmm": 4000, "ffnn": 4000, "llama_block": 8000, "llama_layer": 8000}
@@ -41,7 +41,9 @@ def clusters(names: list[str]):
 
 def run_setting(wname: str, cname: str, cl, args) -> dict:
     g = workloads.build(wname)
-    cfg = TrainConfig(episodes=int(EPISODES[wname] * args.episodes_scale), seed=args.seed, torch_threads=args.threads)
+    seeds = tuple(m for m in args.warm_start.split(",") if m and m != "none")
+    cfg = TrainConfig(episodes=int(EPISODES[wname] * args.episodes_scale), seed=args.seed, torch_threads=args.threads,
+                      sim_seed_methods=seeds)  # fmt: skip
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         tr = Trainer.create([g], cl, cfg)
@@ -80,6 +82,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 when running two of these side by side)")
     p.add_argument("--out", default=None, help="also write the rows as JSON")
+    p.add_argument("--warm-start", default=",".join(WARM_START_METHODS),
+                   help="methods whose best assignment Stage II starts from (doppler train --warm-start); none: off")
     p.add_argument("--curves", default=None, help="also write a training-curve PNG per setting into this folder")
     args = p.parse_args()
     rows = []

@@ -3,11 +3,15 @@ checkpoints are safe to load."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from doppler import cluster, workloads
+from doppler.baselines import assign
+from doppler.simulate import simulate
 from doppler.train import Trainer, TrainConfig, TrainError, load_policy, read_checkpoint
 
 SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)
@@ -206,3 +210,20 @@ def test_stage_three_without_seeds_keeps_the_simulated_best_remeasured():
     sim_best = tr.tasks[0].best_assignment.copy()
     tr.enter_real_stage()
     assert tr.tasks[0].best_makespan_s == pytest.approx(real.evaluate(sim_best[None, :])[0])
+
+
+def test_stage_two_can_start_from_the_best_cheap_method_and_resumes_exactly(tmp_path):
+    from doppler.train import config_from_json
+
+    g = workloads.build("random", num_ops=30, seed=4)
+    cl = cluster("p100x4")
+    methods = ("critical_path", "heft", "enumerative")
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, episodes=8, batch=4, distill_updates=0,
+                      sim_seed_methods=methods, **SMALL)  # fmt: skip
+    tr = Trainer.create([g], cl, cfg)
+    tr.run(tmp_path)
+    best_seed = min(simulate(g, cl, assign(g, cl, m)).makespan_s for m in methods)
+    task = tr.tasks[0]
+    assert task.best_makespan_s <= best_seed
+    assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(task.best_makespan_s)
+    assert config_from_json(json.loads((tmp_path / "config.json").read_text())).sim_seed_methods == methods

@@ -85,8 +85,17 @@ def test_train_json_summary_and_run_dir(trained) -> None:
     cfg = json.loads((run_dir / "config.json").read_text())
     assert cfg["episodes"] == 64 and cfg["il_episodes"] == 16 and cfg["batch"] == 8
     assert cfg["stages"] == ["il", "sim"] and cfg["teacher"] == "critical_path"
+    assert "enumerative" in cfg["sim_seed_methods"]  # the default warm start
     best = load_assignment(run_dir / "best_assignment.json", graph)
     assert best.devices.shape == (30,) and set(best.devices.tolist()) <= {0, 1}
+
+
+def test_warm_start_none_turns_it_off(tmp_path: Path, trained) -> None:
+    _, g, _, _, _ = trained
+    res = run("train", g, "-c", "unit:2", "--stages", "il,sim", "--il-episodes", "8", "--episodes", "8", "--batch", "4",
+              "--warm-start", "none", "-o", tmp_path / "R", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "R" / "config.json").read_text())["sim_seed_methods"] == []
 
 
 def test_train_human_summary(tmp_path: Path, trained) -> None:
@@ -158,8 +167,10 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--episodes", "0"), ["--episodes"]),
         (("--batch", "0"), ["--batch"]),
         (("--baseline", "median"), ["median"]),
+        (("--warm-start", "heft,nosuch"), ["warm start", "nosuch"]),
     ],
-    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "episodes-0", "batch-0", "baseline"],
+    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "episodes-0", "batch-0", "baseline",
+         "warm-start"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained

@@ -75,6 +75,7 @@ def train_cmd(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
+    warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' [default: critical_path,heft,metis,enumerative,round_robin_block]."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run [default: 64]."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
@@ -87,7 +88,9 @@ def train_cmd(
 
         try:
             given = {"il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
-                     "real_episodes": real_episodes}  # fmt: skip
+                     "real_episodes": real_episodes,
+                     "sim_seed_methods": None if warm_start is None else
+                     tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed, engine=engine,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
