@@ -160,6 +160,8 @@ def test_bad_requests_are_clear_errors() -> None:
         run(g, [0] * n, engine="mpi")
     with pytest.raises(EngineError, match="repeats"):
         run(g, [0] * n, repeats=0)
+    with pytest.raises(EngineError, match="from 1 to 10000"):
+        run(g, [0] * n, repeats=10**7)
     with pytest.raises(EngineError, match="timeout_s"):
         run(g, [0] * n, timeout_s=float("nan"))
     with pytest.raises(EngineError, match="at most"):

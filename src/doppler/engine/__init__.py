@@ -31,6 +31,8 @@ __all__ = ["ENGINES", "EngineError", "ExecutionResult", "Program", "build_progra
 ENGINES = ("local", "dask")
 #: the most devices a local run may use (one thread per device, one per ordered link)
 MAX_LOCAL_DEVICES = 64
+#: most repeats of one measurement (an accidental 10**7 would run for hours)
+MAX_REPEATS = 10_000
 DEFAULT_TIMEOUT_S = 600.0
 #: the longest timeout accepted (a week; the platform's wait primitives overflow far beyond)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -66,8 +68,8 @@ def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float,
         raise EngineError(f"the number of devices must be an integer >= 1, got {num_devices!r}")
     if engine == "local" and num_devices > MAX_LOCAL_DEVICES:
         raise EngineError(f"the local engine runs at most {MAX_LOCAL_DEVICES} devices, got {num_devices}")
-    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
-        raise EngineError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or not 1 <= repeats <= MAX_REPEATS:
+        raise EngineError(f"repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise EngineError(f"timeout_s must be a number > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {timeout_s!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
