@@ -84,6 +84,8 @@ def save_graph(graph: DataflowGraph, path: str | Path, *, round_costs: bool = Fa
         except GraphError as e:
             raise GraphError(f"{p}: {e}") from None
         atomic_write_text(p, text)
+    elif p.is_dir():
+        raise GraphError(f"{p}: is a directory (give a graph file name ending in .json or .txt)")
     else:
         raise GraphError(f"{p}: unknown graph file extension {p.suffix!r} (use .json or .txt)")
 

@@ -524,8 +524,12 @@ class Cluster:
             text = p.read_text()
         except FileNotFoundError:
             raise ClusterError(f"{p}: no such cluster file") from None
-        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-            raise ClusterError(f"{p}: cannot read ({e.__class__.__name__})") from None
+        except IsADirectoryError:
+            raise ClusterError(f"{p}: is a directory, not a cluster file") from None
+        except PermissionError:
+            raise ClusterError(f"{p}: cannot read (permission denied)") from None
+        except UnicodeDecodeError:
+            raise ClusterError(f"{p}: cannot read (not a text file)") from None
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:

@@ -181,7 +181,9 @@ def test_diff_shows_both_sides_and_the_moved_ops(graph_file: Path, tmp_path: Pat
 
 @pytest.mark.parametrize("args", [["assign", "G", "-c", "unit:2", "-m", "single", "-o", "DIR"],
                                   ["compare", "G", "-c", "unit:2", "-m", "single", "--csv", "DIR"],
-                                  ["simulate", "G", "-c", "unit:2", "-a", "DIR"]])  # fmt: skip
+                                  ["simulate", "G", "-c", "unit:2", "-a", "DIR"],
+                                  ["simulate", "G", "-c", "DIR", "-a", "DIR"],
+                                  ["graph", "convert", "G", "DIR"]])  # fmt: skip
 def test_a_directory_where_a_file_belongs_is_exit_2_naming_it(graph_file: Path, tmp_path: Path, args) -> None:
     res = runner.invoke(app, [str(graph_file) if a == "G" else str(tmp_path) if a == "DIR" else a for a in args])
     assert res.exit_code == 2, res.output
