@@ -323,10 +323,11 @@ class Cluster:
                 t = t + self.overhead_matrix()[kinds]
         return t
 
-    def check_times(self, graph: DataflowGraph, compute_s: np.ndarray | None = None) -> None:
+    def check_times(self, graph: DataflowGraph, compute_s: np.ndarray) -> None:
         """ClusterError unless every sum of op and transfer times of ``graph`` here stays finite
-        (below ``MAX_TOTAL_TIME``): tiny FLOP/s or bandwidths can overflow costs that are fine alone."""
-        t = self.compute_time_s(graph) if compute_s is None else compute_s
+        (below ``MAX_TOTAL_TIME``): tiny FLOP/s or bandwidths can overflow costs that are fine alone.
+        ``compute_s`` is :meth:`compute_time_s` of the graph (the simulator's context has it)."""
+        t = compute_s
         off = ~np.eye(self.num_devices, dtype=bool)
         slowest_link_s_per_byte = float((1.0 / self.bandwidth_Bps[off]).max()) if off.any() else 0.0
         latency = float(self.latency_s[off].max()) if off.any() else 0.0

@@ -140,7 +140,9 @@ def assign(
         from doppler.hardware import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
-    cluster.check_times(graph)
+    from doppler.simulate import context
+
+    context(graph, cluster)  # the cached simulator context the result is scored with; it checks the times
     d = int(cluster.num_devices)
     if d < spec.min_devices:
         raise MethodError(

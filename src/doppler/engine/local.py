@@ -16,14 +16,10 @@ differences between the two are real-system effects:
 * an op is ready once every input has arrived on its device; its ready time is
   that arrival.
 
-Memory: every op's output is a fresh numpy array. Left alone, glibc hands
-freed memory back to the kernel and per-thread arenas delete whole heaps, so a
-run could pay tens of thousands of page faults (measured: 0 to 40,000 per
-``llama_block`` run, up to +40% makespan, at random). :func:`tune_malloc` (called
-once per process, glibc only; ``DOPPLER_ENGINE_MALLOC=system`` turns it off) keeps
-freed memory in one arena for reuse: ``M_ARENA_MAX=1``, mmap only above 32 MB,
-no trimming. The process keeps its peak memory; repeated runs reuse it.
-Receive buffers are touched when they are allocated, before the clock starts.
+Memory: every op's output is a fresh numpy array; :func:`doppler.malloc.tune_malloc`
+keeps freed memory in the process for reuse (without it a run paid 0 to 40,000
+page faults, up to +40% makespan, at random). Receive buffers are touched when
+they are allocated, before the clock starts.
 
 CPU devices run numpy kernels with one BLAS thread each (``threadpoolctl``);
 numpy releases the GIL inside its kernels and ``sys.setswitchinterval`` is
@@ -38,9 +34,7 @@ with one naming what was running; every thread is told to stop and joined.
 
 from __future__ import annotations
 
-import ctypes
 import heapq
-import os
 import sys
 import threading
 import time
@@ -50,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from doppler.engine.program import EngineError, PlacedProgram
+from doppler.malloc import tune_malloc
 from doppler.trace import Trace
 
 __all__ = ["LocalRun", "run_local"]
@@ -58,26 +53,6 @@ __all__ = ["LocalRun", "run_local"]
 SWITCH_INTERVAL_S = 2e-5
 #: how long stopped threads get to finish their current kernel before being abandoned
 JOIN_TIMEOUT_S = 2.0
-
-
-_MALLOC_TUNED = False
-
-
-def tune_malloc() -> bool:
-    """Keep freed memory for reuse (see the module docstring); True if glibc took the settings."""
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED or os.environ.get("DOPPLER_ENGINE_MALLOC", "") == "system" or not sys.platform.startswith("linux"):
-        return _MALLOC_TUNED
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
-        ok = libc.mallopt(m_mmap_threshold, 32 << 20) == 1
-        ok &= libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
-        ok &= libc.mallopt(m_arena_max, 1) == 1
-    except (OSError, AttributeError):  # not glibc
-        return False
-    _MALLOC_TUNED = bool(ok)
-    return _MALLOC_TUNED
 
 
 class _Queue:
