@@ -212,18 +212,21 @@ def test_stage_three_without_seeds_keeps_the_simulated_best_remeasured():
     assert tr.tasks[0].best_makespan_s == pytest.approx(real.evaluate(sim_best[None, :])[0])
 
 
-def test_stage_two_can_start_from_the_best_cheap_method_and_resumes_exactly(tmp_path):
+def test_stage_two_can_start_from_the_best_cheap_method(tmp_path):
     from doppler.train import config_from_json
 
-    g = workloads.build("random", num_ops=30, seed=4)
-    cl = cluster("p100x4")
-    methods = ("critical_path", "heft", "enumerative")
-    cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, episodes=8, batch=4, distill_updates=0,
-                      sim_seed_methods=methods, **SMALL)  # fmt: skip
-    tr = Trainer.create([g], cl, cfg)
-    tr.run(tmp_path)
+    g = workloads.build("ffnn", size="tiny")
+    cl = cluster("p100x4").scaled_links(10)  # slow links: metis's partition is far better than early samples
+    methods = ("metis", "round_robin_block", "enumerative")
     best_seed = min(simulate(g, cl, assign(g, cl, m)).makespan_s for m in methods)
-    task = tr.tasks[0]
-    assert task.best_makespan_s <= best_seed
-    assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(task.best_makespan_s)
-    assert config_from_json(json.loads((tmp_path / "config.json").read_text())).sim_seed_methods == methods
+    best = {}
+    for seeds in (methods, ()):
+        cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, episodes=8, batch=4, distill_updates=0,
+                          sim_seed_methods=seeds, **SMALL)  # fmt: skip
+        tr = Trainer.create([g], cl, cfg)
+        tr.run(tmp_path / str(len(seeds)))
+        best[seeds] = tr.tasks[0].best_makespan_s
+        assert simulate(g, cl, tr.tasks[0].best_assignment).makespan_s == pytest.approx(best[seeds])
+    assert best[methods] <= best_seed < best[()]  # without the warm start, 8 episodes do not get there
+    saved = json.loads((tmp_path / "3" / "config.json").read_text())
+    assert config_from_json(saved).sim_seed_methods == methods
