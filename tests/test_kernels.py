@@ -185,3 +185,43 @@ def test_evaluate_numpy_slices_inputs_and_follows_edges():
         evaluate_numpy(_two_op_graph(specs), {})
     with pytest.raises(ValueError, match="no op specs"):
         evaluate_numpy(from_edges([1.0], []), {})
+
+
+@pytest.mark.parametrize("name", ["chainmm", "ffnn", "llama_block", "llama_layer", "calibration"])
+def test_torch_kernels_equal_numpy_on_every_op(name):
+    """The CUDA engine's kernels are the same code on torch tensors: every op of every workload agrees."""
+    torch = pytest.importorskip("torch")
+    from doppler import workloads
+    from doppler.engine.calibrate import calibration_graph
+    from doppler.kernels import TorchOps, evaluate_numpy, run_op_torch
+
+    g = calibration_graph((8, 16)) if name == "calibration" else workloads.build(name, size="tiny")
+    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    values = evaluate_numpy(g, x)
+    ops = TorchOps("cpu")
+    kinds = set()
+    for v in range(g.num_ops):
+        spec = g.specs[v]
+        operands = []
+        for ref in spec.get("inputs", []):
+            if "op" in ref:
+                operands.append(torch.from_numpy(values[ref["op"]]))
+            else:
+                arr = x[ref["input"]]
+                if "slice" in ref:
+                    arr = arr[tuple(slice(lo, hi) for lo, hi in ref["slice"])]
+                operands.append(torch.from_numpy(np.ascontiguousarray(arr)))
+        got = run_op_torch(spec, operands, label=v, dtype=np.float64, ops=ops)
+        assert torch.is_tensor(got) and got.dtype == torch.float64
+        np.testing.assert_allclose(got.numpy(), values[v], rtol=1e-12, atol=1e-12, err_msg=f"op {v} {spec['kernel']}")
+        kinds.add(spec["kernel"] + ":" + str(spec.get("fn", "")))
+    if name == "calibration":
+        assert {"einsum:", "map:relu", "map:rotary", "fill:causal_mask", "select:", "reduce_sum:"} <= kinds
+
+
+def test_torch_kernel_errors_name_the_op():
+    pytest.importorskip("torch")
+    from doppler.kernels import run_op_torch
+
+    with pytest.raises(ValueError, match=r"op 3: unknown map fn 'nope'"):
+        run_op_torch({"kernel": "map", "fn": "nope", "eq": "i->i", "inputs": []}, [], label=3)

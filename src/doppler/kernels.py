@@ -22,6 +22,10 @@ Kernels (``spec["kernel"]``):
 * ``fill``        a tile with no operands, ``fn`` from :data:`FILL_FNS` (e.g. a causal mask)
 * ``select``      a slice (``params["slice"]``, relative to the operand) of one operand
 
+Every kernel is written once against a small array namespace (:class:`NumpyOps`,
+:class:`TorchOps`), so the CPU engine runs them with numpy and the CUDA engine
+with torch on the GPU (:func:`run_op_torch`), with the same arithmetic.
+
 Nothing named in a spec is ever imported or evaluated: kernels and functions are
 looked up by name in the plain dicts below, and an unknown name is a
 :class:`ValueError` naming the op.
@@ -49,10 +53,14 @@ __all__ = [
     "MAP_FLOPS",
     "MAP_FNS",
     "NUMPY_KERNELS",
+    "NumpyOps",
+    "TorchOps",
     "evaluate_numpy",
     "flops_of",
     "parse_eq",
+    "run_op",
     "run_op_numpy",
+    "run_op_torch",
 ]
 
 DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -89,52 +97,182 @@ def _letter_sizes(ins: Sequence[str], shapes: Sequence[Sequence[int]], eq: str) 
     return sizes
 
 
+# ------------------------------------------------------------ array namespaces
+class NumpyOps:
+    """The array operations kernels use, on numpy arrays (host memory)."""
+
+    name = "numpy"
+
+    @staticmethod
+    def asarray(x: Any) -> Any:
+        return np.asarray(x)
+
+    @staticmethod
+    def transpose(x: Any, perm: Sequence[int]) -> Any:
+        return np.transpose(x, perm)
+
+    @staticmethod
+    def concat(xs: Sequence[Any], axis: int) -> Any:
+        return np.concatenate(xs, axis=axis)
+
+    @staticmethod
+    def einsum(eq: str, *ops: Any) -> Any:
+        return np.einsum(eq, *ops, optimize=len(ops) > 1)
+
+    @staticmethod
+    def reduce(x: Any, how: str) -> Any:
+        return np.sum(x, axis=-1) if how == "sum" else np.max(x, axis=-1)
+
+    @staticmethod
+    def fold_into(out: Any, x: Any, how: str) -> None:
+        (np.add if how == "sum" else np.maximum)(out, x, out=out)
+
+    @staticmethod
+    def copy(x: Any) -> Any:
+        return np.array(x, copy=True)
+
+    @staticmethod
+    def contiguous(x: Any) -> Any:
+        return np.ascontiguousarray(x)
+
+    @staticmethod
+    def broadcast_to(x: Any, shape: tuple[int, ...]) -> Any:
+        return np.ascontiguousarray(np.broadcast_to(x, shape))
+
+    exp = staticmethod(np.exp)
+    sqrt = staticmethod(np.sqrt)
+
+    @staticmethod
+    def relu(x: Any) -> Any:
+        return np.maximum(x, 0)
+
+    @staticmethod
+    def where_neg_inf(keep: Any, x: Any, dtype: Any) -> Any:
+        """``x`` where ``keep``, else -inf, in ``dtype``."""
+        return np.where(keep, x, -np.inf).astype(dtype, copy=False)
+
+    @staticmethod
+    def index(n: int, offset: int) -> Any:
+        return np.arange(n) + int(offset)
+
+    @staticmethod
+    def zeros(shape: tuple[int, ...], dtype: Any) -> Any:
+        return np.zeros(shape, dtype=dtype)
+
+
+class TorchOps:
+    """The same operations on torch tensors of one device (``"cpu"``, ``"cuda:0"``)."""
+
+    name = "torch"
+
+    def __init__(self, device: Any = "cpu") -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+
+    def dtype(self, dtype: Any) -> Any:
+        name = getattr(dtype, "name", None) or str(dtype)
+        return getattr(self.torch, name.removeprefix("torch."))
+
+    def asarray(self, x: Any) -> Any:
+        return x
+
+    def transpose(self, x: Any, perm: Sequence[int]) -> Any:
+        return x.permute(*perm)
+
+    def concat(self, xs: Sequence[Any], axis: int) -> Any:
+        return self.torch.cat(list(xs), dim=axis)
+
+    def einsum(self, eq: str, *ops: Any) -> Any:
+        return self.torch.einsum(eq, *ops)
+
+    def reduce(self, x: Any, how: str) -> Any:
+        return x.sum(dim=-1) if how == "sum" else x.amax(dim=-1)
+
+    def fold_into(self, out: Any, x: Any, how: str) -> None:
+        if how == "sum":
+            out.add_(x)
+        else:
+            self.torch.maximum(out, x, out=out)
+
+    def copy(self, x: Any) -> Any:
+        return x.clone()
+
+    def contiguous(self, x: Any) -> Any:
+        return x.contiguous()
+
+    def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
+        return x.broadcast_to(shape).contiguous()
+
+    def exp(self, x: Any) -> Any:
+        return self.torch.exp(x)
+
+    def sqrt(self, x: Any) -> Any:
+        return self.torch.sqrt(x)
+
+    def relu(self, x: Any) -> Any:
+        return self.torch.clamp_min(x, 0)
+
+    def where_neg_inf(self, keep: Any, x: Any, dtype: Any) -> Any:
+        x = x if self.torch.is_tensor(x) else self.torch.tensor(x, dtype=self.dtype(dtype), device=self.device)
+        return self.torch.where(keep, x, float("-inf")).to(self.dtype(dtype))
+
+    def index(self, n: int, offset: int) -> Any:
+        return self.torch.arange(int(offset), int(offset) + n, device=self.device)
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self.torch.zeros(shape, dtype=self.dtype(dtype), device=self.device)
+
+
+NUMPY = NumpyOps()
+
+
 # ------------------------------------------------------------ map functions
-def _rotate_half(x: np.ndarray) -> np.ndarray:
+def _rotate_half(x: Any, xp: Any) -> Any:
     half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return xp.concat([-x[..., half:], x[..., :half]], -1)
 
 
-def _axis_index(shape: Sequence[int], axis: int, offset: int) -> np.ndarray:
-    idx = np.arange(shape[axis]) + int(offset)
+def _axis_index(shape: Sequence[int], axis: int, offset: int, xp: Any) -> Any:
     view = [1] * len(shape)
     view[axis] = shape[axis]
-    return idx.reshape(view)
+    return xp.index(shape[axis], offset).reshape(view)
 
 
-def _causal_keep(shape: Sequence[int], p: Mapping[str, Any]) -> np.ndarray:
-    rows = _axis_index(shape, int(p.get("row_axis", 0)), p.get("row_offset", 0))
-    cols = _axis_index(shape, int(p.get("col_axis", 1)), p.get("col_offset", 0))
+def _causal_keep(shape: Sequence[int], p: Mapping[str, Any], xp: Any) -> Any:
+    rows = _axis_index(shape, int(p.get("row_axis", 0)), p.get("row_offset", 0), xp)
+    cols = _axis_index(shape, int(p.get("col_axis", 1)), p.get("col_offset", 0), xp)
     return cols <= rows
 
 
-def _map_causal_mask(a: list[np.ndarray], p: Mapping[str, Any]) -> np.ndarray:
+def _map_causal_mask(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
     x = a[0]
-    return np.where(_causal_keep(x.shape, p), x, -np.inf).astype(x.dtype, copy=False)
+    return xp.where_neg_inf(_causal_keep(x.shape, p, xp), x, x.dtype)
 
 
-def _map_rms_scale(a: list[np.ndarray], p: Mapping[str, Any]) -> np.ndarray:
+def _map_rms_scale(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
     x, sumsq, w = a
-    return x * (1.0 / np.sqrt(sumsq / float(p["n"]) + float(p.get("eps", 1e-6)))) * w
+    return x * (1.0 / xp.sqrt(sumsq / float(p["n"]) + float(p.get("eps", 1e-6)))) * w
 
 
-def _map_rotary(a: list[np.ndarray], p: Mapping[str, Any]) -> np.ndarray:
+def _map_rotary(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
     x, cos, sin = a
     if x.shape[-1] % 2:
         raise ValueError(f"rotary needs an even last axis, got {x.shape[-1]}")
-    return x * cos + _rotate_half(x) * sin
+    return x * cos + _rotate_half(x, xp) * sin
 
 
-#: name -> function(aligned operands, params) -> array
-MAP_FNS: dict[str, Callable[[list[np.ndarray], Mapping[str, Any]], np.ndarray]] = {
-    "add": lambda a, p: a[0] + a[1],
-    "sub": lambda a, p: a[0] - a[1],
-    "mul": lambda a, p: a[0] * a[1],
-    "div": lambda a, p: a[0] / a[1],
-    "relu": lambda a, p: np.maximum(a[0], 0),
-    "scale": lambda a, p: a[0] * float(p["c"]),
-    "silu_mul": lambda a, p: a[0] / (1.0 + np.exp(-a[0])) * a[1],
-    "exp_sub": lambda a, p: np.exp(float(p.get("scale", 1.0)) * (a[0] - a[1])),
+#: name -> function(aligned operands, params, array namespace) -> array
+MAP_FNS: dict[str, Callable[[list[Any], Mapping[str, Any], Any], Any]] = {
+    "add": lambda a, p, xp: a[0] + a[1],
+    "sub": lambda a, p, xp: a[0] - a[1],
+    "mul": lambda a, p, xp: a[0] * a[1],
+    "div": lambda a, p, xp: a[0] / a[1],
+    "relu": lambda a, p, xp: xp.relu(a[0]),
+    "scale": lambda a, p, xp: a[0] * float(p["c"]),
+    "silu_mul": lambda a, p, xp: a[0] / (1.0 + xp.exp(-a[0])) * a[1],
+    "exp_sub": lambda a, p, xp: xp.exp(float(p.get("scale", 1.0)) * (a[0] - a[1])),
     "rms_scale": _map_rms_scale,
     "rotary": _map_rotary,
     "causal_mask": _map_causal_mask,
@@ -154,110 +292,109 @@ MAP_FLOPS: dict[str, float] = {
     "causal_mask": 1,
 }  # fmt: skip
 
-#: name -> function(shape, params, dtype) -> array
-FILL_FNS: dict[str, Callable[[tuple[int, ...], Mapping[str, Any], Any], np.ndarray]] = {
-    "causal_mask": lambda shape, p, dt: np.where(_causal_keep(shape, p), 0.0, -np.inf).astype(dt),
-    "zeros": lambda shape, p, dt: np.zeros(shape, dtype=dt),
+#: name -> function(shape, params, dtype, array namespace) -> array
+FILL_FNS: dict[str, Callable[[tuple[int, ...], Mapping[str, Any], Any, Any], Any]] = {
+    "causal_mask": lambda shape, p, dt, xp: xp.where_neg_inf(_causal_keep(shape, p, xp), 0.0, dt),
+    "zeros": lambda shape, p, dt, xp: xp.zeros(shape, dt),
 }
 FILL_FLOPS: dict[str, float] = {"causal_mask": 1, "zeros": 0}
 
 
-def _align(term: str, out: str, x: np.ndarray) -> np.ndarray:
+def _align(term: str, out: str, x: Any, xp: Any) -> Any:
     """View ``x`` (subscripts ``term``) broadcastable against the output ``out``."""
     perm = sorted(range(len(term)), key=lambda i: out.index(term[i]))
-    x = np.transpose(x, perm)
+    x = xp.transpose(x, perm)
     it = iter(x.shape)
     return x.reshape([next(it) if c in term else 1 for c in out])
 
 
 # ----------------------------------------------------------------- kernels
-def _operands(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], n: int | None) -> list[np.ndarray]:
+def _operands(spec: Mapping[str, Any], arrays: Sequence[Any], n: int | None, xp: Any) -> list[Any]:
     if n is not None and len(arrays) != n:
         raise ValueError(f"kernel {spec.get('kernel')!r} takes {n} operand(s), got {len(arrays)}")
-    return [np.asarray(a) for a in arrays]
+    return [xp.asarray(a) for a in arrays]
 
 
-def _k_einsum(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+def _k_einsum(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
     ins, out = parse_eq(spec["eq"], len(arrays))
-    ops = _operands(spec, arrays, len(ins))
-    return np.einsum(spec["eq"], *ops, optimize=len(ops) > 1)
+    return xp.einsum(spec["eq"], *_operands(spec, arrays, len(ins), xp))
 
 
-def _reduce(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], how: Callable) -> np.ndarray:
+def _reduce(spec: Mapping[str, Any], arrays: Sequence[Any], how: str, xp: Any) -> Any:
     (term,), out = parse_eq(spec["eq"], 1)
-    (x,) = _operands(spec, arrays, 1)
+    (x,) = _operands(spec, arrays, 1, xp)
     if not set(out) <= set(term):
         raise ValueError(f"reduction {spec['eq']!r} produces letters it does not read")
     kept = [term.index(c) for c in out]
     red = [i for i, c in enumerate(term) if c not in out]
-    x = np.transpose(x, kept + red)
-    x = x.reshape(x.shape[: len(kept)] + (-1,))
-    return how(x, axis=-1)
+    x = xp.transpose(x, kept + red)
+    x = x.reshape(tuple(x.shape[: len(kept)]) + (-1,))
+    return xp.reduce(x, how)
 
 
-def _k_reduce_sum(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
-    return _reduce(spec, arrays, np.sum)
+def _k_reduce_sum(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    return _reduce(spec, arrays, "sum", xp)
 
 
-def _k_reduce_max(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
-    return _reduce(spec, arrays, np.max)
+def _k_reduce_max(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    return _reduce(spec, arrays, "max", xp)
 
 
-def _fold(name: str, spec: Mapping[str, Any], arrays: Sequence[np.ndarray], ufunc: np.ufunc) -> np.ndarray:
-    """Elementwise ``ufunc`` over all operands (the n-ary aggregation of partial results)."""
-    ops = _operands(spec, arrays, None)
+def _fold(name: str, spec: Mapping[str, Any], arrays: Sequence[Any], how: str, xp: Any) -> Any:
+    """Elementwise sum or max over all operands (the n-ary aggregation of partial results)."""
+    ops = _operands(spec, arrays, None, xp)
     if not ops:
         raise ValueError(f"{name} needs at least one operand")
-    out = np.array(ops[0], copy=True)
+    out = xp.copy(ops[0])
     for a in ops[1:]:
-        ufunc(out, a, out=out)
+        xp.fold_into(out, a, how)
     return out
 
 
-def _k_sum_n(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
-    return _fold("sum_n", spec, arrays, np.add)
+def _k_sum_n(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    return _fold("sum_n", spec, arrays, "sum", xp)
 
 
-def _k_max_n(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
-    return _fold("max_n", spec, arrays, np.maximum)
+def _k_max_n(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    return _fold("max_n", spec, arrays, "max", xp)
 
 
-def _k_map(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+def _k_map(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
     fn = spec.get("fn")
     if fn not in MAP_FNS:
         raise ValueError(f"unknown map fn {fn!r} (known: {', '.join(sorted(MAP_FNS))})")
     ins, out = parse_eq(spec["eq"], MAP_ARITY[fn])
-    ops = _operands(spec, arrays, len(ins))
+    ops = _operands(spec, arrays, len(ins), xp)
     for term in ins:
         if not set(term) <= set(out):
             raise ValueError(f"map {spec['eq']!r}: an operand has letters missing from the output")
-    aligned = [_align(t, out, a) for t, a in zip(ins, ops)]
-    res = MAP_FNS[fn](aligned, spec.get("params") or {})
-    shape = tuple(int(s) for s in spec["shape"]) if "shape" in spec else np.broadcast_shapes(*(a.shape for a in aligned))
-    if res.shape != shape:
-        res = np.ascontiguousarray(np.broadcast_to(res, shape))
+    aligned = [_align(t, out, a, xp) for t, a in zip(ins, ops)]
+    res = MAP_FNS[fn](aligned, spec.get("params") or {}, xp)
+    shape = tuple(int(s) for s in spec["shape"]) if "shape" in spec else np.broadcast_shapes(*(tuple(a.shape) for a in aligned))
+    if tuple(res.shape) != shape:
+        res = xp.broadcast_to(res, shape)
     return res
 
 
-def _k_fill(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+def _k_fill(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
     fn = spec.get("fn")
     if fn not in FILL_FNS:
         raise ValueError(f"unknown fill fn {fn!r} (known: {', '.join(sorted(FILL_FNS))})")
-    _operands(spec, arrays, 0)
+    _operands(spec, arrays, 0, xp)
     shape = tuple(int(s) for s in spec["shape"])
-    return FILL_FNS[fn](shape, spec.get("params") or {}, dtype if dtype is not None else spec.get("dtype", "float32"))
+    return FILL_FNS[fn](shape, spec.get("params") or {}, np.dtype(dtype if dtype is not None else spec.get("dtype", "float32")), xp)
 
 
-def _k_select(spec: Mapping[str, Any], arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
-    (x,) = _operands(spec, arrays, 1)
+def _k_select(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    (x,) = _operands(spec, arrays, 1, xp)
     sl = spec["params"]["slice"]
     if len(sl) != x.ndim:
         raise ValueError(f"select slice {sl} does not match operand rank {x.ndim}")
-    return np.ascontiguousarray(x[tuple(slice(int(lo), int(hi)) for lo, hi in sl)])
+    return xp.contiguous(x[tuple(slice(int(lo), int(hi)) for lo, hi in sl)])
 
 
-#: kernel name -> function(spec, operand arrays, dtype for constant tiles) -> array
-NUMPY_KERNELS: dict[str, Callable[[Mapping[str, Any], Sequence[np.ndarray], Any], np.ndarray]] = {
+#: kernel name -> function(spec, operand arrays, dtype for constant tiles, array namespace) -> array
+NUMPY_KERNELS: dict[str, Callable[[Mapping[str, Any], Sequence[Any], Any, Any], Any]] = {
     "einsum": _k_einsum,
     "reduce_sum": _k_reduce_sum,
     "reduce_max": _k_reduce_max,
@@ -273,10 +410,10 @@ def _where(label: Any) -> str:
     return f"op {label}: " if label is not None else ""
 
 
-def run_op_numpy(
-    spec: Mapping[str, Any], operand_arrays: Sequence[np.ndarray], *, label: Any = None, dtype: Any = None
-) -> np.ndarray:
-    """Run one op spec on its operand arrays (in spec ``inputs`` order) with numpy.
+def run_op(
+    spec: Mapping[str, Any], operand_arrays: Sequence[Any], *, label: Any = None, dtype: Any = None, xp: Any = NUMPY
+) -> Any:
+    """Run one op spec on its operands (in spec ``inputs`` order) with the array namespace ``xp``.
 
     ``dtype`` is the dtype of constant tiles (``fill``); default: the spec's.
     """
@@ -285,7 +422,7 @@ def run_op_numpy(
     if fn is None:
         raise ValueError(f"{_where(label)}unknown kernel {kernel!r} (known: {', '.join(sorted(NUMPY_KERNELS))})")
     try:
-        out = fn(spec, operand_arrays, dtype)
+        out = fn(spec, operand_arrays, dtype, xp)
     except (KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{_where(label)}malformed {kernel!r} spec: {e!r}") from None
     except ValueError as e:
@@ -294,6 +431,19 @@ def run_op_numpy(
     if want is not None and tuple(out.shape) != tuple(int(s) for s in want):
         raise ValueError(f"{_where(label)}kernel {kernel!r} produced shape {list(out.shape)}, spec says {list(want)}")
     return out
+
+
+def run_op_numpy(
+    spec: Mapping[str, Any], operand_arrays: Sequence[np.ndarray], *, label: Any = None, dtype: Any = None
+) -> np.ndarray:
+    """Run one op spec on numpy arrays (see :func:`run_op`)."""
+    return run_op(spec, operand_arrays, label=label, dtype=dtype, xp=NUMPY)
+
+
+def run_op_torch(spec: Mapping[str, Any], operand_tensors: Sequence[Any], *, label: Any = None, dtype: Any = None,
+                 ops: TorchOps | None = None) -> Any:  # fmt: skip
+    """Run one op spec on torch tensors of one device (``ops`` names it; default: the CPU)."""
+    return run_op(spec, operand_tensors, label=label, dtype=dtype, xp=ops if ops is not None else TorchOps())
 
 
 # ------------------------------------------------------------------- flops

@@ -98,6 +98,7 @@ class TrainConfig:
     # becomes the first incumbent of the self-improvement term (empty: start from the policy's own samples)
     engine: str = "local"  # Stage III engine: local | dask
     engine_repeats: int = 1  # runs per Stage III episode (the reward is their median)
+    engine_device_type: str = "cpu"  # Stage III devices of the local engine: cpu | cuda
     seed: int = 0
     checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
     torch_threads: int = 2  # intra-op threads (2 beat 1 by 1.5x on a 2-core machine, benchmarks/train_speed.py)
@@ -125,6 +126,9 @@ class TrainConfig:
             raise TrainError(f"--seed must be an integer >= 0, got {self.seed!r}")
         if self.engine not in ("local", "dask"):
             raise TrainError(f"unknown engine {self.engine!r} for Stage III (use local or dask)")
+        if self.engine_device_type not in ("cpu", "cuda") or (self.engine == "dask" and self.engine_device_type != "cpu"):
+            raise TrainError(f"device type {self.engine_device_type!r} is not available on the {self.engine} engine "
+                             "(local: cpu or cuda; dask: cpu)")  # fmt: skip
         if self.baseline != "running" and self.batch < 2:
             raise TrainError(f"baseline {self.baseline!r} needs --batch >= 2")
 
@@ -362,7 +366,8 @@ class Trainer:
         for i, task in enumerate(self.tasks):
             if i not in self.real_oracles:
                 self.real_oracles[i] = EngineOracle(task.graph, task.cluster, engine=self.cfg.engine,
-                                                    repeats=self.cfg.engine_repeats, seed=self.cfg.seed)  # fmt: skip
+                                                    repeats=self.cfg.engine_repeats, seed=self.cfg.seed,
+                                                    device_type=self.cfg.engine_device_type)  # fmt: skip
             if task.oracle is self.real_oracles[i]:
                 continue
             task.oracle = self.real_oracles[i]

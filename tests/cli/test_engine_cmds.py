@@ -73,6 +73,8 @@ def test_execute_human_output_without_cluster(files) -> None:
         (["--repeats", "0"], "repeats"),
         (["--devices", "3", "-c", "CAL"], "does not match"),
         (["--timeout", "-1"], "timeout"),
+        (["--device-type", "tpu"], "unknown device type 'tpu'"),
+        (["--engine", "dask", "--device-type", "cuda"], "CPU devices only"),
     ],
 )
 def test_execute_bad_options_exit_2(files, extra, needle) -> None:
@@ -143,3 +145,17 @@ def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
     assert json.loads(val.stdout)["n"] == 4
     res = run("execute", gp, "-a", a, "-c", "unit:2", "--time-scale", "1", "--timeout", "0.3", "--repeats", 1)
     assert res.exit_code == 2 and "timeout of 0.3 s" in res.output and "Traceback" not in res.output
+
+
+def test_device_type_cuda_runs_on_a_gpu_or_says_there_is_none(files) -> None:
+    import torch
+
+    res = run("execute", files["graph"], "-a", files["a"], "-c", files["cal"], "--repeats", 1, "--device-type", "cuda",
+              "--json")  # fmt: skip
+    if torch.cuda.is_available():
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["device_type"] == "cuda"
+    else:
+        assert res.exit_code == 2 and "no CUDA device is visible" in res.output and "Traceback" not in res.output
+    cal = run("calibrate", "-o", files["dir"] / "gpu.json", "--device-type", "cuda", "--runs", 1, "--sizes", "32,64")
+    assert cal.exit_code == (0 if torch.cuda.is_available() else 2), cal.output

@@ -19,6 +19,18 @@ from doppler.hardware import cluster
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+#: the local engine's device types this machine can run (CUDA ones only where a GPU is present)
+DEVICE_TYPES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _has_cuda(), reason="no CUDA device here"))]
+
+
 def _assignments(g: DataflowGraph, num_devices: int) -> dict[str, np.ndarray]:
     cl = cluster(f"cpu4:{num_devices}")
     return {
@@ -59,12 +71,16 @@ def check_trace(g: DataflowGraph, tr, num_devices: int) -> None:
     assert tr.makespan_s == pytest.approx(tr.op_end.max())
 
 
-@pytest.mark.parametrize("name", WORKLOADS)
-def test_outputs_equal_untiled_numpy_tiny_float64(name: str) -> None:
+def tiny_float64_case(name: str):
+    """(graph, reference outputs, float64 program) of a workload at size tiny."""
     g = workloads.build(name, size="tiny")
     x = workloads.make_inputs(g, seed=0, dtype=np.float64)
-    ref = workloads.reference(g, x)
-    prog = build_program(g, inputs=x, dtype=np.float64)
+    return g, workloads.reference(g, x), build_program(g, inputs=x, dtype=np.float64)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_outputs_equal_untiled_numpy_tiny_float64(name: str) -> None:
+    g, ref, prog = tiny_float64_case(name)
     for label, dev in _assignments(g, 3).items():
         res = run(g, dev, num_devices=3, program=prog)
         for k in ref:
@@ -117,7 +133,8 @@ def _thread_count() -> int:
     return sum(t.name.startswith("doppler-") for t in threading.enumerate())
 
 
-def test_kernel_failure_names_op_and_device_and_cleans_up() -> None:
+@pytest.mark.parametrize("device_type", DEVICE_TYPES)
+def test_kernel_failure_names_op_and_device_and_cleans_up(device_type: str) -> None:
     g = workloads.build("ffnn", size="tiny")
     prog = build_program(g, dtype=np.float64)
     bad = next(v for v in range(g.num_ops) if prog.specs[v]["kernel"] == "map")
@@ -126,27 +143,28 @@ def test_kernel_failure_names_op_and_device_and_cleans_up() -> None:
     prog.specs[bad]["fn"] = "no_such_fn"
     dev = np.arange(g.num_ops) % 2
     with pytest.raises(EngineError, match=rf"op {bad}\b.*on device {dev[bad]} failed.*no_such_fn"):
-        run(g, dev, num_devices=2, program=prog, timeout_s=30)
+        run(g, dev, num_devices=2, program=prog, timeout_s=30, device_type=device_type)
     assert _thread_count() == 0
     prog.specs = good_specs  # the process runs the next graph
-    assert run(g, dev, num_devices=2, program=prog).makespan_s > 0
+    assert run(g, dev, num_devices=2, program=prog, device_type=device_type).makespan_s > 0
 
 
-def test_timeout_stops_the_run_names_what_ran_and_next_run_works() -> None:
+@pytest.mark.parametrize("device_type", DEVICE_TYPES)
+def test_timeout_stops_the_run_names_what_ran_and_next_run_works(device_type: str) -> None:
     from doppler.graph import from_edges
 
     g = from_edges([1.0] * 4, [(0, 1), (1, 2), (2, 3)], [8.0] * 4, name="chain")
     cl = cluster("unit:2")
     t0 = time.perf_counter()
     with pytest.raises(EngineError, match=r"timeout of 0.2 s .* running: op 0 on device 0"):
-        run(g, np.zeros(g.num_ops, np.int64), cluster=cl, time_scale=0.6, timeout_s=0.2)  # ops of 0.6 s
+        run(g, np.zeros(g.num_ops, np.int64), cluster=cl, time_scale=0.6, timeout_s=0.2, device_type=device_type)  # ops of 0.6 s
     assert time.perf_counter() - t0 < 10
     deadline = time.monotonic() + 20  # the abandoned spin finishes; its thread sees the stop and exits
     while _thread_count() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _thread_count() == 0
     small = workloads.build("ffnn", size="tiny")
-    assert run(small, np.zeros(small.num_ops, np.int64), num_devices=1).makespan_s > 0
+    assert run(small, np.zeros(small.num_ops, np.int64), num_devices=1, device_type=device_type).makespan_s > 0
 
 
 def test_bad_requests_are_clear_errors() -> None:

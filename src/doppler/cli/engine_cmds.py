@@ -18,6 +18,9 @@ SCHEDULER_OPT = typer.Option(
 )
 TIMEOUT_OPT = typer.Option(600.0, "--timeout", help="Seconds one run may take before it is stopped.")
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
+DEVICE_TYPE_OPT = typer.Option(
+    "cpu", "--device-type", help="Local engine devices: cpu (numpy workers) or cuda (torch on the GPU; more devices than GPUs split each GPU)."
+)
 TIME_SCALE_OPT = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time.")
 
 
@@ -64,6 +67,7 @@ def execute_cmd(
     scheduler: Optional[str] = SCHEDULER_OPT,
     timeout_s: float = TIMEOUT_OPT,
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use an assignment made for another version of the graph."),
+    device_type: str = DEVICE_TYPE_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Execute one assignment on a real engine and report the measured makespan."""
@@ -77,7 +81,7 @@ def execute_cmd(
         from doppler.simulate import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
-        check_options(engine, num_devices, repeats, timeout_s, seed)
+        check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
         if gantt_path is not None:
             from doppler.report import figure_format
 
@@ -86,7 +90,7 @@ def execute_cmd(
         assignment = load_assignment(assignment_path, graph, num_devices, check_fingerprint=not ignore_fingerprint)
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
                   timeout_s=timeout_s,
-                  cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler)  # fmt: skip
+                  cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler, device_type=device_type)  # fmt: skip
         sim = simulate(graph, cl, assignment, link_contention=True).makespan_s
         synthetic = not (graph.specs and any(sp is not None for sp in graph.specs))
         if synthetic:  # cost-only graph: its kernels ran time_scale x the cluster's times
@@ -112,7 +116,8 @@ def execute_cmd(
             errs = {k: float(np.max(np.abs(res.outputs[k] - ref[k])) / max(float(np.max(np.abs(ref[k]))), 1e-30)) for k in ref}
             out["max_rel_error"] = errs
             out["outputs_match"] = bool(all(e <= tol for e in errs.values()))
-        written = write_trace_files(res.trace, graph, [f"cpu{d}" for d in range(num_devices)], out,
+        names = res.info.get("devices") or [f"cpu{d}" for d in range(num_devices)]
+        written = write_trace_files(res.trace, graph, names, out,
                                     trace_path=trace_path, chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
         if gantt_path is not None:
             from doppler.report import gantt
@@ -152,6 +157,7 @@ def calibrate_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the assignments."),
     scheduler: Optional[str] = SCHEDULER_OPT,
     timeout_s: float = TIMEOUT_OPT,
+    device_type: str = DEVICE_TYPE_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
@@ -159,7 +165,7 @@ def calibrate_cmd(
         from doppler.engine import check_options
         from doppler.engine.calibrate import calibrate
 
-        check_options(engine, devices, 1, timeout_s, seed)
+        check_options(engine, devices, 1, timeout_s, seed, device_type)
         try:
             size_list = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
@@ -171,11 +177,13 @@ def calibrate_cmd(
         with _progress("calibrating") as progress:
             task = progress.add_task("runs", total=runs)
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, timeout_s=timeout_s,
-                            scheduler=scheduler, progress=lambda k, total: progress.update(task, completed=k))  # fmt: skip
+                            scheduler=scheduler, device_type=device_type,
+                            progress=lambda k, total: progress.update(task, completed=k))  # fmt: skip
         res.cluster.save(output)
         out = {
             "cluster": str(output),
             "engine": engine,
+            "device_type": device_type,
             "num_devices": devices,
             "runs": res.runs,
             "dispatch_s": res.dispatch_s,
@@ -189,20 +197,21 @@ def calibrate_cmd(
 
         from doppler.report import format_time
 
-        table = Table(title=f"kernels ({engine}, {devices} devices, dispatch {format_time(res.dispatch_s)} per op)",
+        dev_name = "gpu" if device_type == "cuda" else "cpu"
+        table = Table(title=f"kernels ({engine}, {devices} {device_type} devices, dispatch {format_time(res.dispatch_s)} per op)",
                       show_edge=False, header_style="bold")  # fmt: skip
         for col in ("device", "kind", "ops", "fixed", "GFLOP/s", "median |err|"):
             table.add_column(col, justify="left" if col in ("device", "kind") else "right")
         for f in res.kernel_fits:
             rate = "-" if f["flops_per_s"] >= 1e29 else f"{f['flops_per_s'] / 1e9:.3g}"
-            table.add_row(f"cpu{f['device']}", f["kind"], str(f["n"]), format_time(f["overhead_s"]), rate,
+            table.add_row(f"{dev_name}{f['device']}", f["kind"], str(f["n"]), format_time(f["overhead_s"]), rate,
                           f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(table)
         links = Table(title="links", show_edge=False, header_style="bold")
         for col in ("link", "copies", "latency", "GB/s", "median |err|"):
             links.add_column(col, justify="left" if col == "link" else "right")
         for f in res.link_fits:
-            links.add_row(f"cpu{f['src']} -> cpu{f['dst']}", str(f["n"]), format_time(f["latency_s"]),
+            links.add_row(f"{dev_name}{f['src']} -> {dev_name}{f['dst']}", str(f["n"]), format_time(f["latency_s"]),
                           f"{f['bandwidth_Bps'] / 1e9:.3g}", f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(links)
         console.print(f"cluster -> {output}", highlight=False)
@@ -222,6 +231,7 @@ def validate_cmd(
     time_scale: float = TIME_SCALE_OPT,
     scheduler: Optional[str] = SCHEDULER_OPT,
     timeout_s: float = TIMEOUT_OPT,
+    device_type: str = DEVICE_TYPE_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Run many assignments through simulator and engine; report rank correlation and error."""
@@ -235,7 +245,7 @@ def validate_cmd(
         from doppler.io_util import atomic_write_text, to_jsonable
 
         cl = cluster(cluster_name)
-        check_options(engine, cl.num_devices, repeats, timeout_s, seed)
+        check_options(engine, cl.num_devices, repeats, timeout_s, seed, device_type)
         if n < 2:
             raise UserError(f"--n must be >= 2, got {n}")
         if dispatch not in ("fifo", "priority"):
@@ -248,7 +258,7 @@ def validate_cmd(
         with _progress("validating") as progress:
             task = progress.add_task("runs", total=n * repeats)
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, timeout_s=timeout_s,
-                           scheduler=scheduler, dispatch=dispatch, time_scale=time_scale,
+                           scheduler=scheduler, dispatch=dispatch, time_scale=time_scale, device_type=device_type,
                            progress=lambda k, total: progress.update(task, completed=k, total=total))  # fmt: skip
         if plot is not None:
             scatter_plot(res, plot)

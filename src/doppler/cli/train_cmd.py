@@ -78,6 +78,8 @@ def train_cmd(
     warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' [default: critical_path,heft,metis,enumerative,round_robin_block]."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run [default: 64]."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
+    engine_device_type: str = typer.Option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda."),
+    device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
@@ -92,6 +94,7 @@ def train_cmd(
                      "sim_seed_methods": None if warm_start is None else
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed, engine=engine,
+                              engine_device_type=engine_device_type, device=device,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume)

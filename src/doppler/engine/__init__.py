@@ -3,7 +3,8 @@
 Two backends share one interface and one :class:`~doppler.engine.program.Program`:
 
 * ``"local"`` (the default): one thread per device and per link on this
-  machine (:mod:`doppler.engine.local`), CPU devices running numpy kernels;
+  machine (:mod:`doppler.engine.local`), CPU devices running numpy kernels or
+  CUDA devices running torch kernels (``device_type="cuda"``);
 * ``"dask"``: a ``dask.distributed`` cluster, one single-threaded worker per
   device (:mod:`doppler.engine.dask_engine`), for graphs that outgrow one machine.
 
@@ -26,9 +27,11 @@ from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.trace import Trace
 
-__all__ = ["ENGINES", "EngineError", "ExecutionResult", "Program", "build_program", "run"]
+__all__ = ["DEVICE_TYPES", "ENGINES", "EngineError", "ExecutionResult", "Program", "build_program", "run"]
 
 ENGINES = ("local", "dask")
+#: what a local engine's devices are: CPU workers (numpy) or CUDA devices (torch on the GPU)
+DEVICE_TYPES = ("cpu", "cuda")
 #: the most devices a local run may use (one thread per device, one per ordered link)
 MAX_LOCAL_DEVICES = 64
 #: most repeats of one measurement (an accidental 10**7 would run for hours)
@@ -60,10 +63,15 @@ class ExecutionResult:
         }
 
 
-def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float, seed: int = 0) -> None:
-    """Raise EngineError for an unknown engine or a bad device count, repeat count, timeout or seed."""
+def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float, seed: int = 0,
+                  device_type: str = "cpu") -> None:  # fmt: skip
+    """Raise EngineError for an unknown engine or device type, or a bad device count, repeat count, timeout or seed."""
     if engine not in ENGINES:
         raise EngineError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
+    if device_type not in DEVICE_TYPES:
+        raise EngineError(f"unknown device type {device_type!r} (known: {', '.join(DEVICE_TYPES)})")
+    if engine == "dask" and device_type != "cpu":
+        raise EngineError("the dask engine runs CPU devices only; use the local engine for CUDA devices")
     if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)) or not 1 <= num_devices:
         raise EngineError(f"the number of devices must be an integer >= 1, got {num_devices!r}")
     if engine == "local" and num_devices > MAX_LOCAL_DEVICES:
@@ -91,6 +99,7 @@ def run(
     seed: int = 0,
     scheduler: str | None = None,
     keep_outputs: bool = True,
+    device_type: str = "cpu",
 ) -> ExecutionResult:
     """Execute ``graph`` under ``assignment`` for real, ``repeats`` times; the makespan is the median.
 
@@ -102,11 +111,13 @@ def run(
     the address of a running Dask scheduler (``engine="dask"``; default: a
     LocalCluster on 127.0.0.1). ``warmup`` runs go first and are not kept
     (the first run of a process pays page faults and cold caches).
+    ``device_type``: ``"cpu"`` or ``"cuda"`` (local engine; with more devices
+    than GPUs each GPU is split into logical devices with their own streams).
     """
     devices = as_devices(assignment)
     if num_devices is None:
         num_devices = cluster.num_devices if cluster is not None else int(devices.max(initial=0)) + 1
-    check_options(engine, num_devices, repeats, timeout_s, seed)
+    check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
     if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
         raise EngineError(f"warmup must be an integer >= 0, got {warmup!r}")
     devices = check_assignment(graph, devices, num_devices)
@@ -114,15 +125,17 @@ def run(
         program = build_program(graph, cluster=cluster, time_scale=time_scale, seed=seed)
     elif program.graph is not graph:
         raise EngineError("the program was built for a different graph")
-    placed = program.place(devices, num_devices)
     traces: list[Trace] = []
     values: list[np.ndarray | None] = []
     info: dict[str, Any] = {}
     if engine == "local":
-        from doppler.engine.local import run_local
+        from doppler.engine.local import make_devices, run_local
 
+        hw = make_devices(device_type, int(num_devices))
+        placed = program.place(devices, num_devices, hw)
+        info = {"device_type": device_type, "devices": hw.names()}
         for r in range(-int(warmup), repeats):
-            res = run_local(placed, timeout_s=timeout_s, keep_values=keep_outputs and r == repeats - 1)
+            res = run_local(placed, timeout_s=timeout_s, keep_values=keep_outputs and r == repeats - 1, devices=hw)
             if r < 0:
                 continue
             traces.append(res.trace)
@@ -131,6 +144,7 @@ def run(
     else:
         from doppler.engine.dask_engine import run_dask
 
+        placed = program.place(devices, num_devices)
         traces, values, info = run_dask(placed, repeats=repeats + int(warmup), timeout_s=timeout_s,
                                         scheduler=scheduler, keep_values=keep_outputs)  # fmt: skip
         traces = traces[int(warmup):]

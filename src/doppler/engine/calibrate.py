@@ -120,8 +120,10 @@ def _handoff_delays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
-                meta: dict[str, Any] | None = None) -> CalibrationResult:  # fmt: skip
-    """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring)."""
+                meta: dict[str, Any] | None = None, device_kind: str = "cpu") -> CalibrationResult:  # fmt: skip
+    """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring).
+
+    ``device_kind`` (``"cpu"`` or ``"gpu"``) names the devices ``cpu0``... or ``gpu0``..."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
     dev = np.concatenate([t.op_device for t in traces])
@@ -155,7 +157,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
                                 "flops_per_s": rates[label], "median_rel_error": err})  # fmt: skip
         mm = rates.get("matmul", max(rates.values()) if rates else 1e9)
         devices.append(
-            Device(name=f"cpu{d}", kind="cpu", flops_per_s=mm, flops_per_s_by_kind=rates,
+            Device(name=f"{device_kind}{d}", kind=device_kind, flops_per_s=mm, flops_per_s_by_kind=rates,
                    overhead_s=dispatch, overhead_s_by_kind=overheads)  # fmt: skip
         )
     bw = np.full((num_devices, num_devices), np.inf)
@@ -202,11 +204,12 @@ def calibrate(
     timeout_s: float = 600.0,
     scheduler: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    device_type: str = "cpu",
 ) -> CalibrationResult:
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster."""
     from doppler.engine import check_options, run
 
-    check_options(engine, num_devices, 1, timeout_s, seed)
+    check_options(engine, num_devices, 1, timeout_s, seed, device_type)
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise EngineError(f"runs must be an integer >= 1, got {runs!r}")
     graph = calibration_graph(sizes)
@@ -215,23 +218,24 @@ def calibrate(
     n = graph.num_ops
     traces: list[Trace] = []
     run(graph, np.arange(n) % num_devices, num_devices=num_devices, engine=engine, program=program,
-        timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False)  # warm-up (page faults, caches), not kept  # fmt: skip
+        timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # warm-up (page faults, caches), not kept  # fmt: skip
     for r in range(runs):
         devices = rng.permutation(np.arange(n) % num_devices)
         res = run(graph, devices, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
-                  scheduler=scheduler, keep_outputs=False)  # fmt: skip
+                  scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
         traces.append(res.trace)
         if progress is not None:
             progress(r + 1, runs)
     meta = {
-        "source": f"doppler calibrate --engine {engine} --devices {num_devices}",
+        "source": f"doppler calibrate --engine {engine} --devices {num_devices} --device-type {device_type}",
         "engine": engine,
+        "device_type": device_type,
         "calibrated_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": platform.platform(),
         "sizes": [int(s) for s in sizes],
         "runs": int(runs),
     }
-    name = f"{engine}{num_devices}-calibrated"
-    res = fit_cluster(graph, traces, num_devices, name=name, meta=meta)
+    name = f"{engine}-{device_type}{num_devices}-calibrated"
+    res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu")
     res.cluster.meta["dispatch_s"] = res.dispatch_s
     return res

@@ -21,11 +21,26 @@ keeps freed memory in the process for reuse (without it a run paid 0 to 40,000
 page faults, up to +40% makespan, at random). Receive buffers are touched when
 they are allocated, before the clock starts.
 
-CPU devices run numpy kernels with one BLAS thread each (``threadpoolctl``);
-numpy releases the GIL inside its kernels and ``sys.setswitchinterval`` is
-lowered during a run so the Python glue between kernels hands over quickly.
-Times are ``time.perf_counter()`` seconds from the moment the source ops are
-released; inputs are placed and buffers allocated before that.
+Devices (``device_type``):
+
+* ``"cpu"`` (:class:`HostDevices`): numpy kernels with one BLAS thread each
+  (``threadpoolctl``); numpy releases the GIL inside its kernels and
+  ``sys.setswitchinterval`` is lowered during a run so the Python glue between
+  kernels hands over quickly. Times are ``time.perf_counter()`` seconds from the
+  moment the source ops are released.
+* ``"cuda"`` (:class:`CudaDevices`): torch kernels on the GPU, the same
+  arithmetic (:func:`doppler.kernels.run_op_torch`). Each device has its own
+  compute stream and each link its own copy stream, so kernels and copies
+  overlap; with more devices than GPUs each GPU is split into logical devices
+  (devices ``0..k-1`` on GPU 0, and so on), which share its multiprocessors.
+  A worker launches one kernel, records CUDA events around it and waits for
+  its end event (the GIL is released while it waits), so a device runs one op
+  at a time as the simulator assumes; op and copy times are read from the
+  events afterwards, relative to an event recorded when the clock starts.
+
+Inputs are placed and buffers allocated before the clock starts. An op's ready
+time in the trace is when its last input arrived (the producer's end on the
+same device, or the copy's end), computed from the measured times.
 
 Failures never hang: a kernel that raises stops the run with an
 :class:`EngineError` naming the op and device; a run past ``timeout_s`` stops
@@ -38,16 +53,17 @@ import heapq
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from doppler.engine.program import EngineError, PlacedProgram
+from doppler.engine.program import EngineError, PlacedProgram, cuda_sleep_rate, spin_rate_per_s
 from doppler.malloc import tune_malloc
 from doppler.trace import Trace
 
-__all__ = ["LocalRun", "run_local"]
+__all__ = ["CudaDevices", "HostDevices", "LocalRun", "make_devices", "run_local"]
 
 #: GIL switch interval during a run (seconds); Python's default is 5 ms
 SWITCH_INTERVAL_S = 2e-5
@@ -86,20 +102,260 @@ class _Queue:
 
 @dataclass
 class LocalRun:
-    """One measured run: its trace and the op outputs (one array per op)."""
+    """One measured run: its trace and the op outputs (one host array per op)."""
 
     trace: Trace
     values: list[np.ndarray | None]
 
 
-def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = True) -> LocalRun:
-    """Execute ``placed`` once on local threads and return the trace (see the module docstring)."""
-    from threadpoolctl import threadpool_limits
+class HostDevices:
+    """CPU devices: numpy kernels, one BLAS thread each, host-clock times (seconds from the start)."""
 
+    device_type = "cpu"
+
+    def __init__(self, num_devices: int) -> None:
+        self.num_devices = int(num_devices)
+        self.t0 = 0.0
+
+    def names(self) -> list[str]:
+        return [f"cpu{d}" for d in range(self.num_devices)]
+
+    def place(self, array: np.ndarray, d: int) -> np.ndarray:
+        """A copy of ``array`` in device ``d``'s memory."""
+        return np.array(array, copy=True)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any, d: int) -> np.ndarray:
+        """A receive buffer on ``d``, touched so that no copy into it pays page faults."""
+        buf = np.empty(shape, dtype=dtype)
+        buf.fill(0)
+        return buf
+
+    @contextmanager
+    def session(self, links: Sequence[tuple[int, int]]) -> Iterator[None]:
+        """Run-wide settings; ``links`` are the (src, dst) device pairs the run copies over."""
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            yield
+
+    def prepare(self, prog: Any, num_ops: int, num_transfers: int) -> None:
+        """Before the clock: measure what kernels need (the synthetic spin's rate)."""
+        if prog.is_synthetic:
+            spin_rate_per_s()
+
+    def bind_thread(self, key: Any) -> None:
+        """Called first in every worker thread with the key of its device (int) or link (pair)."""
+
+    def start_clock(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def kernel(self, prog: Any, v: int, d: int, arrays: list[Any]) -> tuple[Any, float, float, float]:
+        """Run op ``v`` on ``d``: (output, start token, end token, end as a host time)."""
+        start = self.now()
+        out = prog.kernel(v, d, arrays)
+        end = self.now()
+        return out, start, end, end
+
+    def copy(self, dst: np.ndarray, src: np.ndarray, a: int, b: int, k: int) -> tuple[float, float, float]:
+        """Transfer ``k``: copy ``src`` (on ``a``) into ``dst`` (on ``b``): (start token, end token, end as a host time)."""
+        start = self.now()
+        np.copyto(dst, src, casting="unsafe")
+        end = self.now()
+        return start, end, end
+
+    def seconds(self, tokens: Sequence[Any]) -> np.ndarray:
+        """Tokens as seconds from the start of the clock."""
+        return np.asarray(tokens, dtype=np.float64)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return value
+
+
+class CudaDevices:
+    """CUDA devices: one compute stream per device, one copy stream per link, CUDA-event times.
+
+    ``num_devices`` logical devices are spread over the visible GPUs in blocks
+    (with one GPU, all of them share it).
+    """
+
+    device_type = "cuda"
+    #: input tiles stay on the GPU between runs of one program (they are never written)
+    keeps_inputs = True
+    #: seconds of matrix products run on each GPU just before the clock starts, so that a run does not
+    #: begin on an idle, down-clocked GPU (its clocks ramp up over milliseconds)
+    warmup_s = 0.02
+
+    def __init__(self, num_devices: int) -> None:
+        from doppler.engine.program import EngineError
+        from doppler.kernels import TorchOps
+
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            raise EngineError("CUDA devices need torch") from None
+        if not torch.cuda.is_available():
+            raise EngineError("no CUDA device is visible here (torch.cuda.is_available() is false): use CPU devices")
+        self.torch = torch
+        self.num_devices = int(num_devices)
+        gpus = torch.cuda.device_count()
+        per_gpu = -(-self.num_devices // gpus)
+        self.gpu = [d // per_gpu for d in range(self.num_devices)]
+        self.ops = [TorchOps(f"cuda:{g}") for g in self.gpu]
+        self.compute = [torch.cuda.Stream(device=f"cuda:{g}") for g in self.gpu]
+        self.links: dict[tuple[int, int], Any] = {}
+        self.t0: dict[int, Any] = {}
+        self.host_t0 = 0.0
+        # per GPU (CUDA events belong to one device): a pair of timing events per op and per transfer
+        self.op_events: dict[int, list[tuple[Any, Any]]] = {g: [] for g in self.gpu}
+        self.tr_events: dict[int, list[tuple[Any, Any]]] = {g: [] for g in self.gpu}
+
+    def names(self) -> list[str]:
+        counts = {g: self.gpu.count(g) for g in self.gpu}
+        out = []
+        for d, g in enumerate(self.gpu):
+            k = d - self.gpu.index(g)
+            out.append(f"cuda:{g}" if counts[g] == 1 else f"cuda:{g}/{k}")
+        return out
+
+    def place(self, array: np.ndarray, d: int) -> Any:
+        return self.torch.from_numpy(np.ascontiguousarray(array)).to(self.ops[d].device, copy=True)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any, d: int) -> Any:
+        ops = self.ops[d]
+        return self.torch.zeros(shape, dtype=ops.dtype(np.dtype(dtype)), device=ops.device)
+
+    @contextmanager
+    def session(self, links: Sequence[tuple[int, int]]) -> Iterator[None]:
+        for a, b in links:
+            if (a, b) not in self.links:
+                self.links[(a, b)] = self.torch.cuda.Stream(device=self.ops[b].device)
+        yield
+
+    def _events(self, pool: list[tuple[Any, Any]], count: int, gpu: int) -> None:
+        """Grow ``pool`` to ``count`` pairs of timing events on ``gpu``, created now (at their first record)."""
+        torch = self.torch
+        while len(pool) < count:
+            pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for ev in pair:
+                ev.record(torch.cuda.current_stream(gpu))
+            pool.append(pair)
+
+    def prepare(self, prog: Any, num_ops: int, num_transfers: int) -> None:
+        if prog.is_synthetic:
+            for ops in {str(o.device): o for o in self.ops}.values():
+                cuda_sleep_rate(ops)
+        for g in self.op_events:
+            self._events(self.op_events[g], num_ops, g)
+            self._events(self.tr_events[g], num_transfers, g)
+            self.torch.cuda.synchronize(g)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Keep every GPU busy for about :attr:`warmup_s` with matrix products, then wait for them."""
+        torch = self.torch
+        for g in sorted(set(self.gpu)):
+            with torch.cuda.device(g):
+                x = torch.ones((2048, 2048), device=f"cuda:{g}")
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                x = x @ x
+                end.record()
+                end.synchronize()
+                reps = int(self.warmup_s / max(begin.elapsed_time(end) / 1e3, 1e-6))
+                for _ in range(min(reps, 10_000)):
+                    x = x @ x * 1e-3
+        for g in sorted(set(self.gpu)):
+            torch.cuda.synchronize(g)
+
+    def bind_thread(self, key: Any) -> None:
+        """A device worker launches on its compute stream, a link worker on its copy stream (thread-local)."""
+        stream = self.compute[key] if isinstance(key, int) else self.links[key]
+        self.torch.cuda.set_device(stream.device)
+        self.torch.cuda.set_stream(stream)
+
+    def start_clock(self) -> None:
+        torch = self.torch
+        for g in sorted(set(self.gpu)):
+            torch.cuda.synchronize(g)
+        self.t0 = {}
+        for g in sorted(set(self.gpu)):
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(g))
+            self.t0[g] = ev
+        for ev in self.t0.values():
+            ev.synchronize()
+        self.host_t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.host_t0
+
+    def kernel(self, prog: Any, v: int, d: int, arrays: list[Any]) -> tuple[Any, Any, Any, float]:
+        """Launch on this thread's stream (see :meth:`bind_thread`) between two events; wait for the end one."""
+        begin, end = self.op_events[self.gpu[d]][v]
+        begin.record()
+        out = prog.kernel(v, d, arrays, self.ops[d])
+        end.record()
+        end.synchronize()
+        return out, (self.gpu[d], begin), (self.gpu[d], end), self.now()
+
+    def copy(self, dst: Any, src: Any, a: int, b: int, k: int) -> tuple[Any, Any, float]:
+        begin, end = self.tr_events[self.gpu[b]][k]
+        begin.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        return (self.gpu[b], begin), (self.gpu[b], end), self.now()
+
+    def seconds(self, tokens: Sequence[Any]) -> np.ndarray:
+        return np.array([self.t0[g].elapsed_time(ev) / 1e3 for g, ev in tokens], dtype=np.float64)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return value.detach().cpu().numpy()
+
+
+_CUDA_DEVICE_SETS: dict[int, CudaDevices] = {}
+
+
+def make_devices(device_type: str, num_devices: int) -> "HostDevices | CudaDevices":
+    """The device set of a local run: ``"cpu"`` or ``"cuda"`` (one cached set of streams per device count)."""
+    if device_type == "cuda":
+        if num_devices not in _CUDA_DEVICE_SETS:
+            _CUDA_DEVICE_SETS[num_devices] = CudaDevices(num_devices)
+        return _CUDA_DEVICE_SETS[num_devices]
+    return HostDevices(num_devices)
+
+
+def _ready_times(placed: PlacedProgram, op_end: np.ndarray, transfers: list[tuple[int, int]], tr_end: np.ndarray) -> np.ndarray:
+    """Per op: when its last input arrived on its device (0 for ops without inputs)."""
+    g, dev, D = placed.program.graph, placed.devices, placed.num_devices
+    ready = np.zeros(g.num_ops)
+    if g.num_edges == 0:
+        return ready
+    src, dst = g.src.astype(np.int64), g.dst.astype(np.int64)
+    arrival = op_end[src].copy()
+    remote = dev[src] != dev[dst]
+    if remote.any():
+        keys = np.array([u * D + b for u, b in transfers], dtype=np.int64)
+        k = np.searchsorted(keys, src[remote] * D + dev[dst[remote]])
+        arrival[remote] = tr_end[k]
+    np.maximum.at(ready, dst, arrival)
+    return ready
+
+
+def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = True,
+              devices: "HostDevices | CudaDevices | None" = None) -> LocalRun:  # fmt: skip
+    """Execute ``placed`` once on local threads and return the trace (see the module docstring).
+
+    ``devices`` must be the device set the program was placed on (default: CPU devices).
+    """
     tune_malloc()
     prog = placed.program
     g = prog.graph
     n, D = g.num_ops, placed.num_devices
+    hw = devices if devices is not None else HostDevices(D)
     dev = placed.devices
     transfers = placed.transfers()
     tr_index = {key: k for k, key in enumerate(transfers)}
@@ -109,27 +365,28 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
         for v in g.successors(u):
             consumers.setdefault((u, int(dev[v])), []).append(int(v))
     waiting = np.diff(g.pred_ptr).astype(np.int64)
-    # receive buffers, preallocated on the destination device and touched, so that no copy pays page faults
-    recv: dict[tuple[int, int], np.ndarray] = {}
+    # receive buffers, preallocated (and touched) on the destination device
+    recv: dict[tuple[int, int], Any] = {}
     for u, b in transfers:
         shape, dt = prog.output_template(u)
-        buf = recv[(u, b)] = np.empty(shape, dtype=dt)
-        buf.fill(0)
-    values: list[np.ndarray | None] = [None] * n
-    op_ready, op_start, op_end = np.zeros(n), np.zeros(n), np.zeros(n)
+        recv[(u, b)] = hw.empty(shape, dt, b)
+    values: list[Any] = [None] * n
+    ready_key = np.zeros(n)  # host time of the latest arrival: the FIFO key
+    op_start: list[Any] = [0.0] * n
+    op_end: list[Any] = [0.0] * n
     T = len(transfers)
-    tr_start, tr_end = np.zeros(T), np.zeros(T)
+    tr_start: list[Any] = [0.0] * T
+    tr_end: list[Any] = [0.0] * T
 
     dev_q = [_Queue() for _ in range(D)]
     link_q = {(a, b): _Queue() for a in range(D) for b in range(D) if a != b}
+    used_links = [ab for ab in link_q if any(key[1] == ab[1] and dev[key[0]] == ab[0] for key in transfers)]
     locks = [threading.Lock() for _ in range(D)]  # guards `waiting` for ops on each device
     running: list[int] = [-1] * D
     done = threading.Event()
     state_lock = threading.Lock()
     finished = [0]
     failure: list[str] = []
-    clock = time.perf_counter
-    t0 = [0.0]
 
     def fail(msg: str) -> None:
         with state_lock:
@@ -143,12 +400,13 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
         with locks[b]:
             for v in consumers[(u, b)]:
                 waiting[v] -= 1
-                if t > op_ready[v]:  # arrivals can be processed out of order: ready = the latest
-                    op_ready[v] = t
+                if t > ready_key[v]:  # arrivals can be processed out of order: ready = the latest
+                    ready_key[v] = t
                 if waiting[v] == 0:
-                    q.put(op_ready[v], v)
+                    q.put(ready_key[v], v)
 
     def device_worker(d: int) -> None:
+        hw.bind_thread(d)
         q = dev_q[d]
         tiles = placed.tile_operands
         ops_operands = prog.operands
@@ -161,58 +419,55 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
                 tile if tile is not None else (values[o.op] if dev[o.op] == d else recv[(o.op, d)])
                 for o, tile in zip(ops_operands[v], tiles[v])
             ]
-            start = clock() - t0[0]
             try:
-                out = prog.kernel(v, d, arrays)
+                out, start, end, key = hw.kernel(prog, v, d, arrays)
             except Exception as e:  # noqa: BLE001 - any kernel failure stops the run with a clear message
                 fail(f"op {prog.label(v)} on device {d} failed: {type(e).__name__}: {e}")
                 return
-            end = clock() - t0[0]
             running[d] = -1
             values[v] = out
             op_start[v], op_end[v] = start, end
             for b in range(D):
                 if (v, b) in consumers:
                     if b == d:
-                        arrive(v, d, end)
+                        arrive(v, d, key)
                     else:
-                        link_q[(d, b)].put(end, v)
+                        link_q[(d, b)].put(key, v)
             with state_lock:
                 finished[0] += 1
                 if finished[0] == n:
                     done.set()
 
     def link_worker(a: int, b: int) -> None:
+        hw.bind_thread((a, b))
         q = link_q[(a, b)]
         while True:
             u = q.get()
             if u is None:
                 return
             k = tr_index[(u, b)]
-            start = clock() - t0[0]
             try:
-                np.copyto(recv[(u, b)], values[u], casting="unsafe")
+                start, end, key = hw.copy(recv[(u, b)], values[u], a, b, k)
             except Exception as e:  # noqa: BLE001
                 fail(f"transfer of op {prog.label(u)} from device {a} to device {b} failed: {type(e).__name__}: {e}")
                 return
-            end = clock() - t0[0]
             tr_start[k], tr_end[k] = start, end
-            arrive(u, b, end)
+            arrive(u, b, key)
 
     threads = [threading.Thread(target=device_worker, args=(d,), name=f"doppler-dev{d}", daemon=True) for d in range(D)]
     threads += [
         threading.Thread(target=link_worker, args=ab, name=f"doppler-link{ab[0]}-{ab[1]}", daemon=True)
-        for ab in link_q
-        if any(key[1] == ab[1] and dev[key[0]] == ab[0] for key in transfers)
+        for ab in used_links
     ]
     old_switch = sys.getswitchinterval()
     try:
-        with threadpool_limits(limits=1):
+        with hw.session(used_links):
+            hw.prepare(prog, n, T)
             sys.setswitchinterval(SWITCH_INTERVAL_S)
             for th in threads:
                 th.start()
             sources = np.flatnonzero(waiting == 0)
-            t0[0] = clock()
+            hw.start_clock()
             for v in sources:
                 dev_q[int(dev[v])].put(0.0, int(v))
             if n == 0:
@@ -236,23 +491,21 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
         left = n - at_timeout[1]
         what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
         raise EngineError(f"the run passed its timeout of {timeout_s:g} s with {left} of {n} ops unfinished{what}")
+    start_s, end_s = hw.seconds(op_start), hw.seconds(op_end)
+    tr_start_s, tr_end_s = hw.seconds(tr_start), hw.seconds(tr_end)
     src = np.array([u for u, _ in transfers], dtype=np.int64)
     trace = Trace(
         op_device=dev.copy(),
-        op_ready=op_ready,
-        op_start=op_start,
-        op_end=op_end,
+        op_ready=_ready_times(placed, end_s, transfers, tr_end_s),
+        op_start=start_s,
+        op_end=end_s,
         tr_src_op=src,
         tr_src_device=dev[src] if T else np.empty(0, np.int64),
         tr_dst_device=np.array([b for _, b in transfers], dtype=np.int64),
         tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
-        tr_start=tr_start,
-        tr_end=tr_end,
-        mode="engine:local",
+        tr_start=tr_start_s,
+        tr_end=tr_end_s,
+        mode="engine:local" if hw.device_type == "cpu" else f"engine:local:{hw.device_type}",
     )
-    return LocalRun(trace, values if keep_values else [])
-
-
-def describe_local(num_devices: int) -> dict[str, Any]:
-    """What the local engine's devices are, for reports."""
-    return {"engine": "local", "devices": [f"cpu{d}" for d in range(num_devices)], "blas_threads_per_device": 1}
+    host_values = [hw.to_host(x) if x is not None else None for x in values] if keep_values else []
+    return LocalRun(trace, host_values)

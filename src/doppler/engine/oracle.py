@@ -30,11 +30,12 @@ class EngineOracle:
         scheduler: str | None = None,
         seed: int = 0,
         program: Program | None = None,
+        device_type: str = "cpu",
     ) -> None:
         from doppler.engine import check_options
 
-        check_options(engine, cluster.num_devices, repeats, timeout_s)
-        self.graph, self.cluster, self.engine = graph, cluster, engine
+        check_options(engine, cluster.num_devices, repeats, timeout_s, seed, device_type)
+        self.graph, self.cluster, self.engine, self.device_type = graph, cluster, engine, device_type
         self.repeats, self.timeout_s, self.scheduler = repeats, timeout_s, scheduler
         self.program = program or build_program(graph, cluster=cluster, seed=seed)
         self.calls = 0
@@ -50,7 +51,8 @@ class EngineOracle:
         out = np.empty(devs.shape[0])
         for b, row in enumerate(devs):
             res = run(self.graph, row, num_devices=self.cluster.num_devices, engine=self.engine, repeats=self.repeats,
-                      timeout_s=self.timeout_s, program=self.program, scheduler=self.scheduler, keep_outputs=False)  # fmt: skip
+                      timeout_s=self.timeout_s, program=self.program, scheduler=self.scheduler, keep_outputs=False,
+                      device_type=self.device_type)  # fmt: skip
             out[b] = res.makespan_s
             self.runs += self.repeats
         return out

@@ -23,9 +23,9 @@ import numpy as np
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.kernels import DTYPE_BYTES, run_op_numpy
+from doppler.kernels import DTYPE_BYTES, run_op, run_op_numpy
 
-__all__ = ["EngineError", "Operand", "PlacedProgram", "Program", "build_program", "spin_rate_per_s", "synthetic_kernel"]
+__all__ = ["EngineError", "Operand", "PlacedProgram", "Program", "build_program", "spin_rate_per_s", "synthetic_kernel", "synthetic_kernel_cuda"]
 
 #: largest output buffer a synthetic op may allocate (bytes), so a cost-only graph cannot exhaust memory
 MAX_SYNTHETIC_OUTPUT_BYTES = 1 << 30
@@ -90,6 +90,41 @@ def synthetic_kernel(seconds: float, nbytes: int, fill: int = 0) -> np.ndarray:
     return out
 
 
+_CUDA_CYCLES_PER_S: dict[str, float] = {}
+
+
+def cuda_sleep_rate(ops: Any) -> float:
+    """GPU clock cycles per second of ``torch.cuda._sleep`` on ``ops.device`` (measured once per process).
+
+    The rate is the median of several 20 ms sleeps after one to let the clock settle: the SM
+    clock, which ``_sleep`` counts, changes with load, so synthetic GPU kernels are only as exact
+    as the clock is steady."""
+    key = str(ops.device)
+    if key not in _CUDA_CYCLES_PER_S:
+        torch = ops.torch
+        rate, rates = 1.5e9, []
+        for _ in range(6):
+            cycles = int(0.02 * rate)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.device(ops.device):
+                begin.record()
+                torch.cuda._sleep(cycles)
+                end.record()
+            end.synchronize()
+            rate = cycles / max(begin.elapsed_time(end) / 1e3, 1e-9)
+            rates.append(rate)
+        _CUDA_CYCLES_PER_S[key] = float(np.median(rates[1:]))
+    return _CUDA_CYCLES_PER_S[key]
+
+
+def synthetic_kernel_cuda(seconds: float, nbytes: int, fill: int, ops: Any) -> Any:
+    """The GPU version: ``torch.cuda._sleep`` for ``seconds`` on the current stream, then a fresh filled buffer."""
+    torch = ops.torch
+    if seconds > 0:
+        torch.cuda._sleep(int(seconds * cuda_sleep_rate(ops)))
+    return torch.full((int(nbytes),), int(fill) & 0xFF, dtype=torch.uint8, device=ops.device)
+
+
 # ------------------------------------------------------------------ the program
 @dataclass
 class Program:
@@ -102,6 +137,8 @@ class Program:
     dtype: Any
     specs: list[dict[str, Any]] | None = None
     labels: list[str] = field(default_factory=list)
+    #: input tiles already copied to a device that keeps them between runs ((tile, device set, device) -> copy)
+    device_tiles: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_ops(self) -> int:
@@ -114,11 +151,19 @@ class Program:
     def label(self, v: int) -> str:
         return self.labels[v]
 
-    def kernel(self, v: int, device: int, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """Run op ``v``'s kernel on ``arrays`` (its operands, in order) and return a fresh output."""
+    def kernel(self, v: int, device: int, arrays: Sequence[Any], ops: Any = None) -> Any:
+        """Run op ``v``'s kernel on ``arrays`` (its operands, in order) and return a fresh output.
+
+        ``ops``: a :class:`~doppler.kernels.TorchOps` to run on torch tensors of its device; default numpy.
+        """
         if self.specs is not None:
-            return run_op_numpy(self.specs[v], arrays, label=self.labels[v], dtype=self.dtype)
-        return synthetic_kernel(float(self.synthetic_s[v, device]), int(self.graph.output_bytes[v]), v)  # type: ignore[index]
+            if ops is None:
+                return run_op_numpy(self.specs[v], arrays, label=self.labels[v], dtype=self.dtype)
+            return run_op(self.specs[v], arrays, label=self.labels[v], dtype=self.dtype, xp=ops)
+        seconds, nbytes = float(self.synthetic_s[v, device]), int(self.graph.output_bytes[v])  # type: ignore[index]
+        if ops is None:
+            return synthetic_kernel(seconds, nbytes, v)
+        return synthetic_kernel_cuda(seconds, nbytes, v, ops)
 
     def output_template(self, v: int) -> tuple[tuple[int, ...], Any]:
         """(shape, dtype) of op ``v``'s output, for preallocated receive buffers."""
@@ -126,9 +171,12 @@ class Program:
             return tuple(int(s) for s in self.specs[v]["shape"]), self.dtype
         return (int(self.graph.output_bytes[v]),), np.uint8
 
-    def place(self, devices: np.ndarray, num_devices: int) -> "PlacedProgram":
-        """Copy every op's input tiles into its device's memory (once per (tile, device))."""
-        local: dict[tuple[int, int], np.ndarray] = {}
+    def place(self, devices: np.ndarray, num_devices: int, hw: Any = None) -> "PlacedProgram":
+        """Copy every op's input tiles into its device's memory (once per (tile, device)).
+
+        ``hw``: the engine's device set (its ``place(array, d)`` makes the copy); default host memory.
+        """
+        local: dict[tuple[int, int], Any] = {}
         per_op: list[list[np.ndarray | None]] = []
         for v, ops in enumerate(self.operands):
             d = int(devices[v])
@@ -137,7 +185,16 @@ class Program:
                 if o.tile >= 0:
                     key = (o.tile, d)
                     if key not in local:
-                        local[key] = np.array(self.tiles[o.tile], copy=True)
+                        tile = self.tiles[o.tile]
+                        if hw is None:
+                            local[key] = np.array(tile, copy=True)
+                        elif getattr(hw, "keeps_inputs", False):  # read-only: one upload per program and device
+                            kept = (o.tile, id(hw), d)
+                            if kept not in self.device_tiles:
+                                self.device_tiles[kept] = hw.place(tile, d)
+                            local[key] = self.device_tiles[kept]
+                        else:
+                            local[key] = hw.place(tile, d)
                     row.append(local[key])
                 else:
                     row.append(None)

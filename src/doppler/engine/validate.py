@@ -139,6 +139,7 @@ def validate(
     dispatch: str = "fifo",
     time_scale: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
+    device_type: str = "cpu",
 ) -> ValidationResult:
     """Simulate and execute ``n`` diverse assignments; compare (see the module docstring).
 
@@ -147,7 +148,7 @@ def validate(
     from doppler.engine import check_options, run
     from doppler.simulate import simulate
 
-    check_options(engine, cluster.num_devices, repeats, timeout_s, seed)
+    check_options(engine, cluster.num_devices, repeats, timeout_s, seed, device_type)
     cases = validation_assignments(graph, cluster, n, seed=seed)
     sim_kw: dict[str, Any] = {"link_contention": True}
     if dispatch != "fifo":
@@ -160,10 +161,10 @@ def validate(
     np.random.default_rng(seed + 1).shuffle(order)
     measured = np.full((len(cases), repeats), np.nan)
     run(graph, cases[0][1], num_devices=cluster.num_devices, engine=engine, program=program, timeout_s=timeout_s,
-        scheduler=scheduler, keep_outputs=False)  # warm-up, not kept  # fmt: skip
+        scheduler=scheduler, keep_outputs=False, device_type=device_type)  # warm-up, not kept  # fmt: skip
     for k, (i, r) in enumerate(order):
         res = run(graph, cases[i][1], num_devices=cluster.num_devices, engine=engine, program=program,
-                  timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False)  # fmt: skip
+                  timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
         measured[i, r] = res.makespan_s
         if progress is not None:
             progress(k + 1, len(order))
@@ -182,7 +183,8 @@ def validate(
         bias_pct=float(np.mean(err) * 100),
         retest_spearman=retest,
         rows=rows,
-        info={"graph": graph.name, "cluster": cluster.name, "engine": engine, "repeats": repeats},
+        info={"graph": graph.name, "cluster": cluster.name, "engine": engine, "device_type": device_type,
+              "repeats": repeats},
     )
 
 
