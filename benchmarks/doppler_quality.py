@@ -43,7 +43,7 @@ def run_setting(wname: str, cname: str, cl, args) -> dict:
     g = workloads.build(wname)
     seeds = tuple(m for m in args.warm_start.split(",") if m and m != "none")
     cfg = TrainConfig(episodes=int(EPISODES[wname] * args.episodes_scale), seed=args.seed, torch_threads=args.threads,
-                      sim_seed_methods=seeds)  # fmt: skip
+                      sim_seed_methods=seeds, search_every=args.search_every, search_evals=args.search_evals)  # fmt: skip
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as run_dir:
         tr = Trainer.create([g], cl, cfg)
@@ -84,6 +84,10 @@ def main() -> None:
     p.add_argument("--out", default=None, help="also write the rows as JSON")
     p.add_argument("--warm-start", default=",".join(WARM_START_METHODS),
                    help="methods whose best assignment Stage II starts from (doppler train --warm-start); none: off")
+    p.add_argument("--search-every", type=int, default=TrainConfig.search_every,
+                   help="Stage II episodes between local searches from the incumbent (doppler train --search-every)")
+    p.add_argument("--search-evals", type=int, default=TrainConfig.search_evals,
+                   help="simulator evaluations per local search (doppler train --search-evals)")
     p.add_argument("--curves", default=None, help="also write a training-curve PNG per setting into this folder")
     args = p.parse_args()
     rows = []

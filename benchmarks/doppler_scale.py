@@ -6,7 +6,8 @@ per-episode training time grows with the graph.
 1. ``random`` graph with 10,000 ops on ``unit:64``: time of ``doppler assign
    --method doppler`` (checkpoint load, features, encoder, compiled greedy decode;
    the policy is untrained, which does not change the work). Target <= 5 s.
-2. Stage II per-episode time (rollout + simulator + re-scoring + backward, batch 4)
+2. Stage II per-episode time (rollout + simulator + re-scoring + backward, batch 4;
+   without the periodic local searches, whose cost is their evaluation count times one simulation)
    on ``random`` graphs of the given sizes on ``unit:8``, and its ratio to the
    smallest size next to the ratio of op counts (linear growth: equal ratios).
 """
@@ -39,7 +40,7 @@ def greedy_10k(num_ops: int, devices: int) -> None:
 
 def episode_time(num_ops: int, batch: int = 4, updates: int = 3) -> float:
     g = workloads.build("random", num_ops=num_ops, width=32, seed=0)
-    tr = Trainer.create([g], cluster("unit:8"), TrainConfig(stages=("sim",), batch=batch, episodes=10**9))
+    tr = Trainer.create([g], cluster("unit:8"), TrainConfig(stages=("sim",), batch=batch, episodes=10**9, search_every=0))
     tr.rl_update()  # warm-up
     t0 = time.perf_counter()
     for _ in range(updates):

@@ -4,7 +4,9 @@
 
 Rows (all our own code, same networks, same simulator):
 1. ``doppler (default)``: B episodes per update share one encoder pass; compiled
-   rollout without gradients, then one batched differentiable re-scoring pass.
+   rollout without gradients, then one batched differentiable re-scoring pass; a
+   local search from the incumbent every 500 episodes (expert iteration);
+   then the same without the local searches (``search_every=0``);
 2. the same with one more torch thread (2 instead of 1 by default);
    then the default with B = 32;
 3. ``per-step autograd, B``: the same batch, but each step's SEL/PLC scores are
@@ -105,6 +107,7 @@ def main() -> None:
     dev, th = args.device, args.threads
     rows = [
         measure(f"doppler (default: B={default.batch}, {th} thread(s), {dev})", TrainConfig(device=dev, torch_threads=th), args.episodes),
+        measure("the same without the local searches", TrainConfig(device=dev, torch_threads=th, search_every=0), args.episodes),
         measure(f"doppler, B={default.batch}, {3 - th} torch thread(s)", TrainConfig(device=dev, torch_threads=3 - th), args.episodes),
         measure("doppler, B=32", TrainConfig(device=dev, torch_threads=th, batch=32), args.episodes),
         measure(f"per-step autograd, B={default.batch}", TrainConfig(device=dev, torch_threads=th), args.episodes // 4, per_step=True),

@@ -51,7 +51,8 @@ class Interrupt(Exception):
 def test_kill_and_resume_continues_exactly(tmp_path):
     g = workloads.build("random", num_ops=24, seed=2)
     cl = cluster("unit:2")
-    cfg = dict(il_episodes=16, il_batch=8, episodes=96, batch=8, checkpoint_every=32, self_improve_coef=0.5, **SMALL)
+    cfg = dict(il_episodes=16, il_batch=8, episodes=96, batch=8, checkpoint_every=32, self_improve_coef=0.5,
+               search_every=24, search_evals=300, **SMALL)  # fmt: skip
 
     full = Trainer.create([g], cl, TrainConfig(**cfg))
     full.run(tmp_path / "full")
@@ -108,6 +109,7 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
         (dict(episodes=0), "--episodes"),
         (dict(baseline="median"), "unknown baseline"),
         (dict(seed=-1), "--seed must be an integer >= 0"),
+        (dict(search_every=-1), "--search-every must be >= 0"),
     ],
 )
 def test_bad_config_is_rejected(bad, match):
@@ -230,3 +232,21 @@ def test_stage_two_can_start_from_the_best_cheap_method(tmp_path):
     assert best[methods] <= best_seed < best[()]  # without the warm start, 8 episodes do not get there
     saved = json.loads((tmp_path / "3" / "config.json").read_text())
     assert config_from_json(saved).sim_seed_methods == methods
+
+
+def test_expert_iteration_searches_from_the_incumbent_and_the_policy_imitates_it(tmp_path):
+    """With local searches from the incumbent during Stage II, the best-so-far gets better than
+    the same run without them, and it stays a real assignment with that simulated makespan."""
+    g = workloads.build("ffnn", size="tiny")
+    cl = cluster("p100x4").scaled_links(10)
+    best = {}
+    for every in (0, 16):
+        cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, episodes=32, batch=4, distill_updates=0,
+                          sim_seed_methods=(), search_every=every, search_evals=2000, **SMALL)  # fmt: skip
+        tr = Trainer.create([g], cl, cfg)
+        tr.run(tmp_path / str(every))
+        task = tr.tasks[0]
+        best[every] = task.best_makespan_s
+        assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(best[every])
+        np.testing.assert_array_equal(task.best_step_device, task.best_assignment[task.best_order])
+    assert best[16] < best[0]

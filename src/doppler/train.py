@@ -80,6 +80,8 @@ class TrainConfig:
     sample_sel: bool = True  # Stage II samples SEL too (False: SEL decodes greedily, only PLC explores)
     update_epochs: int = 1  # gradient steps per batch of episodes (> 1: PPO-style clipped reuse)
     clip_ratio: float = 0.2  # PPO's clip range for update_epochs > 1
+    search_every: int = 500  # Stage II episodes between local searches from the incumbent (expert iteration; 0: off)
+    search_evals: int = 20_000  # simulator evaluations of each such search (simulated annealing, deterministic)
     distill_updates: int = 1000  # after Stage II, at most this many updates that teach the policy to decode
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
     max_grad_norm: float = 5.0  # gradient clipping
@@ -115,6 +117,9 @@ class TrainConfig:
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats"):
             if int(getattr(self, name)) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("search_every", "search_evals"):
+            if int(getattr(self, name)) < 0:
+                raise TrainError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         from doppler.baselines import MethodError, get_method
 
         for m in (*self.sim_seed_methods, *self.real_seed_methods):
@@ -349,8 +354,24 @@ class Trainer:
         cfg = self.cfg
         frac = min(self.episode / cfg.episodes, 1.0)
         stats = self._reinforce(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac)
+        before = self.episode
         self.episode += cfg.batch * len(self.tasks)
+        if cfg.search_every > 0 and cfg.search_evals > 0 and self.episode // cfg.search_every > before // cfg.search_every:
+            with self._phase("search"):
+                for i, task in enumerate(self.tasks):
+                    self._search_incumbent(task, seed=cfg.seed + 1000 * self.episode + i)
         return stats
+
+    def _search_incumbent(self, task: Task, seed: int) -> None:
+        """Expert iteration: simulated annealing for ``search_evals`` evaluations from the incumbent
+        (deterministic for a seed); a better result becomes the incumbent the policy imitates."""
+        from doppler.baselines.anneal import anneal_search
+
+        if task.best_assignment is None:
+            return
+        found = anneal_search(task.graph, task.cluster, seed=seed, max_evals=self.cfg.search_evals,
+                              start=task.best_assignment).devices  # fmt: skip
+        self._adopt_best(task, found[None, :], np.asarray(task.oracle.evaluate(found[None, :]), dtype=np.float64))
 
     def real_update(self) -> dict[str, float]:
         """Stage III: the same update on makespans measured by the engine (constant lr and epsilon)."""
@@ -380,17 +401,22 @@ class Trainer:
         """Evaluate ``methods``' assignments with the task's oracle; a faster one replaces the incumbent
         (replayed along the b-level order, as a non-critical_path teacher is)."""
         from doppler.baselines import assign, get_method
-        from doppler.baselines.critical_path import critical_path_schedule
 
         methods = [m for m in methods if task.cluster.num_devices >= get_method(m).min_devices]
         if not methods:
             return
         cands = np.stack([assign(task.graph, task.cluster, m, seed=self.cfg.seed).devices for m in methods])
-        mk = np.asarray(task.oracle.evaluate(cands), dtype=np.float64)
-        b = int(np.argmin(mk))
-        if mk[b] < task.best_makespan_s:
+        self._adopt_best(task, cands, np.asarray(task.oracle.evaluate(cands), dtype=np.float64))
+
+    @staticmethod
+    def _adopt_best(task: Task, cands: np.ndarray, makespans_s: np.ndarray) -> None:
+        """The fastest candidate replaces the incumbent if it is faster (replayed along the b-level order)."""
+        from doppler.baselines.critical_path import critical_path_schedule
+
+        b = int(np.argmin(makespans_s))
+        if makespans_s[b] < task.best_makespan_s:
             order = critical_path_schedule(task.graph, task.cluster)["order"]
-            task.best_makespan_s, task.best_assignment = float(mk[b]), cands[b]
+            task.best_makespan_s, task.best_assignment = float(makespans_s[b]), cands[b].copy()
             task.best_order, task.best_step_device = order, cands[b][order]
 
     def _reinforce(self, lr: float, eps: float) -> dict[str, float]:

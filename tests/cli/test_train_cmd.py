@@ -98,6 +98,15 @@ def test_warm_start_none_turns_it_off(tmp_path: Path, trained) -> None:
     assert json.loads((tmp_path / "R" / "config.json").read_text())["sim_seed_methods"] == []
 
 
+def test_local_search_options_reach_the_config(tmp_path: Path, trained) -> None:
+    _, g, _, _, _ = trained
+    res = run("train", g, "-c", "unit:2", "--stages", "il,sim", "--il-episodes", "8", "--episodes", "8", "--batch", "4",
+              "--search-every", "4", "--search-evals", "200", "-o", tmp_path / "R", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "R" / "config.json").read_text())
+    assert (cfg["search_every"], cfg["search_evals"]) == (4, 200)
+
+
 def test_train_human_summary(tmp_path: Path, trained) -> None:
     _, g, _, _, _ = trained
     res = run("train", g, "-c", "unit:2", "--stages", "il", "--il-episodes", "8", "-o", tmp_path / "R")
@@ -168,9 +177,11 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--batch", "0"), ["--batch"]),
         (("--baseline", "median"), ["median"]),
         (("--warm-start", "heft,nosuch"), ["warm start", "nosuch"]),
+        (("--search-every", "-1"), ["--search-every"]),
+        (("--stages", "il,real", "--engine", "dask", "--device-type", "cuda"), ["cuda", "dask"]),
     ],
     ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "episodes-0", "batch-0", "baseline",
-         "warm-start"],
+         "warm-start", "search-every", "dask-cuda"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained

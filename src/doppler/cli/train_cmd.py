@@ -76,6 +76,8 @@ def train_cmd(
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' [default: critical_path,heft,metis,enumerative,round_robin_block]."),
+    search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off [default: 500]."),
+    search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search [default: 20000]."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run [default: 64]."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
     engine_device_type: str = typer.Option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda."),
@@ -90,7 +92,7 @@ def train_cmd(
 
         try:
             given = {"il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
-                     "real_episodes": real_episodes,
+                     "real_episodes": real_episodes, "search_every": search_every, "search_evals": search_evals,
                      "sim_seed_methods": None if warm_start is None else
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed, engine=engine,
