@@ -122,14 +122,14 @@ def execute_cmd(
         if gantt_path is not None:
             from doppler.report import gantt
 
-            gantt(graph, cl, res.trace, gantt_path, title=f"{graph.name}: measured on {engine} ({num_devices} devices)")
+            gantt(graph, cl, res.trace, gantt_path, title=f"{graph.name}: measured on {engine} ({num_devices} {device_type} devices)")
             out["gantt"] = str(gantt_path)
         if json_out:
             emit_json(out)
         else:
             reps = ", ".join(format_time(m) for m in res.makespans_s)
             console.print(
-                f"[bold]{graph.name}[/] on the {engine} engine ({num_devices} devices): measured makespan "
+                f"[bold]{graph.name}[/] on the {engine} engine ({num_devices} {device_type} devices): measured makespan "
                 f"[bold]{format_time(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
                 f"{cl.name}{f' x {time_scale:g}' if synthetic else ''}: {format_time(sim)} "
                 f"({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
