@@ -206,3 +206,30 @@ def test_timeout_beyond_a_week_is_rejected() -> None:
     g = workloads.build("ffnn", size="tiny")
     with pytest.raises(EngineError, match="a week"):
         run(g, [0] * g.num_ops, timeout_s=MAX_TIMEOUT_S * 2)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no per-thread affinity here")
+def test_cpu_worker_threads_are_pinned_to_their_device_core(monkeypatch) -> None:
+    import os
+
+    from doppler.engine.local import HostDevices
+
+    cores = sorted(os.sched_getaffinity(0))
+    seen: dict[object, set[int]] = {}
+
+    def probe(key) -> None:
+        HostDevices(3).bind_thread(key)
+        seen[key] = os.sched_getaffinity(0)
+
+    for key in (0, 1, 2, (0, 1), (1, 2)):
+        th = threading.Thread(target=probe, args=(key,))
+        th.start()
+        th.join()
+    assert seen[0] == {cores[0]} and seen[2] == {cores[2 % len(cores)]}
+    assert seen[(0, 1)] == seen[1] and seen[(1, 2)] == seen[2]  # a link runs on its destination's core
+    assert os.sched_getaffinity(0) == set(cores)  # the calling thread is untouched
+    monkeypatch.setenv("DOPPLER_PIN_THREADS", "0")
+    th = threading.Thread(target=probe, args=(1,))
+    th.start()
+    th.join()
+    assert seen[1] == set(cores)

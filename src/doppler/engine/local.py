@@ -50,6 +50,7 @@ with one naming what was running; every thread is told to stop and joined.
 from __future__ import annotations
 
 import heapq
+import os
 import sys
 import threading
 import time
@@ -144,7 +145,20 @@ class HostDevices:
             spin_rate_per_s()
 
     def bind_thread(self, key: Any) -> None:
-        """Called first in every worker thread with the key of its device (int) or link (pair)."""
+        """Called first in every worker thread with the key of its device (int) or link (pair).
+
+        Pins the thread to one core of those this process may use: device ``d`` to the
+        ``d``-th (modulo their number), a link to its destination's, so a copy writes into the
+        cache of the core that reads it next, as a transfer moves data into the receiver's
+        memory. ``DOPPLER_PIN_THREADS=0`` turns pinning off (see README: it lowered the
+        simulator's mean error on llama_block from 21-22% to 16%)."""
+        if os.environ.get("DOPPLER_PIN_THREADS", "1") != "0" and hasattr(os, "sched_setaffinity"):
+            cores = sorted(os.sched_getaffinity(0))
+            d = key if isinstance(key, int) else key[1]
+            try:
+                os.sched_setaffinity(0, {cores[d % len(cores)]})
+            except OSError:  # a sandbox may refuse; the run stays correct, only less repeatable
+                pass
 
     def start_clock(self) -> None:
         self.t0 = time.perf_counter()
