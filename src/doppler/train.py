@@ -134,6 +134,8 @@ class TrainConfig:
         if self.engine_device_type not in ("cpu", "cuda") or (self.engine == "dask" and self.engine_device_type != "cpu"):
             raise TrainError(f"device type {self.engine_device_type!r} is not available on the {self.engine} engine "
                              "(local: cpu or cuda; dask: cpu)")  # fmt: skip
+        if "real" in self.stages and self.engine_device_type == "cuda" and not torch.cuda.is_available():
+            raise TrainError("Stage III on CUDA devices: no CUDA device is visible here")  # before any training
         if self.baseline != "running" and self.batch < 2:
             raise TrainError(f"baseline {self.baseline!r} needs --batch >= 2")
 

@@ -179,9 +179,11 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--warm-start", "heft,nosuch"), ["warm start", "nosuch"]),
         (("--search-every", "-1"), ["--search-every"]),
         (("--stages", "il,real", "--engine", "dask", "--device-type", "cuda"), ["cuda", "dask"]),
+        pytest.param(("--stages", "il,real", "--device-type", "cuda"), ["no CUDA device"],
+                     marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     ],
     ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "episodes-0", "batch-0", "baseline",
-         "warm-start", "search-every", "dask-cuda"],
+         "warm-start", "search-every", "dask-cuda", "cuda-without-gpu"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained
