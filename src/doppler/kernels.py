@@ -101,8 +101,6 @@ def _letter_sizes(ins: Sequence[str], shapes: Sequence[Sequence[int]], eq: str) 
 class NumpyOps:
     """The array operations kernels use, on numpy arrays (host memory)."""
 
-    name = "numpy"
-
     @staticmethod
     def asarray(x: Any) -> Any:
         return np.asarray(x)
@@ -162,8 +160,6 @@ class NumpyOps:
 
 class TorchOps:
     """The same operations on torch tensors of one device (``"cpu"``, ``"cuda:0"``)."""
-
-    name = "torch"
 
     def __init__(self, device: Any = "cpu") -> None:
         import torch

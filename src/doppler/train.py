@@ -129,9 +129,11 @@ class TrainConfig:
                 raise TrainError(f"warm start: {e}") from None
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise TrainError(f"--seed must be an integer >= 0, got {self.seed!r}")
-        if self.engine not in ("local", "dask"):
+        from doppler.engine import DEVICE_TYPES, ENGINES
+
+        if self.engine not in ENGINES:
             raise TrainError(f"unknown engine {self.engine!r} for Stage III (use local or dask)")
-        if self.engine_device_type not in ("cpu", "cuda") or (self.engine == "dask" and self.engine_device_type != "cpu"):
+        if self.engine_device_type not in DEVICE_TYPES or (self.engine == "dask" and self.engine_device_type != "cpu"):
             raise TrainError(f"device type {self.engine_device_type!r} is not available on the {self.engine} engine "
                              "(local: cpu or cuda; dask: cpu)")  # fmt: skip
         if "real" in self.stages and self.engine_device_type == "cuda" and not torch.cuda.is_available():
@@ -177,6 +179,16 @@ class Task:
     best_order: np.ndarray | None = None
     best_step_device: np.ndarray | None = None
     best_assignment: np.ndarray | None = None
+    _blevel_order: np.ndarray | None = field(default=None, repr=False)
+
+    def blevel_order(self) -> np.ndarray:
+        """The b-level (critical_path) op order along which assignments that are not the policy's own
+        are replayed (teacher, warm start, local search); computed once."""
+        if self._blevel_order is None:
+            from doppler.baselines.critical_path import critical_path_schedule
+
+            self._blevel_order = critical_path_schedule(self.graph, self.cluster)["order"]
+        return self._blevel_order
 
     def record(self, ro: Rollout, makespans_s: np.ndarray) -> None:
         b = int(np.argmin(makespans_s))
@@ -201,10 +213,9 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
     )
     if cfg.teacher != "critical_path":
         from doppler.baselines import assign
-        from doppler.baselines.critical_path import critical_path_schedule
 
         task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S).devices
-        task.teacher_order = critical_path_schedule(graph, cluster)["order"]
+        task.teacher_order = task.blevel_order()
         task.best_order = task.teacher_order
         task.best_step_device = task.teacher_devices[task.teacher_order]
         task.best_assignment = task.teacher_devices
@@ -413,11 +424,9 @@ class Trainer:
     @staticmethod
     def _adopt_best(task: Task, cands: np.ndarray, makespans_s: np.ndarray) -> None:
         """The fastest candidate replaces the incumbent if it is faster (replayed along the b-level order)."""
-        from doppler.baselines.critical_path import critical_path_schedule
-
         b = int(np.argmin(makespans_s))
         if makespans_s[b] < task.best_makespan_s:
-            order = critical_path_schedule(task.graph, task.cluster)["order"]
+            order = task.blevel_order()
             task.best_makespan_s, task.best_assignment = float(makespans_s[b]), cands[b].copy()
             task.best_order, task.best_step_device = order, cands[b][order]
 

@@ -188,7 +188,7 @@ class Program:
                         tile = self.tiles[o.tile]
                         if hw is None:
                             local[key] = np.array(tile, copy=True)
-                        elif getattr(hw, "keeps_inputs", False):  # read-only: one upload per program and device
+                        elif hw.keeps_inputs:  # read-only: one upload per program and device
                             kept = (o.tile, id(hw), d)
                             if kept not in self.device_tiles:
                                 self.device_tiles[kept] = hw.place(tile, d)
