@@ -27,6 +27,10 @@ SimPy happens to process them. Instead:
   process, which then runs for its duration and releases the slot. Links in
   contention mode work the same way, with transfer requests keyed (request
   time, producer op id, destination device).
+* A transfer into a device with ``copies_inbound`` is made by that device: it
+  files itself in the device's ready heap keyed (request time, ``n`` + producer
+  op id), so it is dispatched FIFO with the device's ops (ops first on equal
+  times) and holds one of the device's slots while it runs.
 * If a zero-duration op or transfer completes at the same timestamp, a new
   dispatch event for that timestamp is scheduled (it again runs after all
   ordinary events), exactly like the "further rounds" of the compiled loop.
@@ -72,6 +76,7 @@ class SimpyReference:
         self.dev = [int(d) for d in devices]
         self.bsp = mode == "bsp"
         self.contention = link_contention
+        self.copies_in = [bool(x) for x in cluster.copies_inbound]
         ctx = ctx or SimContext(graph, cluster)
         self.ctx = ctx
         self.op_f, self.edge_f = ctx.noise(noise_sigma, seed)
@@ -124,7 +129,7 @@ class SimpyReference:
             while res.count < res.capacity and heap:
                 _, v = heapq.heappop(heap)
                 req = res.request()  # granted synchronously: a slot is free
-                self.go[v].succeed(req)
+                self.go[v if v < self.g.num_ops else ("copy", v, d)].succeed(req)
         for link, heap in self.link_heap.items():
             res = self.link_res[link]
             while res.count < res.capacity and heap:
@@ -164,7 +169,13 @@ class SimpyReference:
         rec = {"src_op": u, "src_device": a, "dst_device": b, "bytes": float(self.ctx.out_bytes[u])}
         self.transfers.append(rec)
         req = None
-        if self.contention:
+        if self.copies_in[b]:  # the destination makes the copy: wait in its ready heap
+            item = self.g.num_ops + u
+            self.go[("copy", item, b)] = self.env.event()
+            heapq.heappush(self.ready_heap[b], (self.env.now, item))
+            self.request_dispatch()
+            req = yield self.go[("copy", item, b)]
+        elif self.contention:
             link = (a, b)
             if link not in self.link_res:
                 self.link_res[link] = simpy.Resource(self.env, capacity=1)
@@ -178,7 +189,7 @@ class SimpyReference:
         yield self.env.timeout(dur)
         rec["end"] = self.env.now
         if req is not None:
-            self.link_res[(a, b)].release(req)
+            (self.dev_res[b] if self.copies_in[b] else self.link_res[(a, b)]).release(req)
             self.request_dispatch()
         if not self.bsp:
             self.deliver(u, b)

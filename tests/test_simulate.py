@@ -31,8 +31,9 @@ REL = 1e-9
 
 # --------------------------------------------------------------------------- strategies
 @st.composite
-def cases(draw, max_ops: int = 14, max_devices: int = 4, max_streams: int = 2):
-    """(graph, cluster, assignment) with small power-of-two costs, so ties are frequent and exact."""
+def cases(draw, max_ops: int = 14, max_devices: int = 4, max_streams: int = 2, copies: bool = True):
+    """(graph, cluster, assignment) with small power-of-two costs, so ties are frequent and exact.
+    ``copies``: some devices may make their inbound copies themselves (``copies_inbound``)."""
     n = draw(st.integers(1, max_ops))
     edges = []
     for v in range(1, n):
@@ -52,6 +53,7 @@ def cases(draw, max_ops: int = 14, max_devices: int = 4, max_streams: int = 2):
                 flops_per_s=draw(st.sampled_from([0.5, 1.0, 2.0])),
                 flops_per_s_by_kind=by_kind,
                 streams=draw(st.integers(1, max_streams)),
+                copies_inbound=copies and draw(st.booleans()),
             )
         )
     bw = np.array(draw(st.lists(st.sampled_from([1.0, 2.0, 4.0]), min_size=D * D, max_size=D * D))).reshape(D, D)
@@ -107,7 +109,7 @@ def check_trace(
         assert tr.tr_src_device[k] == a[u]
         assert tr.tr_bytes[k] == g.output_bytes[u]
         assert tr.tr_start[k] >= end[u]
-        if not contention:
+        if not contention and not c.devices[b].copies_inbound:
             assert tr.tr_start[k] == end[u]
         assert tr.tr_end[k] - tr.tr_start[k] == pytest.approx(tt[u, a[u], b], rel=1e-12, abs=1e-12)
     # dependencies: every input has arrived before the op is ready
@@ -118,10 +120,11 @@ def check_trace(
         assert ready[v] >= last
         if mode == "wc":
             assert ready[v] == last
-    # never more than `streams` ops at once on a device (half-open intervals)
+    # never more than `streams` ops (and inbound copies it makes) at once on a device (half-open intervals)
     for d in range(D):
-        ops = np.flatnonzero((dev == d) & (end > start))
-        ev = sorted([(end[v], 0) for v in ops] + [(start[v], 1) for v in ops])
+        _, s_d, e_d = device_items(c, tr, d)
+        busy = e_d > s_d
+        ev = sorted([(x, 0) for x in e_d[busy]] + [(x, 1) for x in s_d[busy]])
         live = 0
         for _, kind in ev:
             live += 1 if kind else -1
@@ -130,7 +133,7 @@ def check_trace(
     if contention:
         links: dict[tuple[int, int], list[tuple[float, float]]] = {}
         for k in range(tr.num_transfers):
-            if tr.tr_end[k] > tr.tr_start[k]:
+            if tr.tr_end[k] > tr.tr_start[k] and not c.devices[int(tr.tr_dst_device[k])].copies_inbound:
                 links.setdefault((int(tr.tr_src_device[k]), int(tr.tr_dst_device[k])), []).append((tr.tr_start[k], tr.tr_end[k]))
         for iv in links.values():
             iv.sort()
@@ -142,30 +145,45 @@ def check_trace(
         check_bsp_barriers(g, tr)
 
 
+def device_items(c: Cluster, tr, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ready, start, end) of what device ``d`` runs: its ops, then the inbound copies it makes
+    (a copy is ready when its producer finishes)."""
+    ops = tr.op_device == d
+    if not c.devices[d].copies_inbound:
+        return tr.op_ready[ops], tr.op_start[ops], tr.op_end[ops]
+    ks = tr.tr_dst_device == d
+    req = tr.op_end[tr.tr_src_op[ks]]
+    return (np.concatenate([tr.op_ready[ops], req]), np.concatenate([tr.op_start[ops], tr.tr_start[ks]]),
+            np.concatenate([tr.op_end[ops], tr.tr_end[ks]]))  # fmt: skip
+
+
 def check_work_conserving(c: Cluster, tr, priority: np.ndarray | None = None) -> None:
-    """No device has a free stream while one of its ops is ready; FIFO by ready time, or with
-    ``priority`` an op never starts while an op of a smaller (priority, id) has been waiting."""
-    dev, ready, start, end = tr.op_device, tr.op_ready, tr.op_start, tr.op_end
-    for v in np.flatnonzero(start > ready):
-        d = dev[v]
+    """No device has a free stream while one of its ops (or inbound copies it makes) is ready;
+    FIFO by ready time, or with ``priority`` an op never starts while an op of a smaller
+    (priority, id) has been waiting."""
+    dev, ready, start = tr.op_device, tr.op_ready, tr.op_start
+    for d in range(c.num_devices):
+        r_d, s_d, e_d = device_items(c, tr, d)
         k = c.devices[d].streams
-        same = np.flatnonzero((dev == d) & (end > start))
-        cuts = sorted({ready[v], start[v], *[x for w in same for x in (start[w], end[w]) if ready[v] < x < start[v]]})
-        for lo, hi in zip(cuts, cuts[1:]):
-            mid = 0.5 * (lo + hi)
-            busy = int(np.sum((start[same] <= mid) & (mid < end[same])))
-            assert busy >= k, f"device {d} idle during [{lo}, {hi}) while op {v} was ready"
+        same = np.flatnonzero(e_d > s_d)
+        for v in np.flatnonzero(s_d > r_d):
+            cuts = sorted({r_d[v], s_d[v], *[x for w in same for x in (s_d[w], e_d[w]) if r_d[v] < x < s_d[v]]})
+            for lo, hi in zip(cuts, cuts[1:]):
+                mid = 0.5 * (lo + hi)
+                busy = int(np.sum((s_d[same] <= mid) & (mid < e_d[same])))
+                assert busy >= k, f"device {d} idle during [{lo}, {hi}) while item {v} was ready"
+        if priority is None:
+            for x in range(len(r_d)):
+                assert np.all(s_d[r_d > r_d[x]] >= s_d[x]), "FIFO by ready time violated"
+    if priority is None:
+        return
     for d in range(c.num_devices):
         ops = np.flatnonzero(dev == d)
         for x in ops:
-            if priority is None:
-                later = ops[ready[ops] > ready[x]]
-                assert np.all(start[later] >= start[x]), "FIFO by ready time violated"
-            else:
-                # ops already waiting (ready strictly before x started) and still waiting after
-                waiting = ops[(ready[ops] < start[x]) & (start[ops] > start[x])]
-                for y in waiting:
-                    assert (priority[x], x) < (priority[y], y), f"op {x} started while op {y} of higher priority waited"
+            # ops already waiting (ready strictly before x started) and still waiting after
+            waiting = ops[(ready[ops] < start[x]) & (start[ops] > start[x])]
+            for y in waiting:
+                assert (priority[x], x) < (priority[y], y), f"op {x} started while op {y} of higher priority waited"
 
 
 def check_bsp_barriers(g: DataflowGraph, tr) -> None:
@@ -187,6 +205,38 @@ def check_bsp_barriers(g: DataflowGraph, tr) -> None:
 
 
 # --------------------------------------------------------------------------- hand examples
+def _copying(c: Cluster) -> Cluster:
+    """``c`` with every device making its own inbound copies."""
+    from dataclasses import replace
+
+    return Cluster(c.name, [replace(d, copies_inbound=True) for d in c.devices], c.bandwidth_Bps, c.latency_s)
+
+
+def test_a_device_that_copies_queues_the_copy_with_its_ops() -> None:
+    # op 0 (d0, 1 s) sends 2 bytes to op 2 on d1; op 1 (d1, 3 s) keeps d1 busy until 3
+    g = from_edges([1, 3, 1], [(0, 2)], [2, 0, 0])
+    for backend in ("auto", "python"):
+        free = simulate(g, unit(2), [0, 1, 1], trace=True, backend=backend).trace
+        assert (free.tr_start[0], free.tr_end[0], free.op_start[2]) == (1.0, 3.0, 3.0)  # the link overlaps op 1
+        own = simulate(g, _copying(unit(2)), [0, 1, 1], trace=True, backend=backend).trace
+        assert (own.tr_start[0], own.tr_end[0], own.op_start[2]) == (3.0, 5.0, 5.0)  # d1 copies after op 1
+        assert own.makespan_s == 6.0 and own.op_ready[2] == 5.0
+
+
+def test_a_copy_requested_with_a_ready_op_runs_after_it() -> None:
+    # at t=1 op 0 (d0) finishes, op 1 (d1, ready at 1 after op 3) and the copy of op 0 into d1 are both
+    # ready: the op goes first (ties: ops, then copies by producer)
+    g = from_edges([1, 1, 1, 1], [(3, 1), (0, 2)], [1, 0, 0, 0])
+    t = simulate(g, _copying(unit(2)), [0, 1, 1, 1], trace=True).trace
+    assert t.op_start[1] == 1.0 and t.tr_start[0] == 2.0 and t.op_start[2] == 3.0
+
+
+def test_priority_dispatch_refuses_devices_that_copy() -> None:
+    g = from_edges([1, 1], [(0, 1)], [1, 1])
+    with pytest.raises(SimulationError, match="copies_inbound: gpu0, gpu1"):
+        simulate(g, _copying(unit(2)), [0, 1], dispatch="priority")
+
+
 def test_completions_and_arrivals_before_dispatch() -> None:
     """At t=2 op 0 finishes on d0 (readying op 4) and op 1's output arrives (readying op 3).
     Both are ready at 2, so the lower id (3) runs first; dispatching right after op 0's
@@ -371,7 +421,11 @@ def test_critical_path_is_a_chain_to_the_makespan(case, mode) -> None:
         is_pred = u in set(g.predecessors(v).tolist())
         same_dev = t.op_device[u] == t.op_device[v] and t.op_end[u] == t.op_start[v]
         barrier = mode == "bsp" and g.level[u] == g.level[v] - 1
-        assert is_pred or same_dev or barrier
+        copy = any(
+            t.tr_src_op[k] == u and t.tr_dst_device[k] == t.op_device[v] and t.tr_end[k] == t.op_start[v]
+            for k in range(t.num_transfers)
+        )  # v waited for its device while it made an inbound copy of u's output
+        assert is_pred or same_dev or barrier or copy
     if mode == "wc":
         assert t.op_start[path[0]] == 0.0
 
@@ -450,7 +504,7 @@ def test_priority_with_streams_fills_every_stream_in_priority_order() -> None:
 
 
 @SETTINGS
-@given(cases(), WC_OPTIONS, st.sampled_from([0.0, 0.3]), st.data())
+@given(cases(copies=False), WC_OPTIONS, st.sampled_from([0.0, 0.3]), st.data())
 def test_priority_numba_and_python_agree(case, opts, sigma, data) -> None:
     g, c, a = case
     prio = data.draw(priorities(g.num_ops))
@@ -463,7 +517,7 @@ def test_priority_numba_and_python_agree(case, opts, sigma, data) -> None:
 
 
 @SETTINGS
-@given(cases(), WC_OPTIONS, st.data())
+@given(cases(copies=False), WC_OPTIONS, st.data())
 def test_priority_trace_rules(case, opts, data) -> None:
     g, c, a = case
     prio = data.draw(priorities(g.num_ops))
@@ -474,7 +528,7 @@ def test_priority_trace_rules(case, opts, data) -> None:
 
 
 @SETTINGS
-@given(cases(), WC_OPTIONS, st.sampled_from([0.0, 0.3]))
+@given(cases(copies=False), WC_OPTIONS, st.sampled_from([0.0, 0.3]))
 def test_priority_by_fifo_ready_times_reproduces_fifo(case, opts, sigma) -> None:
     """With priority = the ready times of the FIFO run (ties by op id in both), every
     dispatch sees the same ready ops with the same order, so the runs are identical."""
@@ -491,7 +545,7 @@ def test_priority_by_fifo_ready_times_reproduces_fifo(case, opts, sigma) -> None
 
 
 @SETTINGS
-@given(cases(), WC_OPTIONS, st.integers(1, 5), st.data())
+@given(cases(copies=False), WC_OPTIONS, st.integers(1, 5), st.data())
 def test_priority_simulate_many_equals_loop(case, opts, batch, data) -> None:
     g, c, _ = case
     A = np.array(

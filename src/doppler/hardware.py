@@ -10,7 +10,10 @@ its ``flops_per_s``, and ``overhead`` its ``overhead_s_by_kind[k]`` if given, el
 its ``overhead_s`` (0 by default: the presets model GPUs at full speed;
 ``doppler calibrate`` fits both for a real engine, where a kernel launch and the
 engine's dispatch cost a fixed time per op). A device with ``streams = s`` runs up to ``s`` ops at once, each
-at full speed (DESIGN.md §5).
+at full speed (DESIGN.md §5). A device with ``copies_inbound`` makes the copies of
+the transfers into it itself, queued with its ops (a CPU worker has no copy
+engine; ``doppler calibrate`` sets it for CPU devices); otherwise transfers run
+on their links, beside the ops.
 
 Getting a cluster
 -----------------
@@ -27,7 +30,8 @@ JSON format (``Cluster.to_json``)::
                   "flops_per_s_by_kind": {"add": 9e10},   # optional
                   "overhead_s": 2e-5, "overhead_s_by_kind": {"add": 1e-5},  # optional
                   "memory_bytes": 1.6e10,                  # optional, null = unlimited
-                  "streams": 1}, ...],                     # optional, default 1
+                  "streams": 1,                            # optional, default 1
+                  "copies_inbound": true}, ...],           # optional, default false (see above)
      "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},  # optional
      "links": [{"src": "gpu0", "dst": "gpu1", "bandwidth_Bps": 2.5e10, "latency_s": 8e-6}, ...],
      "meta": {...}}                                        # optional, free-form
@@ -163,6 +167,9 @@ class Device:
     streams: int = 1
     overhead_s: float = 0.0  # fixed seconds per op (kernel launch + dispatch)
     overhead_s_by_kind: dict[str, float] = field(default_factory=dict)  # OpKind label -> overhead override
+    #: transfers into this device are copies its own worker makes, queued with its ops (a CPU worker,
+    #: which has no copy engine); otherwise a transfer runs on its link, beside the device's ops
+    copies_inbound: bool = False
 
     def validate(self, where: str = "") -> None:
         """Raise ClusterError unless every field is sensible."""
@@ -182,6 +189,8 @@ class Device:
             raise ClusterError(f"{at}: memory_bytes must be > 0 (or null for unlimited), got {mem!r}")
         if isinstance(self.streams, bool) or not isinstance(self.streams, (int, np.integer)) or self.streams < 1:
             raise ClusterError(f"{at}: streams must be an integer >= 1, got {self.streams!r}")
+        if not isinstance(self.copies_inbound, (bool, np.bool_)):
+            raise ClusterError(f"{at}: copies_inbound must be true or false, got {self.copies_inbound!r}")
 
     def rate(self, kind: int | str | OpKind) -> float:
         """FLOP/s of this device for ops of ``kind``."""
@@ -198,10 +207,15 @@ class Device:
             out["overhead_s_by_kind"] = {str(k): float(v) for k, v in self.overhead_s_by_kind.items()}
         out["memory_bytes"] = None if math.isinf(self.memory_bytes) else float(self.memory_bytes)
         out["streams"] = int(self.streams)
+        if self.copies_inbound:
+            out["copies_inbound"] = True
         return out
 
 
-_DEVICE_FIELDS = {"name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams"}
+_DEVICE_FIELDS = {
+    "name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams",
+    "copies_inbound",
+}  # fmt: skip
 _LINK_FIELDS = {"src", "dst", "bandwidth_Bps", "latency_s"}
 _CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
 
@@ -273,6 +287,11 @@ class Cluster:
     @property
     def streams(self) -> np.ndarray:
         return np.array([d.streams for d in self.devices], dtype=np.int64)
+
+    @property
+    def copies_inbound(self) -> np.ndarray:
+        """Per device: are transfers into it copies made by the device itself (see :class:`Device`)? bool[D]."""
+        return np.array([bool(d.copies_inbound) for d in self.devices], dtype=np.bool_)
 
     @property
     def memory_bytes(self) -> np.ndarray:
@@ -373,8 +392,10 @@ class Cluster:
         """All devices alike and all links alike."""
         d0 = self.devices[0]
         same_dev = all(
-            (dv.kind, dv.flops_per_s, dv.flops_per_s_by_kind, dv.overhead_s, dv.overhead_s_by_kind, dv.memory_bytes, dv.streams)
-            == (d0.kind, d0.flops_per_s, d0.flops_per_s_by_kind, d0.overhead_s, d0.overhead_s_by_kind, d0.memory_bytes, d0.streams)
+            (dv.kind, dv.flops_per_s, dv.flops_per_s_by_kind, dv.overhead_s, dv.overhead_s_by_kind, dv.memory_bytes, dv.streams,
+             dv.copies_inbound)
+            == (d0.kind, d0.flops_per_s, d0.flops_per_s_by_kind, d0.overhead_s, d0.overhead_s_by_kind, d0.memory_bytes, d0.streams,
+                d0.copies_inbound)
             for dv in self.devices
         )
         if self.num_devices == 1:
@@ -601,6 +622,8 @@ def _device_from_json(obj: Any, at: str) -> Device:
         if isinstance(s, bool) or not isinstance(s, int):
             raise ClusterError(f"{at}: streams must be an integer >= 1, got {s!r}")
         kwargs["streams"] = s
+    if "copies_inbound" in obj:
+        kwargs["copies_inbound"] = obj["copies_inbound"]
     dev = Device(**kwargs)
     try:
         dev.validate()

@@ -21,6 +21,12 @@ Semantics (DESIGN.md §5), exactly:
   ordered link ``a -> b`` carries one transfer at a time (latency included),
   in FIFO order of request (= producer finish) time, ties by (producer op id,
   destination device).
+* A destination device ``b`` with ``copies_inbound`` (a CPU worker: no copy
+  engine) makes every transfer into it itself: the transfer joins ``b``'s
+  ready queue at its request time, FIFO with ``b``'s ops (on equal times ops
+  go first, then transfers by producer op id), and occupies one of ``b``'s
+  streams for its duration, whatever ``link_contention`` says. FIFO dispatch
+  only.
 * Time advances from event to event. At each timestamp the simulator first
   processes *every* completion and arrival at that time (and any zero-length
   transfer they trigger), and only then lets idle devices (and free links)
@@ -196,6 +202,7 @@ def _sim_kernel(
     edge_f,
     bsp,
     contention,
+    copies_in,
     key,
     op_ready,
     op_start,
@@ -209,13 +216,16 @@ def _sim_kernel(
 
     Events (heap keyed by (time, id)): ``id < n`` op ``id`` completes;
     ``n <= id < 2n`` op ``id - n`` becomes ready (its last input arrives);
-    ``2n <= id < 2n + T`` transfer ``id - 2n`` ends (link-contention mode
-    only); ``id >= 2n + T`` BSP level ``id - 2n - T`` is released. Without
-    contention a transfer's end is known when its producer finishes, so instead
-    of one event per transfer there is at most one "ready" event per op (and
-    one release event per BSP level), which is what makes this loop fast.
-    The per-device ready heaps are keyed (ready time, op id), or (``key[v]``,
-    op id) in priority dispatch. FIFO passes ``key=None``: numba compiles a
+    ``2n <= id < 2n + T`` transfer ``id - 2n`` ends (link-contention mode, or a
+    transfer into a ``copies_in`` device); ``id >= 2n + T`` BSP level
+    ``id - 2n - T`` is released. Without contention a transfer's end is known
+    when its producer finishes, so instead of one event per transfer there is
+    at most one "ready" event per op (and one release event per BSP level),
+    which is what makes this loop fast. The per-device ready heaps are keyed
+    (ready time, op id), or (``key[v]``, op id) in priority dispatch; a transfer
+    ``k`` into a ``copies_in`` device waits in that device's heap as item
+    ``n + k`` keyed by its request time (priority dispatch refuses such
+    clusters before calling here). FIFO passes ``key=None``: numba compiles a
     separate specialization for it and prunes the ``key is None`` tests, so the
     FIFO loop carries no trace of priority dispatch.
     """
@@ -223,21 +233,12 @@ def _sim_kernel(
     D = streams.shape[0]
     E = succ_idx.shape[0]
 
-    # ---- ready heaps: one segment of rt/ri per device
     cnt = np.zeros(D, np.int64)
     for v in range(n):
         dv = dev[v]
         if dv < 0 or dv >= D:
             return -1.0, -1
         cnt[dv] += 1
-    rbase = np.empty(D, np.int64)
-    s = 0
-    for d in range(D):
-        rbase[d] = s
-        s += cnt[d]
-    rsize = np.zeros(D, np.int64)
-    rt = np.empty(n, np.float64)
-    ri = np.empty(n, np.int64)
 
     # ---- transfers: one per (producer, destination device), in producer order
     tr_ptr = np.empty(n + 1, np.int64)
@@ -264,6 +265,19 @@ def _sim_kernel(
             else:
                 slot_tr[sl] = mark_k[dv]
     tr_ptr[n] = ntr
+
+    # ---- ready heaps: one segment of rt/ri per device (ops, and copies made by the device)
+    for k in range(ntr):
+        if copies_in[tr_dst[k]]:
+            cnt[tr_dst[k]] += 1
+    rbase = np.empty(D, np.int64)
+    s = 0
+    for d in range(D):
+        rbase[d] = s
+        s += cnt[d]
+    rsize = np.zeros(D, np.int64)
+    rt = np.empty(s, np.float64)
+    ri = np.empty(s, np.int64)
 
     # ---- link queues (contention mode)
     L = D * D if contention else 1
@@ -342,10 +356,18 @@ def _sim_kernel(
             while running[d] < streams[d] and rsize[d] > 0:
                 v = ri[rbase[d]]
                 rsize[d] = _hpop(rt, ri, rbase[d], rsize[d])
+                running[d] += 1
+                if v >= n:  # a copy into d, made by d
+                    k = v - n
+                    u = tr_src[k]
+                    tr_start[k] = t
+                    e = t + (lat[dev[u], d] + out_bytes[u] / bw[dev[u], d]) * edge_f[tr_slot[k]]
+                    tr_end[k] = e
+                    esize = _hpush(et, ei, 0, esize, e, ev_tr + k)
+                    continue
                 op_start[v] = t
                 e = t + comp[v, d] * op_f[v]
                 op_end[v] = e
-                running[d] += 1
                 esize = _hpush(et, ei, 0, esize, e, v)
         nddirty = 0
         for q in range(nldirty):
@@ -385,7 +407,13 @@ def _sim_kernel(
                 # start transfers (contention: queue them on their link)
                 for k in range(tr_ptr[u], tr_ptr[u + 1]):
                     b = tr_dst[k]
-                    if contention:
+                    if copies_in[b]:  # key (request time, n + k): after ops ready at the same time
+                        rsize[b] = _hpush(rt, ri, rbase[b], rsize[b], t, n + k)
+                        if not ddirty[b]:
+                            ddirty[b] = True
+                            ddirty_list[nddirty] = b
+                            nddirty += 1
+                    elif contention:
                         l = d * D + b
                         # key (request time, k): transfer ids grow with the producer id and a
                         # link carries at most one transfer per producer, so ties go by producer
@@ -407,9 +435,9 @@ def _sim_kernel(
                     # deliver to consumers: same device now, others at their transfer's end
                     for sl in range(succ_ptr[u], succ_ptr[u + 1]):
                         k = slot_tr[sl]
-                        if k >= 0 and contention:
-                            continue  # delivered when the transfer event fires
                         w = succ_idx[sl]
+                        if k >= 0 and (contention or copies_in[dev[w]]):
+                            continue  # delivered when the transfer event fires
                         arr = t if k < 0 else tr_end[k]
                         if arr > rdy[w]:
                             rdy[w] = arr
@@ -434,16 +462,23 @@ def _sim_kernel(
                     ddirty[dw] = True
                     ddirty_list[nddirty] = dw
                     nddirty += 1
-            elif x < ev_rel:  # ---- transfer ends (contention mode)
+            elif x < ev_rel:  # ---- transfer ends (contention mode, or a copy made by its destination)
                 k = x - ev_tr
                 u = tr_src[k]
                 b = tr_dst[k]
-                l = dev[u] * D + b
-                lbusy[l] = False
-                if not ldirty[l]:
-                    ldirty[l] = True
-                    ldirty_list[nldirty] = l
-                    nldirty += 1
+                if copies_in[b]:
+                    running[b] -= 1
+                    if not ddirty[b]:
+                        ddirty[b] = True
+                        ddirty_list[nddirty] = b
+                        nddirty += 1
+                else:
+                    l = dev[u] * D + b
+                    lbusy[l] = False
+                    if not ldirty[l]:
+                        ldirty[l] = True
+                        ldirty_list[nldirty] = l
+                        nldirty += 1
                 if not bsp:
                     for sl in range(succ_ptr[u], succ_ptr[u + 1]):
                         w = succ_idx[sl]
@@ -481,7 +516,7 @@ def _sim_kernel(
 
 def _sim_many_kernel(
     succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
-    contention, key,
+    contention, copies_in, key,
 ):  # pragma: no cover - compiled
     B, n = devs.shape
     E = succ_idx.shape[0]
@@ -496,7 +531,7 @@ def _sim_many_kernel(
     for b in range(B):
         mk, _ = _sim_kernel(
             succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs[b],
-            op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
+            op_f, edge_f, bsp, contention, copies_in, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
         )  # fmt: skip
         out[b] = mk
     return out
@@ -515,7 +550,8 @@ def _simulate_python(
     """An independent, straightforward implementation of the same semantics (heapq + dicts).
 
     ``key`` (priority dispatch): each device's ready queue is ordered by
-    ``(key[v], v)`` instead of ``(ready time, v)``.
+    ``(key[v], v)`` instead of ``(ready time, v)``. A transfer ``k`` into a device
+    with ``copies_inbound`` waits in that device's queue as ``(request time, n + k)``.
 
     Returns the same tuple of trace arrays as the kernel path. Bit-identical to
     it because every duration is computed with the same floating-point
@@ -527,6 +563,7 @@ def _simulate_python(
     comp = ctx.comp
     streams = ctx.streams.tolist()
     level = ctx.level.tolist()
+    copies_in = ctx.copies_in.tolist()
     prio_key = None if key is None else [float(x) for x in key]
 
     # transfers in creation order, with the noise slot of their first consumer
@@ -606,9 +643,15 @@ def _simulate_python(
         for d in range(D):
             while running[d] < streams[d] and ready_q[d]:
                 _, v = heapq.heappop(ready_q[d])
+                running[d] += 1
+                if v >= n:  # a copy made by its destination d
+                    k = v - n
+                    tr_start[k] = t
+                    tr_end[k] = t + tr_dur(k)
+                    heapq.heappush(events, (tr_end[k], 1, k))
+                    continue
                 op_start[v] = t
                 op_end[v] = t + float(comp[v, d]) * float(op_f[v])
-                running[d] += 1
                 heapq.heappush(events, (op_end[v], 0, v))
         for link, q in link_q.items():
             if link not in link_busy and q:
@@ -630,7 +673,9 @@ def _simulate_python(
                     arrive(u, dev_l[u], t)
                 for k in tr_of.get(u, ()):
                     b = transfers[k][1]
-                    if contention:
+                    if copies_in[b]:
+                        heapq.heappush(ready_q[b], (t, n + k))
+                    elif contention:
                         heapq.heappush(link_q.setdefault((dev_l[u], b), []), (t, u, k))
                     else:
                         tr_start[k] = t
@@ -640,7 +685,10 @@ def _simulate_python(
             else:
                 k = x
                 u, b, _ = transfers[k]
-                link_busy.discard((dev_l[u], b))
+                if copies_in[b]:
+                    running[b] -= 1
+                else:
+                    link_busy.discard((dev_l[u], b))
                 if not bsp:
                     arrive(u, b, t)
                 done(u, t)
@@ -684,6 +732,7 @@ class SimContext:
         self.lat = np.ascontiguousarray(cluster.latency_s, dtype=np.float64)
         self.bw = np.ascontiguousarray(cluster.bandwidth_Bps, dtype=np.float64)
         self.streams = np.ascontiguousarray(cluster.streams, dtype=np.int64)
+        self.copies_in = np.ascontiguousarray(cluster.copies_inbound, dtype=np.bool_)
         self._ones_n = np.ones(n)
         self._ones_e = np.ones(max(self.num_edges, 1))
         self._noise_cache: tuple[float, int, np.ndarray, np.ndarray] | None = None
@@ -735,6 +784,12 @@ class SimContext:
         """The per-op priority key (float64) for ``dispatch="priority"``, None for FIFO."""
         if not _check_dispatch(dispatch, mode, priority is not None):
             return None
+        if self.copies_in.any():
+            names = ", ".join(d.name for d in self.cluster.devices if d.copies_inbound)
+            raise SimulationError(
+                f"priority dispatch does not model devices that make their own inbound copies "
+                f"(copies_inbound: {names}); use FIFO dispatch with cluster {self.cluster.name!r}"
+            )
         if priority is None:
             k = self.__dict__.get("_id_key")
             if k is None:
@@ -770,7 +825,7 @@ class SimContext:
             mk, ntr = _sim_kernel(
                 self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
                 self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, bsp, contention,
-                key, ready, start, end, tsrc, tdst, tstart, tend,
+                self.copies_in, key, ready, start, end, tsrc, tdst, tstart, tend,
             )  # fmt: skip
             if ntr < 0:  # a device index out of range: let check_assignment word the error
                 check_assignment(self.graph, dev, self.num_devices)
@@ -844,7 +899,7 @@ class SimContext:
         return _sim_many_kernel(
             self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
             self.out_bytes, self.lat, self.bw, self.streams, devs, op_f, edge_f, mode == "bsp", bool(link_contention),
-            key,
+            self.copies_in, key,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ bounds

@@ -141,7 +141,8 @@ class Trace:
 
         Walk back from the last-finishing op (ties: lowest id): if it waited for
         its device after becoming ready, step to the op on that device that
-        finished when it started (the longest one if several); otherwise step to
+        finished when it started (the longest one if several; if none, to the
+        producer of the inbound copy the device made until then); otherwise step to
         the predecessor whose output arrived last (ties: the one that finished
         last, then the lowest id). In BSP mode an op released by a barrier that
         no predecessor explains steps to the previous level's op (or the
@@ -167,6 +168,11 @@ class Trace:
                 if cand.size:
                     dur = end[cand] - start[cand]
                     nxt = int(cand[np.flatnonzero(dur == dur.max())[0]])
+                else:  # the device was busy making an inbound copy (``copies_inbound``): step to its producer
+                    ks = np.flatnonzero((self.tr_dst_device == d) & (self.tr_end == start[v]) & (self.tr_start < start[v]))
+                    if ks.size:
+                        dur = self.tr_end[ks] - self.tr_start[ks]
+                        nxt = int(self.tr_src_op[ks[np.flatnonzero(dur == dur.max())[0]]])
             elif ready[v] > 0:
                 preds = graph.predecessors(v)
                 arr = np.array([arrival[(int(u), d)] for u in preds]) if preds.size else np.empty(0)

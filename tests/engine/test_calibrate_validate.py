@@ -11,7 +11,7 @@ from doppler.engine.calibrate import calibrate, calibration_graph, fit_cluster
 from doppler.engine.oracle import EngineOracle
 from doppler.engine.validate import validate, validation_assignments
 from doppler.graph import OpKind
-from doppler.hardware import Cluster, cluster
+from doppler.hardware import Cluster, Device, cluster
 from doppler.simulate import simulate
 
 
@@ -29,7 +29,6 @@ def test_fit_cluster_recovers_the_costs_of_a_simulated_run() -> None:
     g = calibration_graph((16, 32, 64))
     rates = {"matmul": 5e9, "add": 7e8, "softmax": 1e9}
     over = {"matmul": 3e-5, "add": 1e-5, "softmax": 2e-5}
-    from doppler.hardware import Device
 
     devs = [Device(f"cpu{d}", kind="cpu", flops_per_s=2e9, flops_per_s_by_kind=rates, overhead_s=4e-6,
                    overhead_s_by_kind=over) for d in range(2)]  # fmt: skip
@@ -53,12 +52,36 @@ def test_fit_cluster_recovers_the_costs_of_a_simulated_run() -> None:
     assert simulate(g, back, a).makespan_s == pytest.approx(simulate(g, truth, a).makespan_s, rel=1e-6)
 
 
+def test_fit_cluster_recovers_links_when_devices_make_their_copies() -> None:
+    """With copies_inbound a copy waits for its receiving device; the fitted latency is still the
+    link's own (the wait behind the device's ops is not taken for a hand-off delay)."""
+    from dataclasses import replace
+
+    g = calibration_graph((16, 32, 64))
+    devs = [Device(f"cpu{d}", kind="cpu", flops_per_s=2e9, overhead_s=4e-6, copies_inbound=True) for d in range(2)]
+    truth = Cluster("truth", devs, np.array([[np.inf, 3e9], [4e9, np.inf]]), np.array([[0.0, 5e-5], [6e-5, 0.0]]))
+    rng = np.random.default_rng(1)
+    traces = [simulate(g, truth, rng.integers(0, 2, g.num_ops), trace=True).trace for _ in range(3)]
+    assert any((t.tr_start > t.op_end[t.tr_src_op]).any() for t in traces)  # some copies did wait
+    fit = fit_cluster(g, traces, 2, copies_inbound=True).cluster
+    assert fit.copies_inbound.all()
+    assert fit.latency_s[0, 1] == pytest.approx(5e-5, rel=1e-6) and fit.latency_s[1, 0] == pytest.approx(6e-5, rel=1e-6)
+    assert fit.bandwidth_Bps[1, 0] == pytest.approx(4e9, rel=1e-6)
+    assert fit.devices[0].overhead_s == pytest.approx(0.0, abs=1e-12)  # no dispatch gaps in a simulated trace
+    a = rng.integers(0, 2, g.num_ops)
+    back = Cluster.from_json(fit.to_json())
+    assert back.copies_inbound.all()
+    assert simulate(g, back, a).makespan_s == pytest.approx(simulate(g, truth, a).makespan_s, rel=1e-6)
+    assert not replace(devs[0], copies_inbound=False).copies_inbound
+
+
 def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
     res = calibrate(2, sizes=(32, 64), runs=1)
     path = tmp_path / "cal.json"
     res.cluster.save(path)
     cl = cluster(str(path))
     assert cl.num_devices == 2 and all(d.kind == "cpu" for d in cl.devices)
+    assert cl.copies_inbound.all()  # CPU workers make the copies into them
     assert res.dispatch_s >= 0 and res.kernel_fits and res.link_fits
     assert np.isfinite(cl.bandwidth_Bps[0, 1]) and cl.latency_s[0, 1] >= 0
     g = workloads.build("ffnn", size="tiny")

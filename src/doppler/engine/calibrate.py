@@ -17,7 +17,9 @@ What is measured, and how (so that the simulator sees what a real run sees):
 * **Links.** Per ordered device pair, ``copy time = latency + bytes /
   bandwidth`` fitted on the run's real transfers (outputs of many sizes),
   plus the median hand-off delay from the producer's finish to the copy's
-  start on an idle link.
+  start when whatever makes the copy was idle: the link, or on CPU devices,
+  which make their inbound copies themselves (``copies_inbound``), the
+  receiving device. There, a previous item on a device is an op or a copy.
 
 The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``,
 per-pair links) that ``doppler simulate``/``validate`` load like any preset.
@@ -96,41 +98,65 @@ def _fit_affine(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return a, b, float(np.median(np.abs(pred - t) / t))
 
 
-def _dispatch_gaps(trace: Trace) -> np.ndarray:
-    """Per op: start - max(ready, end of the previous op on its device)."""
-    gaps = []
-    for d in np.unique(trace.op_device):
-        ops = np.flatnonzero(trace.op_device == d)
-        ops = ops[np.argsort(trace.op_start[ops], kind="stable")]
-        prev_end = np.concatenate([[0.0], trace.op_end[ops[:-1]]])
-        gaps.append(trace.op_start[ops] - np.maximum(trace.op_ready[ops], prev_end))
-    return np.concatenate(gaps) if gaps else np.empty(0)
+def _waits(ready: np.ndarray, start: np.ndarray, end: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per item: (start - max(ready, end of the previous item of its group), was the group idle at ready?).
+
+    A group (a device, a link) runs its items one at a time; "previous" is by start time."""
+    wait = np.empty(len(start))
+    idle = np.empty(len(start), dtype=bool)
+    for grp in np.unique(groups):
+        ks = np.flatnonzero(groups == grp)
+        ks = ks[np.argsort(start[ks], kind="stable")]
+        prev_end = np.concatenate([[-np.inf], end[ks[:-1]]])
+        wait[ks] = start[ks] - np.maximum(ready[ks], np.maximum(prev_end, 0.0))
+        idle[ks] = prev_end <= ready[ks]
+    return wait, idle
 
 
-def _handoff_delays(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per transfer on an idle link: (src device, dst device, copy start - producer end)."""
+def _device_items(trace: Trace, copies_inbound: bool) -> tuple[np.ndarray, ...]:
+    """(ready, start, end, device, is_copy) of what each device runs: its ops, and with
+    ``copies_inbound`` the copies into it (ready when their producer finished)."""
+    n, T = trace.num_ops, trace.num_transfers if copies_inbound else 0
+    ready = np.concatenate([trace.op_ready, trace.op_end[trace.tr_src_op][:T]])
+    start = np.concatenate([trace.op_start, trace.tr_start[:T]])
+    end = np.concatenate([trace.op_end, trace.tr_end[:T]])
+    device = np.concatenate([trace.op_device, trace.tr_dst_device[:T]])
+    return ready, start, end, device, np.arange(n + T) >= n
+
+
+def _dispatch_gaps(trace: Trace, copies_inbound: bool = False) -> np.ndarray:
+    """Per op: start - max(ready, end of the previous op or inbound copy on its device)."""
+    ready, start, end, device, is_copy = _device_items(trace, copies_inbound)
+    return _waits(ready, start, end, device)[0][~is_copy]
+
+
+def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per transfer whose maker (its link; with ``copies_inbound``, its receiving device) was idle
+    when it was requested: (src device, dst device, copy start - producer end)."""
     src_end = trace.op_end[trace.tr_src_op]
-    keep = np.ones(trace.num_transfers, dtype=bool)
-    for a, b in {(int(x), int(y)) for x, y in zip(trace.tr_src_device, trace.tr_dst_device)}:
-        ks = np.flatnonzero((trace.tr_src_device == a) & (trace.tr_dst_device == b))
-        ks = ks[np.argsort(trace.tr_start[ks], kind="stable")]
-        prev_end = np.concatenate([[-np.inf], trace.tr_end[ks[:-1]]])
-        keep[ks] = prev_end <= src_end[ks]
+    if copies_inbound:
+        ready, start, end, device, is_copy = _device_items(trace, True)
+        wait, idle = _waits(ready, start, end, device)
+        keep = idle[is_copy]
+    else:
+        wait, keep = _waits(src_end, trace.tr_start, trace.tr_end, trace.tr_src_device * (1 << 20) + trace.tr_dst_device)
     return trace.tr_src_device[keep], trace.tr_dst_device[keep], (trace.tr_start - src_end)[keep]
 
 
 def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
-                meta: dict[str, Any] | None = None, device_kind: str = "cpu") -> CalibrationResult:  # fmt: skip
+                meta: dict[str, Any] | None = None, device_kind: str = "cpu",
+                copies_inbound: bool = False) -> CalibrationResult:  # fmt: skip
     """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring).
 
-    ``device_kind`` (``"cpu"`` or ``"gpu"``) names the devices ``cpu0``... or ``gpu0``..."""
+    ``device_kind`` (``"cpu"`` or ``"gpu"``) names the devices ``cpu0``... or ``gpu0``...;
+    ``copies_inbound``: the engine's devices made the copies into them (CPU workers)."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
     dev = np.concatenate([t.op_device for t in traces])
     dur = np.concatenate([t.op_end - t.op_start for t in traces])
     flops = np.tile(graph.flops, len(traces))
     kinds = np.tile(graph.kind.astype(np.int64), len(traces))
-    gaps = np.concatenate([_dispatch_gaps(t) for t in traces])
+    gaps = np.concatenate([_dispatch_gaps(t, copies_inbound) for t in traces])
     if gaps.size == 0:
         raise EngineError("calibration measured no ops, so no dispatch gaps")
     dispatch = float(np.median(gaps))
@@ -158,7 +184,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
         mm = rates.get("matmul", max(rates.values()) if rates else 1e9)
         devices.append(
             Device(name=f"{device_kind}{d}", kind=device_kind, flops_per_s=mm, flops_per_s_by_kind=rates,
-                   overhead_s=dispatch, overhead_s_by_kind=overheads)  # fmt: skip
+                   overhead_s=dispatch, overhead_s_by_kind=overheads, copies_inbound=copies_inbound)  # fmt: skip
         )
     bw = np.full((num_devices, num_devices), np.inf)
     lat = np.zeros((num_devices, num_devices))
@@ -166,7 +192,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     tr_dst = np.concatenate([t.tr_dst_device for t in traces])
     tr_bytes = np.concatenate([t.tr_bytes for t in traces])
     tr_dur = np.maximum(np.concatenate([t.tr_end - t.tr_start for t in traces]), 1e-7)
-    hand = [_handoff_delays(t) for t in traces]
+    hand = [_handoff_delays(t, copies_inbound) for t in traces]
     h_src = np.concatenate([h[0] for h in hand])
     h_dst = np.concatenate([h[1] for h in hand])
     h_del = np.concatenate([h[2] for h in hand])
@@ -208,6 +234,7 @@ def calibrate(
 ) -> CalibrationResult:
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster."""
     from doppler.engine import check_options, run
+    from doppler.engine.local import DEVICE_SETS
 
     check_options(engine, num_devices, 1, timeout_s, seed, device_type)
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
@@ -236,6 +263,8 @@ def calibrate(
         "runs": int(runs),
     }
     name = f"{engine}-{device_type}{num_devices}-calibrated"
-    res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu")
+    copies = engine == "local" and DEVICE_SETS[device_type].copies_on_device
+    res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu",
+                      copies_inbound=copies)  # fmt: skip
     res.cluster.meta["dispatch_s"] = res.dispatch_s
     return res

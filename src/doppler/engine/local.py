@@ -8,11 +8,19 @@ differences between the two are real-system effects:
   op id;
 * when op ``u`` finishes on device ``a``, consumers on ``a`` see its output at
   once; for every other device ``b`` holding consumers, one transfer ``(u, b)``
-  is queued on the worker of link ``a -> b``, which copies the output into a
-  buffer preallocated in ``b``'s memory (threads share an address space, so
-  without this copy transfers would be free). A link carries one transfer at a
-  time in request order (ties by producer id): the simulator's
-  ``link_contention=True`` mode;
+  copies the output into a buffer preallocated in ``b``'s memory (threads share
+  an address space, so without this copy transfers would be free). Who copies
+  depends on the devices (``copies_on_device``):
+
+  - CPU devices: ``b``'s own worker, as one more item of its ready queue keyed by
+    ``u``'s finish (ties: ops first, then transfers in (producer, device)
+    order). A CPU has no copy engine: the copy takes a core, and a thread per
+    link would only time-share the receiver's core with its kernels (on 2
+    cores, that made kernels on a receiving device up to 60% slower at random).
+    The simulator models this with ``Cluster.copies_on_device``;
+  - CUDA devices: the worker of link ``a -> b`` on its own copy stream, so copies
+    overlap kernels. A link carries one transfer at a time in request order
+    (ties by producer id): the simulator's ``link_contention=True`` mode;
 * an op is ready once every input has arrived on its device; its ready time is
   that arrival.
 
@@ -64,7 +72,7 @@ from doppler.engine.program import EngineError, PlacedProgram, cuda_sleep_rate, 
 from doppler.malloc import tune_malloc
 from doppler.trace import Trace
 
-__all__ = ["CudaDevices", "HostDevices", "LocalRun", "make_devices", "run_local"]
+__all__ = ["DEVICE_SETS", "CudaDevices", "HostDevices", "LocalRun", "make_devices", "run_local"]
 
 #: GIL switch interval during a run (seconds); Python's default is 5 ms
 SWITCH_INTERVAL_S = 2e-5
@@ -115,6 +123,8 @@ class HostDevices:
     device_type = "cpu"
     #: input tiles are copied afresh for each run (see :meth:`Program.place`)
     keeps_inputs = False
+    #: a transfer is a copy made by the receiving device's worker (a CPU has no copy engine)
+    copies_on_device = True
 
     def __init__(self, num_devices: int) -> None:
         self.num_devices = int(num_devices)
@@ -147,18 +157,15 @@ class HostDevices:
             spin_rate_per_s()
 
     def bind_thread(self, key: Any) -> None:
-        """Called first in every worker thread with the key of its device (int) or link (pair).
+        """Called first in every device worker thread with its device index.
 
         Pins the thread to one core of those this process may use: device ``d`` to the
-        ``d``-th (modulo their number), a link to its destination's, so a copy writes into the
-        cache of the core that reads it next, as a transfer moves data into the receiver's
-        memory. ``DOPPLER_PIN_THREADS=0`` turns pinning off (see README: it lowered the
-        simulator's mean error on llama_block from 20-22% to 15-16%)."""
+        ``d``-th (modulo their number). ``DOPPLER_PIN_THREADS=0`` turns pinning off (see
+        README: it lowered the simulator's mean error on llama_block from 20-22% to 15-16%)."""
         if os.environ.get("DOPPLER_PIN_THREADS", "1") != "0" and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
-            d = key if isinstance(key, int) else key[1]
             try:
-                os.sched_setaffinity(0, {cores[d % len(cores)]})
+                os.sched_setaffinity(0, {cores[key % len(cores)]})
             except OSError:  # a sandbox may refuse; the run stays correct, only less repeatable
                 pass
 
@@ -200,6 +207,8 @@ class CudaDevices:
     device_type = "cuda"
     #: input tiles stay on the GPU between runs of one program (they are never written)
     keeps_inputs = True
+    #: transfers run on per-link copy streams, overlapping kernels
+    copies_on_device = False
     #: seconds of matrix products run on each GPU just before the clock starts, so that a run does not
     #: begin on an idle, down-clocked GPU (its clocks ramp up over milliseconds)
     warmup_s = 0.02
@@ -336,6 +345,10 @@ class CudaDevices:
 _CUDA_DEVICE_SETS: dict[int, CudaDevices] = {}
 
 
+#: the device set class of each device type
+DEVICE_SETS: dict[str, type] = {"cpu": HostDevices, "cuda": CudaDevices}
+
+
 def make_devices(device_type: str, num_devices: int) -> "HostDevices | CudaDevices":
     """The device set of a local run: ``"cpu"`` or ``"cuda"`` (one cached set of streams per device count)."""
     if device_type == "cuda":
@@ -396,7 +409,8 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
     tr_end: list[Any] = [0.0] * T
 
     dev_q = [_Queue() for _ in range(D)]
-    link_q = {(a, b): _Queue() for a in range(D) for b in range(D) if a != b}
+    on_device = hw.copies_on_device
+    link_q = {} if on_device else {(a, b): _Queue() for a in range(D) for b in range(D) if a != b}
     used_links = [ab for ab in link_q if any(key[1] == ab[1] and dev[key[0]] == ab[0] for key in transfers)]
     locks = [threading.Lock() for _ in range(D)]  # guards `waiting` for ops on each device
     running: list[int] = [-1] * D
@@ -431,6 +445,10 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
             v = q.get()
             if v is None:
                 return
+            if v >= n:  # a transfer into d (copies_on_device): its index is v - n
+                if not copy(v - n, d):
+                    return
+                continue
             running[d] = v
             arrays = [
                 tile if tile is not None else (values[o.op] if dev[o.op] == d else recv[(o.op, d)])
@@ -448,6 +466,8 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
                 if (v, b) in consumers:
                     if b == d:
                         arrive(v, d, key)
+                    elif on_device:
+                        dev_q[b].put(key, n + tr_index[(v, b)])
                     else:
                         link_q[(d, b)].put(key, v)
             with state_lock:
@@ -455,21 +475,26 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
                 if finished[0] == n:
                     done.set()
 
+    def copy(k: int, b: int) -> bool:
+        """Make transfer ``k`` into device ``b``; False if it failed (the run is stopped)."""
+        u = transfers[k][0]
+        a = int(dev[u])
+        try:
+            start, end, key = hw.copy(recv[(u, b)], values[u], a, b, k)
+        except Exception as e:  # noqa: BLE001 - any copy failure stops the run with a clear message
+            fail(f"transfer of op {prog.label(u)} from device {a} to device {b} failed: {type(e).__name__}: {e}")
+            return False
+        tr_start[k], tr_end[k] = start, end
+        arrive(u, b, key)
+        return True
+
     def link_worker(a: int, b: int) -> None:
         hw.bind_thread((a, b))
         q = link_q[(a, b)]
         while True:
             u = q.get()
-            if u is None:
+            if u is None or not copy(tr_index[(u, b)], b):
                 return
-            k = tr_index[(u, b)]
-            try:
-                start, end, key = hw.copy(recv[(u, b)], values[u], a, b, k)
-            except Exception as e:  # noqa: BLE001
-                fail(f"transfer of op {prog.label(u)} from device {a} to device {b} failed: {type(e).__name__}: {e}")
-                return
-            tr_start[k], tr_end[k] = start, end
-            arrive(u, b, key)
 
     threads = [threading.Thread(target=device_worker, args=(d,), name=f"doppler-dev{d}", daemon=True) for d in range(D)]
     threads += [
