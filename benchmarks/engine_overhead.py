@@ -12,7 +12,8 @@ repeats of:
   longest path of the measured kernel times;
 * the same on a dependency chain alternating between TWO devices, where every
   op waits for a transfer: the cost of one dependent hand-off across devices
-  (the link worker's wake-up and copy, then the consumer's wake-up);
+  (on CPU devices the consumer's worker wakes up, copies and runs the op; on CUDA
+  devices the link worker wakes up and copies, then the consumer's worker wakes up);
 * a layered random DAG on 2 devices, round-robin: (makespan - critical path) /
   (ops / 2), the overhead per op when both devices work.
 

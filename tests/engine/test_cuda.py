@@ -17,9 +17,15 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device here")
 
 
 class TorchCpuDevices(HostDevices):
-    """The CUDA device set's data path (torch tensors, torch kernels, tensor copies) on the CPU."""
+    """The CUDA device set's data path (torch tensors, torch kernels, tensor copies) on the CPU,
+    with its link workers: copies run on one thread per link, as on CUDA devices."""
 
     device_type = "torch-cpu"
+    copies_on_device = False
+
+    def bind_thread(self, key) -> None:
+        if isinstance(key, int):  # link threads stay unpinned
+            super().bind_thread(key)
 
     def __init__(self, num_devices: int) -> None:
         from doppler.kernels import TorchOps

@@ -207,7 +207,8 @@ def calibrate_cmd(
             table.add_row(f"{dev_name}{f['device']}", f["kind"], str(f["n"]), format_time(f["overhead_s"]), rate,
                           f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(table)
-        links = Table(title="links", show_edge=False, header_style="bold")
+        made_by = "the receiving device" if res.cluster.copies_inbound.any() else "each link, beside the ops"
+        links = Table(title=f"links (copies made by {made_by})", show_edge=False, header_style="bold")
         for col in ("link", "copies", "latency", "GB/s", "median |err|"):
             links.add_column(col, justify="left" if col == "link" else "right")
         for f in res.link_fits:

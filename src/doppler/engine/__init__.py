@@ -2,9 +2,10 @@
 
 Two backends share one interface and one :class:`~doppler.engine.program.Program`:
 
-* ``"local"`` (the default): one thread per device and per link on this
-  machine (:mod:`doppler.engine.local`), CPU devices running numpy kernels or
-  CUDA devices running torch kernels (``device_type="cuda"``);
+* ``"local"`` (the default): one thread per device on this machine
+  (:mod:`doppler.engine.local`), CPU devices running numpy kernels and making
+  the copies into them, or CUDA devices running torch kernels with one more
+  thread and copy stream per link (``device_type="cuda"``);
 * ``"dask"``: a ``dask.distributed`` cluster, one single-threaded worker per
   device (:mod:`doppler.engine.dask_engine`), for graphs that outgrow one machine.
 
@@ -32,7 +33,7 @@ __all__ = ["DEVICE_TYPES", "ENGINES", "EngineError", "ExecutionResult", "Program
 ENGINES = ("local", "dask")
 #: what a local engine's devices are: CPU workers (numpy) or CUDA devices (torch on the GPU)
 DEVICE_TYPES = ("cpu", "cuda")
-#: the most devices a local run may use (one thread per device, one per ordered link)
+#: the most devices a local run may use (one thread per device; on CUDA devices one more per ordered link)
 MAX_LOCAL_DEVICES = 64
 #: most repeats of one measurement (an accidental 10**7 would run for hours)
 MAX_REPEATS = 10_000
