@@ -221,6 +221,9 @@ def test_a_device_that_copies_queues_the_copy_with_its_ops() -> None:
         own = simulate(g, _copying(unit(2)), [0, 1, 1], trace=True, backend=backend).trace
         assert (own.tr_start[0], own.tr_end[0], own.op_start[2]) == (3.0, 5.0, 5.0)  # d1 copies after op 1
         assert own.makespan_s == 6.0 and own.op_ready[2] == 5.0
+        # d1 was busy all along: op 1, the copy it made, op 2
+        np.testing.assert_allclose(own.utilisation(_copying(unit(2))), [1 / 6, 1.0])
+        np.testing.assert_allclose(free.utilisation(unit(2)), [1 / 4, 1.0])
 
 
 def test_a_copy_requested_with_a_ready_op_runs_after_it() -> None:

@@ -246,7 +246,7 @@ def gantt(
         ax.axvline(lower_bound_s * scale, color="#D55E00", lw=1.0, ls="--", zorder=1)
 
     # utilisation per device, right of each row
-    util = trace.busy_s(D) / (makespan * cluster.streams) if makespan > 0 else np.zeros(D)
+    util = trace.utilisation(cluster)
     x_max = makespan * scale * 1.001 if makespan > 0 else 1.0
     ax.text(1.005, 1.0, "busy", transform=ax.transAxes, va="bottom", ha="left", fontsize=8, color="#333333")
     for d in range(D):

@@ -55,14 +55,19 @@ class Trace:
     def makespan_s(self) -> float:
         return float(self.op_end.max()) if self.op_end.size else 0.0
 
-    def busy_s(self, num_devices: int) -> np.ndarray:
-        """Summed op time per device (seconds)."""
-        return np.bincount(self.op_device, weights=self.op_end - self.op_start, minlength=num_devices)
+    def busy_s(self, num_devices: int, copies_inbound: np.ndarray | None = None) -> np.ndarray:
+        """Summed op time per device (seconds), plus the time of the copies into each device
+        flagged in ``copies_inbound`` (a device that makes its inbound copies is busy making them)."""
+        busy = np.bincount(self.op_device, weights=self.op_end - self.op_start, minlength=num_devices)
+        if copies_inbound is not None and self.num_transfers:
+            copies = np.bincount(self.tr_dst_device, weights=self.tr_end - self.tr_start, minlength=num_devices)
+            busy = busy + np.where(np.asarray(copies_inbound, dtype=bool), copies, 0.0)
+        return busy
 
     def utilisation(self, cluster: Cluster) -> np.ndarray:
-        """Per device: busy time / (makespan x streams), in [0, 1]."""
+        """Per device: busy time (ops, and inbound copies it makes) / (makespan x streams), in [0, 1]."""
         mk = self.makespan_s
-        busy = self.busy_s(cluster.num_devices)
+        busy = self.busy_s(cluster.num_devices, cluster.copies_inbound)
         if mk <= 0:
             return np.zeros(cluster.num_devices)
         return busy / (mk * cluster.streams)

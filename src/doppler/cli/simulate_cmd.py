@@ -59,7 +59,7 @@ def simulate_cmd(
         tr = result.trace
         assert tr is not None
         util = tr.utilisation(cl)
-        busy = tr.busy_s(cl.num_devices)
+        busy = tr.busy_s(cl.num_devices, cl.copies_inbound)
         ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
         peak = result.peak_memory_bytes
         from doppler.report import memory_overruns
