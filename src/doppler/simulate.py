@@ -293,7 +293,8 @@ def _sim_kernel(
     if contention:
         lcnt = np.zeros(L, np.int64)
         for k in range(ntr):
-            lcnt[dev[tr_src[k]] * D + tr_dst[k]] += 1
+            if not copies_in[tr_dst[k]]:  # a copy made by its destination never waits on a link
+                lcnt[dev[tr_src[k]] * D + tr_dst[k]] += 1
         s = 0
         for l in range(L):
             lbase[l] = s

@@ -7,7 +7,7 @@ import pytest
 
 from doppler import workloads
 from doppler.engine import EngineError
-from doppler.engine.calibrate import calibrate, calibration_graph, fit_cluster
+from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.oracle import EngineOracle
 from doppler.engine.validate import validate, validation_assignments
 from doppler.graph import OpKind
@@ -63,6 +63,12 @@ def test_fit_cluster_recovers_links_when_devices_make_their_copies() -> None:
     rng = np.random.default_rng(1)
     traces = [simulate(g, truth, rng.integers(0, 2, g.num_ops), trace=True).trace for _ in range(3)]
     assert any((t.tr_start > t.op_end[t.tr_src_op]).any() for t in traces)  # some copies did wait
+    for t in traces:  # the simulator has no dispatch or hand-off cost: every gap seen on the device timeline is 0
+        assert np.allclose(_dispatch_gaps(t, copies_inbound=True), 0.0, atol=1e-15)
+        assert np.allclose(_handoff_delays(t, copies_inbound=True)[2], 0.0, atol=1e-15)
+    # read as if copies ran on links, the waits behind the device would pass for gaps and hand-offs
+    assert any((_dispatch_gaps(t) > 1e-9).any() for t in traces)
+    assert any((_handoff_delays(t)[2] > 1e-9).any() for t in traces)
     fit = fit_cluster(g, traces, 2, copies_inbound=True).cluster
     assert fit.copies_inbound.all()
     assert fit.latency_s[0, 1] == pytest.approx(5e-5, rel=1e-6) and fit.latency_s[1, 0] == pytest.approx(6e-5, rel=1e-6)

@@ -21,7 +21,7 @@ class TorchCpuDevices(HostDevices):
     with its link workers: copies run on one thread per link, as on CUDA devices."""
 
     device_type = "torch-cpu"
-    copies_on_device = False
+    copies_inbound = False
 
     def bind_thread(self, key) -> None:
         if isinstance(key, int):  # link threads stay unpinned

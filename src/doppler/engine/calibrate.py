@@ -136,10 +136,10 @@ def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndar
     src_end = trace.op_end[trace.tr_src_op]
     if copies_inbound:
         ready, start, end, device, is_copy = _device_items(trace, True)
-        wait, idle = _waits(ready, start, end, device)
-        keep = idle[is_copy]
+        keep = _waits(ready, start, end, device)[1][is_copy]
     else:
-        wait, keep = _waits(src_end, trace.tr_start, trace.tr_end, trace.tr_src_device * (1 << 20) + trace.tr_dst_device)
+        link = trace.tr_src_device * (int(trace.tr_dst_device.max(initial=0)) + 1) + trace.tr_dst_device
+        keep = _waits(src_end, trace.tr_start, trace.tr_end, link)[1]
     return trace.tr_src_device[keep], trace.tr_dst_device[keep], (trace.tr_start - src_end)[keep]
 
 
@@ -263,7 +263,7 @@ def calibrate(
         "runs": int(runs),
     }
     name = f"{engine}-{device_type}{num_devices}-calibrated"
-    copies = engine == "local" and DEVICE_SETS[device_type].copies_on_device
+    copies = engine == "local" and DEVICE_SETS[device_type].copies_inbound
     res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu",
                       copies_inbound=copies)  # fmt: skip
     res.cluster.meta["dispatch_s"] = res.dispatch_s

@@ -10,14 +10,15 @@ differences between the two are real-system effects:
   once; for every other device ``b`` holding consumers, one transfer ``(u, b)``
   copies the output into a buffer preallocated in ``b``'s memory (threads share
   an address space, so without this copy transfers would be free). Who copies
-  depends on the devices (``copies_on_device``):
+  depends on the devices (``copies_inbound``):
 
   - CPU devices: ``b``'s own worker, as one more item of its ready queue keyed by
     ``u``'s finish (ties: ops first, then transfers in (producer, device)
     order). A CPU has no copy engine: the copy takes a core, and a thread per
     link would only time-share the receiver's core with its kernels (on 2
     cores, that made kernels on a receiving device up to 60% slower at random).
-    The simulator models this with ``Cluster.copies_on_device``;
+    The simulator models this with ``Device.copies_inbound``, which the
+    calibrated cluster carries;
   - CUDA devices: the worker of link ``a -> b`` on its own copy stream, so copies
     overlap kernels. A link carries one transfer at a time in request order
     (ties by producer id): the simulator's ``link_contention=True`` mode;
@@ -124,7 +125,7 @@ class HostDevices:
     #: input tiles are copied afresh for each run (see :meth:`Program.place`)
     keeps_inputs = False
     #: a transfer is a copy made by the receiving device's worker (a CPU has no copy engine)
-    copies_on_device = True
+    copies_inbound = True
 
     def __init__(self, num_devices: int) -> None:
         self.num_devices = int(num_devices)
@@ -208,7 +209,7 @@ class CudaDevices:
     #: input tiles stay on the GPU between runs of one program (they are never written)
     keeps_inputs = True
     #: transfers run on per-link copy streams, overlapping kernels
-    copies_on_device = False
+    copies_inbound = False
     #: seconds of matrix products run on each GPU just before the clock starts, so that a run does not
     #: begin on an idle, down-clocked GPU (its clocks ramp up over milliseconds)
     warmup_s = 0.02
@@ -409,7 +410,7 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
     tr_end: list[Any] = [0.0] * T
 
     dev_q = [_Queue() for _ in range(D)]
-    on_device = hw.copies_on_device
+    on_device = hw.copies_inbound
     link_q = {} if on_device else {(a, b): _Queue() for a in range(D) for b in range(D) if a != b}
     used_links = [ab for ab in link_q if any(key[1] == ab[1] and dev[key[0]] == ab[0] for key in transfers)]
     locks = [threading.Lock() for _ in range(D)]  # guards `waiting` for ops on each device
@@ -445,7 +446,7 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
             v = q.get()
             if v is None:
                 return
-            if v >= n:  # a transfer into d (copies_on_device): its index is v - n
+            if v >= n:  # a transfer into d (copies_inbound): its index is v - n
                 if not copy(v - n, d):
                     return
                 continue
