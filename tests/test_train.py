@@ -12,7 +12,8 @@ import torch
 from doppler import cluster, workloads
 from doppler.baselines import assign
 from doppler.simulate import simulate
-from doppler.train import Trainer, TrainConfig, TrainError, load_policy, read_checkpoint
+from doppler.policy.rollout import evaluate_actions, rollout
+from doppler.train import Trainer, TrainConfig, TrainError, advantages, load_policy, read_checkpoint
 
 SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)
 
@@ -27,21 +28,44 @@ def test_imitation_reaches_ninety_percent_agreement_with_the_teacher():
     assert last["agree_sel"] > 0.9 and last["agree_plc"] > 0.9
 
 
-def test_stage_two_lowers_the_mean_makespan_where_the_teacher_is_suboptimal():
-    # critical_path is 1.50x anneal's makespan on this graph
+def test_a_reinforce_step_raises_the_likelihood_of_better_than_average_episodes():
+    # A property of the Stage II update, not of one trajectory: on a fixed batch, a small
+    # policy-gradient step must raise sum(advantage * log-likelihood), i.e. shift probability
+    # towards the episodes that beat the batch. Holds for every seed and CPU (first order).
     g = workloads.build("random", num_ops=30, seed=0)
-    cfg = TrainConfig(stages=("il", "sim"), il_episodes=128, episodes=1500, batch=16, lr=3e-3, **SMALL)
+    for seed in (0, 1, 2):
+        cfg = TrainConfig(stages=("sim",), batch=16, entropy_coef=0.0, self_improve_coef=0.0, seed=seed, **SMALL)
+        tr = Trainer.create([g], cluster("p100x4"), cfg)
+        task = tr.tasks[0]
+        enc = tr.policy.encode(task.features)
+        ro = rollout(task.features, enc, batch=cfg.batch, mode="sample", eps=0.0, rng=tr.rng)
+        cost = task.oracle.evaluate(ro.assignment) / task.lower_bound_s
+        adv = torch.from_numpy(advantages(cost, task, cfg)).float()
+        assert (adv > 0).any() and (adv < 0).any()
+
+        def objective() -> float:
+            with torch.no_grad():
+                sc = evaluate_actions(tr.policy.encode(task.features), ro)
+                return float((adv.unsqueeze(1) * (sc.logp_sel + sc.logp_plc)).mean())
+
+        before = objective()
+        tr._set_lr(1e-4)
+        tr.optimizer.zero_grad()
+        tr._policy_loss(task, tr.policy.encode(task.features), ro, adv, None)["loss"].backward()
+        tr.optimizer.step()
+        assert objective() > before, seed
+
+
+def test_the_full_stage_two_recipe_beats_the_teacher_where_the_teacher_is_suboptimal():
+    # critical_path is 1.50x anneal's makespan here; warm start, expert iteration and
+    # distillation make the greedy decode beat it (search, not one lucky REINFORCE trajectory)
+    g = workloads.build("random", num_ops=30, seed=0)
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=128, episodes=1000, batch=16, **SMALL)
     tr = Trainer.create([g], cluster("p100x4"), cfg)
     tr.run()
-    rl = [h for h in tr.history if not h["stage_il"] and not h["stage_distill"]]
-    early = np.mean([h["mean_ratio"] for h in rl[:5]])
-    late = np.mean([h["mean_ratio"] for h in rl[-5:]])
-    assert late < 0.95 * early
     _, greedy_s = tr.greedy(tr.tasks[0])
-    from doppler import assign, simulate
-
     cp = simulate(g, cluster("p100x4"), assign(g, cluster("p100x4"), "critical_path")).makespan_s
-    assert greedy_s < cp
+    assert greedy_s < 0.9 * cp
 
 
 class Interrupt(Exception):
@@ -235,18 +259,22 @@ def test_stage_two_can_start_from_the_best_cheap_method(tmp_path):
 
 
 def test_expert_iteration_searches_from_the_incumbent_and_the_policy_imitates_it(tmp_path):
-    """With local searches from the incumbent during Stage II, the best-so-far gets better than
-    the same run without them, and it stays a real assignment with that simulated makespan."""
+    """A local search from a poor incumbent makes it strictly better, and the result stays a real
+    assignment with that simulated makespan, replayed along the b-level order for imitation."""
     g = workloads.build("ffnn", size="tiny")
     cl = cluster("p100x4").scaled_links(10)
-    best = {}
-    for every in (0, 16):
-        cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, episodes=32, batch=4, distill_updates=0,
-                          sim_seed_methods=(), search_every=every, search_evals=2000, **SMALL)  # fmt: skip
-        tr = Trainer.create([g], cl, cfg)
-        tr.run(tmp_path / str(every))
-        task = tr.tasks[0]
-        best[every] = task.best_makespan_s
-        assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(best[every])
-        np.testing.assert_array_equal(task.best_step_device, task.best_assignment[task.best_order])
-    assert best[16] < best[0]
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, episodes=32, batch=4, distill_updates=0,
+                      sim_seed_methods=("round_robin",), search_every=16, search_evals=2000, **SMALL)  # fmt: skip
+    tr = Trainer.create([g], cl, cfg)
+    task = tr.tasks[0]
+    tr._seed_incumbent(task, ("round_robin",))
+    before = task.best_makespan_s
+    tr._search_incumbent(task, seed=0)
+    assert task.best_makespan_s < before
+    assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(task.best_makespan_s)
+    np.testing.assert_array_equal(task.best_order, task.blevel_order())
+    np.testing.assert_array_equal(task.best_step_device, task.best_assignment[task.best_order])
+    tr.run(tmp_path)  # the whole loop with searches every 16 episodes keeps that invariant
+    assert task.best_makespan_s <= before
+    assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(task.best_makespan_s)
+    np.testing.assert_array_equal(task.best_step_device, task.best_assignment[task.best_order])

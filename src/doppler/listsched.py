@@ -29,7 +29,10 @@ device ``d`` (:data:`DEVICE_FEATURES`), all in seconds before normalisation:
 6. ``input_comm``: summed mean transfer time of ``v``'s inputs that sit on ``d``
    (what placing ``v`` on ``d`` saves in communication);
 7. ``assigned_gap``: ``assigned_compute`` - its minimum over devices (load imbalance);
-8. ``has_input``: 1 if some input of ``v`` sits on ``d``, else 0.
+8. ``compute``: the compute time of ``v`` on ``d`` (devices of different speeds);
+9. ``eft_gap``: EST(v, d) + compute(v, d) - min over devices of the same (the finish-time
+   gap, which tells fast from slow devices where the EST alone does not);
+10. ``has_input``: 1 if some input of ``v`` sits on ``d``, else 0 (always last: a flag, not a time).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ DEVICE_FEATURES = (
     "est_gap",
     "input_comm",
     "assigned_gap",
+    "compute",
+    "eft_gap",
     "has_input",
 )
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
@@ -83,7 +88,8 @@ def features_into(
         out[d, 3] = 0.0
         out[d, 4] = free[d]
         out[d, 6] = 0.0
-        out[d, 8] = 0.0
+        out[d, 8] = comp[v, d]
+        out[d, 10] = 0.0
     for k in range(pred_ptr[v], pred_ptr[v + 1]):
         p = pred_idx[k]
         dp = dev[p]
@@ -94,7 +100,7 @@ def features_into(
         if fp > out[dp, 3]:
             out[dp, 3] = fp
         out[dp, 6] += pred_comm[k]
-        out[dp, 8] = 1.0
+        out[dp, 10] = 1.0
         b = pred_bytes[k]
         for d in range(nd):
             t = fp + lat[dp, d] + b * inv[dp, d]
@@ -102,14 +108,17 @@ def features_into(
                 out[d, 4] = t
     best = np.inf
     least = np.inf
+    best_eft = np.inf
     for d in range(nd):
         if out[d, 2] == np.inf:
             out[d, 2] = 0.0
         best = min(best, out[d, 4])
         least = min(least, assigned[d])
+        best_eft = min(best_eft, out[d, 4] + out[d, 8])
     for d in range(nd):
         out[d, 5] = out[d, 4] - best
         out[d, 7] = assigned[d] - least
+        out[d, 9] = out[d, 4] + out[d, 8] - best_eft
 
 
 @numba.njit(cache=True)

@@ -435,3 +435,28 @@ def training_curve(
     fig.suptitle(title)
     fig.tight_layout()
     save_figure(fig, path, 110)
+
+
+def fine_tuning_curve(
+    histories: dict[str, list[dict[str, float]]], path: str | Path, *, reference: float | None = None,
+    title: str = "fine-tuning",
+) -> None:  # fmt: skip
+    """Greedy makespan over the lower bound against Stage II episodes, one line per run (e.g. from the
+    pretrained policy and from scratch), with an optional reference line (anneal's ratio)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for name, history in histories.items():
+        rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill") and "greedy_ratio" in h]
+        ax.plot([h["episode"] for h in rl], [h["greedy_ratio"] for h in rl], label=name)
+    if reference is not None:
+        ax.axhline(reference, ls="--", lw=1, color="gray", label="anneal 60 s")
+    ax.set_xlabel("Stage II episodes")
+    ax.set_ylabel("greedy makespan / lower bound")
+    ax.set_title(title)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    save_figure(fig, path, 110)

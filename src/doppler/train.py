@@ -89,6 +89,7 @@ class TrainConfig:
     hidden: int = 128  # embedding width H
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
+    op_features: str = "full"  # static op features: full | structural (position-free, for transfer)
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
     real_episodes: int = 64  # Stage III episodes (each one a measured run on the engine)
     real_lr: float = 3e-4  # Adam learning rate of Stage III (constant)
@@ -112,6 +113,10 @@ class TrainConfig:
             raise TrainError(f"unknown stage {unknown[0] if unknown else ''!r} (use: {', '.join(STAGES)})")
         if self.teacher not in TEACHERS:
             raise TrainError(f"unknown teacher {self.teacher!r} (use one of: {', '.join(TEACHERS)})")
+        from doppler.policy.features import OP_FEATURE_SETS
+
+        if self.op_features not in OP_FEATURE_SETS:
+            raise TrainError(f"unknown op feature set {self.op_features!r} (use one of: {', '.join(OP_FEATURE_SETS)})")
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats"):
@@ -331,7 +336,7 @@ class Trainer:
         tune_malloc()  # every update frees and re-allocates the same large tensors: reuse, do not fault them in
         tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
         try:
-            policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden).to(cfg.device)
+            policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden, op_features=cfg.op_features).to(cfg.device)
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
@@ -635,10 +640,7 @@ class Trainer:
     def save(self, run_dir: str | Path) -> None:
         """Write ``checkpoint.pt``, ``config.json`` and ``best_assignment.json`` atomically."""
         run_dir = Path(run_dir)
-        buf = io.BytesIO()
-        torch.save(self.state(), buf)
-        atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
-        atomic_write_text(run_dir / "config.json", json.dumps(_config_json(self.cfg), indent=2) + "\n")
+        write_checkpoint(run_dir, self.state(), self.cfg)
         task = self.tasks[0]
         if task.best_assignment is not None:
             from doppler.assignment import Assignment
@@ -667,6 +669,14 @@ class Trainer:
             if g["best"] is not None:
                 t.best_makespan_s = float(g["best_makespan_s"])
                 t.best_order, t.best_step_device, t.best_assignment = (np.asarray(x, dtype=np.int64) for x in g["best"])
+
+
+def write_checkpoint(run_dir: Path, state: dict[str, Any], cfg: TrainConfig) -> None:
+    """``run_dir/checkpoint.pt`` (``state``) and ``run_dir/config.json``, each written atomically."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
+    atomic_write_text(run_dir / "config.json", json.dumps(_config_json(cfg), indent=2) + "\n")
 
 
 def _config_json(cfg: TrainConfig) -> dict[str, Any]:

@@ -107,7 +107,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert [w["name"] for w in obj["workloads"]] == ["chainmm", "ffnn", "llama_block", "llama_layer"]
     for w in obj["workloads"]:
         assert set(w["makespan_s"]) == {"round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal",
-                                        "doppler"}
+                                        "doppler zero-shot", "doppler"}
         assert Path(w["doppler_training_curve_png"]).is_file() and w["doppler_train_s"] > 0
         assert min(w["makespan_s"].values()) >= w["lower_bound_s"] * (1 - 1e-9)
         # anneal starts from the best of critical_path/heft/enumerative and never gets worse

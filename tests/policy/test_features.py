@@ -234,6 +234,8 @@ class RefState:
                 "est_gap": ests[d] - min(ests),
                 "input_comm": sum(self.mean_xfer[p] for p in on_d),
                 "assigned_gap": assigned[d] - min(assigned),
+                "compute": self.comp[v, d],
+                "eft_gap": ests[d] + self.comp[v, d] - min(e + self.comp[v, k] for k, e in enumerate(ests)),
                 "has_input": 1.0 if on_d else 0.0,
             }
             unknown = [f for f in DEVICE_FEATURES if f not in ref]

@@ -61,8 +61,12 @@ def _simulate_many(graph: DataflowGraph, cluster, batch: np.ndarray) -> np.ndarr
 class _Moves:
     """Proposal generator (all randomness from one numpy Generator)."""
 
-    def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator):
+    def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator,
+                 device_prefs: np.ndarray | None = None, guided_share: float = 0.0):  # fmt: skip
         self.g = graph
+        # guided moves: one op to a device drawn from a learned per-op preference (cumulative rows)
+        self.pref_cdf = None if device_prefs is None else np.cumsum(device_prefs, axis=1)
+        self.guided_share = guided_share if device_prefs is not None else 0.0
         self.nd = nd
         self.rng = rng
         self.n = graph.num_ops
@@ -94,6 +98,12 @@ class _Moves:
     def apply(self, a: np.ndarray) -> None:
         """Mutate ``a`` in place with one random move (always changes something when D > 1)."""
         rng, n = self.rng, self.n
+        if self.guided_share > 0 and rng.random() < self.guided_share:
+            v = int(rng.integers(n))
+            cdf = self.pref_cdf[v]
+            d = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), self.nd - 1)
+            a[v] = d if d != a[v] else self._other_device(int(a[v]))
+            return
         r = rng.random()
         if r < 0.35:  # single op
             v = int(rng.integers(n))
@@ -165,9 +175,16 @@ def anneal_search(
     t_start: float = 0.02,
     t_end: float = 1e-4,
     start: np.ndarray | None = None,
+    extra_starts: dict[str, np.ndarray] | None = None,
+    device_prefs: np.ndarray | None = None,
+    guided_share: float = 0.0,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> Assignment:
     """Simulated annealing (see the module docstring). Returns the best assignment found.
+
+    ``extra_starts`` join the start set (e.g. a policy's decodes); with ``device_prefs[n, D]``
+    (a learned preference of each op for each device) a share ``guided_share`` of the moves
+    puts one op on a device drawn from its row instead of a blind move.
 
     ``on_progress(status)`` is called about four times a second with the elapsed time,
     the evaluation count and the best makespan so far."""
@@ -200,6 +217,8 @@ def anneal_search(
             "round_robin_block": round_robin_block(graph, cluster).devices,
             "metis": metis_partition(graph, cluster, seed=seed),
         }
+    for name, a in (extra_starts or {}).items():
+        cands[name] = check_assignment(graph, np.asarray(a), nd)
     names = list(cands)
     ms = _simulate_many(graph, cluster, np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
@@ -214,7 +233,7 @@ def anneal_search(
         if max_evals is not None:
             cycle_evals = max(1, min(cycle_evals, int(max_evals)))
     cycle_evals = max(1, int(cycle_evals))
-    moves = _Moves(graph, nd, rng)
+    moves = _Moves(graph, nd, rng, device_prefs, guided_share)
     accepted = improved = restarts = 0
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     cyc = 0  # evaluations into the current cycle

@@ -137,6 +137,8 @@ def assign_cmd(
         }
         if "zero_shot" in a.info:
             row["zero_shot"] = bool(a.info["zero_shot"])
+            row["pretrained"] = bool(a.info.get("pretrained"))
+            row["checkpoint"] = a.info.get("checkpoint")
         if json_out:
             emit_json(row)
         else:
@@ -147,7 +149,10 @@ def assign_cmd(
                 f"({format_time(lb, cl)})",
                 highlight=False,
             )
-            if a.info.get("zero_shot"):
+            if a.info.get("pretrained"):
+                console.print("zero-shot: the shipped pretrained policy (no --checkpoint), trained on other graphs "
+                              "and clusters than these", highlight=False)  # fmt: skip
+            elif a.info.get("zero_shot"):
                 console.print("zero-shot: the policy was trained on other graphs than this one", highlight=False)
 
 

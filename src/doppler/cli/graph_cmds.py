@@ -160,6 +160,7 @@ def draw_cmd(
 
 
 DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal")
+ZERO_SHOT = "doppler zero-shot"
 
 
 @app.command("demo")
@@ -190,7 +191,9 @@ def demo_cmd(
         from doppler.simulate import lower_bound
         from doppler.train import TrainConfig
 
-        methods = DEMO_METHODS + (("doppler",) if train_episodes else ())
+        from doppler.baselines import assign
+
+        methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
         names = ("chainmm", "ffnn", "llama_block", "llama_layer")
         results = []
@@ -206,6 +209,11 @@ def demo_cmd(
                     progress.advance(task, 0 if m == DEMO_METHODS[0] else 1)
 
                 rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s, on_method=on_method)
+                progress.update(task, description=f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)")
+                zero_shot = assign(graph, cl, "doppler")
+                rows.append({"method": ZERO_SHOT, "assignment": zero_shot,
+                             "makespan_s": float(simulate(graph, cl, zero_shot).makespan_s),
+                             "lower_bound_s": float(lower_bound(graph, cl))})  # fmt: skip
                 progress.advance(task)
                 train = None
                 if train_episodes:
@@ -256,6 +264,8 @@ def demo_cmd(
         console.print(table)
         console.print(f"anneal: {budget_s:g} s of simulated annealing per workload. "
                       f"Graph pictures and Gantt charts of the best schedules are in {out_dir}/.", highlight=False)
+        console.print(f"{ZERO_SHOT}: the pretrained policy shipped with doppler, greedy decode, never trained on "
+                      "these graphs or this cluster.", highlight=False)
         if train_episodes:
             console.print(f"doppler: imitation + {train_episodes} simulator-RL episodes per workload, greedy decode; "
                           f"checkpoints and training curves in {out_dir}/doppler_*/.", highlight=False)

@@ -23,7 +23,25 @@ def _parse_stages(stages: str) -> tuple[str, ...]:
     return out
 
 
-def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool):
+def _init_config(cfg, init: str):
+    """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights."""
+    import dataclasses
+
+    from doppler.policy.method import resolve_checkpoint
+    from doppler.train import read_checkpoint
+
+    try:
+        path, _ = resolve_checkpoint(None if init == "pretrained" else init)
+    except Exception as e:  # noqa: BLE001 - MethodError: the shipped policy is missing
+        raise UserError(str(e)) from None
+    ck = read_checkpoint(path)
+    pc = ck["policy_config"]
+    shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
+                                 op_features=pc.get("op_features", "full"))  # fmt: skip
+    return shaped, ck["state_dict"], path
+
+
+def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None):
     from doppler.formats import load_graph
     from doppler.hardware import cluster
     from doppler.train import Trainer, TrainError, config_from_json, read_checkpoint
@@ -46,7 +64,15 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
         return trainer
     if ckpt.exists():
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
-    return Trainer.create(graphs, cl, cfg)
+    if init is None:
+        return Trainer.create(graphs, cl, cfg)
+    cfg, weights, path = _init_config(cfg, init)
+    trainer = Trainer.create(graphs, cl, cfg)
+    try:
+        trainer.policy.load_state_dict(weights)
+    except RuntimeError as e:
+        raise TrainError(f"{path}: --init weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
+    return trainer
 
 
 def _progress_bar():
@@ -67,7 +93,7 @@ def _progress_bar():
 def train_cmd(
     graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
-    stages: str = typer.Option("il,sim", "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs)."),
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs) [default: il,sim; with --init: sim]."),
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
@@ -84,6 +110,7 @@ def train_cmd(
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
+    init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
     json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
@@ -95,11 +122,14 @@ def train_cmd(
                      "real_episodes": real_episodes, "search_every": search_every, "search_evals": search_evals,
                      "sim_seed_methods": None if warm_start is None else
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
+            if init is not None and resume:
+                raise UserError("--init starts a new run from a policy; --resume continues a run: give one of them")
+            stages = stages or ("sim" if init is not None else "il,sim")
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed, engine=engine,
                               engine_device_type=engine_device_type, device=device,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
-            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume)
+            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init)
         except TrainError as e:
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,10 @@ OP_FEATURES = (
     "block0", "block1", "block2", "block3", "op_id_a", "op_id_b",
 )  # fmt: skip
 NUM_OP_FEATURES = len(OP_FEATURES)
+#: the op features a transferable (pretrained) policy sees: the paper's five, size- and position-free;
+#: the block coordinates and op-id values identify positions within one graph (memorisation aids)
+STRUCTURAL_OP_FEATURES = OP_FEATURES[:5]
+OP_FEATURE_SETS = {"full": OP_FEATURES, "structural": STRUCTURAL_OP_FEATURES}
 NUM_EDGE_FEATURES = 2
 
 

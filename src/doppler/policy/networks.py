@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from doppler.listsched import NUM_DEVICE_FEATURES
-from doppler.policy.features import NUM_EDGE_FEATURES, NUM_OP_FEATURES, GraphFeatures
+from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURE_SETS, OP_FEATURES, GraphFeatures
 
 LEAK = 0.01
 
@@ -82,10 +82,10 @@ class EdgeConditionedConv(nn.Module):
 class GraphEncoder(nn.Module):
     """Op embeddings ``H[n, hidden]`` after ``steps`` rounds of message passing."""
 
-    def __init__(self, hidden: int = 128, steps: int = 6, basis: int = 4) -> None:
+    def __init__(self, hidden: int = 128, steps: int = 6, basis: int = 4, op_dim: int = len(OP_FEATURES)) -> None:
         super().__init__()
         self.steps = steps
-        self.embed = nn.Linear(NUM_OP_FEATURES, hidden)
+        self.embed = nn.Linear(op_dim, hidden)
         self.conv = EdgeConditionedConv(hidden, NUM_EDGE_FEATURES, basis)
         self.gru = nn.GRUCell(hidden, hidden)
 
@@ -98,9 +98,9 @@ class GraphEncoder(nn.Module):
 
 
 class SelHead(nn.Module):
-    def __init__(self, hidden: int, mlp_hidden: int) -> None:
+    def __init__(self, hidden: int, mlp_hidden: int, op_dim: int = len(OP_FEATURES)) -> None:
         super().__init__()
-        self.op_lin = nn.Linear(NUM_OP_FEATURES, hidden)
+        self.op_lin = nn.Linear(op_dim, hidden)
         self.mlp = nn.Sequential(nn.Linear(4 * hidden, mlp_hidden), nn.LeakyReLU(LEAK), nn.Linear(mlp_hidden, 1))
 
     def forward(self, op_x: torch.Tensor, emb: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -108,11 +108,11 @@ class SelHead(nn.Module):
 
 
 class PlcHead(nn.Module):
-    def __init__(self, hidden: int, mlp_hidden: int, affinity: int = 32) -> None:
+    def __init__(self, hidden: int, mlp_hidden: int, affinity: int = 32, op_dim: int = len(OP_FEATURES)) -> None:
         super().__init__()
         self.affinity = affinity
         self.dev_lin = nn.Linear(NUM_DEVICE_FEATURES, hidden)
-        self.op_lin = nn.Linear(NUM_OP_FEATURES, hidden)
+        self.op_lin = nn.Linear(op_dim, hidden)
         # the first MLP layer over [dev_lin(f_d), op_lin(x_v), H[v], placed_d], one block per input
         self.w_dev = nn.Linear(hidden, mlp_hidden, bias=False)
         self.w_op = nn.Linear(hidden, mlp_hidden)
@@ -160,14 +160,24 @@ def _chain_sum(emb: torch.Tensor, jumps: list, scale: float) -> torch.Tensor:
 
 
 class DopplerPolicy(nn.Module):
-    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (see :meth:`load`)."""
+    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (see :meth:`load`).
 
-    def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4) -> None:
+    ``op_features`` names the static op features it reads (``"full"``: all of
+    :data:`~doppler.policy.features.OP_FEATURES`; ``"structural"``: the position-free ones a
+    transferable policy uses)."""
+
+    def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
+                 op_features: str = "full") -> None:  # fmt: skip
         super().__init__()
-        self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis}
-        self.encoder = GraphEncoder(hidden, steps, basis)
-        self.sel = SelHead(hidden, mlp_hidden)
-        self.plc = PlcHead(hidden, mlp_hidden)
+        if op_features not in OP_FEATURE_SETS:
+            raise ValueError(f"op_features must be one of {', '.join(OP_FEATURE_SETS)}, got {op_features!r}")
+        self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis,
+                       "op_features": op_features}  # fmt: skip
+        names = OP_FEATURE_SETS[op_features]
+        self.op_columns = [OP_FEATURES.index(f) for f in names]
+        self.encoder = GraphEncoder(hidden, steps, basis, len(names))
+        self.sel = SelHead(hidden, mlp_hidden, len(names))
+        self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(names))
 
     @property
     def device(self) -> torch.device:
@@ -176,7 +186,7 @@ class DopplerPolicy(nn.Module):
     def encode(self, gf: GraphFeatures) -> Encoded:
         """Run the encoder once and precompute every op-dependent head input (on the policy's device)."""
         dev = self.device
-        op_x = torch.from_numpy(gf.op_x).to(dev)
+        op_x = torch.from_numpy(gf.op_x[:, self.op_columns]).to(dev)
         emb = self.encoder(op_x, torch.from_numpy(gf.edge_index).to(dev), torch.from_numpy(gf.edge_attr).to(dev))
         down = _chain_sum(emb, gf.down_jumps, gf.path_scale)
         up = _chain_sum(emb, gf.up_jumps, gf.path_scale)

@@ -1,0 +1,212 @@
+"""Does one pretrained policy place graphs and clusters it has never seen? The held-out table.
+
+    python benchmarks/generalization.py [--checkpoint CKPT] [--quick] [--seeds 3] [--budget-s 5]
+        [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--out F.json]
+
+One row per held-out (graph, cluster) of :func:`doppler.corpus.held_out_split`. Makespans are
+simulated and divided by the row's best cheap method (the best of critical_path, heft,
+enumerative, round_robin_block and metis): lower is better, below 1 beats every cheap method.
+
+Columns: the five cheap methods; anneal at ``--budget-s`` and at ``--anneal-long-s`` seconds;
+DOPPLER zero-shot greedy, best of 64 samples, and ``--budget-s`` of policy-guided search (with
+guided moves, and with the policy only choosing the start: ``guided_share=0``); fine-tuned for
+``--finetune-episodes`` from the pretrained policy on the first ``--finetune-rows`` rows; and the
+zero-shot greedy assignment time (warm: the policy loaded and compiled once per process).
+Search columns give the mean over ``--seeds`` seeds and the spread (max - min).
+
+Then the hardware transfer (the paper's Section 5): the pretrained policy fine-tuned on
+llama_layer / p100x4, applied to v100x8 zero-shot and after ``--transfer-episodes`` episodes
+there, with the share of transferred bytes that stay on NVLink-connected GPU pairs; and the
+fine-tuning curve of llama_layer / p100x4 from the pretrained policy next to a from-scratch run
+(``--curve PNG``).
+
+Bars (issue): zero-shot greedy never worse than critical_path; geomean vs best cheap <= 0.95
+and strictly better on >= 80% of rows; geomean vs anneal 60 s <= 1.10; --budget-s 5 geomean vs
+anneal 60 s <= 1.00 and better than anneal 5 s; fine-tuning within 2% of anneal 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from doppler.baselines import assign
+from doppler.corpus import held_out_split
+from doppler.hardware import DGX1_V100_NVLINKS, cluster
+from doppler.io_util import atomic_write_text
+from doppler.simulate import simulate
+
+CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
+
+
+def makespan(graph, cl, a) -> float:
+    return float(simulate(graph, cl, a).makespan_s)
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
+
+
+def seeded(fn, seeds: int) -> tuple[float, float]:
+    vals = [fn(s) for s in range(seeds)]
+    return float(np.mean(vals)), float(np.max(vals) - np.min(vals))
+
+
+def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0):
+    """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch."""
+    import torch
+
+    from doppler.cli.train_cmd import _init_config
+    from doppler.train import Trainer, TrainConfig
+
+    cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9)
+    weights = None
+    if init:
+        cfg, weights, _ = _init_config(cfg, init)
+    tr = Trainer.create([graph], cl, cfg)
+    if weights is not None:
+        tr.policy.load_state_dict(weights)
+    t0 = time.perf_counter()
+    tr.run(run_dir)
+    with torch.no_grad():
+        devices, _ = tr.greedy(tr.tasks[0])
+    return tr, devices, time.perf_counter() - t0
+
+
+def nvlink_byte_share(graph, devices: np.ndarray) -> float:
+    """Share of transferred bytes (once per producer and receiving device) between NVLink-connected GPUs."""
+    nv = np.zeros((8, 8), dtype=bool)
+    for i, j in DGX1_V100_NVLINKS:
+        nv[i, j] = nv[j, i] = True
+    ds, dd = devices[graph.src], devices[graph.dst]
+    cross = ds != dd
+    pairs = {(int(u), int(d)) for u, d in zip(graph.src[cross], dd[cross])}
+    total = sum(float(graph.output_bytes[u]) for u, _ in pairs)
+    on_nv = sum(float(graph.output_bytes[u]) for u, d in pairs if nv[devices[u], d])
+    return on_nv / total if total else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default=None, help="policy to test (default: the shipped pretrained one)")
+    ap.add_argument("--quick", action="store_true", help="four rows, short budgets")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=5.0)
+    ap.add_argument("--anneal-long-s", type=float, default=60.0)
+    ap.add_argument("--finetune-rows", type=int, default=1)
+    ap.add_argument("--finetune-episodes", type=int, default=500)
+    ap.add_argument("--transfer-episodes", type=int, default=2000)
+    ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
+    ap.add_argument("--out", default=None, help="write every number as JSON")
+    args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.budget_s, args.anneal_long_s, args.finetune_episodes = 1, 1.0, 3.0, 32
+        args.transfer_episodes = 32
+
+    from doppler.policy.method import resolve_checkpoint
+
+    ckpt, _ = resolve_checkpoint(args.checkpoint)
+    kw = {"checkpoint": ckpt}
+    cases = held_out_split(quick=args.quick)
+    assign(cases[0].graph, cases[0].cluster, "doppler", **kw)  # load and compile once (warm timings)
+    rows = []
+    header = (f"| graph / cluster | ops | dev | {' | '.join(CHEAP)} | best cheap (ms) | anneal {args.budget_s:g}s | "
+              f"anneal {args.anneal_long_s:g}s | zero-shot greedy | best of 64 | doppler {args.budget_s:g}s | "
+              f"doppler {args.budget_s:g}s unguided | fine-tuned | greedy time (s) |")
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1), flush=True)
+    for i, case in enumerate(cases):
+        g, cl = case.graph, case.cluster
+        cheap = {m: makespan(g, cl, assign(g, cl, m)) for m in CHEAP}
+        ref = min(cheap.values())
+        r = {"name": case.name, "why": case.why, "num_ops": g.num_ops, "num_devices": cl.num_devices,
+             "best_cheap_s": ref, **{m: v / ref for m, v in cheap.items()}}  # fmt: skip
+        r["anneal_short"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "anneal", seed=s, budget_s=args.budget_s)) / ref,
+                                   args.seeds)  # fmt: skip
+        r["anneal_long"] = makespan(g, cl, assign(g, cl, "anneal", budget_s=args.anneal_long_s)) / ref
+        a = assign(g, cl, "doppler", **kw)
+        r["greedy"], r["greedy_time_s"] = makespan(g, cl, a) / ref, a.assign_time_s
+        r["best64"] = makespan(g, cl, assign(g, cl, "doppler", samples=64, **kw)) / ref
+        r["guided"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "doppler", seed=s, budget_s=args.budget_s, **kw)) / ref,
+                             args.seeds)  # fmt: skip
+        r["unguided"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "doppler", seed=s, budget_s=args.budget_s,
+                                                                guided_share=0.0, **kw)) / ref, args.seeds)  # fmt: skip
+        r["finetuned"] = None
+        if i < args.finetune_rows:
+            with tempfile.TemporaryDirectory() as tmp:
+                _, dev, r["finetune_s"] = finetune(g, cl, args.finetune_episodes, str(ckpt), Path(tmp))
+            r["finetuned"] = makespan(g, cl, dev) / ref
+        rows.append(r)
+        ft = "-" if r["finetuned"] is None else f"{r['finetuned']:.3f}"
+        print(f"| {case.name} | {g.num_ops} | {cl.num_devices} | " + " | ".join(f"{r[m]:.3f}" for m in CHEAP)
+              + f" | {ref * 1e3:.3g} | {r['anneal_short'][0]:.3f} ±{r['anneal_short'][1]:.3f} | {r['anneal_long']:.3f} | "
+              f"{r['greedy']:.3f} | {r['best64']:.3f} | {r['guided'][0]:.3f} ±{r['guided'][1]:.3f} | "
+              f"{r['unguided'][0]:.3f} ±{r['unguided'][1]:.3f} | {ft} | {r['greedy_time_s']:.2f} |", flush=True)
+
+    small = [r for r in rows if r["num_ops"] <= 1000]
+    summary = {
+        "greedy_vs_best_cheap_geomean": geomean(r["greedy"] for r in rows),
+        "greedy_beats_best_cheap_share": float(np.mean([r["greedy"] < 1.0 for r in rows])),
+        "greedy_not_worse_than_critical_path_rows": int(sum(r["greedy"] <= r["critical_path"] for r in rows)),
+        "greedy_vs_anneal_long_geomean": geomean(r["greedy"] / r["anneal_long"] for r in rows),
+        "best64_vs_best_cheap_geomean": geomean(r["best64"] for r in rows),
+        "guided_vs_anneal_long_geomean": geomean(r["guided"][0] / r["anneal_long"] for r in rows),
+        "unguided_vs_anneal_long_geomean": geomean(r["unguided"][0] / r["anneal_long"] for r in rows),
+        "guided_vs_anneal_short_geomean": geomean(r["guided"][0] / r["anneal_short"][0] for r in rows),
+        "unguided_vs_anneal_short_geomean": geomean(r["unguided"][0] / r["anneal_short"][0] for r in rows),
+        "anneal_short_vs_best_cheap_geomean": geomean(r["anneal_short"][0] for r in rows),
+        "anneal_long_vs_best_cheap_geomean": geomean(r["anneal_long"] for r in rows),
+        "max_greedy_time_s_up_to_1000_ops": max((r["greedy_time_s"] for r in small), default=float("nan")),
+        "rows": len(rows),
+    }
+    print()
+    for k, v in summary.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+
+    # ---- hardware transfer and the fine-tuning curve: llama_layer, p100x4 -> v100x8
+    from doppler import workloads
+
+    g = workloads.build("llama_layer")
+    p100, v100 = cluster("p100x4"), cluster("v100x8")
+    with tempfile.TemporaryDirectory() as tmp:
+        tr_ft, dev_ft, ft_s = finetune(g, p100, args.finetune_episodes, str(ckpt), Path(tmp) / "ft")
+        tr_sc, dev_sc, sc_s = finetune(g, p100, args.finetune_episodes, None, Path(tmp) / "scratch")
+        anneal_p100 = makespan(g, p100, assign(g, p100, "anneal", budget_s=args.anneal_long_s))
+        transfer = {
+            "finetuned_p100_vs_anneal_long": makespan(g, p100, dev_ft) / anneal_p100,
+            "scratch_p100_vs_anneal_long": makespan(g, p100, dev_sc) / anneal_p100,
+            "finetune_s": ft_s, "scratch_s": sc_s,
+        }  # fmt: skip
+        zs = assign(g, v100, "doppler", checkpoint=Path(tmp) / "ft" / "checkpoint.pt")
+        _, dev_v, _ = finetune(g, v100, args.transfer_episodes, str(Path(tmp) / "ft" / "checkpoint.pt"), Path(tmp) / "v100")
+        anneal_v100 = makespan(g, v100, assign(g, v100, "anneal", budget_s=args.anneal_long_s))
+        transfer.update(
+            v100_zero_shot_vs_anneal_long=makespan(g, v100, zs) / anneal_v100,
+            v100_finetuned_vs_anneal_long=makespan(g, v100, dev_v) / anneal_v100,
+            nvlink_share_zero_shot=nvlink_byte_share(g, zs.devices),
+            nvlink_share_finetuned=nvlink_byte_share(g, dev_v),
+            nvlink_share_anneal=nvlink_byte_share(g, assign(g, v100, "anneal", budget_s=args.anneal_long_s).devices),
+        )
+        if args.curve:
+            from doppler.report import fine_tuning_curve
+
+            fine_tuning_curve({"from the pretrained policy": tr_ft.history, "from scratch (Stage I + II)": tr_sc.history},
+                              args.curve, reference=anneal_p100 / tr_ft.tasks[0].lower_bound_s,
+                              title="llama_layer on p100x4: fine-tuning vs from scratch")  # fmt: skip
+    print()
+    for k, v in transfer.items():
+        print(f"{k}: {v:.4g}")
+    if args.out:
+        atomic_write_text(args.out, json.dumps({"rows": rows, "summary": summary, "transfer": transfer,
+                                                 "checkpoint": str(ckpt), "args": vars(args)}, indent=2) + "\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""``doppler pretrain``: train one transferable policy on the corpus of (graph, cluster) pairs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+
+
+@app.command("pretrain")
+def pretrain_cmd(
+    output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, TensorBoard)."),
+    budget_h: float = typer.Option(1.0, "--budget-h", help="Training time in hours (the learning rate decays over it)."),
+    device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
+    threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
+    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
+) -> None:
+    """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
+    with handle_errors():
+        from doppler.pretrain import Pretrainer, pretrain_config
+        from doppler.train import TrainError
+
+        if not budget_h > 0 or budget_h > 1000:
+            raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
+        ckpt = output / "checkpoint.pt"
+        try:
+            if resume:
+                if not ckpt.is_file():
+                    raise UserError(f"{ckpt}: no checkpoint to resume from")
+                pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
+            else:
+                if ckpt.exists():
+                    raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
+                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads), budget_h * 3600)
+        except TrainError as e:
+            raise UserError(str(e)) from None
+        output.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with Progress(TextColumn("[bold]pretraining[/]"), BarColumn(), TextColumn("{task.fields[status]}"),
+                      TimeElapsedColumn(), console=err_console) as progress:  # fmt: skip
+            bar = progress.add_task("pretrain", total=pt.budget_s, completed=pt.elapsed_s, status="")
+            if json_out:
+                progress.stop()
+
+            def on_progress(st: dict) -> None:
+                quality = (f"greedy {st['greedy_vs_cheap']:.3f}x best cheap" if "greedy_vs_cheap" in st
+                           else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
+                progress.update(bar, completed=min(st["elapsed_s"], pt.budget_s),
+                                status=f"update {st['update']}  {st['num_ops']} ops x {st['num_devices']} devices  {quality}")  # fmt: skip
+
+            pt.run(output, on_progress)
+        summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,
+                   "il_episodes": pt.trainer.il_episode, "episodes": pt.trainer.episode,
+                   "train_s": pt.elapsed_s, "elapsed_s": time.perf_counter() - t0}  # fmt: skip
+        if json_out:
+            emit_json(summary)
+        else:
+            console.print(f"pretrained {summary['updates']} updates ({summary['il_episodes']} imitation + "
+                          f"{summary['episodes']} RL episodes, {summary['train_s'] / 3600:.2f} h) -> {ckpt}",
+                          highlight=False)  # fmt: skip

@@ -1,0 +1,166 @@
+"""Pretraining one transferable policy on the corpus (:mod:`doppler.corpus`).
+
+Pretraining is the Stage I / Stage II loop of :mod:`doppler.train` with one change: every
+update draws a **fresh (graph, cluster) pair** and makes it the trainer's only task, so the
+policy never sees one instance twice. Per update:
+
+1. Stage I (the first ``il_episodes``): imitate the CRITICAL PATH teacher on the states the
+   policy visits (DAgger), which gives the floor "as good as its teacher".
+2. Stage II (after): the incumbent of the pair is the best of the cheap methods
+   (``critical_path``, ``heft``, ``metis``, ``enumerative``, ``round_robin_block``),
+   improved by ``search_evals`` evaluations of simulated annealing (expert iteration); then
+   one REINFORCE update on ``batch`` sampled episodes (leave-one-out baseline) plus the
+   log-likelihood of the incumbent (or of a better sample). The policy learns to decode, in one
+   greedy pass, what search finds on pairs it has never seen.
+
+The policy reads only position-free op features (``op_features="structural"``): measured on
+the held-out split, see ``benchmarks/generalization.py``. The learning rate decays linearly
+over the wall-clock budget. Checkpoints (every ``checkpoint_every_s`` seconds and at the end)
+hold the corpus generator's state, so ``--resume`` continues the same stream of pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
+from doppler.train import TrainConfig, Trainer, TrainError, make_task, read_checkpoint, write_checkpoint
+
+PRETRAINED_DIR = Path(__file__).parent / "policy" / "pretrained"
+PRETRAINED_CHECKPOINT = PRETRAINED_DIR / "checkpoint.pt"
+
+
+def pretrain_config(**overrides: Any) -> TrainConfig:
+    """The training hyper-parameters of pretraining (a :class:`TrainConfig`; overrides by name)."""
+    base = dict(
+        stages=("il", "sim"), il_episodes=4000, episodes=10**9, batch=16, il_batch=8, lr=1e-3, lr_final=1e-4,
+        il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=1.0, search_every=0,
+        search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=10**9,
+    )  # fmt: skip
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+@dataclass
+class Pretrainer:
+    """A pretraining run: a :class:`Trainer` whose one task is redrawn every update."""
+
+    trainer: Trainer
+    budget_s: float
+    corpus_rng: np.random.Generator
+    elapsed_s: float = 0.0  # training time so far (summed over resumed sessions)
+    updates: int = 0
+    checkpoint_every_s: float = 180.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, cfg: TrainConfig, budget_s: float, checkpoint_every_s: float = 180.0) -> "Pretrainer":
+        if not budget_s > 0:
+            raise TrainError(f"--budget-h must be > 0, got {budget_s / 3600:g}")
+        corpus_rng = np.random.default_rng(cfg.seed + 1)  # separate from the trainer's rollout stream
+        g, c = sample_pair(corpus_rng)
+        return cls(Trainer.create([g], c, cfg), budget_s, corpus_rng, checkpoint_every_s=checkpoint_every_s)
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.trainer.cfg
+
+    def update(self) -> dict[str, Any]:
+        """One update on a fresh pair (Stage I until ``il_episodes``, then Stage II with search)."""
+        tr, cfg = self.trainer, self.cfg
+        g, c = sample_pair(self.corpus_rng)
+        task = make_task(g, c, cfg)
+        tr.tasks = [task]
+        if tr.il_episode < cfg.il_episodes:
+            stats = tr.imitation_update()
+            stage = "il"
+        else:
+            tr._seed_incumbent(task, cfg.sim_seed_methods)
+            best_cheap_s = task.best_makespan_s
+            if cfg.search_evals > 0:
+                tr._search_incumbent(task, seed=cfg.seed + self.updates)
+            search_s = task.best_makespan_s
+            frac = min(self.elapsed_s / self.budget_s, 1.0)
+            stats = tr._reinforce(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start)
+            tr.episode += cfg.batch
+            stats["greedy_vs_cheap"] = stats["greedy_ratio"] * task.lower_bound_s / best_cheap_s
+            stats["search_vs_cheap"] = search_s / best_cheap_s
+            stage = "sim"
+        self.updates += 1
+        stats.update(stage=stage, update=self.updates, num_ops=g.num_ops, num_devices=c.num_devices,
+                     elapsed_s=self.elapsed_s)  # fmt: skip
+        return stats
+
+    def run(self, run_dir: str | Path | None = None, on_progress: Callable[[dict], None] | None = None) -> None:
+        """Update until the budget is spent, checkpointing every ``checkpoint_every_s`` seconds."""
+        run_dir = Path(run_dir) if run_dir is not None else None
+        if run_dir is not None and self.trainer.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.trainer.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        last_save = time.perf_counter()
+        while self.elapsed_s < self.budget_s:
+            t0 = time.perf_counter()
+            stats = self.update()
+            self.elapsed_s += time.perf_counter() - t0
+            row = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
+            self.history.append(row)
+            if self.trainer.writer is not None:
+                for k, v in row.items():
+                    if k not in ("update",):
+                        group = "losses" if k.startswith(("loss", "entropy")) else "charts"
+                        self.trainer.writer.add_scalar(f"{group}/pretrain_{k}", v, self.updates)
+            if on_progress is not None:
+                on_progress({**stats, "budget_s": self.budget_s})
+            if run_dir is not None and time.perf_counter() - last_save >= self.checkpoint_every_s:
+                self.save(run_dir)
+                last_save = time.perf_counter()
+        if run_dir is not None:
+            self.save(run_dir)
+            self.trainer.writer.flush()
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict[str, Any]:
+        st = self.trainer.state()
+        st["graphs"] = []  # not trained on any one graph: serves every graph zero-shot
+        st["history"] = json.dumps(self.history)
+        st["pretrain"] = json.dumps({
+            "corpus_rng": self.corpus_rng.bit_generator.state, "elapsed_s": self.elapsed_s, "updates": self.updates,
+            "budget_s": self.budget_s, "families": list(TRAIN_FAMILIES), "ops": list(TRAIN_OPS),
+            "devices": list(TRAIN_DEVICES),
+        })  # fmt: skip
+        return st
+
+    def save(self, run_dir: str | Path) -> None:
+        """``checkpoint.pt`` and ``config.json`` in ``run_dir``, atomically."""
+        write_checkpoint(Path(run_dir), self.state(), self.cfg)
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, budget_s: float | None = None) -> "Pretrainer":
+        """Continue a pretraining run from ``run_dir/checkpoint.pt`` (optionally with a new total budget)."""
+        import torch
+
+        from doppler.train import config_from_json
+
+        ck = read_checkpoint(run_dir)
+        if "pretrain" not in ck:
+            raise TrainError(f"{run_dir}: not a pretraining checkpoint (made by `doppler train`, not `doppler pretrain`)")
+        meta = json.loads(ck["pretrain"])
+        cfg = config_from_json(json.loads(ck["config"]))
+        pt = cls.create(cfg, float(budget_s or meta["budget_s"]))
+        tr = pt.trainer
+        tr.policy.load_state_dict(ck["state_dict"])
+        tr.optimizer.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["torch_rng"])
+        tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
+        tr.il_episode, tr.episode = int(ck["il_episode"]), int(ck["episode"])
+        pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
+        pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
+        pt.history = json.loads(ck["history"])
+        return pt

@@ -1,0 +1,108 @@
+"""`doppler` as a method: the shipped pretrained policy by default, policy-guided search under a
+budget, and the guided moves of the annealer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from doppler import cluster, workloads
+from doppler.baselines import MethodError, assign
+from doppler.baselines.anneal import _Moves
+from doppler.pretrain import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, Pretrainer, pretrain_config
+from doppler.simulate import simulate
+from doppler.train import read_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pt")
+    pt = Pretrainer.create(pretrain_config(hidden=16, mlp_hidden=16, mp_steps=2, il_episodes=16, batch=4,
+                                           search_evals=50, torch_threads=1), budget_s=3600)  # fmt: skip
+    for _ in range(3):
+        pt.update()
+    pt.save(d)
+    return d / "checkpoint.pt"
+
+
+def test_the_shipped_policy_is_the_default_small_and_safe_to_load():
+    assert PRETRAINED_CHECKPOINT.is_file() and (PRETRAINED_DIR / "MODEL_CARD.md").is_file()
+    assert PRETRAINED_CHECKPOINT.stat().st_size < 5 * 2**20
+    ck = read_checkpoint(PRETRAINED_CHECKPOINT)  # weights_only=True inside
+    assert ck["graphs"] == [] and ck["policy_config"]["op_features"] == "structural"
+    g = workloads.build("llama_layer")
+    a = assign(g, cluster("v100x8"), "doppler")
+    assert a.info["pretrained"] and a.info["zero_shot"]
+    assert a.devices.shape == (g.num_ops,)
+
+
+def test_missing_shipped_policy_is_a_clear_error(monkeypatch, tmp_path):
+    import doppler.pretrain
+
+    monkeypatch.setattr(doppler.pretrain, "PRETRAINED_CHECKPOINT", tmp_path / "gone.pt")
+    with pytest.raises(MethodError, match="shipped pretrained policy is missing"):
+        assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler")
+
+
+def test_a_corrupted_checkpoint_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(MethodError, match="not a readable doppler checkpoint"):
+        assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", checkpoint=bad)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3])
+def test_budget_search_never_loses_to_the_policy_or_the_cheap_methods(tiny_ckpt, share):
+    g, cl = workloads.build("random", num_ops=60, seed=3), cluster("p100x4")
+    a = assign(g, cl, "doppler", checkpoint=tiny_ckpt, budget_s=0.5, guided_share=share)
+    got = simulate(g, cl, a).makespan_s
+    assert got == pytest.approx(a.estimated_makespan_s)
+    assert got <= a.info["policy_makespan_s"] * (1 + 1e-12)
+    for m in ("critical_path", "heft", "metis"):
+        assert got <= simulate(g, cl, assign(g, cl, m)).makespan_s * (1 + 1e-12)
+    assert a.info["search"]["evals"] > 0
+
+
+def test_budget_must_be_positive(tiny_ckpt):
+    with pytest.raises(MethodError, match="positive"):
+        assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", checkpoint=tiny_ckpt, budget_s=0)
+
+
+def test_guided_moves_follow_the_device_preferences():
+    g = workloads.build("random", num_ops=40, seed=1)
+    prefs = np.zeros((g.num_ops, 4))
+    prefs[np.arange(g.num_ops), np.arange(g.num_ops) % 4] = 1.0
+    moves = _Moves(g, 4, np.random.default_rng(0), prefs, guided_share=1.0)
+    a = (np.arange(g.num_ops) + 1) % 4  # every op off its preferred device
+    for _ in range(200):
+        b = a.copy()
+        moves.apply(b)
+        changed = np.flatnonzero(b != a)
+        assert changed.size == 1
+        assert b[changed[0]] == changed[0] % 4
+    # without preferences the move stream is the blind annealer's, unchanged
+    x, y = _Moves(g, 4, np.random.default_rng(5)), _Moves(g, 4, np.random.default_rng(5), prefs, guided_share=0.0)
+    for _ in range(50):
+        p, q = a.copy(), a.copy()
+        x.apply(p)
+        y.apply(q)
+        np.testing.assert_array_equal(p, q)
+
+
+def test_structural_policies_ignore_position_features():
+    import torch
+
+    from doppler.policy.features import graph_features
+    from doppler.policy.networks import DopplerPolicy
+
+    g = workloads.build("ffnn")
+    gf = graph_features(g, cluster("p100x4"))
+    torch.manual_seed(0)
+    pol = DopplerPolicy(hidden=16, steps=2, mlp_hidden=16, op_features="structural")
+    with torch.no_grad():
+        a = pol.encode(gf).sel_score
+        gf.op_x[:, 5:] = np.random.default_rng(0).random(gf.op_x[:, 5:].shape)
+        b = pol.encode(gf).sel_score
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="op_features"):
+        DopplerPolicy(op_features="ids")

@@ -1,0 +1,69 @@
+"""The corpus: seeded, inside its stated ranges, and disjoint from the held-out split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from doppler.corpus import (
+    TRAIN_DEVICES, TRAIN_OPS, CorpusError, held_out_split, make_cluster, sample_cluster, sample_graph, sample_pair,
+)  # fmt: skip
+
+
+def _draw(seed: int, k: int):
+    rng = np.random.default_rng(seed)
+    return [sample_pair(rng) for _ in range(k)]
+
+
+def test_same_seed_same_pairs_and_other_seed_other_pairs():
+    a, b, c = _draw(3, 6), _draw(3, 6), _draw(4, 6)
+    assert [g.fingerprint() for g, _ in a] == [g.fingerprint() for g, _ in b]
+    assert [cl.to_json() for _, cl in a] == [cl.to_json() for _, cl in b]
+    assert [g.fingerprint() for g, _ in a] != [g.fingerprint() for g, _ in c]
+
+
+def test_training_pairs_stay_in_range_and_out_of_the_held_out_split():
+    pairs = _draw(0, 120)
+    families = {g.name for g, _ in pairs}
+    assert "llama_layer" not in families
+    assert {"chainmm", "ffnn", "llama_block", "random"} <= families
+    for g, cl in pairs:
+        assert TRAIN_OPS[0] <= g.num_ops <= TRAIN_OPS[1]
+        assert TRAIN_DEVICES[0] <= cl.num_devices <= TRAIN_DEVICES[1]
+        rates = {d.flops_per_s for d in cl.devices}
+        assert len(rates) <= 2  # mixes of at most two speeds; three are held out
+        assert cl.name not in ("v100x8", "h100x8")
+        h100_like = cl.name.startswith("h100") and cl.meta["topology"] == "all_to_all" and len(rates) == 1
+        assert not h100_like  # h100x8's NVSwitch all-to-all is held out
+    topologies = {cl.meta["topology"] for _, cl in pairs}
+    assert topologies == {"all_to_all", "ring", "two_nodes", "partial_mesh"}
+    assert any(len({d.flops_per_s for d in cl.devices}) == 2 for _, cl in pairs)
+
+
+def test_topologies_shape_the_links():
+    rng = np.random.default_rng(0)
+    ring = make_cluster("r", [1e12] * 6, 1e11, 10e9, 1e-6, "ring", rng)
+    assert ring.bandwidth_Bps[0, 1] == pytest.approx(10e9) and ring.bandwidth_Bps[0, 3] == pytest.approx(10e9 / 3)
+    two = make_cluster("t", [1e12] * 4, 1e11, 10e9, 1e-6, "two_nodes", rng, slow_factor=0.1)
+    assert two.bandwidth_Bps[0, 1] == pytest.approx(10e9) and two.bandwidth_Bps[0, 2] == pytest.approx(1e9)
+    with pytest.raises(CorpusError, match="topology"):
+        make_cluster("x", [1e12] * 4, 1e11, 10e9, 1e-6, "torus", rng)
+
+
+def test_held_out_split_covers_what_it_claims():
+    cases = held_out_split()
+    names = [c.name for c in cases]
+    assert len(set(names)) == len(names)
+    assert any(c.graph.name == "llama_layer" for c in cases)
+    assert any(c.graph.num_ops > TRAIN_OPS[1] for c in cases)
+    assert any(c.cluster.num_devices > TRAIN_DEVICES[1] for c in cases)
+    assert any(len({d.flops_per_s for d in c.cluster.devices}) == 3 for c in cases)
+    assert {"v100x8", "h100x8"} <= {c.cluster.name for c in cases}
+
+
+def test_sample_graph_reports_impossible_ranges():
+    with pytest.raises(CorpusError, match="no graph"):
+        sample_graph(np.random.default_rng(0), families=("chainmm",), ops=(5, 6))
+    with pytest.raises(CorpusError, match="unknown graph family"):
+        sample_graph(np.random.default_rng(0), families=("resnet",))
+    assert sample_cluster(np.random.default_rng(1), devices=(3, 3)).num_devices == 3

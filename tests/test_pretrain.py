@@ -1,0 +1,123 @@
+"""Pretraining on the corpus: fresh pairs per update, checkpoints that resume the same stream,
+a policy that serves any graph and cluster; `doppler pretrain` and `train --init` end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from doppler import cluster, workloads
+from doppler.baselines import MethodError, assign
+from doppler.cli import app
+from doppler.pretrain import Pretrainer, pretrain_config
+from doppler.train import TrainError, read_checkpoint
+
+TINY = dict(hidden=16, mlp_hidden=16, mp_steps=2, il_episodes=16, batch=4, search_evals=50, torch_threads=1)
+
+
+def _updates(pt: Pretrainer, k: int) -> list[tuple[str, int, int]]:
+    out = []
+    for _ in range(k):
+        st = pt.update()
+        out.append((st["stage"], st["num_ops"], st["num_devices"]))
+    return out
+
+
+def test_every_update_draws_a_fresh_pair_and_both_stages_run():
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    seen = _updates(pt, 6)
+    assert [s for s, _, _ in seen] == ["il", "il", "sim", "sim", "sim", "sim"]
+    assert len({(n, d) for _, n, d in seen}) > 1
+    assert pt.trainer.il_episode == 16 and pt.trainer.episode == 4 * 4
+
+
+def test_checkpoint_resumes_the_same_corpus_stream(tmp_path):
+    full = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    first = _updates(full, 3)
+    rest = _updates(full, 3)
+    part = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    assert _updates(part, 3) == first
+    part.save(tmp_path)
+    resumed = Pretrainer.resume(tmp_path)
+    assert resumed.updates == 3 and resumed.trainer.il_episode == part.trainer.il_episode
+    assert _updates(resumed, 3) == rest
+
+
+def test_a_pretrained_checkpoint_serves_any_graph_and_cluster_zero_shot(tmp_path):
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    _updates(pt, 3)
+    pt.save(tmp_path)
+    assert read_checkpoint(tmp_path)["graphs"] == []
+    for g, cl in [(workloads.build("chainmm", size="tiny"), cluster("unit:3")), (workloads.build("ffnn"), cluster("v100x8"))]:
+        a = assign(g, cl, "doppler", checkpoint=tmp_path / "checkpoint.pt")
+        assert a.info["zero_shot"] and not a.info["pretrained"]
+        assert a.devices.shape == (g.num_ops,) and a.devices.max() < cl.num_devices
+
+
+def test_resume_refuses_a_checkpoint_of_train(tmp_path):
+    from doppler.train import Trainer, TrainConfig
+
+    tr = Trainer.create([workloads.build("random", num_ops=20)], cluster("unit:2"),
+                        TrainConfig(il_episodes=8, episodes=8, hidden=8, mlp_hidden=8, mp_steps=1))  # fmt: skip
+    tr.save(tmp_path)
+    with pytest.raises(TrainError, match="not a pretraining checkpoint"):
+        Pretrainer.resume(tmp_path)
+
+
+def test_zero_or_negative_budget_is_refused():
+    with pytest.raises(TrainError, match="budget"):
+        Pretrainer.create(pretrain_config(**TINY), budget_s=0)
+
+
+# ---------------------------------------------------------------- the CLI
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _usage_error(res, *words):
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
+    out = tmp_path / "PT"
+    res = _run("pretrain", "-o", out, "--budget-h", "0.001", "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["updates"] >= 1 and (out / "checkpoint.pt").is_file()
+    _usage_error(_run("pretrain", "-o", out, "--budget-h", "0.001"), "--resume")
+    res = _run("pretrain", "-o", out, "--budget-h", "0.002", "--resume", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["updates"] > s["updates"]
+    g = tmp_path / "g.json"
+    assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
+    res = _run("train", g, "-c", "unit:2", "--init", out / "checkpoint.pt", "--episodes", "16", "--batch", "8",
+               "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    ck = read_checkpoint(tmp_path / "FT")
+    assert ck["il_episode"] == 0 and ck["episode"] == 16  # fine-tuning skips Stage I
+    assert ck["policy_config"]["op_features"] == "structural"
+    # a fine-tuned structural policy transfers to another cluster (zero-shot), not refused
+    res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
+               "-o", tmp_path / "a.json", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["zero_shot"] is True
+
+
+def test_pretrain_and_init_bad_input_exit_2(tmp_path):
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--budget-h", "0"), "--budget-h")
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--resume"), "no checkpoint")
+    g = tmp_path / "g.json"
+    assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
+    _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "-o", tmp_path / "r"), "not a readable doppler checkpoint")
+    _usage_error(_run("train", g, "-c", "unit:2", "--init", tmp_path / "missing.pt", "-o", tmp_path / "r"), "no such")
+    _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "--resume", "-o", tmp_path / "r"), "--init")
