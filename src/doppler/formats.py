@@ -11,7 +11,7 @@ Native JSON (``.json``), version 1, column-oriented so that 100k-op graphs load 
 ``ops.name``, ``ops.group``, ``ops.block``, ``ops.spec`` and ``groups`` are optional.
 Floats are written with ``repr`` precision, so a save/load round trip is exact.
 
-DOPPLER text format (``.txt``), as used by the paper's public code (DESIGN.md §7):
+DOPPLER text format (``.txt``), as used by the paper's public code (docs/design.md, Command-line and file contracts):
 line 1 the total node count T including input nodes; line 2 the input node ids;
 line 3 edge sources; line 4 edge destinations; then one ``compute,comm[,optype]``
 line per op. ``compute`` becomes the op's ``flops`` and ``comm`` its

@@ -10,7 +10,7 @@ its ``flops_per_s``, and ``overhead`` its ``overhead_s_by_kind[k]`` if given, el
 its ``overhead_s`` (0 by default: the presets model GPUs at full speed;
 ``doppler calibrate`` fits both for a real engine, where a kernel launch and the
 engine's dispatch cost a fixed time per op). A device with ``streams = s`` runs up to ``s`` ops at once, each
-at full speed (DESIGN.md §5). A device with ``copies_inbound`` makes the copies of
+at full speed (docs/design.md, Execution semantics). A device with ``copies_inbound`` makes the copies of
 the transfers into it itself, queued with its ops (a CPU worker has no copy
 engine; ``doppler calibrate`` sets it for CPU devices); otherwise transfers run
 on their links, beside the ops.

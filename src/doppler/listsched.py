@@ -17,7 +17,7 @@ O(in-degree x devices) per state, never O(ops). The same compiled functions are
 called per state from the policy's compiled rollout (:mod:`doppler.policy.rollout`),
 so the teacher and the policy's dynamic features can never disagree.
 
-Dynamic device features of the op ``v`` being placed (DESIGN.md §3), one row per
+Dynamic device features of the op ``v`` being placed (docs/design.md, The method), one row per
 device ``d`` (:data:`DEVICE_FEATURES`), all in seconds before normalisation:
 
 0. ``assigned_compute``: compute already placed on ``d``;

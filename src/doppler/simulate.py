@@ -1,6 +1,6 @@
 """The work-conserving (WC) simulator, its bulk-synchronous (BSP) variant, lower bounds and traces.
 
-Semantics (DESIGN.md §5), exactly:
+Semantics (docs/design.md, Execution semantics), exactly:
 
 * Device ``d`` runs up to ``streams[d]`` ops at once (1 by default), each at
   full speed: op ``v`` takes ``flops[v] / rate(kind[v], d)`` seconds.

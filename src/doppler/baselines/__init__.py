@@ -6,7 +6,7 @@ registered under a name with :func:`register`. Use :func:`assign` to run one by
 name: it validates the request, times the call (``assign_time_s``), checks the
 result and stamps ``method`` and ``graph_fingerprint``.
 
-Built in (DESIGN.md §4): ``single``, ``round_robin``, ``round_robin_block``, ``random``,
+Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``, ``random``,
 ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``anneal``. The learned
 methods (``doppler``, ``placeto``, ``gdp``, ablations) register themselves the
 same way from their own modules; list those modules in :data:`PLUGIN_MODULES`

@@ -3,7 +3,7 @@ enumerative): per-(op, device) compute times and per-edge transfer times.
 
 A transfer of edge ``e = (u, v)`` from device ``a`` to device ``b != a`` takes
 ``latency[a, b] + edge_bytes[e] * inv_bw[a, b]`` (the producer's output bytes over
-the link, DESIGN.md §5); staying on a device is free (``latency`` and ``inv_bw``
+the link, docs/design.md, Execution semantics); staying on a device is free (``latency`` and ``inv_bw``
 have a zero diagonal). Device-independent quantities (b-levels, upward ranks) use
 the **mean** compute time of an op over devices and the **mean** transfer time of
 an edge over ordered pairs of distinct devices (``Cluster.mean_transfer_time_s``).

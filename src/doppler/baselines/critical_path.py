@@ -1,4 +1,4 @@
-"""CRITICAL PATH list scheduling: DOPPLER's imitation-learning teacher (DESIGN.md §3).
+"""CRITICAL PATH list scheduling: DOPPLER's imitation-learning teacher (docs/design.md, The method).
 
 The algorithm, exactly:
 

@@ -1,6 +1,6 @@
 """Shared pieces of the ``doppler`` command: the typer app, output and error handling.
 
-Conventions (DESIGN.md §7): a human summary by default, exactly one JSON value on
+Conventions (docs/design.md, Command-line and file contracts): a human summary by default, exactly one JSON value on
 stdout with ``--json``; exit 0 on success, 2 on bad input (one line naming the
 file/line/op), 1 on internal failure.
 """

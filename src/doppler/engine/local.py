@@ -1,6 +1,6 @@
 """The local engine: one worker thread per device, one per ordered link, real kernels and copies.
 
-Dispatch follows DESIGN.md §5 exactly, like the simulator, so that the
+Dispatch follows docs/design.md (Execution semantics) exactly, like the simulator, so that the
 differences between the two are real-system effects:
 
 * each device worker blocks on its own ready queue (a heap under a condition

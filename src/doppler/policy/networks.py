@@ -1,5 +1,5 @@
 """DOPPLER's networks: one MPNN encoder run once per graph and batch, and the SEL and
-PLC heads (DESIGN.md §3).
+PLC heads (docs/design.md, The method).
 
 * :class:`EdgeConditionedConv` is PyG's ``NNConv`` (Gilmer et al.'s edge network:
   the message of edge ``j -> i`` is ``x_j @ W(e)`` with ``W(e)`` a learned function
