@@ -1,4 +1,4 @@
-"""A straightforward SimPy implementation of the execution semantics (DESIGN.md §5).
+"""A straightforward SimPy implementation of the execution semantics (docs/design.md, Execution semantics).
 
 It exists to validate ``doppler.simulate`` (identical makespans and traces) and
 to show how much faster the compiled event loop is. It follows the textbook

@@ -122,7 +122,7 @@ MEMORY_BOUND_BYTES_PER_FLOP = 8.0
 
 
 #: the most devices a cluster may have (the link matrices hold D x D entries; the simulator's
-#: per-device state grows with D x ops), documented in the README
+#: per-device state grows with D x ops), documented in docs/cli.md
 MAX_DEVICES = 1024
 
 

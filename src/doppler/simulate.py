@@ -127,7 +127,7 @@ class SimulationError(ValueError):
 @dataclass
 class SimResult:
     """``makespan_s`` (seconds) and, with ``trace=True``, the :class:`Trace` and the peak live
-    bytes per device (:meth:`Trace.peak_memory_bytes`; the model is in the README)."""
+    bytes per device (:meth:`Trace.peak_memory_bytes`; the model is in docs/cli.md)."""
 
     makespan_s: float
     trace: Trace | None = None

@@ -75,7 +75,7 @@ class Trace:
     def memory_intervals(self, graph: DataflowGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every buffer the run held: (device, alloc_s, free_s, bytes), one row per op output and per transfer.
 
-        The memory model (README, "Device memory"): an op's output buffer is
+        The memory model (docs/cli.md, "Device memory"): an op's output buffer is
         live on its device from the op's *start* (the kernel writes it) until
         the latest of its own end, the end of every consumer on that device
         (consumers read while they run) and the end of every transfer of it.

@@ -60,7 +60,7 @@ WARM_START_METHODS = ("critical_path", "heft", "metis", "enumerative", "round_ro
 
 @dataclass
 class TrainConfig:
-    """Every hyper-parameter of a training run (defaults: measured, see the README)."""
+    """Every hyper-parameter of a training run (defaults: measured, see docs/results.md)."""
 
     stages: tuple[str, ...] = ("il", "sim")  # which stages to run, in order
     episodes: int = 4000  # Stage II episodes (all graphs together)

@@ -765,7 +765,7 @@ WORKLOADS: dict[str, _Workload] = {
 }
 
 _POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 or negative
-#: the largest graphs a workload may build (checked before anything is allocated; README "Command line")
+#: the largest graphs a workload may build (checked before anything is allocated; docs/cli.md)
 MAX_OPS = 2_000_000
 #: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
 MAX_EDGES = 20_000_000

@@ -42,7 +42,7 @@ def _assignments(g: DataflowGraph, num_devices: int) -> dict[str, np.ndarray]:
 
 
 def check_trace(g: DataflowGraph, tr, num_devices: int) -> None:
-    """The WC contract on a measured trace (DESIGN.md §5), up to clock resolution. On CPU
+    """The WC contract on a measured trace (docs/design.md, Execution semantics), up to clock resolution. On CPU
     devices (mode ``engine:local``) a device also makes the copies into it, one thing at a time."""
     eps = 1e-9
     n = g.num_ops

@@ -162,7 +162,7 @@ class HostDevices:
 
         Pins the thread to one core of those this process may use: device ``d`` to the
         ``d``-th (modulo their number). ``DOPPLER_PIN_THREADS=0`` turns pinning off (see
-        README: it lowered the simulator's mean error on llama_block from 20-22% to 15-16%)."""
+        docs/results.md: it lowered the simulator's mean error on llama_block from 20-22% to 15-16%)."""
         if os.environ.get("DOPPLER_PIN_THREADS", "1") != "0" and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
             try:
