@@ -203,3 +203,18 @@ def held_out_split(*, quick: bool = False) -> list[HeldOutCase]:
     ]  # fmt: skip
     cases = [HeldOutCase(n, g, c, why) for n, g, c, why in rows]
     return cases[:4] if quick else cases
+
+
+#: the seed of the validation pairs (training streams use small seeds: ``TrainConfig.seed + 1``)
+VALIDATION_SEED = 2**20
+
+
+def validation_split(k: int = 12, seed: int = VALIDATION_SEED) -> list[HeldOutCase]:
+    """``k`` pairs of the training distribution from a stream training never draws: for choosing
+    among checkpoints without looking at the held-out split."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i in range(k):
+        g, c = sample_pair(rng)
+        cases.append(HeldOutCase(f"val{i}:{g.name}/{c.name}", g, c, "validation (training distribution)"))
+    return cases
