@@ -37,10 +37,13 @@ PRETRAINED_CHECKPOINT = PRETRAINED_DIR / "checkpoint.pt"
 
 
 def pretrain_config(**overrides: Any) -> TrainConfig:
-    """The training hyper-parameters of pretraining (a :class:`TrainConfig`; overrides by name)."""
+    """The training hyper-parameters of pretraining (a :class:`TrainConfig`; overrides by name).
+
+    These made the shipped policy (stopped after 0.1 h, still in Stage I). Stage II on the corpus
+    is kept but measured harmful to zero-shot quality so far (docs/generalization.md)."""
     base = dict(
-        stages=("il", "sim"), il_episodes=4000, episodes=10**9, batch=16, il_batch=8, lr=1e-3, lr_final=1e-4,
-        il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=1.0, search_every=0,
+        stages=("il", "sim"), il_episodes=16000, episodes=10**9, batch=16, il_batch=8, lr=2e-4, lr_final=2e-5,
+        il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5, search_every=0,
         search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=10**9,
     )  # fmt: skip
     base.update(overrides)

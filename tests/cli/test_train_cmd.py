@@ -227,7 +227,8 @@ def test_assign_bad_inputs_exit_2(tmp_path: Path, trained) -> None:
     ckpt = run_dir / "checkpoint.pt"
     out = tmp_path / "a.json"
     assert_usage_error(_assign(g, out, "--checkpoint", ckpt, "--samples", "0"), "--samples")
-    assert_usage_error(_assign(g, out), "--checkpoint")
+    res = _assign(g, tmp_path / "shipped.json")  # no --checkpoint: the shipped pretrained policy, and it says so
+    assert res.exit_code == 0 and "zero-shot" in res.stdout and "pretrained" in res.stdout, res.output
     assert_usage_error(_assign(g, out, "--checkpoint", tmp_path / "nope.pt"), "nope.pt")
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(ckpt.read_bytes()[:100])
@@ -267,5 +268,6 @@ def test_compare_includes_doppler_with_a_checkpoint(trained) -> None:
     rows = json.loads(res.stdout)
     assert [r["method"] for r in rows] == ["critical_path", "doppler"]
     assert all(r["makespan_s"] >= r["lower_bound_s"] for r in rows)
-    res = run("compare", g, "-c", "unit:2", "-m", "critical_path,doppler")
-    assert res.exit_code == 2 and "--checkpoint" in res.stderr
+    res = run("compare", g, "-c", "unit:2", "-m", "critical_path,doppler", "--json")  # the shipped policy
+    assert res.exit_code == 0, res.output
+    assert [r["method"] for r in json.loads(res.stdout)] == ["critical_path", "doppler"]
