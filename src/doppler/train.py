@@ -543,6 +543,24 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def _greedy_score(self) -> float:
+        """Mean over tasks of the greedy decode's makespan over the lower bound."""
+        return float(np.mean([self.greedy(t)[1] / t.lower_bound_s for t in self.tasks]))
+
+    def _greedy_checkpoint(self) -> tuple[float, dict[str, torch.Tensor]]:
+        """The greedy score and a copy of the weights, taken before distillation."""
+        return self._greedy_score(), {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+
+    def _keep_better(self, kept: tuple[float, dict[str, torch.Tensor]], run_dir: Path | None) -> None:
+        """Distillation must not leave the greedy decode worse than before it (a policy that cannot
+        tell identical tiles apart may fail to match, and keep imitating until it breaks): restore
+        the weights taken before it if it did."""
+        score, weights = kept
+        if self._greedy_score() > score * (1 + 1e-9):
+            self.policy.load_state_dict(weights)
+            if run_dir is not None:
+                self.save(run_dir)
+
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def greedy(self, task: Task) -> tuple[np.ndarray, float]:
@@ -567,8 +585,10 @@ class Trainer:
                     self._seed_incumbent(task, cfg.sim_seed_methods)
             self._loop("sim", cfg.episodes, lambda: self.episode, self.rl_update, run_dir, on_progress)
             if cfg.distill_updates > 0 and any(t.best_order is not None for t in self.tasks):
+                kept = self._greedy_checkpoint()
                 self._loop("distill", cfg.distill_updates, lambda: self.distill_step, self.distill_update, run_dir,
                            on_progress)  # fmt: skip
+                self._keep_better(kept, run_dir)
         if "real" in cfg.stages:
             self.enter_real_stage()
             self._loop("real", cfg.real_episodes, lambda: self.real_episode, self.real_update, run_dir, on_progress)
