@@ -25,6 +25,15 @@ from doppler.simulate import simulate
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 
 
+def references(cases) -> list[tuple]:
+    """(case, best cheap makespan, critical_path makespan) per case."""
+    refs = []
+    for case in cases:
+        ms = {m: simulate(case.graph, case.cluster, assign(case.graph, case.cluster, m)).makespan_s for m in CHEAP}
+        refs.append((case, min(ms.values()), ms["critical_path"]))
+    return refs
+
+
 def judge(ckpt: Path, refs: list[tuple]) -> tuple[float, float]:
     """(geomean greedy / best cheap, geomean greedy / critical_path) over the held-out rows."""
     vs_cheap, vs_cp = [], []
@@ -54,10 +63,7 @@ def main() -> None:
             for fs in sets:
                 pt = Pretrainer.create(pretrain_config(seed=seed, op_features=fs, torch_threads=1), args.train_s)
                 pt.run(root / f"{fs}-{seed}")
-    refs = []
-    for case in held_out_split():
-        ms = {m: simulate(case.graph, case.cluster, assign(case.graph, case.cluster, m)).makespan_s for m in CHEAP}
-        refs.append((case, min(ms.values()), ms["critical_path"]))
+    refs = references(held_out_split())
     print("| op features | greedy / best cheap (geomean over rows) | greedy / critical_path | seeds |")
     print("|---|---|---|---|")
     for fs in sets:

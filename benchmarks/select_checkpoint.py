@@ -12,17 +12,11 @@ from __future__ import annotations
 import sys
 
 from doppler.corpus import validation_split
-from feature_ablation import CHEAP, judge  # same folder
-
-from doppler.baselines import assign
-from doppler.simulate import simulate
+from feature_ablation import judge, references  # same folder
 
 
 def main() -> None:
-    refs = []
-    for case in validation_split():
-        ms = {m: simulate(case.graph, case.cluster, assign(case.graph, case.cluster, m)).makespan_s for m in CHEAP}
-        refs.append((case, min(ms.values()), ms["critical_path"]))
+    refs = references(validation_split())
     print("| checkpoint | greedy / best cheap | greedy / critical_path |")
     print("|---|---|---|")
     for ck in sys.argv[1:]:
