@@ -26,8 +26,9 @@ def _ref(shape, name="x", op=None):
 
 
 def test_tables_are_consistent():
-    assert set(MAP_FNS) == set(MAP_ARITY) == set(MAP_FLOPS)
-    assert {"einsum", "reduce_sum", "reduce_max", "sum_n", "max_n", "map", "fill", "select"} <= set(NUMPY_KERNELS)
+    assert set(MAP_FNS) - {"fused"} == set(MAP_ARITY) == set(MAP_FLOPS)  # fused: any arity, its steps' FLOPs
+    assert {"einsum", "reduce_sum", "reduce_max", "sum_n", "max_n", "map", "fill", "select", "assemble",
+            "embedding"} <= set(NUMPY_KERNELS)  # fmt: skip
     assert all(callable(f) for f in NUMPY_KERNELS.values())
 
 
@@ -199,7 +200,21 @@ def test_evaluate_numpy_slices_inputs_and_follows_edges():
         evaluate_numpy(from_edges([1.0], []), {})
 
 
-@pytest.mark.parametrize("name", ["chainmm", "ffnn", "llama_block", "llama_layer", "calibration"])
+def _imported(name: str):
+    """A graph imported from examples/ (fused maps, xforms, assemble and embedding ops)."""
+    from pathlib import Path
+
+    from doppler.torch_import import import_model
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    if name == "import:gpt2":
+        pytest.importorskip("transformers")
+        return import_model(f"{examples / 'hf_models.py'}:gpt2", blocks={128: 2, 384: 3, 512: 2}, dtype="float64")
+    return import_model(f"{examples / 'models.py'}:llama_block", blocks={256: 2, 64: 2}, dtype="float64")
+
+
+@pytest.mark.parametrize("name", ["chainmm", "ffnn", "llama_block", "llama_layer", "calibration", "import:llama_block",
+                                  "import:gpt2"])  # fmt: skip
 def test_torch_kernels_equal_numpy_on_every_op(name):
     """The CUDA engine's kernels are the same code on torch tensors: every op of every workload agrees."""
     torch = pytest.importorskip("torch")
@@ -207,7 +222,10 @@ def test_torch_kernels_equal_numpy_on_every_op(name):
     from doppler.engine.calibrate import calibration_graph
     from doppler.kernels import TorchOps, evaluate_numpy, run_op_torch
 
-    g = calibration_graph((8, 16)) if name == "calibration" else workloads.build(name, size="tiny")
+    if name.startswith("import:"):
+        g = _imported(name)
+    else:
+        g = calibration_graph((8, 16)) if name == "calibration" else workloads.build(name, size="tiny")
     x = workloads.make_inputs(g, seed=0, dtype=np.float64)
     values = evaluate_numpy(g, x)
     ops = TorchOps("cpu")
@@ -229,6 +247,8 @@ def test_torch_kernels_equal_numpy_on_every_op(name):
         kinds.add(spec["kernel"] + ":" + str(spec.get("fn", "")))
     if name == "calibration":
         assert {"einsum:", "map:relu", "map:rotary", "fill:causal_mask", "select:", "reduce_sum:"} <= kinds
+    if name == "import:gpt2":
+        assert {"embedding:", "map:fused", "einsum:", "sum_n:"} <= kinds
 
 
 def test_torch_kernel_errors_name_the_op():
@@ -237,3 +257,37 @@ def test_torch_kernel_errors_name_the_op():
 
     with pytest.raises(ValueError, match=r"op 3: unknown map fn 'nope'"):
         run_op_torch({"kernel": "map", "fn": "nope", "eq": "i->i", "inputs": []}, [], label=3)
+
+
+def test_operand_xform_steps_are_applied_in_order():
+    x = rng.standard_normal((4, 6))
+    ref = {"op": 0, "shape": [4, 6], "xform": [["perm", [1, 0]], ["view", [2, 3, 4]], ["slice", [[0, 2], [1, 3], [0, 4]]]]}
+    spec = {"kernel": "map", "fn": "neg", "eq": "abc->abc", "inputs": [ref], "shape": [2, 2, 4]}
+    np.testing.assert_array_equal(run_op_numpy(spec, [x]), -x.T.reshape(2, 3, 4)[:, 1:3])
+    assert flops_of(spec) == 16
+    bad = {**spec, "inputs": [{**ref, "xform": [["roll", [1]]]}]}
+    with pytest.raises(ValueError, match="unknown xform step 'roll'"):
+        run_op_numpy(bad, [x])
+
+
+def test_assemble_places_pieces_and_embedding_picks_rows():
+    a, b = rng.standard_normal((2, 3)), rng.standard_normal((2, 2))
+    spec = {"kernel": "assemble", "inputs": [_ref((2, 3), op=0), _ref((2, 2), op=1)], "shape": [2, 5],
+            "params": {"at": [[[0, 2], [0, 3]], [[0, 2], [3, 5]]]}}  # fmt: skip
+    np.testing.assert_array_equal(run_op_numpy(spec, [a, b]), np.concatenate([a, b], axis=1))
+    assert flops_of(spec) == 0
+    table, idx = rng.standard_normal((10, 4)), np.array([[3.0, 0.0, 9.0]])
+    spec = {"kernel": "embedding", "inputs": [_ref((10, 4)), _ref((1, 3), "i")], "shape": [1, 3, 4]}
+    np.testing.assert_array_equal(run_op_numpy(spec, [table, idx]), table[[[3, 0, 9]]])
+
+
+def test_fused_map_runs_its_steps_and_counts_their_flops():
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    steps = [["mul", [0, 0], {}], ["add_scalar", [2], {"c": 1.0}], ["rsqrt", [3], {}], ["mul", [4, 1], {}]]
+    spec = {"kernel": "map", "fn": "fused", "eq": "ij,j->ij", "inputs": [_ref((3, 4)), _ref((4,), "w")],
+            "shape": [3, 4], "params": {"steps": steps}}  # fmt: skip
+    np.testing.assert_allclose(run_op_numpy(spec, [x, w]), 1 / np.sqrt(x * x + 1) * w)
+    assert flops_of(spec) == 12 * (1 + 1 + 2 + 1)
+    for bad, match in (([["fused", [0], {}]], "unknown map fn"), ([["mul", [0, 5], {}]], "arguments"), ([], "at least one")):
+        with pytest.raises(ValueError, match=match):
+            run_op_numpy({**spec, "params": {"steps": bad}}, [x, w])

@@ -18,9 +18,19 @@ Kernels (``spec["kernel"]``):
 * ``reduce_sum`` / ``reduce_max``  one operand, ``eq`` like ``"hqk->hq"``
 * ``sum_n`` / ``max_n``            n-ary elementwise aggregation of same-shaped partial results
 * ``map``         elementwise ``fn`` (from :data:`MAP_FNS`) with broadcasting given by ``eq``
-                  letters (``"ij,i->ij"``) and scalar ``params``
+                  letters (``"ij,i->ij"``) and scalar ``params``; ``fn="fused"`` runs a chain
+                  ``params["steps"]`` of such functions (``[fn, [arg, ...], params]``, where arg
+                  ``i < n`` is operand ``i`` and ``n + k`` the result of step ``k``) in one op
 * ``fill``        a tile with no operands, ``fn`` from :data:`FILL_FNS` (e.g. a causal mask)
 * ``select``      a slice (``params["slice"]``, relative to the operand) of one operand
+* ``assemble``    a tile put together from pieces of other tiles (``params["at"]``: where each
+                  operand goes in the output; the rest is zero): re-tiling and concatenation
+* ``embedding``   rows of a table operand picked by an index operand (float-coded integers)
+
+An operand reference may carry ``"xform"``, a list of zero-FLOP layout steps applied to the
+tile before the kernel reads it: ``["perm", axes]``, ``["view", shape]`` (row-major reshape)
+and ``["slice", [[lo, hi], ...]]``. Imported models (:mod:`doppler.torch_import`) fold
+transposes, reshapes and slices into their consumers this way instead of emitting copy ops.
 
 Every kernel is written once against a small array namespace (:class:`NumpyOps`,
 :class:`TorchOps`), so the CPU engine runs them with numpy and the CUDA engine
@@ -35,7 +45,7 @@ FLOP convention (exact, so that tiling conserves the total): ``einsum`` costs
 ``terms`` is the product of the sizes of all letters; reductions cost
 ``terms - out_size``; ``sum_n``/``max_n`` cost ``(n - 1) * out_size``; ``map`` and
 ``fill`` cost ``out_size`` times a per-function constant (:data:`MAP_FLOPS`,
-:data:`FILL_FLOPS`); ``select`` costs 0.
+:data:`FILL_FLOPS`); ``select``, ``assemble`` and ``embedding`` cost 0.
 """
 
 from __future__ import annotations
@@ -55,8 +65,10 @@ __all__ = [
     "NUMPY_KERNELS",
     "NumpyOps",
     "TorchOps",
+    "apply_xform",
     "evaluate_numpy",
     "flops_of",
+    "operand_shape",
     "parse_eq",
     "run_op",
     "run_op_numpy",
@@ -157,6 +169,18 @@ class NumpyOps:
     def zeros(shape: tuple[int, ...], dtype: Any) -> Any:
         return np.zeros(shape, dtype=dtype)
 
+    @staticmethod
+    def take_rows(table: Any, idx: Any) -> Any:
+        return table[np.asarray(idx).astype(np.int64)]
+
+    tanh = staticmethod(np.tanh)
+
+    @staticmethod
+    def erf(x: Any) -> Any:
+        from scipy.special import erf
+
+        return erf(x)
+
 
 class TorchOps:
     """The same operations on torch tensors of one device (``"cpu"``, ``"cuda:0"``)."""
@@ -220,6 +244,15 @@ class TorchOps:
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self.torch.zeros(shape, dtype=self.dtype(dtype), device=self.device)
 
+    def take_rows(self, table: Any, idx: Any) -> Any:
+        return table[idx.long()]
+
+    def tanh(self, x: Any) -> Any:
+        return self.torch.tanh(x)
+
+    def erf(self, x: Any) -> Any:
+        return self.torch.erf(x)
+
 
 NUMPY = NumpyOps()
 
@@ -272,11 +305,26 @@ MAP_FNS: dict[str, Callable[[list[Any], Mapping[str, Any], Any], Any]] = {
     "rms_scale": _map_rms_scale,
     "rotary": _map_rotary,
     "causal_mask": _map_causal_mask,
+    "neg": lambda a, p, xp: -a[0],
+    "add_scalar": lambda a, p, xp: a[0] + float(p["c"]),
+    "rsub_scalar": lambda a, p, xp: float(p["c"]) - a[0],
+    "rdiv_scalar": lambda a, p, xp: float(p["c"]) / a[0],
+    "pow": lambda a, p, xp: a[0] ** float(p["c"]),
+    "rsqrt": lambda a, p, xp: 1.0 / xp.sqrt(a[0]),
+    "sqrt": lambda a, p, xp: xp.sqrt(a[0]),
+    "exp": lambda a, p, xp: xp.exp(a[0]),
+    "tanh": lambda a, p, xp: xp.tanh(a[0]),
+    "silu": lambda a, p, xp: a[0] / (1.0 + xp.exp(-a[0])),
+    "sigmoid": lambda a, p, xp: 1.0 / (1.0 + xp.exp(-a[0])),
+    "gelu": lambda a, p, xp: 0.5 * a[0] * (1.0 + xp.erf(a[0] * 0.7071067811865476)),
+    "gelu_tanh": lambda a, p, xp: 0.5 * a[0] * (1.0 + xp.tanh(0.7978845608028654 * (a[0] + 0.044715 * a[0] ** 3))),
 }
 #: number of operands of each map function
 MAP_ARITY: dict[str, int] = {
     "add": 2, "sub": 2, "mul": 2, "div": 2, "relu": 1, "scale": 1, "silu_mul": 2,
-    "exp_sub": 2, "rms_scale": 3, "rotary": 3, "causal_mask": 1,
+    "exp_sub": 2, "rms_scale": 3, "rotary": 3, "causal_mask": 1, "neg": 1, "add_scalar": 1, "rsub_scalar": 1,
+    "rdiv_scalar": 1, "pow": 1, "rsqrt": 1, "sqrt": 1, "exp": 1, "tanh": 1, "silu": 1, "sigmoid": 1, "gelu": 1,
+    "gelu_tanh": 1,
 }  # fmt: skip
 #: FLOPs per output element of each map function
 MAP_FLOPS: dict[str, float] = {
@@ -286,6 +334,12 @@ MAP_FLOPS: dict[str, float] = {
     "rms_scale": 6,  # div by n, add eps, sqrt, reciprocal, two muls
     "rotary": 4,  # two muls, one add, one negation
     "causal_mask": 1,
+    "neg": 1, "add_scalar": 1, "rsub_scalar": 1, "rdiv_scalar": 1, "pow": 1, "rsqrt": 2, "sqrt": 1, "exp": 1,
+    "tanh": 1,
+    "silu": 4,  # neg, exp, add, div
+    "sigmoid": 4,
+    "gelu": 5,  # mul, erf, add, two muls
+    "gelu_tanh": 9,  # cube, mul, add, mul, tanh, add, two muls
 }  # fmt: skip
 
 #: name -> function(shape, params, dtype, array namespace) -> array
@@ -305,10 +359,48 @@ def _align(term: str, out: str, x: Any, xp: Any) -> Any:
 
 
 # ----------------------------------------------------------------- kernels
+XFORM_STEPS = ("perm", "view", "slice")
+
+
+def apply_xform(x: Any, xform: Sequence[Any] | None, xp: Any) -> Any:
+    """``x`` after an operand's layout steps (see the module docstring); views where possible."""
+    for step in xform or ():
+        how, arg = step
+        if how == "perm":
+            x = xp.transpose(x, [int(a) for a in arg])
+        elif how == "view":
+            x = x.reshape(tuple(int(s) for s in arg))
+        elif how == "slice":
+            if len(arg) != x.ndim:
+                raise ValueError(f"xform slice {arg} does not match operand rank {x.ndim}")
+            x = x[tuple(slice(int(lo), int(hi)) for lo, hi in arg)]
+        else:
+            raise ValueError(f"unknown xform step {how!r} (known: {', '.join(XFORM_STEPS)})")
+    return x
+
+
+def operand_shape(ref: Mapping[str, Any]) -> list[int]:
+    """The shape a kernel sees for operand ``ref``: its ``shape`` after its ``xform`` steps."""
+    shape = [int(s) for s in ref["shape"]]
+    for how, arg in ref.get("xform") or ():
+        if how == "perm":
+            shape = [shape[int(a)] for a in arg]
+        elif how == "view":
+            if math.prod(int(s) for s in arg) != math.prod(shape):
+                raise ValueError(f"xform view {list(arg)} does not fit shape {shape}")
+            shape = [int(s) for s in arg]
+        elif how == "slice":
+            shape = [int(hi) - int(lo) for lo, hi in arg]
+        else:
+            raise ValueError(f"unknown xform step {how!r} (known: {', '.join(XFORM_STEPS)})")
+    return shape
+
+
 def _operands(spec: Mapping[str, Any], arrays: Sequence[Any], n: int | None, xp: Any) -> list[Any]:
     if n is not None and len(arrays) != n:
         raise ValueError(f"kernel {spec.get('kernel')!r} takes {n} operand(s), got {len(arrays)}")
-    return [xp.asarray(a) for a in arrays]
+    refs = spec.get("inputs") or [{}] * len(arrays)
+    return [apply_xform(xp.asarray(a), ref.get("xform"), xp) for a, ref in zip(arrays, refs)]
 
 
 def _k_einsum(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
@@ -355,11 +447,39 @@ def _k_max_n(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any
     return _fold("max_n", spec, arrays, "max", xp)
 
 
+def _fused_steps(p: Mapping[str, Any], n: int) -> list[tuple[str, list[int], Mapping[str, Any]]]:
+    """The checked steps of a fused map over ``n`` operands."""
+    steps = []
+    for k, (fn, args, params) in enumerate(p["steps"]):
+        if fn not in MAP_FNS or fn == "fused":
+            raise ValueError(f"fused step {k}: unknown map fn {fn!r}")
+        args = [int(a) for a in args]
+        if len(args) != MAP_ARITY[fn] or not all(0 <= a < n + k for a in args):
+            raise ValueError(f"fused step {k}: {fn!r} with arguments {args} (n={n})")
+        steps.append((fn, args, params or {}))
+    if not steps:
+        raise ValueError("a fused map needs at least one step")
+    return steps
+
+
+def _map_fused(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
+    vals = list(a)
+    for fn, args, params in _fused_steps(p, len(a)):
+        vals.append(MAP_FNS[fn]([vals[i] for i in args], params, xp))
+    return vals[-1]
+
+
+MAP_FNS["fused"] = _map_fused
+MAP_FNS["rotate_half"] = lambda a, p, xp: _rotate_half(a[0], xp)
+MAP_ARITY["rotate_half"] = 1
+MAP_FLOPS["rotate_half"] = 1  # the negation
+
+
 def _k_map(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
     fn = spec.get("fn")
     if fn not in MAP_FNS:
         raise ValueError(f"unknown map fn {fn!r} (known: {', '.join(sorted(MAP_FNS))})")
-    ins, out = parse_eq(spec["eq"], MAP_ARITY[fn])
+    ins, out = parse_eq(spec["eq"], None if fn == "fused" else MAP_ARITY[fn])
     ops = _operands(spec, arrays, len(ins), xp)
     for term in ins:
         if not set(term) <= set(out):
@@ -389,6 +509,22 @@ def _k_select(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: An
     return xp.contiguous(x[tuple(slice(int(lo), int(hi)) for lo, hi in sl)])
 
 
+def _k_assemble(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    ops = _operands(spec, arrays, None, xp)
+    at = spec["params"]["at"]
+    if len(at) != len(ops):
+        raise ValueError(f"assemble has {len(ops)} operands but {len(at)} placements")
+    out = xp.zeros(tuple(int(s) for s in spec["shape"]), ops[0].dtype if ops else np.dtype(dtype or "float32"))
+    for x, sl in zip(ops, at):
+        out[tuple(slice(int(lo), int(hi)) for lo, hi in sl)] = x
+    return out
+
+
+def _k_embedding(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    table, idx = _operands(spec, arrays, 2, xp)
+    return xp.take_rows(table, idx)
+
+
 #: kernel name -> function(spec, operand arrays, dtype for constant tiles, array namespace) -> array
 NUMPY_KERNELS: dict[str, Callable[[Mapping[str, Any], Sequence[Any], Any, Any], Any]] = {
     "einsum": _k_einsum,
@@ -399,6 +535,8 @@ NUMPY_KERNELS: dict[str, Callable[[Mapping[str, Any], Sequence[Any], Any, Any], 
     "map": _k_map,
     "fill": _k_fill,
     "select": _k_select,
+    "assemble": _k_assemble,
+    "embedding": _k_embedding,
 }
 
 
@@ -456,7 +594,7 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
     """FLOPs of one op spec under the module's convention (needs operand ``shape``s)."""
     kernel = spec.get("kernel")
     try:
-        shapes = [ref["shape"] for ref in spec.get("inputs", [])]
+        shapes = [operand_shape(ref) for ref in spec.get("inputs", [])]
         out_size = _size(spec["shape"])
         if kernel == "einsum":
             ins, out = parse_eq(spec["eq"], len(shapes))
@@ -469,6 +607,9 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
         if kernel in ("sum_n", "max_n"):
             return float((len(shapes) - 1) * out_size)
         if kernel == "map":
+            if spec.get("fn") == "fused":
+                steps = _fused_steps(spec.get("params") or {}, len(shapes))
+                return float(out_size * sum(MAP_FLOPS[fn] for fn, _, _ in steps))
             if spec.get("fn") not in MAP_FLOPS:
                 raise ValueError(f"unknown map fn {spec.get('fn')!r} (known: {', '.join(sorted(MAP_FLOPS))})")
             return float(out_size * MAP_FLOPS[spec["fn"]])
@@ -476,7 +617,7 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
             if spec.get("fn") not in FILL_FLOPS:
                 raise ValueError(f"unknown fill fn {spec.get('fn')!r} (known: {', '.join(sorted(FILL_FLOPS))})")
             return float(out_size * FILL_FLOPS[spec["fn"]])
-        if kernel == "select":
+        if kernel in ("select", "assemble", "embedding"):
             return 0.0
     except (KeyError, TypeError) as e:
         raise ValueError(f"{_where(label)}malformed {kernel!r} spec: missing {e}") from None

@@ -936,12 +936,18 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) ->
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
         kind = how.get("init", "normal")
         if kind == "normal":
-            arr = rng.standard_normal(shape) * float(how.get("std", 1.0))
+            arr = float(how.get("mean", 0.0)) + rng.standard_normal(shape) * float(how.get("std", 1.0))
         elif kind == "norm_weight":
             arr = 1.0 + 0.1 * rng.standard_normal(shape)
         elif kind in ("rope_cos", "rope_sin"):
             cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)))
             arr = cos if kind == "rope_cos" else sin
+        elif kind == "index":  # token ids: integers in [0, high), stored as floats like every tile
+            arr = rng.integers(0, int(how["high"]), size=shape)
+        elif kind == "value":  # a constant recorded in the graph (e.g. folded from an imported model)
+            arr = np.asarray(how["data"], dtype=np.float64)
+            if arr.shape != shape:
+                raise WorkloadError(f"input {name!r}: recorded value has shape {list(arr.shape)}, expected {list(shape)}")
         else:
             raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
         out[name] = np.asarray(arr, dtype=dtype)

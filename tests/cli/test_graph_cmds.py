@@ -161,3 +161,40 @@ def test_info_does_not_wrap_a_long_path(tmp_path: Path) -> None:
     p.write_text(TEXT)
     res = run("graph", "info", str(p))
     assert res.exit_code == 0 and str(p) in res.stdout
+
+
+EXAMPLE_MODELS = Path(__file__).resolve().parents[2] / "examples" / "models.py"
+
+
+def test_import_then_assign_simulate_execute(tmp_path: Path) -> None:
+    """A user's model, end to end: import (tiled), assign, simulate, execute on the local engine."""
+    g = tmp_path / "mlp.json"
+    res = run("graph", "import", f"{EXAMPLE_MODELS}:mlp", "-o", str(g), "--blocks", "256=2", "--json")
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["num_ops"] == load_graph(g).num_ops > 11 and info["blocks"] == {"256": 2}
+    a = tmp_path / "a.json"
+    assert run("assign", str(g), "-c", "p100x4:2", "-m", "critical_path", "-o", str(a)).exit_code == 0
+    res = run("simulate", str(g), "-a", str(a), "-c", "p100x4:2", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["makespan_s"] > 0
+    res = run("execute", str(g), "-a", str(a), "--repeats", "1", "--warmup", "0", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["makespan_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["nosuchpkg_xyz:f"], "cannot import nosuchpkg_xyz"),
+        ([f"{EXAMPLE_MODELS}:mlp", "--blocks", "256=3"], "do not divide"),
+        ([f"{EXAMPLE_MODELS}:mlp", "--input-shape", "x=32x100"], "torch.export failed"),
+        ([f"{EXAMPLE_MODELS}:mlp", "--dtype", "int8"], "--dtype"),
+        ([f"{EXAMPLE_MODELS}:mlp", "--devices", "0"], "--devices"),
+    ],
+)
+def test_import_bad_input_exits_2_in_one_line(tmp_path: Path, args: list[str], match: str) -> None:
+    out = tmp_path / "g.json"
+    res = run("graph", "import", *args, "-o", str(out))
+    assert res.exit_code == 2, res.output
+    assert match in res.output and len(res.output.strip().splitlines()) == 1
+    assert not out.exists()

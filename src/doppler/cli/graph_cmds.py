@@ -59,6 +59,45 @@ def build_cmd(
             )
 
 
+@graph_app.command("import")
+def import_cmd(
+    source: str = typer.Argument(..., help="A factory 'package.module:function' or 'file.py:function' returning "
+                                            "(module, example_inputs), or a torch.export program (.pt2)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Graph file to write (.json)."),
+    input_shape: list[str] = typer.Option([], "--input-shape", help="NAME=DIMS, e.g. x=2x64x256: redraw a forward "
+                                           "input at this shape (repeatable)."),
+    dtype: str = typer.Option("float32", "--dtype", help="Element type the graph's bytes are counted in."),
+    blocks: list[str] = typer.Option([], "--blocks", help="SIZE=K: split every axis of this size into K blocks, "
+                                      "e.g. 4096=4 (repeatable)."),
+    devices: Optional[int] = typer.Option(None, "--devices", help="Intended device count, recorded in the graph; "
+                                          "without --blocks it also picks a tiling (weight dimensions split N ways)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Import a PyTorch model (torch.export) as a tile-level dataflow graph."""
+    with handle_errors():
+        from doppler.torch_import import GraphImportError, import_model, parse_blocks, parse_input_shapes
+
+        if dtype not in ("float16", "bfloat16", "float32", "float64"):
+            raise UserError(f"--dtype must be float16, bfloat16, float32 or float64, got {dtype!r}")
+        if devices is not None and not 1 <= devices <= 4096:
+            raise UserError(f"--devices must be in 1..4096, got {devices}")
+        t0 = time.perf_counter()
+        try:
+            graph = import_model(source, input_shapes=parse_input_shapes(input_shape), blocks=parse_blocks(blocks),
+                                 dtype=dtype, devices=devices)  # fmt: skip
+        except GraphImportError as e:
+            raise UserError(str(e)) from None
+        save_graph(graph, output)
+        elapsed = time.perf_counter() - t0
+        stats = graph.summary()
+        if json_out:
+            emit_json({**stats, "path": str(output), "elapsed_s": elapsed, "blocks": graph.meta["params"]["blocks"]})
+        else:
+            tiling = ", ".join(f"{k}={v}" for k, v in graph.meta["params"]["blocks"].items()) or "untiled"
+            console.print(f"imported [bold]{source}[/]: {stats['num_ops']} ops, {stats['num_edges']} edges, "
+                          f"{stats['total_flops']:.3g} FLOPs ({tiling}) -> {output} ({elapsed:.2f} s)", highlight=False)
+
+
 @graph_app.command("params")
 def params_cmd(
     workload: Optional[str] = typer.Argument(None, help="A workload name; all workloads if omitted."),

@@ -1,0 +1,1053 @@
+"""Import a PyTorch model as a tile-level dataflow graph (``doppler graph import``).
+
+The model is exported with :func:`torch.export.export` (non-strict), and every ATen op of the
+exported program is lowered onto the same :class:`~doppler.workloads.TileBuilder` the built-in
+workloads use, so each tensor op becomes a group of tile ops with real shapes, FLOPs, bytes
+and a kernel spec the engine runs.
+
+* **Inputs.** Parameters, the user's inputs and constants become graph inputs (pre-loaded on
+  every device, as in the built-in workloads). Buffers are *known values*: everything computed
+  from buffers and shapes alone (rotary tables, causal masks, position ids) is evaluated at
+  import time, and what the model reads of it becomes a recorded constant input.
+* **Tiling.** ``blocks`` maps a dimension *size* to a block count: every axis of that size on
+  an input is split into that many blocks, and grids propagate through the ops. Where two
+  operands disagree, the finer grid wins when it divides (free), otherwise a tile is put
+  together by an ``assemble`` op.
+* **Zero-FLOP ops** (views, reshapes, permutes, transposes, slices, squeezes) emit no op: they
+  become layout steps (``xform``) on the operand references of their consumers. ``cat`` and
+  re-tiling emit ``assemble`` ops, and only where a tile is not a slice of one existing tile.
+
+Nothing from a data file is executed: a factory is imported only when named by the caller, and
+a ``.pt2`` file is read only with :func:`torch.export.load`. An op with no lowering fails the
+whole import with one message that lists every such op and how often it occurs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import logging
+import math
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from doppler.graph import DataflowGraph, OpKind
+from doppler.workloads import Tensor, TileBuilder, WorkloadError, _fmt_block, _softmax
+
+__all__ = ["GraphImportError", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2", "lower_program",
+           "model_inputs", "parse_blocks", "parse_input_shapes"]
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+#: the largest constant (in elements) recorded inside a graph file
+MAX_RECORDED_ELEMENTS = 1 << 20
+
+
+class GraphImportError(ValueError):
+    """A model that cannot be imported; the message says what and where (exit code 2)."""
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+# ============================================================================ sources
+def load_factory(source: str) -> tuple[Any, tuple]:
+    """Call the factory ``package.module:function`` or ``path/to/file.py:function``.
+
+    Returns ``(module, example_inputs)``. Only the module named here is imported."""
+    mod_name, sep, fn_name = source.rpartition(":")
+    if not sep or not mod_name or not fn_name.isidentifier():
+        raise GraphImportError(f"{source}: expected 'package.module:function', 'file.py:function' or a .pt2 file")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name)
+            if not path.is_file():
+                raise GraphImportError(f"{source}: no such file {path}")
+            spec = importlib.util.spec_from_file_location(f"_doppler_factory_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            sys.modules[spec.name] = module  # type: ignore[union-attr]
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        else:
+            module = importlib.import_module(mod_name)
+    except GraphImportError:
+        raise
+    except Exception as e:  # the factory's module itself is broken
+        raise GraphImportError(f"{source}: cannot import {mod_name} ({_one_line(e)})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise GraphImportError(f"{source}: {mod_name} has no function {fn_name!r}")
+    try:
+        out = fn()
+    except Exception as e:
+        raise GraphImportError(f"{source}: the factory raised {_one_line(e)}") from None
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (tuple, list))):
+        raise GraphImportError(f"{source}: the factory must return (module, example_inputs), got {type(out).__name__}")
+    return out[0], tuple(out[1])
+
+
+def _reshaped_inputs(module: Any, example: tuple, shapes: Mapping[str, Sequence[int]]) -> tuple:
+    """``example`` with the inputs named in ``shapes`` (forward's argument names) redrawn at new shapes."""
+    import inspect
+
+    import torch
+
+    if not shapes:
+        return example
+    names = [p for p in inspect.signature(module.forward).parameters][: len(example)]
+    unknown = sorted(set(shapes) - set(names))
+    if unknown:
+        raise GraphImportError(f"--input-shape {unknown[0]}: the module's inputs are {', '.join(names)}")
+    out = list(example)
+    for i, name in enumerate(names):
+        if name in shapes:
+            old = example[i]
+            if old.dtype.is_floating_point:
+                out[i] = torch.randn(*shapes[name], dtype=old.dtype)
+            else:
+                out[i] = torch.randint(0, int(old.max()) + 1, tuple(shapes[name]), dtype=old.dtype)
+    return tuple(out)
+
+
+def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequence[int]] | None = None):
+    """``torch.export`` of ``module`` at ``example`` (non-strict; dropout and friends in eval mode)."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module):
+        raise GraphImportError(f"the factory returned a {type(module).__name__}, not a torch.nn.Module")
+    module.eval()
+    example = _reshaped_inputs(module, example, input_shapes or {})
+    logging.disable(logging.CRITICAL)  # torch logs a failed trace's whole traceback; we report one line
+    try:
+        with torch.no_grad():
+            return torch.export.export(module, example, strict=False), example
+    except Exception as e:
+        raise GraphImportError(f"torch.export failed: {_one_line(e)}") from None
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def load_pt2(path: Path):
+    """An :class:`~torch.export.ExportedProgram` from a ``.pt2`` file (``torch.export.load`` only)."""
+    import torch
+
+    if not path.is_file():
+        raise GraphImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    try:
+        return torch.export.load(str(path))
+    except Exception as e:
+        raise GraphImportError(f"{path}: not a torch.export program ({_one_line(e)})") from None
+
+
+def parse_input_shapes(items: Sequence[str]) -> dict[str, list[int]]:
+    """``["x=2x64x256"]`` -> ``{"x": [2, 64, 256]}``."""
+    out: dict[str, list[int]] = {}
+    for item in items:
+        m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+(?:\s*[x,]\s*\d+)*)\s*", item)
+        if not m:
+            raise GraphImportError(f"--input-shape {item!r}: expected NAME=DIMS, e.g. x=2x64x256")
+        dims = [int(d) for d in re.split(r"\s*[x,]\s*", m[2])]
+        if min(dims) < 1:
+            raise GraphImportError(f"--input-shape {item!r}: dimensions must be >= 1")
+        out[m[1]] = dims
+    return out
+
+
+def auto_blocks(ep: Any, devices: int) -> dict[int, int]:
+    """A tiling for ``devices`` devices: every dimension of a matrix parameter that splits into
+    ``devices`` blocks of at least 16 is split so (activations' batch and sequence axes are not)."""
+    out: dict[int, int] = {}
+    params = [s.target for s in ep.graph_signature.input_specs if s.kind.name == "PARAMETER"]
+    for value in (ep.state_dict[p] for p in params):
+        if getattr(value, "ndim", 0) == 2:
+            for s in value.shape:
+                if devices > 1 and s % devices == 0 and s // devices >= 16:
+                    out[int(s)] = devices
+    return out
+
+
+def parse_blocks(items: Sequence[str]) -> dict[int, int]:
+    """``["4096=4", "11008=4"]`` -> ``{4096: 4, 11008: 4}`` (dimension size -> block count)."""
+    out: dict[int, int] = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*=\s*(\d+)\s*", item)
+        if not m or int(m[1]) < 1 or int(m[2]) < 1:
+            raise GraphImportError(f"--blocks {item!r}: expected SIZE=K with positive integers, e.g. 4096=4")
+        size, k = int(m[1]), int(m[2])
+        if size % k:
+            raise GraphImportError(f"--blocks {item}: {k} blocks do not divide a dimension of size {size}")
+        out[size] = k
+    return out
+
+
+# ============================================================================ the builder
+class _Builder(TileBuilder):
+    """A :class:`TileBuilder` with the two tile ops imports need beyond einsum, map and fill."""
+
+    def blockwise(self, name: str, kind: OpKind, kernel: str, shape: Sequence[int], grid: Sequence[int],
+                  refs_of: Callable[[tuple[int, ...]], list[dict]], params: Callable | None = None) -> Tensor:  # fmt: skip
+        """One op per output block, reading the operand tiles ``refs_of(block)``."""
+        self._claim(name)
+        out = Tensor(name, tuple(shape), tuple(grid))
+        g = self._new_group(name, kind, out.grid)
+        ids = {}
+        for blk in out.blocks():
+            spec = {"kernel": kernel, "inputs": refs_of(blk), "shape": list(out.block_shape)}
+            if params is not None:
+                spec["params"] = params(blk)
+            ids[blk] = self._add_op(f"{name}{_fmt_block(blk)}", kind, spec, g, blk)
+        return self._tensor_from_ops(name, shape, grid, ids)
+
+    def assemble(self, name: str, shape: Sequence[int], grid: Sequence[int],
+                 sources: Sequence[tuple[Tensor, Sequence[int]]], kind: OpKind = OpKind.FORMATION) -> Tensor:  # fmt: skip
+        """A tensor of ``shape``/``grid`` made of ``sources`` placed at offsets. A block that is a
+        slice of one source tile is that tile with a slice step (no op); others are ``assemble`` ops."""
+        out = Tensor(name, tuple(int(s) for s in shape), tuple(int(g) for g in grid))
+        bs = out.block_shape
+        pieces: dict[tuple[int, ...], list[tuple[dict, list[list[int]]]]] = {}
+        for blk in out.blocks():
+            lo = [b * s for b, s in zip(blk, bs)]
+            hi = [l + s for l, s in zip(lo, bs)]
+            got = []
+            for src, off in sources:
+                sbs = src.block_shape
+                ranges = []
+                for ax in range(len(shape)):
+                    a, b = max(lo[ax], off[ax]), min(hi[ax], off[ax] + src.shape[ax])
+                    if a >= b:
+                        break
+                    ranges.append(range((a - off[ax]) // sbs[ax], (b - 1 - off[ax]) // sbs[ax] + 1))
+                else:
+                    for sblk in itertools.product(*ranges):
+                        t_lo = [off[ax] + sb * sbs[ax] for ax, sb in enumerate(sblk)]
+                        a = [max(lo[ax], t_lo[ax]) for ax in range(len(shape))]
+                        b = [min(hi[ax], t_lo[ax] + sbs[ax]) for ax in range(len(shape))]
+                        rel = [[a[ax] - t_lo[ax], b[ax] - t_lo[ax]] for ax in range(len(shape))]
+                        at = [[a[ax] - lo[ax], b[ax] - lo[ax]] for ax in range(len(shape))]
+                        got.append((_step(src.tiles[sblk], "slice", rel, sbs), at))
+            pieces[blk] = got
+        if all(len(p) == 1 and [h - l for l, h in p[0][1]] == list(bs) for p in pieces.values()):
+            out.tiles = {blk: p[0][0] for blk, p in pieces.items()}  # every block is one (sliced) tile
+            return out
+        self._claim(name)
+        g = self._new_group(name, kind, out.grid)
+        ids = {}
+        for blk, got in pieces.items():
+            spec = {"kernel": "assemble", "inputs": [r for r, _ in got], "shape": list(bs),
+                    "params": {"at": [a for _, a in got]}}  # fmt: skip
+            ids[blk] = self._add_op(f"{name}{_fmt_block(blk)}", kind, spec, g, blk)
+        return self._tensor_from_ops(name, shape, grid, ids)
+
+
+def _step(ref: dict, how: str, arg: Any, shape: Sequence[int]) -> dict:
+    """``ref`` with one more layout step (a whole-tile slice is no step)."""
+    if how == "slice" and all(lo == 0 and hi == s for (lo, hi), s in zip(arg, shape)):
+        return ref
+    out = dict(ref)
+    out["xform"] = [*ref.get("xform", []), [how, [list(a) if isinstance(a, (list, tuple)) else int(a) for a in arg]]]
+    return out
+
+
+# ============================================================================ layout helpers
+def _retile(b: _Builder, t: Tensor, grid: Sequence[int], name: str) -> Tensor:
+    grid = tuple(int(g) for g in grid)
+    if grid == t.grid:
+        return t
+    return b.assemble(name, t.shape, grid, [(t, [0] * len(t.shape))])
+
+
+def _permute(t: Tensor, perm: Sequence[int]) -> Tensor:
+    perm = [int(p) % max(len(t.shape), 1) for p in perm]
+    if perm == list(range(len(perm))):
+        return t
+    out = Tensor(t.name, tuple(t.shape[p] for p in perm), tuple(t.grid[p] for p in perm))
+    for blk, ref in t.tiles.items():
+        out.tiles[tuple(blk[p] for p in perm)] = _step(ref, "perm", perm, t.block_shape)
+    return out
+
+
+def _reshape_groups(old: Sequence[int], new: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Axes of ``old`` and ``new`` grouped so that each group has the same number of elements."""
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        gi, gj, po, pn = [], [], 1, 1
+        while True:
+            if po <= pn and i < len(old) and (po < pn or not gi or old[i] == 1):
+                po *= old[i]
+                gi.append(i)
+                i += 1
+            elif j < len(new) and (pn < po or not gj or new[j] == 1):
+                pn *= new[j]
+                gj.append(j)
+                j += 1
+            else:
+                break
+            if po == pn and (i == len(old) or old[i] != 1) and (j == len(new) or new[j] != 1):
+                break
+        groups.append((gi, gj))
+    return groups
+
+
+def _view(b: _Builder, t: Tensor, shape: Sequence[int], name: str) -> Tensor:
+    """``t`` reshaped (row-major) to ``shape``; the tiles get a view step. A group of merged or
+    split axes keeps the grid of its leading axis; a tiled inner axis is re-tiled first."""
+    shape = tuple(int(s) for s in shape)
+    if shape == t.shape:
+        return t
+    if math.prod(shape) != math.prod(t.shape):
+        raise GraphImportError(f"{name}: cannot view {list(t.shape)} as {list(shape)}")
+    groups = _reshape_groups(t.shape, shape)
+    want = list(t.grid)
+    new_grid = [1] * len(shape)
+    for gi, gj in groups:
+        lead_o = next((a for a in gi if t.shape[a] > 1), None)
+        lead_n = next((a for a in gj if shape[a] > 1), None)
+        for a in gi:
+            if a != lead_o:
+                want[a] = 1
+        if lead_o is not None:
+            g = math.gcd(want[lead_o], shape[lead_n]) if lead_n is not None else 1
+            want[lead_o] = g
+            if lead_n is not None:
+                new_grid[lead_n] = g
+    t = _retile(b, t, want, f"{name}.retile")
+    out = Tensor(t.name, shape, tuple(new_grid))
+    nbs = out.block_shape
+    for blk, ref in t.tiles.items():
+        nblk = [0] * len(shape)
+        for gi, gj in groups:
+            lead_o = next((a for a in gi if t.shape[a] > 1), None)
+            lead_n = next((a for a in gj if shape[a] > 1), None)
+            if lead_o is not None and lead_n is not None:
+                nblk[lead_n] = blk[lead_o]
+        out.tiles[tuple(nblk)] = _step(ref, "view", nbs, t.block_shape)
+    return out
+
+
+def _slice(b: _Builder, t: Tensor, dim: int, start: int, end: int, name: str) -> Tensor:
+    """``t`` restricted to ``start:end`` on axis ``dim`` (no op unless a block must be re-tiled)."""
+    n = t.shape[dim]
+    start, end = max(0, min(start, n)), max(0, min(end, n))
+    if start == 0 and end == n:
+        return t
+    bs = t.block_shape[dim]
+    if start // bs != (end - 1) // bs and (start % bs or end % bs):
+        grid = list(t.grid)
+        grid[dim] = 1
+        t, bs = _retile(b, t, grid, f"{name}.retile"), n
+    shape = list(t.shape)
+    shape[dim] = end - start
+    grid = list(t.grid)
+    aligned = start % bs == 0 and end % bs == 0
+    grid[dim] = (end - start) // bs if aligned else 1
+    out = Tensor(t.name, tuple(shape), tuple(grid))
+    first = start // bs
+    for blk, ref in t.tiles.items():
+        k = blk[dim] - first
+        if not 0 <= k < grid[dim]:
+            continue
+        nblk = list(blk)
+        nblk[dim] = k
+        if aligned:
+            out.tiles[tuple(nblk)] = ref
+        else:
+            rel = [[0, s] for s in t.block_shape]
+            rel[dim] = [start - blk[dim] * bs, end - blk[dim] * bs]
+            out.tiles[tuple(nblk)] = _step(ref, "slice", rel, t.block_shape)
+    return out
+
+
+def _unify(b: _Builder, operands: list[tuple[Tensor, str]], name: str, whole: str = "") -> list[Tensor]:
+    """Operands (with einsum subscripts) re-tiled so that each letter has one grid: the finest
+    grid that every operand's grid of it divides and that divides the letter's size (letters in
+    ``whole``: one block)."""
+    target: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for t, term in operands:
+        for c, s, g in zip(term, t.shape, t.grid):
+            size[c] = s
+            target[c] = math.lcm(target.get(c, 1), g)
+    for c in target:
+        if size[c] % target[c] or c in whole:
+            target[c] = 1
+    out = []
+    for k, (t, term) in enumerate(operands):
+        want = [target[c] for c in term]
+        # a finer grid is free only where it refines: otherwise the assemble op is emitted
+        out.append(_retile(b, t, want, f"{name}.in{k}"))
+    return out
+
+
+# ============================================================================ the lowering
+def _is_square(x: Any) -> bool:
+    """Is ``x`` a pending ``t ** 2`` read by one op only?"""
+    return (isinstance(x, _Expr) and x.uses == 1 and x.tensor is None and len(x.steps) == 1
+            and x.steps[0][0] == "pow" and float(x.steps[0][2].get("c", 0)) == 2.0
+            and len(x.leaves) == 1 and x.leaves[0][1] == LETTERS[: len(x.shape)])  # fmt: skip
+
+
+class _Expr:
+    """A pending elementwise expression: ``leaves`` (tensor, subscripts over the output letters)
+    and ``steps`` (map fn, arguments ``("leaf", i)`` or ``("step", k)``, params)."""
+
+    def __init__(self, shape: tuple[int, ...], uses: int, name: str) -> None:
+        self.shape, self.uses, self.name = shape, uses, name
+        self.leaves: list[tuple[Tensor, str]] = []
+        self.steps: list[tuple[str, list, dict]] = []
+        self.tensor: Tensor | None = None  # its tile ops, once emitted
+
+    def leaf(self, t: Tensor, term: str) -> tuple[str, int]:
+        for i, (u, tt) in enumerate(self.leaves):
+            if u is t and tt == term:
+                return ("leaf", i)
+        self.leaves.append((t, term))
+        return ("leaf", len(self.leaves) - 1)
+
+
+_IDENTITY = {
+    "aten.clone.default", "aten.contiguous.default", "aten.alias.default", "aten.detach.default",
+    "aten.dropout.default", "aten.lift_fresh_copy.default", "aten.to.dtype", "aten.to.dtype_layout",
+    "aten.to.device", "aten._to_copy.default", "aten.type_as.default", "aten.feature_dropout.default",
+}  # fmt: skip
+_SKIP = {"aten._assert_tensor_metadata.default", "aten._assert_async.msg", "aten.sym_constrain_range_for_size.default"}
+_VALUE_FREE = {  # ops that read only the shape and dtype of their tensor arguments
+    "aten.new_ones.default", "aten.new_zeros.default", "aten.new_full.default", "aten.new_empty.default",
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default",
+    "aten.sym_size.int",
+}  # fmt: skip
+_UNARY = {"aten.neg.default": "neg", "aten.silu.default": "silu", "aten.relu.default": "relu",
+          "aten.tanh.default": "tanh", "aten.exp.default": "exp", "aten.rsqrt.default": "rsqrt",
+          "aten.sqrt.default": "sqrt", "aten.sigmoid.default": "sigmoid"}  # fmt: skip
+_BINARY = {"aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor": "mul", "aten.div.Tensor": "div",
+           "aten.add.Scalar": "add", "aten.sub.Scalar": "sub", "aten.mul.Scalar": "mul", "aten.div.Scalar": "div",
+           "aten.rsub.Scalar": "rsub"}  # fmt: skip
+
+
+def _target(node: Any) -> str:
+    return str(node.target)
+
+
+class _Lowering:
+    """State of one lowering: the builder, values per FX node, and the buffers' known values."""
+
+    def __init__(self, ep: Any, blocks: Mapping[int, int], dtype: str, name: str) -> None:
+        self.ep = ep
+        self.blocks = dict(blocks)
+        self.b = _Builder("import", dtype)  # meta["workload"]: not a built-in workload's name
+        self.name = name
+        self.env: dict[Any, Any] = {}
+        self.const_inputs: dict[int, Tensor] = {}  # id(torch constant) -> its graph input
+        self.uses: dict[Any, int] = {}  # FX node -> how many ops read its value
+        self.slices: dict[int, tuple] = {}  # id(sliced tensor) -> (it, source, axis, start, end): rotate_half
+        self.user_inputs: list[str] = []  # graph input names of the forward's tensor arguments, in order
+        self.handlers: dict[str, Callable] = {
+            "aten.linear.default": self._linear, "aten.mm.default": self._mm, "aten.bmm.default": self._mm,
+            "aten.matmul.default": self._mm, "aten.addmm.default": self._addmm, "aten.einsum.default": self._einsum,
+            "aten.scaled_dot_product_attention.default": self._sdpa, "aten.embedding.default": self._embedding,
+            "aten.layer_norm.default": self._layer_norm, "aten.softmax.int": self._softmax,
+            "aten._softmax.default": self._softmax, "aten.mean.dim": self._reduce, "aten.sum.dim_IntList": self._reduce,
+            "aten.amax.default": self._reduce, "aten.pow.Tensor_Scalar": self._pow, "aten.gelu.default": self._gelu,
+            "aten.view.default": self._reshape, "aten.reshape.default": self._reshape,
+            "aten._unsafe_view.default": self._reshape, "aten.flatten.using_ints": self._flatten,
+            "aten.unsqueeze.default": self._unsqueeze, "aten.squeeze.dim": self._squeeze,
+            "aten.squeeze.dims": self._squeeze, "aten.permute.default": self._permute,
+            "aten.transpose.int": self._transpose, "aten.t.default": self._t, "aten.slice.Tensor": self._slice,
+            "aten.select.int": self._select, "aten.split.Tensor": self._split,
+            "aten.split_with_sizes.default": self._split, "aten.cat.default": self._cat,
+            "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
+        }  # fmt: skip
+        for t in _UNARY:
+            self.handlers[t] = self._unary
+        for t in _BINARY:
+            self.handlers[t] = self._binary
+        for t in _IDENTITY:
+            self.handlers[t] = self._identity
+
+    # ------------------------------------------------------------------ values
+    def grid(self, shape: Sequence[int]) -> tuple[int, ...]:
+        return tuple(self.blocks.get(int(s), 1) for s in shape)
+
+    def _fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.b._logical_names or name in self.b.inputs:
+            k += 1
+            name = f"{base}_{k}"
+        return name
+
+    def input_tensor(self, name: str, value: Any, init: dict[str, Any]) -> Tensor:
+        shape = tuple(int(s) for s in value.shape) or (1,)
+        return self.b.input(self._fresh(name), shape, self.grid(shape), init)
+
+    def materialize(self, value: Any, hint: str) -> Tensor:
+        """A known torch tensor as a recorded constant input (once per tensor)."""
+        key = id(value)
+        if key not in self.const_inputs:
+            if value.numel() > MAX_RECORDED_ELEMENTS:
+                raise GraphImportError(f"{hint}: a constant of {value.numel()} elements is too large to record")
+            data = value.detach().to("cpu").double().reshape(tuple(value.shape) or (1,)).numpy()
+            self.const_inputs[key] = self.input_tensor(f"const.{hint}", value, {"init": "value", "data": data.tolist()})
+        return self.const_inputs[key]
+
+    def tensor(self, v: Any, hint: str) -> Tensor:
+        import torch
+
+        if isinstance(v, Tensor):
+            return v
+        if isinstance(v, _Expr):
+            return self._emit(v)
+        if isinstance(v, torch.Tensor):
+            return self.materialize(v, hint)
+        raise GraphImportError(f"{hint}: expected a tensor, got {type(v).__name__}")
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> DataflowGraph:
+        import torch
+
+        ep, gm = self.ep, self.ep.graph_module
+        kinds = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        state = {**ep.state_dict, **getattr(ep, "constants", {})}
+        nodes = list(gm.graph.nodes)
+        dynamic = self._dynamic_nodes(nodes, kinds)
+        for n in reversed(nodes):  # consumers of a node's value, seen through identity ops
+            self.uses[n] = sum(self.uses.get(u, 1) if _target(u) in _IDENTITY else 1 for u in n.users)
+        missing = Counter(_target(n) for n in nodes
+                          if n.op == "call_function" and n in dynamic and _target(n) not in self.handlers
+                          and _target(n) not in _SKIP)  # fmt: skip
+        if missing:
+            listed = ", ".join(f"{t} ({c}x)" for t, c in sorted(missing.items(), key=lambda kv: (-kv[1], kv[0])))
+            raise GraphImportError(f"unsupported ops, nothing imported: {listed}")
+        for node in nodes:
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, kinds[node.name], state)
+            elif node.op == "call_function":
+                if _target(node) in _SKIP:
+                    self.env[node] = None
+                elif node not in dynamic:
+                    self.env[node] = self._fold(node)
+                else:
+                    try:
+                        self.env[node] = self.handlers[_target(node)](node, *self._args(node))
+                    except (GraphImportError, WorkloadError) as e:
+                        raise GraphImportError(f"op {node.name} ({_target(node)}): {e}") from None
+            elif node.op == "output":
+                self._outputs(node)
+        if not self.b.flops:
+            raise GraphImportError("the model computes nothing from its inputs and parameters")
+        graph = self.b.finish(self.name, {"source": self.name})
+        graph.meta["user_inputs"] = list(self.user_inputs)
+        return graph
+
+    def _dynamic_nodes(self, nodes: list, kinds: Mapping[str, Any]) -> set:
+        """Nodes whose values depend on the user's inputs or the parameters (the rest are folded)."""
+        dyn: set = set()
+        for n in nodes:
+            if n.op == "placeholder":
+                if kinds[n.name].kind.name in ("USER_INPUT", "PARAMETER"):
+                    dyn.add(n)
+            elif n.op == "call_function" and _target(n) not in _VALUE_FREE:
+                if any(a in dyn for a in n.all_input_nodes):
+                    dyn.add(n)
+        return dyn
+
+    def _args(self, node: Any) -> tuple[list, dict]:
+        import torch.fx as fx
+
+        def look(a: Any) -> Any:
+            return self.env[a] if isinstance(a, fx.Node) else a
+
+        args = [fx.node.map_aggregate(a, look) for a in node.args]
+        kwargs = {k: fx.node.map_aggregate(v, look) for k, v in node.kwargs.items()}
+        return args, kwargs
+
+    def _fold(self, node: Any) -> Any:
+        """Evaluate a node whose inputs are all known (buffers, constants, shapes) with torch."""
+        import torch
+        import torch.fx as fx
+
+        def look(a: Any) -> Any:
+            if not isinstance(a, fx.Node):
+                return a
+            v = self.env[a]
+            if isinstance(v, Tensor):  # a value-free op reads only the shape and dtype
+                meta = a.meta.get("val")
+                return torch.zeros(tuple(meta.shape), dtype=meta.dtype)
+            return v
+
+        args = fx.node.map_aggregate(node.args, look)
+        kwargs = fx.node.map_aggregate(dict(node.kwargs), look)
+        try:
+            with torch.no_grad():
+                return node.target(*args, **kwargs)
+        except Exception as e:
+            raise GraphImportError(f"op {node.name} ({_target(node)}): cannot evaluate a constant ({_one_line(e)})") from None
+
+    def _placeholder(self, node: Any, spec: Any, state: Mapping[str, Any]) -> Any:
+        kind = spec.kind.name
+        meta = node.meta.get("val")
+        if kind == "USER_INPUT":
+            if meta is None or not hasattr(meta, "shape"):
+                raise GraphImportError(f"input {node.name}: only tensor inputs are supported")
+            init = {"init": "normal", "std": 1.0} if meta.dtype.is_floating_point else {"init": "index", "high": 1}
+            t = self.input_tensor(node.name, meta, init)
+            self.user_inputs.append(t.name)
+            return t
+        value = state.get(spec.target)
+        if value is None:
+            raise GraphImportError(f"{spec.target}: the exported program holds no value for it")
+        if kind == "PARAMETER":
+            v = value.detach().double()
+            std = float(v.std()) if v.numel() > 1 else 0.0
+            return self.input_tensor(spec.target, value, {"init": "normal", "mean": float(v.mean()), "std": std})
+        return value.detach()  # buffers and lifted constants: known values
+
+    def _outputs(self, node: Any) -> None:
+        import torch.fx as fx
+
+        outs = fx.node.map_aggregate(node.args[0], lambda a: self.env[a] if isinstance(a, fx.Node) else a)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        specs = self.ep.graph_signature.output_specs
+        for k, v in enumerate(outs):
+            if isinstance(v, _Expr):
+                v = self._emit(v)
+            if not isinstance(v, Tensor):
+                continue
+            name = specs[k].arg.name if k < len(specs) else f"out{k}"
+            if any("op" not in r or "xform" in r for r in v.tiles.values()):
+                v = self.b.assemble(self._fresh(f"{name}.copy"), v.shape, v.grid, [(v, [0] * len(v.shape))])
+                if any("op" not in r or "xform" in r for r in v.tiles.values()):  # whole tiles: force a copy
+                    v = self._copy(v, f"{name}.copy")
+            self.b.output(name, v)
+
+    def _copy(self, t: Tensor, name: str) -> Tensor:
+        name = self._fresh(name)
+        return self.b.blockwise(name, OpKind.FORMATION, "assemble", t.shape, t.grid, lambda blk: [dict(t.tiles[blk])],
+                                lambda blk: {"at": [[[0, s] for s in t.block_shape]]})  # fmt: skip
+
+    # ------------------------------------------------------------------ ops
+    def _identity(self, node: Any, args: list, kwargs: dict) -> Any:
+        return args[0]
+
+    def _getitem(self, node: Any, args: list, kwargs: dict) -> Any:
+        return args[0][args[1]]
+
+    def _einsum_op(self, eq: str, ts: list[Tensor], node: Any, kind: OpKind = OpKind.MATMUL) -> Tensor:
+        ins = eq.split("->")[0].split(",")
+        ts = _unify(self.b, list(zip(ts, ins)), self._fresh(node.name))
+        return self.b.contract(eq, *ts, name=self._fresh(node.name), kind=kind)
+
+    def _map(self, fn: str, eq: str, ts: list[Tensor], node: Any, kind: OpKind = OpKind.ELEMENTWISE,
+             params: dict | None = None, tile_params: Callable | None = None, suffix: str = "") -> Tensor:  # fmt: skip
+        ins = eq.split("->")[0].split(",")
+        name = self._fresh(node.name + suffix)
+        ts = _unify(self.b, list(zip(ts, ins)), name)
+        return self.b.map(fn, eq, *ts, name=name, kind=kind, params=params, tile_params=tile_params)
+
+    def _linear(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x, w = self.tensor(args[0], node.name), self.tensor(args[1], node.name)
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        lead = LETTERS[: len(x.shape) - 1]
+        y = self._einsum_op(f"{lead}z,yz->{lead}y", [x, w], node)
+        if bias is not None:
+            return self._ew("add", [y, bias], node)
+        return y
+
+    def _mm(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        a, c = self.tensor(args[0], node.name), self.tensor(args[1], node.name)
+        if len(a.shape) < 2 or len(c.shape) < 2:
+            raise GraphImportError(f"matrix products of vectors are not supported (shapes {a.shape}, {c.shape})")
+        batch = LETTERS[: max(len(a.shape), len(c.shape)) - 2]
+        ta = batch[len(batch) - (len(a.shape) - 2):] + "yz"
+        tc = batch[len(batch) - (len(c.shape) - 2):] + "zx"
+        for t, term in ((a, ta), (c, tc)):
+            for ch, s in zip(term, t.shape):
+                if ch in batch and s != self._batch_size(a, c, ta, tc, ch):
+                    raise GraphImportError("broadcast batch dimensions in a matrix product are not supported")
+        return self._einsum_op(f"{ta},{tc}->{batch}yx", [a, c], node)
+
+    @staticmethod
+    def _batch_size(a: Tensor, c: Tensor, ta: str, tc: str, ch: str) -> int:
+        return max(s for t, term in ((a, ta), (c, tc)) for cc, s in zip(term, t.shape) if cc == ch)
+
+    def _addmm(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        beta, alpha = float(kwargs.get("beta", 1)), float(kwargs.get("alpha", 1))
+        if beta != 1 or alpha != 1:
+            raise GraphImportError(f"addmm with beta={beta:g}, alpha={alpha:g} is not supported")
+        y = self._mm(node, [args[1], args[2]], {})
+        return self._ew("add", [y, args[0]], node)
+
+    def _einsum(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        eq = str(args[0]).replace(" ", "")
+        if "..." in eq or "->" not in eq:
+            raise GraphImportError(f"einsum {eq!r}: write it with explicit output subscripts and no '...'")
+        return self._einsum_op(eq, [self.tensor(t, node.name) for t in args[1]], node)
+
+    # ------------------------------------------------------------------ elementwise (fused)
+    def _ew(self, fn: str, operands: list, node: Any, params: dict | None = None) -> "_Expr":
+        """``fn`` over ``operands`` (tensors or pending expressions) with numpy broadcasting, as a
+        pending expression: a chain of elementwise ops becomes one fused op when it is consumed."""
+        import torch
+
+        operands = [self.tensor(o, node.name) if isinstance(o, torch.Tensor) else o for o in operands]
+        out_shape = tuple(np.broadcast_shapes(*(tuple(o.shape) for o in operands)))
+        r = len(out_shape)
+        e = _Expr(out_shape, self.uses.get(node, 1), node.name)
+        args = []
+        for o in operands:
+            if isinstance(o, _Expr) and (o.uses > 1 or sum(p is o for p in operands) > 1 or o.tensor is not None):
+                o = self.tensor(o, node.name)
+            k = len(o.shape)
+            keep = [i for i in range(k) if not (o.shape[i] == 1 and out_shape[r - k + i] != 1)]
+            letter = {i: LETTERS[r - k + i] for i in keep}
+            if isinstance(o, Tensor):
+                args.append(e.leaf(self._squeezed(o, keep, node), "".join(letter[i] for i in keep)))
+                continue
+            remap = []  # inline the operand expression: its leaves re-lettered into this one
+            for t, term in o.leaves:
+                axes = [LETTERS.index(c) for c in term]
+                kept = [j for j, a in enumerate(axes) if a in letter]
+                remap.append(e.leaf(self._squeezed(t, kept, node), "".join(letter[axes[j]] for j in kept)))
+            base = len(e.steps)
+            for sfn, sargs, sparams in o.steps:
+                e.steps.append((sfn, [remap[a] if kind == "leaf" else base + a for kind, a in sargs], sparams))
+            args.append(len(e.steps) - 1)
+        e.steps.append((fn, args, dict(params or {})))
+        e.steps = [(f, [("step", a) if isinstance(a, int) else a for a in sa], p) for f, sa, p in e.steps]
+        return e
+
+    def _squeezed(self, t: Tensor, keep: list[int], node: Any) -> Tensor:
+        if len(keep) == len(t.shape):
+            return t
+        if not keep:
+            raise GraphImportError(f"a one-element computed tensor broadcast in an elementwise op")
+        return _view(self.b, t, [t.shape[i] for i in keep], self._fresh(node.name + ".bcast"))
+
+    def _emit(self, e: "_Expr") -> Tensor:
+        """The tile ops of a pending expression (once; later consumers share them)."""
+        if e.tensor is not None:
+            return e.tensor
+        out = LETTERS[: len(e.shape)]
+        name = self._fresh(e.name)
+        steps = [(f, [a if kind == "leaf" else len(e.leaves) + a for kind, a in sa], p) for f, sa, p in e.steps]
+        fns = {f for f, _, _ in steps}
+        whole = out[-1] if "rotate_half" in fns else ""  # rotate_half swaps the halves of the last axis
+        ts = _unify(self.b, [(t, term) for t, term in e.leaves], name, whole)
+        eq = ",".join(term for _, term in e.leaves) + "->" + out
+        kind = (OpKind.ROTARY if "rotate_half" in fns else OpKind.NORM if fns & {"rsqrt", "rms_scale"}
+                else OpKind.ELEMENTWISE)  # fmt: skip
+        if len(steps) == 1 and steps[0][1] == list(range(len(e.leaves))):
+            e.tensor = self.b.map(steps[0][0], eq, *ts, name=name, kind=kind, params=steps[0][2] or None)
+        else:
+            e.tensor = self.b.map("fused", eq, *ts, name=name, kind=kind,
+                                  params={"steps": [[f, a, p] for f, a, p in steps]})  # fmt: skip
+        if not set(out) <= set("".join(term for _, term in e.leaves)):  # an output axis no operand has
+            raise GraphImportError(f"{e.name}: elementwise op with an axis no operand has")
+        return e.tensor
+
+    def _unary(self, node: Any, args: list, kwargs: dict) -> "_Expr":
+        return self._ew(_UNARY[_target(node)], [args[0]], node)
+
+    def _gelu(self, node: Any, args: list, kwargs: dict) -> "_Expr":
+        fn = "gelu_tanh" if kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else "gelu"
+        return self._ew(fn, [args[0]], node)
+
+    def _pow(self, node: Any, args: list, kwargs: dict) -> "_Expr":
+        return self._ew("pow", [args[0]], node, {"c": float(args[1])})
+
+    def _scalar_of(self, v: Any) -> float | None:
+        import torch
+
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            return float(v.reshape(()))
+        return None
+
+    def _binary(self, node: Any, args: list, kwargs: dict) -> "_Expr":
+        fn = _BINARY[_target(node)]
+        a, c = args[0], args[1]
+        alpha = float(kwargs.get("alpha", args[2] if len(args) > 2 else 1))
+        if fn == "rsub":
+            fn, a, c = "sub", c, a
+        sa, sc = self._scalar_of(a), self._scalar_of(c)
+        if sa is not None and sc is not None:
+            raise GraphImportError("an op on two scalars reached the graph")
+        if sc is not None:
+            how = {"add": ("add_scalar", alpha * sc), "sub": ("add_scalar", -alpha * sc),
+                   "mul": ("scale", sc), "div": ("scale", 1.0 / sc)}[fn]  # fmt: skip
+            return self._ew(how[0], [a], node, {"c": how[1]})
+        if alpha != 1:
+            c = self._ew("scale", [c], node, {"c": alpha})
+        if sa is not None:
+            how = {"add": ("add_scalar", sa), "sub": ("rsub_scalar", sa), "mul": ("scale", sa),
+                   "div": ("rdiv_scalar", sa)}[fn]  # fmt: skip
+            return self._ew(how[0], [c], node, {"c": how[1]})
+        return self._ew(fn, [a, c], node)
+
+    def _reduce(self, node: Any, args: list, kwargs: dict) -> Any:
+        x = args[0]
+        r = len(x.shape)
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        dims = list(range(r)) if dims is None else [int(d) % r for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+        keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+        t = LETTERS[:r]
+        kept = "".join(c for i, c in enumerate(t) if i not in dims)
+        if not kept:
+            raise GraphImportError("a reduction to a scalar is not supported")
+        how = "max" if _target(node) == "aten.amax.default" else "sum"
+        name = self._fresh(node.name)
+        if how == "sum" and _is_square(x):  # sum of squares: one contraction of x with itself (as RMSNorm)
+            leaf = self.tensor(x.leaves[0][0], node.name)
+            y = self.b.contract(f"{t},{t}->{kept}", leaf, leaf, name=name, kind=OpKind.NORM)
+        else:
+            y = self.b.reduce(f"{t}->{kept}", self.tensor(x, node.name), how=how, name=name, kind=OpKind.REDUCE)
+        if _target(node) == "aten.mean.dim":
+            y = self._ew("scale", [y], node, {"c": 1.0 / math.prod(x.shape[d] for d in dims)})
+        if keepdim:
+            return self._unsqueezed(y, sorted(dims), node)
+        return y
+
+    def _unsqueezed(self, y: Any, inserted: list[int], node: Any) -> Any:
+        """``y`` with size-1 axes inserted at positions ``inserted`` of the result (a pending
+        expression stays pending)."""
+        r = len(y.shape) + len(inserted)
+        pos = [i for i in range(r) if i not in inserted]  # new position of each old axis
+        shape = [1] * r
+        for old, new in enumerate(pos):
+            shape[new] = y.shape[old]
+        if isinstance(y, Tensor):
+            return _view(self.b, y, shape, self._fresh(node.name + ".keepdim"))
+        e = _Expr(tuple(shape), y.uses, y.name)
+        e.leaves = [(t, "".join(LETTERS[pos[LETTERS.index(c)]] for c in term)) for t, term in y.leaves]
+        e.steps = list(y.steps)
+        return e
+
+    def _softmax(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        t = LETTERS[: len(x.shape)]
+        axis = t[int(args[1]) % len(t)]
+        return _softmax(self.b, x, t, axis, scale=1.0, name=self._fresh(node.name))
+
+    def _layer_norm(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        shape = list(args[1])
+        w, bias = (args[2] if len(args) > 2 else None), (args[3] if len(args) > 3 else None)
+        eps = float(args[4] if len(args) > 4 else kwargs.get("eps", 1e-5))
+        if len(shape) != 1:
+            raise GraphImportError(f"layer_norm over {len(shape)} axes (only the last axis is supported)")
+        t = LETTERS[: len(x.shape)]
+        rows, n, name = t[:-1], shape[0], self._fresh(node.name)
+        s = self.b.reduce(f"{t}->{rows}", x, name=f"{name}.sum", kind=OpKind.NORM)
+        mu = self.b.map("scale", f"{rows}->{rows}", s, name=f"{name}.mean", kind=OpKind.NORM, params={"c": 1.0 / n})
+        xc = self.b.map("sub", f"{t},{rows}->{t}", x, mu, name=f"{name}.center", kind=OpKind.NORM)
+        ss = self.b.contract(f"{t},{t}->{rows}", xc, xc, name=f"{name}.sumsq", kind=OpKind.NORM)
+        import torch
+
+        w_t = self.tensor(w if w is not None else torch.ones(n), node.name + ".weight")
+        y = self._map("rms_scale", f"{t},{rows},{t[-1]}->{t}", [xc, ss, w_t], node, kind=OpKind.NORM,
+                      params={"n": n, "eps": eps}, suffix=".scale")  # fmt: skip
+        if bias is not None:
+            return self._ew("add", [y, bias], node)
+        return y
+
+    def _sdpa(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        import torch
+
+        q, k, v = (self.tensor(a, node.name) for a in args[:3])
+        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+        if (args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)) not in (0, 0.0):
+            raise GraphImportError("scaled_dot_product_attention with dropout_p > 0 (export the model in eval mode)")
+        causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
+        scale = kwargs.get("scale", args[6] if len(args) > 6 else None)
+        if kwargs.get("enable_gqa", False) and q.shape[-3] != k.shape[-3]:
+            raise GraphImportError("grouped-query attention (enable_gqa) is not supported")
+        if not (len(q.shape) == len(k.shape) == len(v.shape) == 4):
+            raise GraphImportError("scaled_dot_product_attention on tensors of rank other than 4")
+        S, L, E = q.shape[2], k.shape[2], q.shape[3]
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(E)
+        name = self._fresh(node.name)
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            causal_mask = torch.ones(S, L, dtype=torch.bool).tril()
+            if bool((mask == causal_mask).all()):
+                causal, mask = True, None
+            else:
+                mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+        scores = self._einsum_op("bhqe,bhke->bhqk", [q, k], node)
+        if causal:
+            scores = self.b.map("causal_mask", "bhqk->bhqk", scores, name=f"{name}.mask", kind=OpKind.MASK_FILL,
+                                params={"row_axis": 2, "col_axis": 3, "col_offset": 0},
+                                tile_params=lambda off: {"row_offset": off["q"] + (L - S), "col_offset": off["k"]})  # fmt: skip
+        if mask is not None:
+            scores = self._emit(self._ew("add", [scores, mask], node))
+        probs = _softmax(self.b, scores, "bhqk", "k", scale=scale, name=f"{name}.softmax")
+        return self._einsum_op("bhqk,bhkf->bhqf", [probs, v], node)
+
+    def _embedding(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        table, idx = self.tensor(args[0], node.name), args[1]
+        if isinstance(idx, Tensor):
+            if idx.name in self.b.input_init and self.b.input_init[idx.name].get("init") == "index":
+                self.b.input_init[idx.name]["high"] = max(int(self.b.input_init[idx.name]["high"]), table.shape[0])
+        else:
+            idx = self.tensor(idx, node.name + ".index")
+        table = _retile(self.b, table, (1, table.grid[1]), self._fresh(node.name + ".rows"))
+        shape = (*idx.shape, table.shape[1])
+        grid = (*idx.grid, table.grid[1])
+        r = len(idx.shape)
+        return self.b.blockwise(self._fresh(node.name), OpKind.SELECT, "embedding", shape, grid,
+                                lambda blk: [dict(table.tiles[(0, blk[r])]), dict(idx.tiles[blk[:r]])])  # fmt: skip
+
+    # ------------------------------------------------------------------ layout ops
+    def _reshape(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        shape = [int(s) for s in node.meta["val"].shape]
+        return _view(self.b, x, shape, self._fresh(node.name))
+
+    _flatten = _reshape
+    _squeeze = _reshape
+
+    def _unsqueeze(self, node: Any, args: list, kwargs: dict) -> Any:
+        if isinstance(args[0], _Expr) and args[0].uses == 1:
+            return self._unsqueezed(args[0], [int(args[1]) % (len(args[0].shape) + 1)], node)
+        return self._reshape(node, args, kwargs)
+
+    def _expand(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        shape = tuple(int(s) for s in node.meta["val"].shape)
+        if shape != x.shape:
+            raise GraphImportError(f"expand of a computed tensor from {list(x.shape)} to {list(shape)} is not supported")
+        return x
+
+    def _permute(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        return _permute(self.tensor(args[0], node.name), list(args[1]))
+
+    def _transpose(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        perm = list(range(len(x.shape)))
+        a, c = int(args[1]) % len(perm), int(args[2]) % len(perm)
+        perm[a], perm[c] = perm[c], perm[a]
+        return _permute(x, perm)
+
+    def _t(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        return _permute(x, list(range(len(x.shape)))[::-1])
+
+    def _slice(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        dim = int(args[1] if len(args) > 1 else 0) % len(x.shape)
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
+        end = args[3] if len(args) > 3 and args[3] is not None else x.shape[dim]
+        step = args[4] if len(args) > 4 else 1
+        if step != 1:
+            raise GraphImportError(f"slices with a step ({step}) are not supported")
+        n = x.shape[dim]
+        start, end = (int(start) + n if int(start) < 0 else int(start)), (int(end) + n if int(end) < 0 else int(end))
+        y = _slice(self.b, x, dim, start, min(end, n), self._fresh(node.name))
+        self.slices[id(y)] = (y, x, dim, start, min(end, n))
+        return y
+
+    def _select(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        x = self.tensor(args[0], node.name)
+        dim = int(args[1]) % len(x.shape)
+        i = int(args[2]) % x.shape[dim]
+        y = _slice(self.b, x, dim, i, i + 1, self._fresh(node.name))
+        return _view(self.b, y, [s for a, s in enumerate(y.shape) if a != dim] or [1], self._fresh(node.name + ".sq"))
+
+    def _split(self, node: Any, args: list, kwargs: dict) -> list[Tensor]:
+        x = self.tensor(args[0], node.name)
+        dim = int(args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(x.shape)
+        n = x.shape[dim]
+        if _target(node) == "aten.split.Tensor":
+            size = int(args[1])
+            sizes = [min(size, n - lo) for lo in range(0, n, size)]
+        else:
+            sizes = [int(s) for s in args[1]]
+        out, lo = [], 0
+        for k, s in enumerate(sizes):
+            out.append(_slice(self.b, x, dim, lo, lo + s, self._fresh(f"{node.name}.{k}")))
+            lo += s
+        return out
+
+    def _rotate_half_of(self, parts: list, dim: int) -> Tensor | None:
+        """``x`` if ``parts`` is ``[-x[..., h:], x[..., :h]]`` along the last axis (rotary's rotate_half)."""
+        if len(parts) != 2 or not isinstance(parts[0], _Expr) or not isinstance(parts[1], Tensor):
+            return None
+        a, b = parts
+        if a.uses != 1 or a.tensor is not None or len(a.steps) != 1 or a.steps[0][0] != "neg" or len(a.leaves) != 1:
+            return None
+        sa, sb = self.slices.get(id(a.leaves[0][0])), self.slices.get(id(b))
+        if sa is None or sb is None or sa[0] is not a.leaves[0][0] or sb[0] is not b or sa[1] is not sb[1]:
+            return None
+        x, last = sa[1], len(sa[1].shape) - 1
+        h = x.shape[last] // 2
+        if dim != last or x.shape[last] % 2 or sa[2:] != (last, h, 2 * h) or sb[2:] != (last, 0, h):
+            return None
+        return x
+
+    def _cat(self, node: Any, args: list, kwargs: dict) -> Any:
+        rank = len(args[0][0].shape)
+        dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % rank
+        x = self._rotate_half_of(list(args[0]), dim)
+        if x is not None:
+            return self._ew("rotate_half", [x], node)
+        ts = [self.tensor(t, f"{node.name}.{k}") for k, t in enumerate(args[0])]
+        ts = [t for t in ts if math.prod(t.shape) > 0]
+        shape = list(ts[0].shape)
+        shape[dim] = sum(t.shape[dim] for t in ts)
+        grid = [math.gcd(*(t.grid[a] for t in ts)) if a != dim else 1 for a in range(len(shape))]
+        offsets, lo = [], 0
+        for t in ts:
+            off = [0] * len(shape)
+            off[dim] = lo
+            offsets.append(off)
+            lo += t.shape[dim]
+        return self.b.assemble(self._fresh(node.name), shape, grid, list(zip(ts, offsets)))
+
+
+def model_inputs(graph: DataflowGraph, module: Any, example: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The real input arrays of an imported graph: the module's parameters, the example inputs
+    and the recorded constants (float64; for checking the graph against the module)."""
+    named = {k: v for k, v in module.named_parameters(remove_duplicate=False)}
+    out: dict[str, np.ndarray] = {}
+    for name, how in graph.meta["input_init"].items():
+        if how.get("init") == "value":
+            out[name] = np.asarray(how["data"], dtype=np.float64)
+        elif name in named:
+            out[name] = named[name].detach().double().numpy()
+    for name, x in zip(graph.meta.get("user_inputs", []), example):
+        out[name] = x.detach().double().numpy()
+    missing = sorted(set(graph.meta["inputs"]) - set(out))
+    if missing:
+        raise GraphImportError(f"the module has no value for graph input(s) {', '.join(missing)}")
+    return out
+
+
+def lower_program(ep: Any, *, blocks: Mapping[int, int] | None = None, dtype: str = "float32",
+                  name: str = "imported") -> DataflowGraph:  # fmt: skip
+    """Lower an exported program into a tile-level :class:`DataflowGraph` (see the module docstring)."""
+    return _Lowering(ep, blocks or {}, dtype, name).run()
+
+
+def import_model(source: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 blocks: Mapping[int, int] | None = None, dtype: str = "float32",
+                 devices: int | None = None) -> DataflowGraph:  # fmt: skip
+    """``doppler graph import``: a factory (``module:function``) or a ``.pt2`` file -> a graph."""
+    if source.endswith(".pt2"):
+        if input_shapes:
+            raise GraphImportError(f"{source}: --input-shape applies to factories; a .pt2 program has fixed shapes")
+        ep = load_pt2(Path(source))
+    else:
+        module, example = load_factory(source)
+        ep, _ = export_model(module, example, input_shapes)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).stem if source.endswith(".pt2") else source.rpartition(":")[2])
+    if not blocks and devices:
+        blocks = auto_blocks(ep, devices)
+    graph = lower_program(ep, blocks=blocks, dtype=dtype, name=name)
+    graph.meta["params"] = {"source": source, "blocks": {str(k): v for k, v in sorted((blocks or {}).items())}}
+    if devices is not None:
+        graph.meta["devices"] = int(devices)
+    return graph

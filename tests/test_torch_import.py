@@ -1,0 +1,228 @@
+"""`doppler graph import`: imported models compute what the module computes, with the FLOPs it has."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from doppler import workloads
+from doppler.engine import build_program, run
+from doppler.graph import OpKind
+from doppler.kernels import evaluate_numpy
+from doppler.torch_import import (
+    GraphImportError,
+    export_model,
+    import_model,
+    lower_program,
+    model_inputs,
+    parse_blocks,
+    parse_input_shapes,
+)
+from doppler.workloads import assemble_outputs
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import hf_models  # noqa: E402
+import models  # noqa: E402
+
+
+class _Logits(nn.Module):
+    """A Hugging Face causal LM as a module that maps token ids to logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids).logits
+
+
+def _hf(name: str):
+    pytest.importorskip("transformers")
+    model, example = getattr(hf_models, name)()
+    return _Logits(model), example
+
+
+def _case(name: str):
+    return _hf(name) if name in ("llama", "gpt2") else getattr(models, name)()
+
+
+def _imported(name: str, blocks: dict[int, int], dtype: str = "float64"):
+    module, example = _case(name)
+    ep, example = export_model(module, example)
+    return module, example, lower_program(ep, blocks=blocks, dtype=dtype, name=name)
+
+
+def _forward(module: nn.Module, example, dtype) -> np.ndarray:
+    module = module.to(dtype)
+    with torch.no_grad():
+        return module(*[x.to(dtype) if x.dtype.is_floating_point else x for x in example]).numpy()
+
+
+TILINGS = {  # a tiling per model that splits weights, heads and (where it divides) the sequence
+    "mlp": {256: 2, 1024: 4, 64: 2},
+    "llama_block": {256: 4, 688: 2, 64: 2},
+    "llama": {128: 2, 344: 2, 512: 2},
+    "gpt2": {128: 2, 384: 3, 512: 2},
+}
+
+
+@pytest.mark.parametrize("name", ["mlp", "llama_block", "llama", "gpt2"])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_imported_graph_equals_the_module_float64(name: str, tiled: bool) -> None:
+    module, example, g = _imported(name, TILINGS[name] if tiled else {})
+    ref = _forward(module, example, torch.float64)
+    got = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, module, example)))
+    (out,) = got.values()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7 * np.abs(ref).max())
+    if tiled:
+        assert g.num_ops > len(set(g.group.tolist())) / 2  # really tiled: groups hold several ops
+
+
+@pytest.mark.parametrize("name", ["mlp", "llama_block", "gpt2"])
+def test_imported_graph_runs_on_the_local_engine_under_three_assignments(name: str) -> None:
+    """float32 on the engine, float64 reference: the engine's kernels, transfers and xforms are right."""
+    module, example, g = _imported(name, TILINGS[name], dtype="float32")
+    ref = _forward(module, example, torch.float64)
+    prog = build_program(g, inputs=model_inputs(g, module, example), dtype=np.float32)
+    rng = np.random.default_rng(0)
+    for dev in (np.zeros(g.num_ops, np.int64), np.arange(g.num_ops) % 3, rng.integers(0, 3, g.num_ops)):
+        res = run(g, dev, num_devices=3, program=prog, timeout_s=120)
+        (out,) = res.outputs.values()
+        np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("name", ["mlp", "llama_block", "llama", "gpt2"])
+def test_matmul_flops_equal_flop_counter(name: str) -> None:
+    """The bar: matrix-product FLOPs within 1% of FlopCounterMode (sdpa counted through its math path,
+    since the CPU flash kernel is not counted by FlopCounterMode)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module, example, g = _imported(name, TILINGS[name])
+    with FlopCounterMode(display=False) as fc, sdpa_kernel([SDPBackend.MATH]), torch.no_grad():
+        module(*example)
+    ours = float(g.flops[g.kind == int(OpKind.MATMUL)].sum())
+    assert ours == pytest.approx(fc.get_total_flops(), rel=0.01)
+
+
+def test_against_our_llama_block_builder() -> None:
+    """The bar: same shapes and tiling as `llama_block`, op count and FLOPs within 5%, and exactly
+    the same matrix products (RMSNorm's and rotary's several torch ops are fused into one op each,
+    as our builder writes them)."""
+    p = dict(seq_len=64, dim=256, n_heads=4, head_dim=64, hidden=688)
+    module, example = models.llama_block(dim=256, n_heads=4, hidden=688, seq_len=64)
+    ep, _ = export_model(module, example)
+    g = lower_program(ep, blocks={256: 4, 688: 4})
+    ref = workloads.build("llama_block", **p, dim_blocks=4, head_blocks=4, hidden_blocks=4)
+    assert g.flops.sum() == pytest.approx(ref.flops.sum(), rel=5e-3)  # elementwise FLOP conventions differ
+    assert g.num_ops == pytest.approx(ref.num_ops, rel=0.05)
+    mm = int(OpKind.MATMUL)
+    assert (g.kind == mm).sum() == (ref.kind == mm).sum()
+    assert g.flops[g.kind == mm].sum() == pytest.approx(ref.flops[ref.kind == mm].sum(), rel=1e-9)
+
+
+def test_views_fold_into_consumers_and_elementwise_chains_fuse() -> None:
+    """Transposes, reshapes, the rotary slices and cat emit no ops; RMSNorm is a sum of squares and
+    one fused op; rotary (x * cos + rotate_half(x) * sin) is one fused op."""
+    _, _, g = _imported("llama_block", {})
+    names = [g.groups[k].name for k in g.group]
+    assert not any(n.startswith(("view", "transpose", "reshape", "slice", "cat", "neg")) for n in names)
+    assert any("xform" in ref for spec in g.specs for ref in spec["inputs"])
+    fused = [spec["params"]["steps"] for spec in g.specs if spec.get("fn") == "fused"]
+    assert sum(any(st[0] == "rotate_half" for st in steps) for steps in fused) == 2  # q and k
+    assert sum(any(st[0] == "rsqrt" for st in steps) for steps in fused) == 2  # the two RMSNorms
+    assert (g.kind == int(OpKind.NORM)).sum() == 4  # per norm: sum of squares + the fused scale
+
+
+def test_a_tiled_rotary_axis_is_untiled_for_rotate_half() -> None:
+    """head_dim 64 tiled in 2 (64=2) must not rotate within half-tiles."""
+    module, example, g = _imported("llama_block", {64: 2, 256: 4})
+    ref = _forward(module, example, torch.float64)
+    (out,) = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, module, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_import_cli_source_forms_and_pt2(tmp_path: Path) -> None:
+    g = import_model(f"{EXAMPLES / 'models.py'}:mlp", blocks={256: 2})
+    assert g.meta["params"]["blocks"] == {"256": 2}
+    module, example = models.mlp()
+    ep, _ = export_model(module, example)
+    torch.export.save(ep, tmp_path / "mlp.pt2")
+    g2 = import_model(str(tmp_path / "mlp.pt2"), blocks={256: 2})
+    assert g2.num_ops == g.num_ops and g2.flops.sum() == pytest.approx(g.flops.sum())
+
+
+def test_input_shape_redraws_the_example() -> None:
+    g = import_model(f"{EXAMPLES / 'models.py'}:mlp", input_shapes={"x": [32, 256]})
+    assert g.meta["inputs"]["x"] == [32, 256]
+
+
+def test_devices_picks_a_tiling() -> None:
+    g = import_model(f"{EXAMPLES / 'models.py'}:llama_block", devices=4)
+    assert g.meta["params"]["blocks"] == {"256": 4, "688": 4} and g.meta["devices"] == 4
+
+
+class _Sorts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, dim=-1).values + torch.cumsum(x, -1) + torch.cumsum(x, 0)
+
+
+def _factory_file(tmp_path: Path, body: str) -> str:
+    f = tmp_path / "fac.py"
+    f.write_text("import torch\n" + body)
+    return str(f)
+
+
+def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
+    ep, _ = export_model(_Sorts(), (torch.randn(4, 8),))
+    with pytest.raises(GraphImportError, match=r"unsupported ops, nothing imported: aten\.cumsum\.default \(2x\), "
+                                               r"aten\.sort\.default \(1x\)"):  # fmt: skip
+        lower_program(ep)
+
+
+@pytest.mark.parametrize(
+    "source, body, match",
+    [
+        ("nosuchpkg_xyz:f", None, "cannot import nosuchpkg_xyz"),
+        ("{f}:missing", "def f():\n    return 1\n", "has no function 'missing'"),
+        ("{f}:f", "def f():\n    raise RuntimeError('boom')\n", "the factory raised RuntimeError: boom"),
+        ("{f}:f", "def f():\n    return 3\n", r"must return \(module, example_inputs\)"),
+        ("{f}:f", "def f():\n    return torch.nn.Linear(4, 4), (torch.randn(2, 5),)\n", "torch.export failed"),
+        ("nocolon", None, "expected 'package.module:function'"),
+        ("{d}/missing.pt2", None, "no such file"),
+    ],
+)
+def test_bad_sources_fail_in_one_line(tmp_path: Path, source: str, body: str | None, match: str) -> None:
+    f = _factory_file(tmp_path, body) if body else ""
+    with pytest.raises(GraphImportError, match=match) as e:
+        import_model(source.format(f=f, d=tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_a_corrupt_pt2_file_fails_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(GraphImportError, match="not a torch.export program"):
+        import_model(str(bad))
+
+
+def test_option_parsing() -> None:
+    assert parse_blocks(["4096=4", " 11008 = 2 "]) == {4096: 4, 11008: 2}
+    assert parse_input_shapes(["x=2x64x256", "y=3,4"]) == {"x": [2, 64, 256], "y": [3, 4]}
+    for bad in (["4096"], ["4096=0"], ["a=2"]):
+        with pytest.raises(GraphImportError, match="--blocks"):
+            parse_blocks(bad)
+    with pytest.raises(GraphImportError, match="do not divide"):
+        parse_blocks(["100=3"])
+    with pytest.raises(GraphImportError, match="--input-shape"):
+        parse_input_shapes(["x=2xq"])
+    with pytest.raises(GraphImportError, match="the module's inputs are x"):
+        import_model(f"{EXAMPLES / 'models.py'}:mlp", input_shapes={"nope": [2, 2]})
+    with pytest.raises(GraphImportError, match="torch.export failed"):
+        import_model(f"{EXAMPLES / 'models.py'}:mlp", input_shapes={"x": [32, 100]})
