@@ -75,3 +75,13 @@ def test_enumerative_beats_round_robin_on_slow_links():
     en = simulate(g, c, assign(g, c, "enumerative")).makespan_s
     rr = simulate(g, c, assign(g, c, "round_robin")).makespan_s
     assert en < rr
+
+
+def test_metis_prints_nothing_on_stdout(capfd) -> None:
+    """METIS's C notes ("too many parts") would corrupt `--json` output; they are silenced."""
+    g = workloads.build("random", num_ops=20, width=2, size="tiny")
+    for d in (8, 32):
+        a = assign(g, cluster(f"unit:{d}"), "metis")
+        assert a.devices.min() >= 0 and a.devices.max() < d
+    out, _ = capfd.readouterr()
+    assert out == ""

@@ -16,7 +16,11 @@ loaded device) since there is nothing to cut.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import warnings
+from typing import Iterator
 
 import numpy as np
 
@@ -71,7 +75,7 @@ def metis_partition(graph: DataflowGraph, cluster, *, seed: int = 0) -> np.ndarr
     import pymetis
 
     tpwgts = None if np.allclose(speed, speed[0]) else [float(s) for s in speed * (1 - 1e-9)]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _c_stdout_silenced():
         warnings.simplefilter("ignore", DeprecationWarning)
         res = pymetis.part_graph(
             d,
@@ -86,6 +90,21 @@ def metis_partition(graph: DataflowGraph, cluster, *, seed: int = 0) -> np.ndarr
     if parts.shape != (n,) or parts.min() < 0 or parts.max() >= d:  # pragma: no cover - defensive
         return _greedy_balance(vw.astype(np.float64), speed)
     return parts
+
+
+@contextlib.contextmanager
+def _c_stdout_silenced() -> Iterator[None]:
+    """METIS prints notes such as "You are trying to partition a graph into too many parts!" from C
+    straight to file descriptor 1, which would corrupt ``--json`` output: send it to /dev/null."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @register("metis", description="balanced k-way min-cut partition (pymetis); ignores time", deterministic=False)
