@@ -24,7 +24,7 @@ import json
 import time
 
 from doppler import workloads
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.hardware import cluster
 from doppler.io_util import atomic_write_text
 from doppler.simulate import lower_bound, simulate

@@ -18,7 +18,7 @@ import time
 from _timing import median_call_s
 
 from doppler import workloads
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.hardware import cluster
 from doppler.simulate import lower_bound, simulate
 

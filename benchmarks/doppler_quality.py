@@ -23,11 +23,12 @@ import tempfile
 import time
 
 from doppler import workloads
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.hardware import cluster
 from doppler.io_util import atomic_write_text
 from doppler.simulate import lower_bound, simulate
-from doppler.train import WARM_START_METHODS, Trainer, TrainConfig
+from doppler.methods.anneal import WARM_START_METHODS
+from doppler.train import Trainer, TrainConfig
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 EPISODES = {"chainmm": 4000, "ffnn": 4000, "llama_block": 8000, "llama_layer": 8000}

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from doppler import cluster, workloads
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.train import Trainer, TrainConfig
 
 

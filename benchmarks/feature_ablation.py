@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.corpus import held_out_split
 from doppler.simulate import simulate
 

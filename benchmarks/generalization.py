@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.corpus import held_out_split
 from doppler.hardware import DGX1_V100_NVLINKS, cluster
 from doppler.io_util import atomic_write_text
@@ -113,7 +113,7 @@ def main() -> None:
         args.seeds, args.budget_s, args.anneal_long_s, args.finetune_episodes = 1, 1.0, 3.0, 32
         args.transfer_episodes = 32
 
-    from doppler.policy.method import resolve_checkpoint
+    from doppler.policy.checkpoint import resolve_checkpoint
 
     ckpt, _ = resolve_checkpoint(args.checkpoint)
     kw = {"checkpoint": ckpt}

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from doppler import workloads
-from doppler.baselines import compare, list_methods
+from doppler.methods import compare, list_methods
 from doppler.graph import OpKind
 from doppler.hardware import cluster
 from doppler.kernels import evaluate_numpy

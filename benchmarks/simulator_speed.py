@@ -31,7 +31,7 @@ from _timing import median_call_s  # noqa: E402
 from simpy_reference import simulate_simpy  # noqa: E402
 
 from doppler import hardware, workloads  # noqa: E402
-from doppler.baselines import assign  # noqa: E402
+from doppler.methods import assign  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
 from doppler.simulate import SimContext, context, simulate, simulate_many  # noqa: E402
 

@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 from doppler import hardware, workloads
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.simulate import simulate_many
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")

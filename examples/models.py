@@ -8,7 +8,6 @@ the module in eval mode, and a tuple of example tensors whose shapes the graph i
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn

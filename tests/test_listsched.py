@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from doppler import assign, cluster, workloads
-from doppler.baselines._costs import CostModel
+from doppler.costs import CostModel
 from doppler.listsched import NUM_DEVICE_FEATURES, PlacementState
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "critical_path_reference.json").read_text())

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from doppler import cluster, workloads
-from doppler.baselines import MethodError, assign
+from doppler.methods import assign
 from doppler.cli import app
 from doppler.pretrain import Pretrainer, pretrain_config
-from doppler.train import TrainError, read_checkpoint
+from doppler.policy.checkpoint import read_checkpoint
+from doppler.train import TrainError
 
 TINY = dict(hidden=16, mlp_hidden=16, mp_steps=2, il_episodes=16, batch=4, search_evals=50, torch_threads=1)
 

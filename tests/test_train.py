@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from doppler import cluster, workloads
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.simulate import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
-from doppler.train import Trainer, TrainConfig, TrainError, advantages, load_policy, read_checkpoint
+from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
+from doppler.train import Trainer, TrainConfig, TrainError, advantages
 
 SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)
 
@@ -114,10 +115,10 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
         assert torch.equal(a, b)
     data = (tmp_path / "checkpoint.pt").read_bytes()
     (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(TrainError, match="trunc.pt"):
+    with pytest.raises(CheckpointError, match="trunc.pt"):
         load_policy(tmp_path / "trunc.pt")
     torch.save({"format": "something else"}, tmp_path / "other.pt")
-    with pytest.raises(TrainError, match="not a doppler checkpoint"):
+    with pytest.raises(CheckpointError, match="not a doppler checkpoint"):
         load_policy(tmp_path / "other.pt")
     other = workloads.build("random", num_ops=21, seed=3)
     fresh = Trainer.create([other], cluster("unit:2"), TrainConfig(**SMALL))

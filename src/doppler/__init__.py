@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from doppler.assignment import Assignment, load_assignment
-from doppler.baselines import MethodError, assign, list_methods
+from doppler.methods import MethodError, assign, list_methods
 from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph, GraphError, OpKind
 from doppler.hardware import Cluster, cluster
 from doppler.simulate import SimResult, lower_bound, simulate, simulate_many
 from doppler import workloads  # noqa: E402  (doppler.workloads.build(...))
+from doppler.policy import method as _learned_method  # noqa: E402, F401 - registers the learned method "doppler"
 
 __version__ = "0.1.0"
 

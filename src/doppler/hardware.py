@@ -371,23 +371,6 @@ class Cluster:
         eye = np.eye(self.num_devices, dtype=bool)
         return np.where(eye, 0.0, t)
 
-    def mean_transfer_time_s(self, nbytes: np.ndarray | float) -> np.ndarray:
-        """Average over distinct device pairs of the transfer time (for device-independent features)."""
-        d = self.num_devices
-        if d == 1:
-            return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
-        off = ~np.eye(d, dtype=bool)
-        mean_lat = self.latency_s[off].mean()
-        mean_inv_bw = (1.0 / self.bandwidth_Bps[off]).mean()
-        return mean_lat + np.asarray(nbytes, dtype=np.float64) * mean_inv_bw
-
-    def mean_compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
-        """Per-op compute time averaged over devices (for b-levels on heterogeneous clusters)."""
-        return self.compute_time_s(graph).mean(axis=1)
-
-    def fastest_compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
-        return self.compute_time_s(graph).min(axis=1)
-
     def is_homogeneous(self) -> bool:
         """All devices alike and all links alike."""
         d0 = self.devices[0]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from doppler.baselines._costs import CostModel
+from doppler.costs import CostModel
 
 DEVICE_FEATURES = (
     "assigned_compute",
@@ -166,7 +166,7 @@ class PlacementState:
     Arrays (``[B, ...]``, updated in place): ``dev`` (device per op, -1 before
     placement), ``start_s``/``finish_s`` (estimated, per op), ``free_s`` (per
     device), ``assigned_compute_s`` (per device). Build from a
-    :class:`~doppler.baselines._costs.CostModel`.
+    :class:`~doppler.costs.CostModel`.
     """
 
     def __init__(self, graph, costs: CostModel, batch: int = 1) -> None:

@@ -30,10 +30,10 @@ from typing import Any, Callable
 import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
-from doppler.train import TrainConfig, Trainer, TrainError, make_task, read_checkpoint, write_checkpoint
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, write_checkpoint
+from doppler.train import TrainConfig, Trainer, TrainError, _config_json, make_task
 
-PRETRAINED_DIR = Path(__file__).parent / "policy" / "pretrained"
-PRETRAINED_CHECKPOINT = PRETRAINED_DIR / "checkpoint.pt"
+__all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
 
 
 def pretrain_config(**overrides: Any) -> TrainConfig:
@@ -142,7 +142,7 @@ class Pretrainer:
 
     def save(self, run_dir: str | Path) -> None:
         """``checkpoint.pt`` and ``config.json`` in ``run_dir``, atomically."""
-        write_checkpoint(Path(run_dir), self.state(), self.cfg)
+        write_checkpoint(Path(run_dir), self.state(), _config_json(self.cfg))
 
     @classmethod
     def resume(cls, run_dir: str | Path, budget_s: float | None = None) -> "Pretrainer":

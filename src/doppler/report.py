@@ -356,7 +356,7 @@ def draw_graph(graph: DataflowGraph, path: str | Path, title: str | None = None)
 
 # ------------------------------------------------------------------ tables
 def comparison_table(rows: list[dict[str, Any]], title: str, cluster: "Cluster | None" = None) -> "Any":
-    """A rich table of :func:`doppler.baselines.compare` rows; the best makespan in bold green, peak
+    """A rich table of :func:`doppler.methods.compare` rows; the best makespan in bold green, peak
     memory (largest over devices) in red where some device's peak exceeds its memory."""
     from rich.table import Table
 

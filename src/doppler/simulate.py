@@ -69,6 +69,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from doppler.assignment import Assignment, AssignmentError, as_devices, check_assignment
+from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.trace import Trace  # re-exported (see __all__): `from doppler.simulate import Trace` still works
@@ -727,7 +728,7 @@ class SimContext:
         self.lvl_ops = np.lexsort((np.arange(n), self.level)).astype(np.int64)
         self.lvl_ptr = np.zeros(int(self.level.max()) + 2, dtype=np.int64)
         np.cumsum(np.bincount(self.level), out=self.lvl_ptr[1:])
-        self.comp = np.ascontiguousarray(cluster.compute_time_s(graph), dtype=np.float64)
+        self.comp = np.ascontiguousarray(CostModel.build(graph, cluster).compute_s, dtype=np.float64)
         cluster.check_times(graph, self.comp)
         self.out_bytes = np.ascontiguousarray(graph.output_bytes, dtype=np.float64)
         self.lat = np.ascontiguousarray(cluster.latency_s, dtype=np.float64)

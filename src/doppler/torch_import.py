@@ -507,8 +507,6 @@ class _Lowering:
 
     # ------------------------------------------------------------------ driver
     def run(self) -> DataflowGraph:
-        import torch
-
         ep, gm = self.ep, self.ep.graph_module
         kinds = {s.arg.name: s for s in ep.graph_signature.input_specs}
         state = {**ep.state_dict, **getattr(ep, "constants", {})}
@@ -724,7 +722,7 @@ class _Lowering:
         if len(keep) == len(t.shape):
             return t
         if not keep:
-            raise GraphImportError(f"a one-element computed tensor broadcast in an elementwise op")
+            raise GraphImportError("a one-element computed tensor broadcast in an elementwise op")
         return _view(self.b, t, [t.shape[i] for i in keep], self._fresh(node.name + ".bcast"))
 
     def _emit(self, e: "_Expr") -> Tensor:

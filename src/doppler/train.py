@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import math
 import random
@@ -31,12 +30,13 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 import torch
 
-from doppler.baselines._costs import priority_key
+from doppler.costs import priority_key
+from doppler.methods.anneal import WARM_START_METHODS
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import atomic_write_bytes, atomic_write_text
 from doppler.malloc import tune_malloc
 from doppler.policy.features import GraphFeatures, graph_features
+from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
 from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
 from doppler.simulate import lower_bound, simulate_many
@@ -45,17 +45,12 @@ STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "heft", "enumerative", "anneal")
 BASELINES = ("running", "mean", "loo")
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
-CHECKPOINT_FORMAT = "doppler-checkpoint-1"
 
 
 class TrainError(ValueError):
     """Bad training request or checkpoint (reported with exit code 2 by the CLI)."""
 
 
-#: cheap methods whose best assignment Stage II starts its self-improvement from (anneal's start set):
-#: measured, this start made the greedy decode at least as good as enumerative in 8 of 8 settings
-#: (5 of 8 without) and within 10% of a 60 s anneal in 6 of 8 (3 of 8), benchmarks/doppler_quality.py
-WARM_START_METHODS = ("critical_path", "heft", "metis", "enumerative", "round_robin_block")
 
 
 @dataclass
@@ -125,7 +120,7 @@ class TrainConfig:
         for name in ("search_every", "search_evals"):
             if int(getattr(self, name)) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        from doppler.baselines import MethodError, get_method
+        from doppler.methods import MethodError, get_method
 
         for m in (*self.sim_seed_methods, *self.real_seed_methods):
             try:
@@ -190,7 +185,7 @@ class Task:
         """The b-level (critical_path) op order along which assignments that are not the policy's own
         are replayed (teacher, warm start, local search); computed once."""
         if self._blevel_order is None:
-            from doppler.baselines.critical_path import critical_path_schedule
+            from doppler.methods.critical_path import critical_path_schedule
 
             self._blevel_order = critical_path_schedule(self.graph, self.cluster)["order"]
         return self._blevel_order
@@ -217,7 +212,7 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
         teacher_order=None,
     )
     if cfg.teacher != "critical_path":
-        from doppler.baselines import assign
+        from doppler.methods import assign
 
         task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S).devices
         task.teacher_order = task.blevel_order()
@@ -383,7 +378,7 @@ class Trainer:
     def _search_incumbent(self, task: Task, seed: int) -> None:
         """Expert iteration: simulated annealing for ``search_evals`` evaluations from the incumbent
         (deterministic for a seed); a better result becomes the incumbent the policy imitates."""
-        from doppler.baselines.anneal import anneal_search
+        from doppler.methods.anneal import anneal_search
 
         if task.best_assignment is None:
             return
@@ -418,7 +413,7 @@ class Trainer:
     def _seed_incumbent(self, task: Task, methods: tuple[str, ...]) -> None:
         """Evaluate ``methods``' assignments with the task's oracle; a faster one replaces the incumbent
         (replayed along the b-level order, as a non-critical_path teacher is)."""
-        from doppler.baselines import assign, get_method
+        from doppler.methods import assign, get_method
 
         methods = [m for m in methods if task.cluster.num_devices >= get_method(m).min_devices]
         if not methods:
@@ -660,7 +655,7 @@ class Trainer:
     def save(self, run_dir: str | Path) -> None:
         """Write ``checkpoint.pt``, ``config.json`` and ``best_assignment.json`` atomically."""
         run_dir = Path(run_dir)
-        write_checkpoint(run_dir, self.state(), self.cfg)
+        write_checkpoint(run_dir, self.state(), _config_json(self.cfg))
         task = self.tasks[0]
         if task.best_assignment is not None:
             from doppler.assignment import Assignment
@@ -691,14 +686,6 @@ class Trainer:
                 t.best_order, t.best_step_device, t.best_assignment = (np.asarray(x, dtype=np.int64) for x in g["best"])
 
 
-def write_checkpoint(run_dir: Path, state: dict[str, Any], cfg: TrainConfig) -> None:
-    """``run_dir/checkpoint.pt`` (``state``) and ``run_dir/config.json``, each written atomically."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
-    atomic_write_text(run_dir / "config.json", json.dumps(_config_json(cfg), indent=2) + "\n")
-
-
 def _config_json(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["stages"] = list(cfg.stages)
@@ -716,29 +703,19 @@ def config_from_json(obj: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**kw)
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint safely (``weights_only=True``); :class:`TrainError` if it is not one."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "checkpoint.pt"
-    if not p.is_file():
-        raise TrainError(f"{path}: no such checkpoint")
-    try:
-        ck = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise TrainError(f"{p}: not a readable doppler checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
-    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
-        raise TrainError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
-    return ck
+def train_and_assign(graph: DataflowGraph, cl: Cluster, run_dir: Path, cfg: TrainConfig,
+                     on_progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Train DOPPLER on one graph into ``run_dir``, decode greedily, draw the training curve.
 
+    Returns ``assignment``, ``train_s``, ``assign_time_s`` and ``training_curve`` (the demo's DOPPLER row)."""
+    from doppler.methods import assign
+    from doppler.report import training_curve
 
-def load_policy(path: str | Path) -> tuple[DopplerPolicy, dict[str, Any]]:
-    """The trained policy of a checkpoint and the checkpoint's metadata."""
-    ck = read_checkpoint(path)
-    try:
-        policy = DopplerPolicy(**ck["policy_config"])
-        policy.load_state_dict(ck["state_dict"])
-    except (KeyError, RuntimeError, TypeError) as e:
-        raise TrainError(f"{path}: checkpoint weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
-    policy.eval()
-    return policy, ck
+    t0 = time.perf_counter()
+    trainer = Trainer.create([graph], cl, cfg)
+    trainer.run(run_dir, on_progress)
+    train_s = time.perf_counter() - t0
+    a = assign(graph, cl, "doppler", checkpoint=run_dir / "checkpoint.pt")
+    curve = run_dir / "training_curve.png"
+    training_curve(trainer.history, curve, title=f"DOPPLER on {graph.name} ({graph.num_ops} ops), {cl.name}")
+    return {"assignment": a, "train_s": train_s, "assign_time_s": a.assign_time_s, "training_curve": curve}

@@ -40,7 +40,7 @@ def test_assign_writes_the_file(graph_file: Path, tmp_path: Path) -> None:
     assert obj["graph_fingerprint"] == g.fingerprint()
     assert len(obj["assignment"]) == g.num_ops
     a = load_assignment(out, g)
-    from doppler.baselines import assign
+    from doppler.methods import assign
     from doppler.hardware import cluster
 
     assert a.devices.tolist() == assign(g, cluster("p100x4"), "critical_path").devices.tolist()
@@ -129,7 +129,7 @@ def test_bad_inputs_exit_2(graph_file: Path, tmp_path: Path) -> None:
 def test_too_few_devices_exit_2(graph_file: Path, tmp_path: Path) -> None:
     import numpy as np
 
-    from doppler.baselines import METHODS, register
+    from doppler.methods import METHODS, register
 
     @register("test_needs_8", min_devices=8)
     def fn(graph, cluster, *, seed=0, budget_s=None):

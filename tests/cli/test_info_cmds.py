@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from doppler import __version__
-from doppler.baselines import list_methods
+from doppler.methods import list_methods
 from doppler.cli import app
 from doppler.hardware import PRESETS
 

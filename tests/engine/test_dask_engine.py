@@ -81,7 +81,7 @@ def assignments(n: int) -> dict[str, np.ndarray]:
 
 def test_outputs_of_every_workload_at_small_size_match_reference() -> None:
     """The issue's sizes (float32, the graphs' own dtype), every workload, under critical_path."""
-    from doppler.baselines import assign
+    from doppler.methods import assign
 
     for workload in ("chainmm", "ffnn", "llama_block", "llama_layer"):
         g = workloads.build(workload, size="small")

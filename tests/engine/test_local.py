@@ -11,7 +11,7 @@ import pytest
 
 from doppler import workloads
 from doppler.assignment import AssignmentError
-from doppler.baselines import assign
+from doppler.methods import assign
 from doppler.engine import EngineError, build_program, run
 from doppler.graph import DataflowGraph
 from doppler.hardware import cluster

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from doppler import cluster, workloads
-from doppler.baselines._costs import CostModel
+from doppler.costs import CostModel
 from doppler.graph import from_edges
 from doppler.hardware import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, PlacementState
@@ -200,7 +200,9 @@ class RefState:
             self.preds[d].append(s)
         self.bytes = graph.output_bytes.astype(float)
         # mean transfer time of the producer's output over distinct device pairs
-        self.mean_xfer = np.asarray(cl.mean_transfer_time_s(self.bytes), dtype=float)
+        off = ~np.eye(self.nd, dtype=bool)
+        self.mean_xfer = (np.zeros(self.n) if self.nd == 1 else cl.latency_s[off].mean()
+                          + self.bytes * (1.0 / cl.bandwidth_Bps[off]).mean())  # fmt: skip
         self.dev = [-1] * self.n
         self.start = [0.0] * self.n
         self.finish = [0.0] * self.n

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from doppler import cluster, workloads
-from doppler.baselines import MethodError, assign
-from doppler.baselines.anneal import _Moves
-from doppler.pretrain import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, Pretrainer, pretrain_config
+from doppler.methods import MethodError, assign
+from doppler.methods.anneal import _Moves
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR
+from doppler.pretrain import Pretrainer, pretrain_config
 from doppler.simulate import simulate
-from doppler.train import read_checkpoint
+from doppler.policy.checkpoint import read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +38,9 @@ def test_the_shipped_policy_is_the_default_small_and_safe_to_load():
 
 
 def test_missing_shipped_policy_is_a_clear_error(monkeypatch, tmp_path):
-    import doppler.pretrain
+    import doppler.policy.checkpoint
 
-    monkeypatch.setattr(doppler.pretrain, "PRETRAINED_CHECKPOINT", tmp_path / "gone.pt")
+    monkeypatch.setattr(doppler.policy.checkpoint, "PRETRAINED_CHECKPOINT", tmp_path / "gone.pt")
     with pytest.raises(MethodError, match="shipped pretrained policy is missing"):
         assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from doppler import cluster, workloads
-from doppler.baselines.critical_path import TIE_RTOL
+from doppler.methods.critical_path import TIE_RTOL
 from doppler.graph import from_edges
 from doppler.hardware import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, PlacementState

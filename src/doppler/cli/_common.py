@@ -18,6 +18,9 @@ from rich.console import Console
 
 from doppler.io_util import to_jsonable
 
+#: the `--json` option every command takes
+JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
+
 app = typer.Typer(
     name="doppler",
     help="Learn where each op of a dataflow graph should run on a work-conserving multi-device engine.",
@@ -56,7 +59,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
         types.append(SimulationError)
     with contextlib.suppress(ImportError):
-        from doppler.baselines import MethodError
+        from doppler.methods import MethodError
 
         types.append(MethodError)
     with contextlib.suppress(ImportError):

@@ -13,6 +13,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from doppler.cli._common import (
+    JSON_OPT,
     STRICT_MEMORY_HELP,
     UserError,
     app,
@@ -23,7 +24,6 @@ from doppler.cli._common import (
     handle_errors,
 )
 
-JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
 
 
 def _load(graph_path: Path, cluster_name: str):
@@ -45,14 +45,14 @@ def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int]) -> dict[s
 
 
 def _check_budget(budget_s: Optional[float]) -> None:
-    from doppler.baselines import check_budget
+    from doppler.methods import check_budget
 
     check_budget(budget_s)
 
 
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
     """Run a search method with a live bar on stderr: time used of the budget, best makespan so far."""
-    from doppler.baselines import assign
+    from doppler.methods import assign
     from doppler.report import format_time
 
     with Progress(
@@ -93,7 +93,7 @@ def assign_cmd(
 ) -> None:
     """Assign every op of a graph to a device with one method and write the assignment file."""
     with handle_errors():
-        from doppler.baselines import assign, get_method
+        from doppler.methods import assign, get_method
 
         spec = get_method(method)
         _check_budget(budget_s)
@@ -175,7 +175,7 @@ def compare_cmd(
 ) -> None:
     """Run several methods on one graph and compare their simulated makespans."""
     with handle_errors():
-        from doppler.baselines import compare, get_method
+        from doppler.methods import compare, get_method
 
         names = [m.strip() for m in methods.split(",") if m.strip()]
         for m in names:

@@ -10,14 +10,13 @@ from typing import Any, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors, write_trace_files
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, write_trace_files
 
 ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
 SCHEDULER_OPT = typer.Option(
     None, "--scheduler", help="Dask: address of a running scheduler (tcp://host:8786); default: a LocalCluster on 127.0.0.1."
 )
 TIMEOUT_OPT = typer.Option(600.0, "--timeout", help="Seconds one run may take before it is stopped.")
-JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON object on stdout.")
 DEVICE_TYPE_OPT = typer.Option(
     "cpu", "--device-type", help="Local engine devices: cpu (numpy workers) or cuda (torch on the GPU; more devices than GPUs split each GPU)."
 )

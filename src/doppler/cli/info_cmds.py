@@ -7,9 +7,8 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from doppler.cli._common import app, console, emit_json, handle_errors
+from doppler.cli._common import JSON_OPT, app, console, emit_json, handle_errors
 
-JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
 
 
 def _version(value: bool) -> None:
@@ -33,7 +32,7 @@ def main_options(
 def methods_cmd(json_out: bool = JSON_OPT) -> None:
     """List the placement methods: name, what it does, whether it uses a search budget."""
     with handle_errors():
-        from doppler.baselines import get_method, list_methods
+        from doppler.methods import get_method, list_methods
 
         rows = []
         for name in list_methods():

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors
 
 
 @app.command("pretrain")
@@ -19,11 +19,12 @@ def pretrain_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
-    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
+    json_out: bool = JSON_OPT,
 ) -> None:
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
     with handle_errors():
         from doppler.pretrain import Pretrainer, pretrain_config
+        from doppler.policy.checkpoint import CheckpointError
         from doppler.train import TrainError
 
         if not budget_h > 0 or budget_h > 1000:
@@ -38,7 +39,7 @@ def pretrain_cmd(
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
                 pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads), budget_h * 3600)
-        except TrainError as e:
+        except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()

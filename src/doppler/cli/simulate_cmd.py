@@ -10,7 +10,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
-from doppler.cli._common import STRICT_MEMORY_HELP, app, check_memory, console, emit_json, handle_errors, write_trace_files
+from doppler.cli._common import JSON_OPT, STRICT_MEMORY_HELP, app, check_memory, console, emit_json, handle_errors, write_trace_files
 
 
 @app.command("simulate")
@@ -31,7 +31,7 @@ def simulate_cmd(
         "fifo", "--dispatch", help="fifo (ready ops run in arrival order) or priority (in op-id order; wc only)."
     ),
     strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
+    json_out: bool = JSON_OPT,
 ) -> None:
     """Simulate one assignment on a cluster and report its makespan and peak memory per device."""
     with handle_errors():
@@ -131,7 +131,7 @@ def diff_cmd(
     second: Path = typer.Argument(..., metavar="B.json", help="Second assignment."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset or JSON file."),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use assignments made for another version of the graph."),
-    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
+    json_out: bool = JSON_OPT,
 ) -> None:
     """Two assignments side by side: simulated makespan, ops per device, transfers, and the ops that moved."""
     with handle_errors():

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from doppler.cli._common import UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors
 
 
 def _parse_stages(stages: str) -> tuple[str, ...]:
@@ -27,13 +27,9 @@ def _init_config(cfg, init: str):
     """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights."""
     import dataclasses
 
-    from doppler.policy.method import resolve_checkpoint
-    from doppler.train import read_checkpoint
+    from doppler.policy.checkpoint import read_checkpoint, resolve_checkpoint
 
-    try:
-        path, _ = resolve_checkpoint(None if init == "pretrained" else init)
-    except Exception as e:  # noqa: BLE001 - MethodError: the shipped policy is missing
-        raise UserError(str(e)) from None
+    path, _ = resolve_checkpoint(None if init == "pretrained" else init)  # CheckpointError: exit 2
     ck = read_checkpoint(path)
     pc = ck["policy_config"]
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
@@ -44,7 +40,8 @@ def _init_config(cfg, init: str):
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None):
     from doppler.formats import load_graph
     from doppler.hardware import cluster
-    from doppler.train import Trainer, TrainError, config_from_json, read_checkpoint
+    from doppler.policy.checkpoint import read_checkpoint
+    from doppler.train import Trainer, TrainError, config_from_json
 
     graphs = [load_graph(p) for p in graph_paths]
     cl = cluster(cluster_name)
@@ -111,10 +108,11 @@ def train_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
-    json_out: bool = typer.Option(False, "--json", help="Print exactly one JSON value on stdout."),
+    json_out: bool = JSON_OPT,
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
     with handle_errors():
+        from doppler.policy.checkpoint import CheckpointError
         from doppler.train import TrainConfig, TrainError
 
         try:
@@ -130,7 +128,7 @@ def train_cmd(
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init)
-        except TrainError as e:
+        except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -173,7 +171,7 @@ def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
 
 
 def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
-    from doppler.baselines import assign
+    from doppler.methods import assign
     from doppler.report import training_curve
     from doppler.simulate import simulate
 
@@ -228,21 +226,3 @@ def _print_summary(s: dict[str, Any], cl) -> None:
             highlight=False,
         )
     console.print(f"training curve: {s['training_curve']}", highlight=False)
-
-
-def train_and_assign(graph, cl, run_dir: Path, cfg, on_progress=None) -> dict[str, Any]:
-    """Train DOPPLER on one graph into ``run_dir``, decode greedily, draw the training curve.
-
-    Returns ``assignment``, ``train_s``, ``assign_time_s`` and ``training_curve`` (the demo's DOPPLER row)."""
-    from doppler.baselines import assign
-    from doppler.report import training_curve
-    from doppler.train import Trainer
-
-    t0 = time.perf_counter()
-    trainer = Trainer.create([graph], cl, cfg)
-    trainer.run(run_dir, on_progress)
-    train_s = time.perf_counter() - t0
-    a = assign(graph, cl, "doppler", checkpoint=run_dir / "checkpoint.pt")
-    curve = run_dir / "training_curve.png"
-    training_curve(trainer.history, curve, title=f"DOPPLER on {graph.name} ({graph.num_ops} ops), {cl.name}")
-    return {"assignment": a, "train_s": train_s, "assign_time_s": a.assign_time_s, "training_curve": curve}

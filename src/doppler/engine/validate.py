@@ -73,7 +73,7 @@ def _is_method(label: str) -> bool:
 def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, seed: int = 0) -> list[tuple[str, np.ndarray]]:
     """``n`` distinct (label, devices) pairs: the baselines, partial offloads of ``single``
     (10-80% of the ops in contiguous blocks moved to other devices), then perturbations."""
-    from doppler.baselines import assign, get_method
+    from doppler.methods import assign, get_method
 
     if n < 2:
         raise EngineError(f"validation needs at least 2 assignments, got n={n}")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from doppler.baselines._costs import CostModel
+from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.listsched import pred_comm_s
 

@@ -160,7 +160,7 @@ def _chain_sum(emb: torch.Tensor, jumps: list, scale: float) -> torch.Tensor:
 
 
 class DopplerPolicy(nn.Module):
-    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (see :meth:`load`).
+    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (:func:`doppler.policy.checkpoint.load_policy` loads a saved one).
 
     ``op_features`` names the static op features it reads (``"full"``: all of
     :data:`~doppler.policy.features.OP_FEATURES`; ``"structural"``: the position-free ones a

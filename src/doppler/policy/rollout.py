@@ -29,7 +29,7 @@ import numba
 import numpy as np
 import torch
 
-from doppler.baselines.critical_path import TIE_RTOL
+from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import NUM_DEVICE_FEATURES, features_into, place
 from doppler.policy.features import GraphFeatures, normalise_device_features
 from doppler.policy.networks import LEAK, Encoded

@@ -1,12 +1,13 @@
-"""The cost model shared by the list-scheduling baselines (critical path, HEFT,
-enumerative): per-(op, device) compute times and per-edge transfer times.
+"""The cost model: per-(op, device) compute times and per-edge transfer times, shared by the
+list schedulers (critical path, HEFT, enumerative, METIS), the policy's features and the
+simulator's context, and the integer priority keys every list scheduler orders by.
 
 A transfer of edge ``e = (u, v)`` from device ``a`` to device ``b != a`` takes
 ``latency[a, b] + edge_bytes[e] * inv_bw[a, b]`` (the producer's output bytes over
 the link, docs/design.md, Execution semantics); staying on a device is free (``latency`` and ``inv_bw``
 have a zero diagonal). Device-independent quantities (b-levels, upward ranks) use
 the **mean** compute time of an op over devices and the **mean** transfer time of
-an edge over ordered pairs of distinct devices (``Cluster.mean_transfer_time_s``).
+an edge over ordered pairs of distinct devices (:meth:`CostModel.mean_transfer_s`).
 
 For textbook examples (HEFT, Topcuoglu et al. 2002) the model can be built from
 explicit costs instead of a cluster: ``compute_s[n, D]`` per (op, device) and
@@ -76,13 +77,18 @@ class CostModel:
     def mean_compute_s(self) -> np.ndarray:
         return self.compute_s.mean(axis=1)
 
-    def mean_edge_comm_s(self) -> np.ndarray:
-        """Per-edge transfer time averaged over ordered pairs of distinct devices (0 if D == 1)."""
+    def mean_transfer_s(self, nbytes: np.ndarray | float) -> np.ndarray:
+        """Time to move ``nbytes`` averaged over ordered pairs of distinct devices (0 if D == 1)."""
+        nbytes = np.asarray(nbytes, dtype=np.float64)
         d = self.num_devices
         if d == 1:
-            return np.zeros_like(self.edge_bytes)
+            return np.zeros_like(nbytes)
         off = ~np.eye(d, dtype=bool)
-        return self.latency_s[off].mean() + self.edge_bytes * self.inv_bw[off].mean()
+        return self.latency_s[off].mean() + nbytes * self.inv_bw[off].mean()
+
+    def mean_edge_comm_s(self) -> np.ndarray:
+        """Per-edge transfer time averaged over ordered pairs of distinct devices (0 if D == 1)."""
+        return self.mean_transfer_s(self.edge_bytes)
 
     def b_level(self, graph: DataflowGraph) -> np.ndarray:
         """Longest path to an exit with mean compute and mean communication costs."""

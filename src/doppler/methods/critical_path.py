@@ -6,7 +6,7 @@ The algorithm, exactly:
    counting compute and communication, where an op's compute is its **mean**
    compute time over the cluster's devices and an edge's communication is the
    **mean** transfer time of the producer's ``output_bytes`` over ordered pairs
-   of distinct devices (``Cluster.mean_transfer_time_s``; 0 on one device).
+   of distinct devices (``CostModel.mean_transfer_s``; 0 on one device).
 2. Repeat ``|V|`` times. The candidate set ``C_h`` holds the unplaced ops whose
    predecessors are all placed. **SEL**: take the candidate with the largest
    b-level (ties: lowest op id; b-levels that differ by less than ``1e-12``
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.baselines import register
-from doppler.baselines._costs import CostModel, priority_key
+from doppler.methods.registry import register
+from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import PlacementState
 

@@ -25,8 +25,8 @@ from typing import Iterator
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.baselines import register
-from doppler.baselines._costs import CostModel
+from doppler.methods.registry import register
+from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 
 WEIGHT_SCALE = 1000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.baselines import register
+from doppler.methods.registry import register
 from doppler.graph import DataflowGraph
 
 

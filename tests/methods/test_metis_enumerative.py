@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from doppler import workloads
-from doppler.baselines import assign
-from doppler.baselines.enumerative import _range_plans
+from doppler.methods import assign
+from doppler.methods.enumerative import _range_plans
 from doppler.graph import from_edges
 from doppler.hardware import cluster, homogeneous
 

@@ -1,25 +1,14 @@
-"""Device-assignment methods behind one interface, and their registry.
+"""The registry of placement methods and the one interface they share.
 
-Every method is a function ``fn(graph, cluster, *, seed, budget_s, **kw)`` that
-returns an :class:`~doppler.assignment.Assignment` (or a bare device array)
-registered under a name with :func:`register`. Use :func:`assign` to run one by
-name: it validates the request, times the call (``assign_time_s``), checks the
-result and stamps ``method`` and ``graph_fingerprint``.
-
-Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``, ``random``,
-``critical_path``, ``heft``, ``metis``, ``enumerative``, ``anneal``. The learned
-methods (``doppler``, ``placeto``, ``gdp``, ablations) register themselves the
-same way from their own modules; list those modules in :data:`PLUGIN_MODULES`
-so that lookup by name imports them on demand.
-
-Methods use only public APIs (graph, cluster, simulator); they never reach into
-simulator internals.
+Every method is a function ``fn(graph, cluster, *, seed, budget_s, **kw)`` that returns an
+:class:`~doppler.assignment.Assignment` (or a bare device array), registered under a name
+with :func:`register`. :func:`assign` runs one by name: it validates the request, times the
+call (``assign_time_s``), checks the result and stamps ``method`` and ``graph_fingerprint``.
+:func:`compare` runs several and scores each in the simulator.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import math
 import time
 from dataclasses import dataclass
@@ -50,10 +39,6 @@ class MethodSpec:
 
 METHODS: dict[str, MethodSpec] = {}
 
-# Modules that register further methods when imported (the learned methods add theirs here).
-PLUGIN_MODULES: list[str] = ["doppler.policy.method"]
-_BUILTIN_MODULES = ("simple", "critical_path", "heft", "metis", "enumerative", "anneal")
-_loaded_plugins = False
 
 
 def register(
@@ -74,27 +59,13 @@ def register(
     return deco
 
 
-def _load_plugins() -> None:
-    global _loaded_plugins
-    if _loaded_plugins:
-        return
-    _loaded_plugins = True
-    for mod in PLUGIN_MODULES:
-        with contextlib.suppress(ModuleNotFoundError):
-            importlib.import_module(mod)
-
-
 def list_methods() -> list[str]:
     """Names of every registered method (built-in first, in registration order)."""
-    _load_plugins()
     return list(METHODS)
 
 
 def get_method(name: str) -> MethodSpec:
     spec = METHODS.get(name)
-    if spec is None:
-        _load_plugins()
-        spec = METHODS.get(name)
     if spec is None:
         raise MethodError(f"unknown method {name!r} (known: {', '.join(list_methods())})")
     return spec
@@ -230,27 +201,3 @@ def compare(
         r["ratio_to_lower_bound"] = r["makespan_s"] / lb if lb > 0 else None
         r["ratio_to_critical_path"] = r["makespan_s"] / ref if ref > 0 else None
     return rows
-
-for _m in _BUILTIN_MODULES:
-    importlib.import_module(f"doppler.baselines.{_m}")
-del _m
-
-from doppler.baselines.critical_path import CriticalPathTrace, critical_path_trace  # noqa: E402
-from doppler.baselines.heft import HeftSchedule, heft_schedule  # noqa: E402
-
-__all__ = [
-    "METHODS",
-    "PLUGIN_MODULES",
-    "CriticalPathTrace",
-    "HeftSchedule",
-    "MethodError",
-    "MethodSpec",
-    "assign",
-    "check_budget",
-    "compare",
-    "critical_path_trace",
-    "get_method",
-    "heft_schedule",
-    "list_methods",
-    "register",
-]

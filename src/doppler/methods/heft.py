@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.baselines import register
-from doppler.baselines._costs import CostModel, priority_key
+from doppler.methods.registry import register
+from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 
 @dataclass
@@ -51,7 +51,7 @@ def heft_schedule(
     cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
     rank = cm.b_level(graph)
     order = np.lexsort((np.arange(graph.num_ops), graph.level, -priority_key(rank))).astype(np.int64)
-    from doppler.baselines._kernels import heft_core as core
+    from doppler.methods._kernels import heft_core as core
 
     dev, start, finish = core(
         order,

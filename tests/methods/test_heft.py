@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from doppler.baselines import assign, heft_schedule
+from doppler.methods import assign, heft_schedule
 from doppler.graph import from_edges
 from doppler.hardware import unit
 

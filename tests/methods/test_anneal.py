@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler.baselines import MethodError, assign
+from doppler.methods import MethodError, assign
 from doppler.hardware import cluster
 from doppler.simulate import simulate
 

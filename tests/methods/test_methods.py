@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from doppler.assignment import Assignment
-from doppler.baselines import METHODS, assign, list_methods
+from doppler.methods import METHODS, assign, list_methods
 from doppler.graph import DataflowGraph, OpKind
 from doppler.hardware import Cluster, Device, homogeneous
 from doppler.simulate import lower_bound, simulate, simulate_many

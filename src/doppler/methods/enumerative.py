@@ -44,8 +44,8 @@ from __future__ import annotations
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.baselines import register
-from doppler.baselines._costs import CostModel
+from doppler.methods.registry import register
+from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 
 

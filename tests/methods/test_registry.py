@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from doppler.assignment import Assignment
-from doppler.baselines import METHODS, MethodError, assign, get_method, list_methods, register
+from doppler.methods import METHODS, MethodError, assign, get_method, list_methods, register
 from doppler.graph import from_edges
 from doppler.hardware import homogeneous
 

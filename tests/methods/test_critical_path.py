@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from doppler.baselines import assign, critical_path_trace
+from doppler.methods import assign, critical_path_trace
 from doppler.graph import from_edges
 from doppler.hardware import unit
 

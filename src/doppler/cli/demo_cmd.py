@@ -1,0 +1,174 @@
+"""``doppler demo``: every method on the four paper workloads, the pretrained and a trained
+DOPPLER policy, pictures of the best schedules, and the real engine on a small graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors
+
+DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal")
+ZERO_SHOT = "doppler zero-shot"
+
+
+@app.command("demo")
+def demo_cmd(
+    budget_s: float = typer.Option(5.0, "--budget-s", help="Search budget of anneal per workload (s)."),
+    out_dir: Path = typer.Option(Path("out/demo"), "--out", help="Where to write graph pictures and Gantt charts."),
+    cluster_name: str = typer.Option("p100x4", "--cluster", help="Cluster preset or JSON file."),
+    train_episodes: int = typer.Option(1000, "--train-episodes", help="DOPPLER Stage II episodes per workload (0: skip DOPPLER)."),
+    il_episodes: int = typer.Option(512, "--il-episodes", help="DOPPLER Stage I (imitation) episodes per workload."),
+    engine: bool = typer.Option(True, "--engine/--no-engine", help="Also calibrate the local engine and execute a small graph for real."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """End to end: train DOPPLER and run every baseline on the four paper workloads, simulate, draw the best schedules."""
+    with handle_errors():
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from doppler import workloads
+        from doppler.methods import compare
+        from doppler.hardware import cluster
+        from doppler.report import draw_graph, gantt, time_unit
+        from doppler.simulate import simulate
+
+        if not budget_s > 0:
+            raise UserError(f"--budget-s must be > 0, got {budget_s}")
+        if train_episodes < 0 or il_episodes < 1:
+            raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
+        from doppler.simulate import lower_bound
+        from doppler.train import TrainConfig, train_and_assign
+
+        from doppler.methods import assign
+
+        methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
+        cl = cluster(cluster_name)
+        names = ("chainmm", "ffnn", "llama_block", "llama_layer")
+        results = []
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
+            task = progress.add_task("demo", total=len(names) * len(methods))
+            for name in names:
+                progress.update(task, description=f"{name}: building the tile graph")
+                graph = workloads.build(name)
+
+                def on_method(m: str, name: str = name) -> None:
+                    progress.update(task, description=f"{name}: [bold]{m}[/]")
+                    progress.advance(task, 0 if m == DEMO_METHODS[0] else 1)
+
+                rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s, on_method=on_method)
+                progress.update(task, description=f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)")
+                zero_shot = assign(graph, cl, "doppler")
+                rows.append({"method": ZERO_SHOT, "assignment": zero_shot,
+                             "makespan_s": float(simulate(graph, cl, zero_shot).makespan_s),
+                             "lower_bound_s": float(lower_bound(graph, cl))})  # fmt: skip
+                progress.advance(task)
+                train = None
+                if train_episodes:
+                    def on_train(st: dict, name: str = name) -> None:
+                        progress.update(task, description=f"{name}: [bold]doppler[/] training, {st['stage']} "
+                                        f"episode {st['episode']}/{st['total']}")  # fmt: skip
+
+                    train = train_and_assign(graph, cl, out_dir / f"doppler_{name}",
+                                             TrainConfig(episodes=train_episodes, il_episodes=il_episodes), on_train)  # fmt: skip
+                    rows.append({"method": "doppler", "assignment": train["assignment"],
+                                 "makespan_s": float(simulate(graph, cl, train["assignment"]).makespan_s),
+                                 "lower_bound_s": float(lower_bound(graph, cl))})  # fmt: skip
+                    progress.advance(task)
+                best = min(rows, key=lambda r: r["makespan_s"])
+                picture = out_dir / f"{name}_graph.png"
+                chart = out_dir / f"{name}_gantt_{best['method']}.png"
+                draw_graph(graph, picture)
+                trace = simulate(graph, cl, best["assignment"], trace=True)
+                gantt(graph, cl, trace, chart, title=f"{name} on {cl.name}, {best['method']} assignment",
+                      lower_bound_s=best["lower_bound_s"])
+                results.append({"name": name, "num_ops": graph.num_ops, "num_edges": graph.num_edges,
+                                "total_flops": float(graph.flops.sum()), "lower_bound_s": best["lower_bound_s"],
+                                "makespan_s": {r["method"]: r["makespan_s"] for r in rows},
+                                "best_method": best["method"], "graph_png": str(picture), "gantt_png": str(chart),
+                                "doppler_train_s": train["train_s"] if train else None,
+                                "doppler_training_curve_png": str(train["training_curve"]) if train else None})
+        real = _engine_demo(out_dir, progress_console=err_console) if engine else None
+        if json_out:
+            emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results, "engine": real})
+            return
+        scale, unit = time_unit(min(r["lower_bound_s"] for r in results), cl)
+        table = Table(title=f"Simulated makespan ({unit}) on {cl.name}, work-conserving engine", caption="best per workload in green")
+        table.add_column("method")
+        for r in results:
+            table.add_column(f"{r['name']}\n{r['num_ops']} ops", justify="right")
+        table.add_row("lower bound", *(f"{r['lower_bound_s'] * scale:.2f}" for r in results), style="dim", end_section=True)
+        for m in methods:
+            cells = []
+            for r in results:
+                v, best = r["makespan_s"][m], min(r["makespan_s"].values())
+                cells.append(f"[bold green]{v * scale:.2f}[/]" if v == best else f"{v * scale:.2f}")
+            table.add_row(m, *cells)
+        table.add_row("best / critical_path",
+                      *(f"{min(r['makespan_s'].values()) / r['makespan_s']['critical_path']:.3f}" for r in results),
+                      style="bold", end_section=True)
+        if train_episodes:
+            table.add_row("doppler training (s)", *(f"{r['doppler_train_s']:.0f}" for r in results), style="dim")
+        console.print(table)
+        console.print(f"anneal: {budget_s:g} s of simulated annealing per workload. "
+                      f"Graph pictures and Gantt charts of the best schedules are in {out_dir}/.", highlight=False)
+        console.print(f"{ZERO_SHOT}: the pretrained policy shipped with doppler, greedy decode, never trained on "
+                      "these graphs or this cluster.", highlight=False)
+        if train_episodes:
+            console.print(f"doppler: imitation + {train_episodes} simulator-RL episodes per workload, greedy decode; "
+                          f"checkpoints and training curves in {out_dir}/doppler_*/.", highlight=False)
+        if real is not None:
+            _print_engine_demo(real)
+        console.print("next: doppler graph build llama_layer -o g.json && "
+                      "doppler compare g.json --cluster p100x4 --methods critical_path,heft,anneal", highlight=False)
+
+
+ENGINE_DEMO_METHODS = ("single", "round_robin", "critical_path", "metis")
+
+
+def _engine_demo(out_dir: Path, progress_console) -> dict:
+    """Calibrate the local engine (2 CPU devices), then execute ``ffnn`` (size small) under a few
+    assignments for real, next to the simulator's prediction on the calibrated cluster."""
+    from rich.status import Status
+
+    from doppler import workloads
+    from doppler.methods import assign
+    from doppler.engine import build_program, run
+    from doppler.engine.calibrate import calibrate
+    from doppler.report import gantt
+    from doppler.simulate import simulate
+
+    with Status("real engine: calibrating 2 CPU devices", console=progress_console):
+        cal = calibrate(2, runs=2)
+    cal_path = out_dir / "engine_cluster.json"
+    cal.cluster.save(cal_path)
+    graph = workloads.build("ffnn", size="small")
+    program = build_program(graph)
+    rows = []
+    for m in ENGINE_DEMO_METHODS:
+        with Status(f"real engine: executing ffnn (small) under {m}", console=progress_console):
+            a = assign(graph, cal.cluster, m)
+            res = run(graph, a, num_devices=2, program=program, repeats=3, warmup=1)
+        sim = simulate(graph, cal.cluster, a, link_contention=True).makespan_s
+        rows.append({"method": m, "measured_s": res.makespan_s, "simulated_s": sim, "trace": res.trace})
+    best = min(rows, key=lambda r: r["measured_s"])
+    chart = out_dir / f"ffnn_small_engine_gantt_{best['method']}.png"
+    gantt(graph, cal.cluster, best["trace"], chart, title=f"ffnn (small) measured on the local engine, {best['method']}")
+    return {"cluster": str(cal_path), "graph": f"ffnn (size=small, {graph.num_ops} ops)", "gantt_png": str(chart),
+            "rows": [{k: v for k, v in r.items() if k != "trace"} for r in rows]}
+
+
+def _print_engine_demo(real: dict) -> None:
+    from doppler.report import format_time
+
+    table = Table(title=f"Real engine: {real['graph']} on 2 local CPU devices (median of 3 runs)")
+    for col in ("method", "measured", "simulated (calibrated)", "error"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in real["rows"]:
+        err = (r["simulated_s"] - r["measured_s"]) / r["measured_s"] * 100
+        table.add_row(r["method"], format_time(r["measured_s"]), format_time(r["simulated_s"]), f"{err:+.0f}%")
+    console.print(table)
+    console.print(f"calibrated cluster: {real['cluster']}; Gantt chart of the fastest measured run: {real['gantt_png']}",
+                  highlight=False)

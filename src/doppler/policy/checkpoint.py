@@ -1,0 +1,104 @@
+"""The checkpoint format of a DOPPLER policy: writing, reading, loading and fit checks.
+
+A checkpoint is one ``checkpoint.pt`` (a dict of tensors and plain values, read with
+``torch.load(..., weights_only=True)``) beside a readable ``config.json``. It holds the policy's
+shape (``policy_config``) and weights, the training state to continue exactly, the cluster and
+the fingerprints of the graphs it was trained on (none for a pretrained policy). The package
+ships one pretrained checkpoint, :data:`PRETRAINED_CHECKPOINT`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from doppler.graph import DataflowGraph
+from doppler.hardware import Cluster
+from doppler.io_util import atomic_write_bytes, atomic_write_text
+from doppler.policy.networks import DopplerPolicy
+
+CHECKPOINT_FORMAT = "doppler-checkpoint-1"
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+PRETRAINED_CHECKPOINT = PRETRAINED_DIR / "checkpoint.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable, of another format, or that does not fit (exit code 2)."""
+
+
+def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str, Any]) -> None:
+    """``run_dir/checkpoint.pt`` (``state``) and ``run_dir/config.json``, each written atomically."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
+    atomic_write_text(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint (a file, or a run directory holding ``checkpoint.pt``) with ``weights_only=True``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "checkpoint.pt"
+    if not p.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        ck = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
+        raise CheckpointError(f"{p}: not a readable doppler checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
+    return ck
+
+
+def load_policy(path: str | Path) -> tuple[DopplerPolicy, dict[str, Any]]:
+    """The trained policy of a checkpoint (in eval mode) and the checkpoint's metadata."""
+    ck = read_checkpoint(path)
+    try:
+        policy = DopplerPolicy(**ck["policy_config"])
+        policy.load_state_dict(ck["state_dict"])
+    except (KeyError, RuntimeError, TypeError) as e:
+        raise CheckpointError(f"{path}: checkpoint weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
+    policy.eval()
+    return policy, ck
+
+
+def resolve_checkpoint(checkpoint: str | Path | None) -> tuple[Path, bool]:
+    """The checkpoint to load, and whether it is the shipped pretrained policy (``checkpoint`` None)."""
+    if checkpoint is not None:
+        return Path(checkpoint), False
+    if not PRETRAINED_CHECKPOINT.is_file():
+        raise CheckpointError(f"the shipped pretrained policy is missing ({PRETRAINED_CHECKPOINT}): reinstall doppler, "
+                              "or pass --checkpoint")  # fmt: skip
+    return PRETRAINED_CHECKPOINT, True
+
+
+def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, where: str) -> bool:
+    """Raise if a checkpoint cannot serve ``graph`` on ``cluster``; True if its use is zero-shot.
+
+    A pretrained policy, or one trained on several graphs, serves any graph and cluster. A
+    policy trained on one graph with position-free op features (``structural``, as fine-tuned
+    from the pretrained one) serves any graph and cluster zero-shot too; one with the ``full``
+    features (op ids, block coordinates: memorised positions) serves only its own graph and cluster."""
+    graphs = meta["graphs"]
+    transferable = meta.get("policy_config", {}).get("op_features", "full") != "full"
+    if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
+        if len(graphs) == 1 and json.loads(meta["cluster"]) != cluster.to_json():
+            if transferable:
+                return True
+            trained_on = json.loads(meta["cluster"])
+            raise CheckpointError(
+                f"{where}: trained on cluster {trained_on.get('name', '?')!r}, not {cluster.name!r} "
+                "(train on this cluster, or fine-tune the pretrained policy: `doppler train --init pretrained`)"
+            )
+        return False
+    if len(graphs) == 1 and not transferable:
+        raise CheckpointError(
+            f"{where}: trained on graph {graphs[0]['name']!r} ({graphs[0]['num_ops']} ops), which is not "
+            f"{graph.name!r} ({graph.num_ops} ops): fingerprints differ (the shipped pretrained policy, "
+            "--method doppler without --checkpoint, places any graph)"
+        )
+    return True

@@ -1,0 +1,70 @@
+"""Imports run one way, from the ground up (docs/design.md, Package layout): no module imports
+one above its layer, not even lazily inside a function."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
+
+#: lowest first; a module may import its own layer and the layers below it
+LAYERS = [
+    {"graph", "io_util", "kernels", "malloc"},
+    {"hardware", "costs"},
+    {"workloads", "formats", "assignment", "corpus", "torch_import"},
+    {"listsched", "trace"},
+    {"simulate"},
+    {"report"},
+    {"methods"},
+    {"policy"},
+    {"engine"},
+    {"train", "pretrain"},
+    {"cli", "__main__", "__init__"},
+]
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"doppler.{module} is in no layer: add it to LAYERS")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module below ``doppler.``) of every import of a doppler module in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "doppler":
+                out += [(node.lineno, a.name) for a in node.names if (SRC / a.name).exists() or (SRC / f"{a.name}.py").exists()]
+            elif node.module.startswith("doppler."):
+                out.append((node.lineno, node.module.removeprefix("doppler.")))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.removeprefix("doppler.")) for a in node.names if a.name.startswith("doppler.")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("doppler."):
+            name = node.value.removeprefix("doppler.")
+            if name.replace(".", "").isidentifier() and (SRC / name.split(".")[0]).with_suffix(".py").exists():
+                out.append((node.lineno, name))  # importlib.import_module("doppler.x") by name
+    return out
+
+
+FILES = sorted(p for p in SRC.rglob("*.py") if "pretrained" not in p.parts)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(SRC)) for p in FILES])
+def test_no_module_imports_one_above_its_layer(path: Path) -> None:
+    rel = path.relative_to(SRC).with_suffix("")
+    me = "__init__" if rel.parts == ("__init__",) else ".".join(rel.parts)
+    mine = _layer(me)
+    upward = [f"line {line}: doppler.{mod}" for line, mod in _imports(path) if _layer(mod) > mine]
+    assert not upward, f"doppler.{me} (layer {mine}) imports upward: {', '.join(upward)}"
+
+
+def test_the_learned_method_registers_on_import_doppler() -> None:
+    import doppler
+
+    assert "doppler" in doppler.list_methods()
