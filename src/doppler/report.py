@@ -355,27 +355,26 @@ def draw_graph(graph: DataflowGraph, path: str | Path, title: str | None = None)
 
 
 # ------------------------------------------------------------------ tables
-def comparison_table(rows: list[dict[str, Any]], title: str, cluster: "Cluster | None" = None) -> "Any":
-    """A rich table of :func:`doppler.methods.compare` rows; the best makespan in bold green, peak
-    memory (largest over devices) in red where some device's peak exceeds its memory."""
+def comparison_table(rows: list[Any], title: str, cluster: "Cluster | None" = None) -> "Any":
+    """A rich table of :func:`doppler.methods.compare` rows (``CompareRow``); the best makespan in
+    bold green, peak memory (largest over devices) in red where some device's peak exceeds its memory."""
     from rich.table import Table
 
     table = Table(title=title)
     table.add_column("method")
     for col in ("makespan", "/ lower bound", "/ critical_path", "peak memory", "assign time (s)"):
         table.add_column(col, justify="right")
-    best = min(r["makespan_s"] for r in rows)
+    best = min(r.makespan_s for r in rows)
     for r in rows:
-        peak = max(r["peak_memory_bytes"])
-        over = r.get("memory_overruns")
+        peak = max(r.peak_memory_bytes)
         table.add_row(
-            r["method"],
-            format_time(r["makespan_s"], cluster),
-            f"{r['ratio_to_lower_bound']:.3f}" if r["ratio_to_lower_bound"] is not None else "-",
-            f"{r['ratio_to_critical_path']:.3f}" if r["ratio_to_critical_path"] is not None else "-",
-            f"[red]{format_bytes(peak)} (over)[/]" if over else format_bytes(peak),
-            f"{r['assign_time_s']:.3f}",
-            style="bold green" if r["makespan_s"] == best else None,
+            r.method,
+            format_time(r.makespan_s, cluster),
+            f"{r.ratio_to_lower_bound:.3f}" if r.ratio_to_lower_bound is not None else "-",
+            f"{r.ratio_to_critical_path:.3f}" if r.ratio_to_critical_path is not None else "-",
+            f"[red]{format_bytes(peak)} (over)[/]" if r.memory_overruns else format_bytes(peak),
+            f"{r.assign_time_s:.3f}",
+            style="bold green" if r.makespan_s == best else None,
         )
     return table
 

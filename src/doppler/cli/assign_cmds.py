@@ -199,46 +199,37 @@ def compare_cmd(
 
             learned = {"doppler": {"checkpoint": checkpoint}} if checkpoint is not None else {}
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_method=on_method, method_kwargs=learned)
-        keys = [
-            "method",
-            "makespan_s",
-            "lower_bound_s",
-            "ratio_to_lower_bound",
-            "ratio_to_critical_path",
-            "assign_time_s",
-            "estimated_makespan_s",
-            "peak_memory_bytes",
-            "memory_overruns",
-        ]
         if csv_path is not None:
             from doppler.io_util import atomic_write_text
 
             buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=keys[:-1], lineterminator="\n")  # peak: the largest over devices
+            fields = [k for k in rows[0].to_json() if k != "memory_overruns"]
+            w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")  # peak: the largest over devices
             w.writeheader()
             for r in rows:
-                w.writerow({k: ("" if r[k] is None else max(r[k]) if k == "peak_memory_bytes" else r[k])
-                            for k in keys[:-1]})  # fmt: skip
+                row = r.to_json()
+                w.writerow({k: ("" if row[k] is None else max(row[k]) if k == "peak_memory_bytes" else row[k])
+                            for k in fields})  # fmt: skip
             atomic_write_text(csv_path, buf.getvalue())
         saved = []
         if save_dir is not None:
             if save_dir.exists() and not save_dir.is_dir():
                 raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
             for r in rows:
-                path = save_dir / f"{r['method']}.json"
-                r["assignment"].save(path)
+                path = save_dir / f"{r.method}.json"
+                r.assignment.save(path)
                 saved.append(str(path))
         if json_out:
-            emit_json([{k: r[k] for k in keys} | ({"assignment_file": saved[i]} if saved else {}) for i, r in enumerate(rows)])
+            emit_json([r.to_json() | ({"assignment_file": saved[i]} if saved else {}) for i, r in enumerate(rows)])
             return
         from doppler.report import comparison_table, format_time
 
         title = f"{graph.name} ({graph.num_ops} ops) on {cl.name} ({cl.num_devices} devices)"
         console.print(comparison_table(rows, title, cl))
-        over = [f"{r['method']} ({'; '.join(r['memory_overruns'])})" for r in rows if r["memory_overruns"]]
+        over = [f"{r.method} ({'; '.join(r.memory_overruns)})" for r in rows if r.memory_overruns]
         if over:
             console.print(f"[red]over device memory:[/] {', '.join(over)}", highlight=False)
-        console.print(f"lower bound {format_time(rows[0]['lower_bound_s'], cl)}", highlight=False)
+        console.print(f"lower bound {format_time(rows[0].lower_bound_s, cl)}", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}", highlight=False)
         if saved:

@@ -14,6 +14,9 @@ DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerat
 ZERO_SHOT = "doppler zero-shot"
 
 
+WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
+
+
 @app.command("demo")
 def demo_cmd(
     budget_s: float = typer.Option(5.0, "--budget-s", help="Search budget of anneal per workload (s)."),
@@ -28,90 +31,28 @@ def demo_cmd(
     with handle_errors():
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from doppler import workloads
-        from doppler.methods import compare
         from doppler.hardware import cluster
-        from doppler.report import draw_graph, gantt, time_unit
-        from doppler.simulate import simulate
 
         if not budget_s > 0:
             raise UserError(f"--budget-s must be > 0, got {budget_s}")
         if train_episodes < 0 or il_episodes < 1:
             raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
-        from doppler.simulate import lower_bound
-        from doppler.train import TrainConfig, train_and_assign
-
-        from doppler.methods import assign
-
         methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
-        names = ("chainmm", "ffnn", "llama_block", "llama_layer")
-        results = []
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
-            task = progress.add_task("demo", total=len(names) * len(methods))
-            for name in names:
-                progress.update(task, description=f"{name}: building the tile graph")
-                graph = workloads.build(name)
+            task = progress.add_task("demo", total=len(WORKLOADS) * len(methods))
 
-                def on_method(m: str, name: str = name) -> None:
-                    progress.update(task, description=f"{name}: [bold]{m}[/]")
-                    progress.advance(task, 0 if m == DEMO_METHODS[0] else 1)
+            def say(text: str, advance: int = 0) -> None:
+                progress.update(task, description=text)
+                progress.advance(task, advance)
 
-                rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s, on_method=on_method)
-                progress.update(task, description=f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)")
-                zero_shot = assign(graph, cl, "doppler")
-                rows.append({"method": ZERO_SHOT, "assignment": zero_shot,
-                             "makespan_s": float(simulate(graph, cl, zero_shot).makespan_s),
-                             "lower_bound_s": float(lower_bound(graph, cl))})  # fmt: skip
-                progress.advance(task)
-                train = None
-                if train_episodes:
-                    def on_train(st: dict, name: str = name) -> None:
-                        progress.update(task, description=f"{name}: [bold]doppler[/] training, {st['stage']} "
-                                        f"episode {st['episode']}/{st['total']}")  # fmt: skip
-
-                    train = train_and_assign(graph, cl, out_dir / f"doppler_{name}",
-                                             TrainConfig(episodes=train_episodes, il_episodes=il_episodes), on_train)  # fmt: skip
-                    rows.append({"method": "doppler", "assignment": train["assignment"],
-                                 "makespan_s": float(simulate(graph, cl, train["assignment"]).makespan_s),
-                                 "lower_bound_s": float(lower_bound(graph, cl))})  # fmt: skip
-                    progress.advance(task)
-                best = min(rows, key=lambda r: r["makespan_s"])
-                picture = out_dir / f"{name}_graph.png"
-                chart = out_dir / f"{name}_gantt_{best['method']}.png"
-                draw_graph(graph, picture)
-                trace = simulate(graph, cl, best["assignment"], trace=True)
-                gantt(graph, cl, trace, chart, title=f"{name} on {cl.name}, {best['method']} assignment",
-                      lower_bound_s=best["lower_bound_s"])
-                results.append({"name": name, "num_ops": graph.num_ops, "num_edges": graph.num_edges,
-                                "total_flops": float(graph.flops.sum()), "lower_bound_s": best["lower_bound_s"],
-                                "makespan_s": {r["method"]: r["makespan_s"] for r in rows},
-                                "best_method": best["method"], "graph_png": str(picture), "gantt_png": str(chart),
-                                "doppler_train_s": train["train_s"] if train else None,
-                                "doppler_training_curve_png": str(train["training_curve"]) if train else None})
+            results = [_demo_workload(name, cl, budget_s, train_episodes, il_episodes, out_dir, say) for name in WORKLOADS]
         real = _engine_demo(out_dir, progress_console=err_console) if engine else None
         if json_out:
             emit_json({"cluster": cl.name, "anneal_budget_s": budget_s, "workloads": results, "engine": real})
             return
-        scale, unit = time_unit(min(r["lower_bound_s"] for r in results), cl)
-        table = Table(title=f"Simulated makespan ({unit}) on {cl.name}, work-conserving engine", caption="best per workload in green")
-        table.add_column("method")
-        for r in results:
-            table.add_column(f"{r['name']}\n{r['num_ops']} ops", justify="right")
-        table.add_row("lower bound", *(f"{r['lower_bound_s'] * scale:.2f}" for r in results), style="dim", end_section=True)
-        for m in methods:
-            cells = []
-            for r in results:
-                v, best = r["makespan_s"][m], min(r["makespan_s"].values())
-                cells.append(f"[bold green]{v * scale:.2f}[/]" if v == best else f"{v * scale:.2f}")
-            table.add_row(m, *cells)
-        table.add_row("best / critical_path",
-                      *(f"{min(r['makespan_s'].values()) / r['makespan_s']['critical_path']:.3f}" for r in results),
-                      style="bold", end_section=True)
-        if train_episodes:
-            table.add_row("doppler training (s)", *(f"{r['doppler_train_s']:.0f}" for r in results), style="dim")
-        console.print(table)
+        console.print(_demo_table(results, methods, cl, train_episodes > 0))
         console.print(f"anneal: {budget_s:g} s of simulated annealing per workload. "
                       f"Graph pictures and Gantt charts of the best schedules are in {out_dir}/.", highlight=False)
         console.print(f"{ZERO_SHOT}: the pretrained policy shipped with doppler, greedy decode, never trained on "
@@ -123,6 +64,69 @@ def demo_cmd(
             _print_engine_demo(real)
         console.print("next: doppler graph build llama_layer -o g.json && "
                       "doppler compare g.json --cluster p100x4 --methods critical_path,heft,anneal", highlight=False)
+
+
+def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episodes: int, out_dir: Path, say) -> dict:
+    """One workload of the demo: every method, the zero-shot and (optionally) a trained policy,
+    the graph's picture and the best schedule's Gantt chart."""
+    from doppler import workloads
+    from doppler.methods import assign, compare, score
+    from doppler.report import draw_graph, gantt
+    from doppler.simulate import simulate
+    from doppler.train import TrainConfig, train_and_assign
+
+    say(f"{name}: building the tile graph")
+    graph = workloads.build(name)
+    rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s,
+                   on_method=lambda m: say(f"{name}: [bold]{m}[/]", 0 if m == DEMO_METHODS[0] else 1))  # fmt: skip
+    say(f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)")
+    rows.append(score(graph, cl, assign(graph, cl, "doppler"), rows[0].lower_bound_s, ZERO_SHOT))
+    say(f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)", 1)
+    train = None
+    if train_episodes:
+        def on_train(st: dict) -> None:
+            say(f"{name}: [bold]doppler[/] training, {st['stage']} episode {st['episode']}/{st['total']}")
+
+        train = train_and_assign(graph, cl, out_dir / f"doppler_{name}",
+                                 TrainConfig(episodes=train_episodes, il_episodes=il_episodes), on_train)  # fmt: skip
+        rows.append(score(graph, cl, train["assignment"], rows[0].lower_bound_s))
+        say(f"{name}: [bold]doppler[/] trained", 1)
+    best = min(rows, key=lambda r: r.makespan_s)
+    picture = out_dir / f"{name}_graph.png"
+    chart = out_dir / f"{name}_gantt_{best.method}.png"
+    draw_graph(graph, picture)
+    trace = simulate(graph, cl, best.assignment, trace=True)
+    gantt(graph, cl, trace, chart, title=f"{name} on {cl.name}, {best.method} assignment", lower_bound_s=best.lower_bound_s)
+    return {"name": name, "num_ops": graph.num_ops, "num_edges": graph.num_edges,
+            "total_flops": float(graph.flops.sum()), "lower_bound_s": best.lower_bound_s,
+            "makespan_s": {r.method: r.makespan_s for r in rows},
+            "best_method": best.method, "graph_png": str(picture), "gantt_png": str(chart),
+            "doppler_train_s": train["train_s"] if train else None,
+            "doppler_training_curve_png": str(train["training_curve"]) if train else None}  # fmt: skip
+
+
+def _demo_table(results: list[dict], methods: tuple[str, ...], cl, trained: bool) -> Table:
+    """Makespan per method (rows) and workload (columns), the best per workload in green."""
+    from doppler.report import time_unit
+
+    scale, unit = time_unit(min(r["lower_bound_s"] for r in results), cl)
+    table = Table(title=f"Simulated makespan ({unit}) on {cl.name}, work-conserving engine", caption="best per workload in green")
+    table.add_column("method")
+    for r in results:
+        table.add_column(f"{r['name']}\n{r['num_ops']} ops", justify="right")
+    table.add_row("lower bound", *(f"{r['lower_bound_s'] * scale:.2f}" for r in results), style="dim", end_section=True)
+    for m in methods:
+        cells = []
+        for r in results:
+            v, best = r["makespan_s"][m], min(r["makespan_s"].values())
+            cells.append(f"[bold green]{v * scale:.2f}[/]" if v == best else f"{v * scale:.2f}")
+        table.add_row(m, *cells)
+    table.add_row("best / critical_path",
+                  *(f"{min(r['makespan_s'].values()) / r['makespan_s']['critical_path']:.3f}" for r in results),
+                  style="bold", end_section=True)  # fmt: skip
+    if trained:
+        table.add_row("doppler training (s)", *(f"{r['doppler_train_s']:.0f}" for r in results), style="dim")
+    return table
 
 
 ENGINE_DEMO_METHODS = ("single", "round_robin", "critical_path", "metis")

@@ -18,6 +18,7 @@ from doppler.methods.critical_path import CriticalPathTrace, critical_path_trace
 from doppler.methods.heft import HeftSchedule, heft_schedule
 from doppler.methods.registry import (
     METHODS,
+    CompareRow,
     MethodError,
     MethodSpec,
     assign,
@@ -25,12 +26,14 @@ from doppler.methods.registry import (
     check_seed,
     compare,
     get_method,
+    score,
     list_methods,
     register,
 )
 
 __all__ = [
     "METHODS",
+    "CompareRow",
     "CriticalPathTrace",
     "HeftSchedule",
     "MethodError",
@@ -39,6 +42,7 @@ __all__ = [
     "check_budget",
     "check_seed",
     "compare",
+    "score",
     "critical_path_trace",
     "get_method",
     "heft_schedule",

@@ -138,6 +138,40 @@ def assign(
 
 
 
+@dataclass
+class CompareRow:
+    """One method's line of :func:`compare`: its assignment scored in the simulator."""
+
+    method: str
+    makespan_s: float
+    lower_bound_s: float
+    peak_memory_bytes: list[float]  # per device
+    memory_overruns: list[str]  # one phrase per device over its memory
+    assign_time_s: float | None
+    estimated_makespan_s: float | None
+    assignment: Assignment
+    ratio_to_lower_bound: float | None = None
+    ratio_to_critical_path: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field but the assignment, in the order ``doppler compare --json`` prints them."""
+        return {k: getattr(self, k) for k in ("method", "makespan_s", "lower_bound_s", "ratio_to_lower_bound",
+                "ratio_to_critical_path", "assign_time_s", "estimated_makespan_s", "peak_memory_bytes",
+                "memory_overruns")}  # fmt: skip
+
+
+def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None) -> CompareRow:
+    """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated."""
+    from doppler.report import memory_overruns
+    from doppler.simulate import simulate
+
+    result = simulate(graph, cluster, a, trace=True)
+    peak = result.peak_memory_bytes
+    return CompareRow(method=method or a.method, makespan_s=float(result.makespan_s), lower_bound_s=lower_bound_s,
+                      peak_memory_bytes=peak.tolist(), memory_overruns=memory_overruns(peak, cluster),
+                      assign_time_s=a.assign_time_s, estimated_makespan_s=a.estimated_makespan_s, assignment=a)  # fmt: skip
+
+
 def compare(
     graph: DataflowGraph,
     cluster: Any,
@@ -147,18 +181,13 @@ def compare(
     budget_s: float | None = None,
     on_method: Callable[[str], None] | None = None,
     method_kwargs: dict[str, dict[str, Any]] | None = None,
-) -> list[dict[str, Any]]:
-    """Run each method and score its assignment in the WC simulator.
-
-    One row per method: ``method``, ``makespan_s``, ``lower_bound_s``,
-    ``ratio_to_lower_bound``, ``ratio_to_critical_path`` (critical_path is run as
-    the reference if not in ``methods``), ``peak_memory_bytes`` (per device),
-    ``memory_overruns`` (one phrase per device over its memory), ``assign_time_s``,
-    ``estimated_makespan_s`` and the ``assignment`` itself. ``on_method(name)`` is
-    called before each method runs (for progress display). ``method_kwargs[name]``:
-    extra options of one method (e.g. ``{"doppler": {"checkpoint": path}}``).
+) -> list[CompareRow]:
+    """Run each method and score its assignment in the WC simulator: one :class:`CompareRow` per
+    method, whose ``ratio_to_critical_path`` is against critical_path (run as the reference if not
+    in ``methods``). ``on_method(name)`` is called before each method runs (for progress
+    display). ``method_kwargs[name]``: extra options of one method (e.g.
+    ``{"doppler": {"checkpoint": path}}``).
     """
-    from doppler.report import memory_overruns
     from doppler.simulate import lower_bound, simulate
 
     if not methods:
@@ -175,29 +204,18 @@ def compare(
 
         cluster = resolve_cluster(cluster)
     lb = float(lower_bound(graph, cluster))
-    rows: list[dict[str, Any]] = []
+    rows: list[CompareRow] = []
     for m in methods:
         if on_method is not None:
             on_method(m)
         a = assign(graph, cluster, m, seed=seed, budget_s=budget_s, **(method_kwargs or {}).get(m, {}))
-        result = simulate(graph, cluster, a, trace=True)
-        peak = result.peak_memory_bytes
-        rows.append({
-            "method": m,
-            "makespan_s": float(result.makespan_s),
-            "peak_memory_bytes": peak.tolist(),
-            "memory_overruns": memory_overruns(peak, cluster),
-            "lower_bound_s": lb,
-            "assign_time_s": a.assign_time_s,
-            "estimated_makespan_s": a.estimated_makespan_s,
-            "assignment": a,
-        })
-    ref = next((r["makespan_s"] for r in rows if r["method"] == "critical_path"), None)
+        rows.append(score(graph, cluster, a, lb))
+    ref = next((r.makespan_s for r in rows if r.method == "critical_path"), None)
     if ref is None:
         if on_method is not None:
             on_method("critical_path")
         ref = float(simulate(graph, cluster, assign(graph, cluster, "critical_path")).makespan_s)
     for r in rows:
-        r["ratio_to_lower_bound"] = r["makespan_s"] / lb if lb > 0 else None
-        r["ratio_to_critical_path"] = r["makespan_s"] / ref if ref > 0 else None
+        r.ratio_to_lower_bound = r.makespan_s / lb if lb > 0 else None
+        r.ratio_to_critical_path = r.makespan_s / ref if ref > 0 else None
     return rows
