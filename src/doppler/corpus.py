@@ -30,7 +30,7 @@ import numpy as np
 
 from doppler import workloads
 from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster, Device, _gpu_rates, cluster as preset
+from doppler.hardware import Cluster, Device, gpu_rates, cluster as preset
 
 TRAIN_OPS = (30, 1000)  #: the op counts training graphs are drawn from (inclusive)
 TRAIN_DEVICES = (2, 16)  #: the device counts training clusters are drawn from (inclusive)
@@ -124,7 +124,7 @@ def make_cluster(name: str, rates: list[float], mem_rate: float, fast_Bps: float
     at ``mem_rate`` scaled alike); links per ``topology`` (slow paths at ``slow_factor`` of ``fast_Bps``)."""
     d = len(rates)
     top = max(rates)
-    _, by_kind = _gpu_rates(1.0, 1.0)
+    _, by_kind = gpu_rates(1.0, 1.0)
     devices = [Device(f"gpu{i}", kind="gpu", flops_per_s=r, flops_per_s_by_kind={k: mem_rate * r / top for k in by_kind})
                for i, r in enumerate(rates)]  # fmt: skip
     hops = _hops(topology, d, rng)
@@ -139,7 +139,7 @@ def sample_cluster(rng: np.random.Generator, devices: tuple[int, int] = TRAIN_DE
     d = int(rng.integers(devices[0], devices[1] + 1))
     gpu = str(rng.choice(list(_GPUS)))
     peak, hbm, link, lat = _GPUS[gpu]
-    rate, by_kind = _gpu_rates(peak, hbm)
+    rate, by_kind = gpu_rates(peak, hbm)
     mem_rate = next(iter(by_kind.values()))
     rates = [rate] * d
     mixed = bool(rng.random() < 0.35)
@@ -175,7 +175,7 @@ class HeldOutCase:
 def mixed3_cluster() -> Cluster:
     """Held out: 8 V100-class GPUs of three speeds (1x, 1/2x, 1/3x), all-to-all at V100 NVLink speed."""
     peak, hbm, link, lat = _GPUS["v100"]
-    rate, by_kind = _gpu_rates(peak, hbm)
+    rate, by_kind = gpu_rates(peak, hbm)
     rates = [rate] * 3 + [rate / 2] * 3 + [rate / 3] * 2
     return make_cluster("mixed3x8", rates, next(iter(by_kind.values())), link / 2, lat, "all_to_all",
                         np.random.default_rng(0))  # fmt: skip

@@ -648,7 +648,7 @@ def homogeneous(
     return Cluster(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta or {}))
 
 
-def _gpu_rates(peak_fp32_flops: float, hbm_Bps: float) -> tuple[float, dict[str, float]]:
+def gpu_rates(peak_fp32_flops: float, hbm_Bps: float) -> tuple[float, dict[str, float]]:
     """(achieved compute-bound FLOP/s, per-kind rates for memory-bound kinds)."""
     compute = peak_fp32_flops * ACHIEVED_COMPUTE_FRACTION
     mem = hbm_Bps * ACHIEVED_MEMORY_FRACTION / MEMORY_BOUND_BYTES_PER_FLOP
@@ -663,7 +663,7 @@ def unit(num_devices: int = 4) -> Cluster:
 
 def p100x4(num_devices: int = 4) -> Cluster:
     """The paper's machine: Tesla P100 16 GB (PCIe), peer-to-peer over PCIe 3.0 x16."""
-    rate, by_kind = _gpu_rates(9.3e12, 732e9)
+    rate, by_kind = gpu_rates(9.3e12, 732e9)
     return homogeneous(
         "p100x4" if num_devices == 4 else f"p100x4:{num_devices}",
         num_devices,
@@ -691,7 +691,7 @@ DGX1_V100_NVLINKS: dict[tuple[int, int], int] = {
 
 def v100x8() -> Cluster:
     """DGX-1 with 8x Tesla V100 SXM2 16 GB, hybrid cube-mesh NVLink 2.0 (6 links per GPU)."""
-    rate, by_kind = _gpu_rates(15.7e12, 900e9)
+    rate, by_kind = gpu_rates(15.7e12, 900e9)
     d = 8
     nvlink_Bps_per_link, nvlink_lat = 22e9, 8e-6
     host_Bps, host_lat = 9e9, 20e-6
@@ -716,7 +716,7 @@ def v100x8() -> Cluster:
 
 def h100x8(num_devices: int = 8) -> Cluster:
     """HGX H100 SXM5 80 GB with NVSwitch (all pairs alike)."""
-    rate, by_kind = _gpu_rates(67e12, 3.35e12)
+    rate, by_kind = gpu_rates(67e12, 3.35e12)
     return homogeneous(
         "h100x8" if num_devices == 8 else f"h100x8:{num_devices}",
         num_devices,

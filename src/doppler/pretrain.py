@@ -31,7 +31,7 @@ import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, write_checkpoint
-from doppler.train import TrainConfig, Trainer, TrainError, _config_json, make_task
+from doppler.train import TrainConfig, Trainer, TrainError, config_to_json, make_task
 
 __all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
 
@@ -142,7 +142,7 @@ class Pretrainer:
 
     def save(self, run_dir: str | Path) -> None:
         """``checkpoint.pt`` and ``config.json`` in ``run_dir``, atomically."""
-        write_checkpoint(Path(run_dir), self.state(), _config_json(self.cfg))
+        write_checkpoint(Path(run_dir), self.state(), config_to_json(self.cfg))
 
     @classmethod
     def resume(cls, run_dir: str | Path, budget_s: float | None = None) -> "Pretrainer":

@@ -116,7 +116,7 @@ __all__ = [
 ]
 
 
-#: largest accepted lognormal noise sigma (see _check_options)
+#: largest accepted lognormal noise sigma (see check_options)
 MAX_NOISE_SIGMA = 3.0
 
 
@@ -784,7 +784,7 @@ class SimContext:
 
     def _dispatch_key(self, dispatch: str, priority: Any, mode: str) -> np.ndarray | None:
         """The per-op priority key (float64) for ``dispatch="priority"``, None for FIFO."""
-        if not _check_dispatch(dispatch, mode, priority is not None):
+        if not check_dispatch(dispatch, mode, priority is not None):
             return None
         if self.copies_in.any():
             names = ", ".join(d.name for d in self.cluster.devices if d.copies_inbound)
@@ -865,7 +865,7 @@ class SimContext:
     ) -> SimResult:
         """See :func:`simulate`."""
         if mode != "wc" or noise_sigma != 0.0 or seed != 0 or backend != "auto":
-            mode, noise_sigma, seed = _check_options(mode, noise_sigma, seed, backend)
+            mode, noise_sigma, seed = check_options(mode, noise_sigma, seed, backend)
         key = None if dispatch == "fifo" and priority is None else self._dispatch_key(dispatch, priority, mode)
         return self._run(
             self._devices(assignment), mode, bool(trace), noise_sigma, seed, bool(link_contention), backend, key
@@ -888,7 +888,7 @@ class SimContext:
         priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> np.ndarray:
         """See :func:`simulate_many`."""
-        mode, sigma, seed = _check_options(mode, noise_sigma, seed, backend)
+        mode, sigma, seed = check_options(mode, noise_sigma, seed, backend)
         key = self._dispatch_key(dispatch, priority, mode)
         devs = _check_batch(self.graph, assignments, self.num_devices)
         if devs.shape[0] == 0:
@@ -947,7 +947,7 @@ def context(graph: DataflowGraph, cluster: Cluster) -> SimContext:
     return ctx
 
 
-def _check_options(mode: str, noise_sigma: float, seed: int, backend: str = "auto") -> tuple[str, float, int]:
+def check_options(mode: str, noise_sigma: float, seed: int, backend: str = "auto") -> tuple[str, float, int]:
     if mode not in MODES:
         raise SimulationError(f"unknown simulation mode {mode!r} (use one of: {', '.join(MODES)})")
     if backend not in BACKENDS:
@@ -968,7 +968,7 @@ def _check_options(mode: str, noise_sigma: float, seed: int, backend: str = "aut
     return mode, sigma, int(seed)
 
 
-def _check_dispatch(dispatch: str, mode: str, has_priority: bool = False) -> bool:
+def check_dispatch(dispatch: str, mode: str, has_priority: bool = False) -> bool:
     """Validate ``dispatch`` (and that it fits ``mode`` and a given ``priority``); True for priority dispatch."""
     if dispatch not in DISPATCHES:
         raise SimulationError(f"unknown dispatch {dispatch!r} (use one of: {', '.join(DISPATCHES)})")

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.workloads import Tensor, TileBuilder, WorkloadError, _fmt_block, _softmax
+from doppler.workloads import Tensor, TileBuilder, WorkloadError, fmt_block, tiled_softmax
 
 __all__ = ["GraphImportError", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2", "lower_program",
            "model_inputs", "parse_blocks", "parse_input_shapes"]
@@ -201,7 +201,7 @@ class _Builder(TileBuilder):
             spec = {"kernel": kernel, "inputs": refs_of(blk), "shape": list(out.block_shape)}
             if params is not None:
                 spec["params"] = params(blk)
-            ids[blk] = self._add_op(f"{name}{_fmt_block(blk)}", kind, spec, g, blk)
+            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec, g, blk)
         return self._tensor_from_ops(name, shape, grid, ids)
 
     def assemble(self, name: str, shape: Sequence[int], grid: Sequence[int],
@@ -241,7 +241,7 @@ class _Builder(TileBuilder):
         for blk, got in pieces.items():
             spec = {"kernel": "assemble", "inputs": [r for r, _ in got], "shape": list(bs),
                     "params": {"at": [a for _, a in got]}}  # fmt: skip
-            ids[blk] = self._add_op(f"{name}{_fmt_block(blk)}", kind, spec, g, blk)
+            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec, g, blk)
         return self._tensor_from_ops(name, shape, grid, ids)
 
 
@@ -450,8 +450,8 @@ class _Lowering:
             "aten.linear.default": self._linear, "aten.mm.default": self._mm, "aten.bmm.default": self._mm,
             "aten.matmul.default": self._mm, "aten.addmm.default": self._addmm, "aten.einsum.default": self._einsum,
             "aten.scaled_dot_product_attention.default": self._sdpa, "aten.embedding.default": self._embedding,
-            "aten.layer_norm.default": self._layer_norm, "aten.softmax.int": self._softmax,
-            "aten._softmax.default": self._softmax, "aten.mean.dim": self._reduce, "aten.sum.dim_IntList": self._reduce,
+            "aten.layer_norm.default": self._layer_norm, "aten.softmax.int": self._softmax_op,
+            "aten._softmax.default": self._softmax_op, "aten.mean.dim": self._reduce, "aten.sum.dim_IntList": self._reduce,
             "aten.amax.default": self._reduce, "aten.pow.Tensor_Scalar": self._pow, "aten.gelu.default": self._gelu,
             "aten.view.default": self._reshape, "aten.reshape.default": self._reshape,
             "aten._unsafe_view.default": self._reshape, "aten.flatten.using_ints": self._flatten,
@@ -825,11 +825,11 @@ class _Lowering:
         e.steps = list(y.steps)
         return e
 
-    def _softmax(self, node: Any, args: list, kwargs: dict) -> Tensor:
+    def _softmax_op(self, node: Any, args: list, kwargs: dict) -> Tensor:
         x = self.tensor(args[0], node.name)
         t = LETTERS[: len(x.shape)]
         axis = t[int(args[1]) % len(t)]
-        return _softmax(self.b, x, t, axis, scale=1.0, name=self._fresh(node.name))
+        return tiled_softmax(self.b, x, t, axis, scale=1.0, name=self._fresh(node.name))
 
     def _layer_norm(self, node: Any, args: list, kwargs: dict) -> Tensor:
         x = self.tensor(args[0], node.name)
@@ -882,7 +882,7 @@ class _Lowering:
                                 tile_params=lambda off: {"row_offset": off["q"] + (L - S), "col_offset": off["k"]})  # fmt: skip
         if mask is not None:
             scores = self._emit(self._ew("add", [scores, mask], node))
-        probs = _softmax(self.b, scores, "bhqk", "k", scale=scale, name=f"{name}.softmax")
+        probs = tiled_softmax(self.b, scores, "bhqk", "k", scale=scale, name=f"{name}.softmax")
         return self._einsum_op("bhqk,bhkf->bhqf", [probs, v], node)
 
     def _embedding(self, node: Any, args: list, kwargs: dict) -> Tensor:

@@ -630,7 +630,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "numpy_rng": json.dumps(self.rng.bit_generator.state),
-            "config": json.dumps(_config_json(self.cfg)),
+            "config": json.dumps(config_to_json(self.cfg)),
             "il_episode": self.il_episode,
             "episode": self.episode,
             "real_episode": self.real_episode,
@@ -655,7 +655,7 @@ class Trainer:
     def save(self, run_dir: str | Path) -> None:
         """Write ``checkpoint.pt``, ``config.json`` and ``best_assignment.json`` atomically."""
         run_dir = Path(run_dir)
-        write_checkpoint(run_dir, self.state(), _config_json(self.cfg))
+        write_checkpoint(run_dir, self.state(), config_to_json(self.cfg))
         task = self.tasks[0]
         if task.best_assignment is not None:
             from doppler.assignment import Assignment
@@ -686,7 +686,7 @@ class Trainer:
                 t.best_order, t.best_step_device, t.best_assignment = (np.asarray(x, dtype=np.int64) for x in g["best"])
 
 
-def _config_json(cfg: TrainConfig) -> dict[str, Any]:
+def config_to_json(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["stages"] = list(cfg.stages)
     d["real_seed_methods"] = list(cfg.real_seed_methods)

@@ -84,7 +84,7 @@ class Tensor:
         return list(itertools.product(*(range(g) for g in self.grid)))
 
 
-def _fmt_block(idx: Sequence[int]) -> str:
+def fmt_block(idx: Sequence[int]) -> str:
     return "[" + ",".join(str(int(i)) for i in idx) + "]"
 
 
@@ -265,7 +265,7 @@ class TileBuilder:
                 at.update(zip(red, rblk))
                 refs = [ts[k].tiles[tuple(at[c] for c in term)] for k, term in enumerate(ins)]
                 spec = {"kernel": kernel, "eq": eq, "inputs": [dict(r) for r in refs], "shape": list(bshape)}
-                label = f"{name}{_fmt_block(oblk)}" + (f"k{ci}" if len(combos) > 1 else "")
+                label = f"{name}{fmt_block(oblk)}" + (f"k{ci}" if len(combos) > 1 else "")
                 partials.append(self._add_op(label, kind, spec, gp, oblk + rblk))
             if len(partials) == 1:
                 result[oblk] = partials[0]
@@ -275,7 +275,7 @@ class TileBuilder:
                     "inputs": [{"op": p, "shape": list(bshape)} for p in partials],
                     "shape": list(bshape),
                 }
-                result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}agg", OpKind.ADD, spec, ga, oblk)
+                result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}agg", OpKind.ADD, spec, ga, oblk)
         return self._tensor_from_ops(name, out_shape, out_grid, result)
 
     def contract(self, eq: str, *ts: Tensor, name: str, kind: OpKind = OpKind.MATMUL) -> Tensor:
@@ -330,7 +330,7 @@ class TileBuilder:
             spec = {"kernel": "map", "fn": fn, "eq": eq, "inputs": refs, "shape": list(bshape)}
             if p:
                 spec["params"] = p
-            result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}", kind, spec, g, oblk)
+            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
         return self._tensor_from_ops(name, out_shape, out_grid, result)
 
     def fill(
@@ -364,7 +364,7 @@ class TileBuilder:
             if tile_params is not None:
                 p.update(tile_params({c: int(b * s) for c, b, s in zip(letters, oblk, bshape)}))
             spec = {"kernel": "fill", "fn": fn, "inputs": [], "shape": list(bshape), "params": p}
-            result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}", kind, spec, g, oblk)
+            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
         return self._tensor_from_ops(name, shape, grid, result)
 
     def select(
@@ -397,7 +397,7 @@ class TileBuilder:
             iblk = tuple(o if f is None else f[0] for o, f in zip(oblk, fixed))
             sl = [[0, bs[ax]] if f is None else [f[1], f[2]] for ax, f in enumerate(fixed)]
             spec = {"kernel": "select", "inputs": [dict(x.tiles[iblk])], "shape": list(bshape), "params": {"slice": sl}}
-            result[oblk] = self._add_op(f"{name}{_fmt_block(oblk)}", kind, spec, g, oblk)
+            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
         return self._tensor_from_ops(name, out_shape, out_grid, result)
 
     # ------------------------------------------------------------ finish
@@ -431,7 +431,7 @@ class TileBuilder:
 
 
 # ============================================================ shared pieces
-def _softmax(b: TileBuilder, x: Tensor, letters: str, axis: str, *, scale: float, name: str) -> Tensor:
+def tiled_softmax(b: TileBuilder, x: Tensor, letters: str, axis: str, *, scale: float, name: str) -> Tensor:
     """softmax(scale * x) along letter ``axis``: max, exp(scale*(x-max)), sum, div; each tiled."""
     red = letters.replace(axis, "")
     m = b.reduce(f"{letters}->{red}", x, how="max", name=f"{name}.max", kind=OpKind.SOFTMAX)
@@ -441,7 +441,7 @@ def _softmax(b: TileBuilder, x: Tensor, letters: str, axis: str, *, scale: float
     return b.map("div", f"{letters},{red}->{letters}", e, z, name=f"{name}.div", kind=OpKind.SOFTMAX)
 
 
-def _rmsnorm(b: TileBuilder, x: Tensor, w: Tensor, *, eps: float, name: str, rows: str = "bs") -> Tensor:
+def tiled_rmsnorm(b: TileBuilder, x: Tensor, w: Tensor, *, eps: float, name: str, rows: str = "bs") -> Tensor:
     """x / sqrt(mean(x^2) + eps) * w over the last axis of a (``rows``..., features) tensor."""
     xd = f"{rows}d"
     ss = b.contract(f"{xd},{xd}->{rows}", x, x, name=f"{name}.sumsq", kind=OpKind.NORM)
@@ -488,7 +488,7 @@ def _build_ffnn(p: dict[str, Any]) -> DataflowGraph:
     h = b.map("relu", "bh->bh", h, name="relu")
     y = b.contract("bh,ho->bo", h, W2, name="fc2")
     y = b.map("add", "bo,o->bo", y, b2, name="bias2")
-    y = _softmax(b, y, "bo", "o", scale=1.0, name="softmax")
+    y = tiled_softmax(b, y, "bo", "o", scale=1.0, name="softmax")
     b.output("Y", y)
     return b.finish("ffnn", p)
 
@@ -535,7 +535,7 @@ def _llama_block_ops(b: TileBuilder, p: dict[str, Any], t: dict[str, Tensor], *,
     s, hd = p["seq_len"], p["head_dim"]
     sb = p["seq_blocks"]
     x = t["x"]
-    xn = _rmsnorm(b, x, t["w_attn_norm"], eps=p["eps"], name="attn_norm")
+    xn = tiled_rmsnorm(b, x, t["w_attn_norm"], eps=p["eps"], name="attn_norm")
     q = b.contract("bsk,khd->bshd", xn, t["w_q"], name="q_proj")
     k = b.contract("bsk,khd->bshd", xn, t["w_k"], name="k_proj")
     v = b.contract("bsk,khd->bshd", xn, t["w_v"], name="v_proj")
@@ -551,11 +551,11 @@ def _llama_block_ops(b: TileBuilder, p: dict[str, Any], t: dict[str, Tensor], *,
         scores = b.map("causal_mask", "bhqk->bhqk", scores, name="mask", kind=OpKind.MASK_FILL,
                        params={"row_axis": 2, "col_axis": 3},
                        tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
-    probs = _softmax(b, scores, "bhqk", "k", scale=1.0 / math.sqrt(hd), name="attn_softmax")
+    probs = tiled_softmax(b, scores, "bhqk", "k", scale=1.0 / math.sqrt(hd), name="attn_softmax")
     attn = b.contract("bhqk,bkhd->bqhd", probs, v, name="pv")
     o = b.contract("bqhd,hdo->bqo", attn, t["w_o"], name="o_proj")
     h1 = b.map("add", "bsd,bsd->bsd", x, o, name="attn_residual")
-    hn = _rmsnorm(b, h1, t["w_mlp_norm"], eps=p["eps"], name="mlp_norm")
+    hn = tiled_rmsnorm(b, h1, t["w_mlp_norm"], eps=p["eps"], name="mlp_norm")
     g = b.contract("bsd,df->bsf", hn, t["w_gate"], name="gate_proj")
     u = b.contract("bsd,df->bsf", hn, t["w_up"], name="up_proj")
     a = b.map("silu_mul", "bsf,bsf->bsf", g, u, name="silu_mul")
@@ -580,7 +580,7 @@ def _build_llama_layer(p: dict[str, Any]) -> DataflowGraph:
     h = _llama_block_ops(b, p, t, mask_fill=True)
     # the last token of every sequence: (batch, 1, dim); lm_head contracts the unit seq axis away
     last = b.select(h, [None, (p["seq_len"] - 1, p["seq_len"]), None], name="last_token")
-    hn = _rmsnorm(b, last, w_norm, eps=p["eps"], name="final_norm")
+    hn = tiled_rmsnorm(b, last, w_norm, eps=p["eps"], name="final_norm")
     logits = b.contract("bsd,dv->bv", hn, w_head, name="lm_head")
     b.output("logits", logits)
     return b.finish("llama_layer", p)

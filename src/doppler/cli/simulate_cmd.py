@@ -38,14 +38,14 @@ def simulate_cmd(
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
         from doppler.hardware import cluster
-        from doppler.simulate import _check_dispatch, _check_options, lower_bound, simulate
+        from doppler.simulate import check_dispatch, check_options, lower_bound, simulate
 
-        _check_options(mode, noise, seed)  # bad options fail before any file is read
+        check_options(mode, noise, seed)  # bad options fail before any file is read
         if gantt_path is not None:
             from doppler.report import figure_format
 
             figure_format(gantt_path)
-        _check_dispatch(dispatch, mode)
+        check_dispatch(dispatch, mode)
         graph = load_graph(graph_path)
         cl = cluster(cluster_name)
         assignment = load_assignment(assignment_path, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint)

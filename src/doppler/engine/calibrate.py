@@ -48,7 +48,7 @@ DEFAULT_SIZES = (128, 256, 512, 1024)
 
 def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
     """Every op kind of our workloads at each size ``n`` (``n x n`` tensors cut in 2 x 2 tiles)."""
-    from doppler.workloads import TileBuilder, _rmsnorm, _softmax
+    from doppler.workloads import TileBuilder, tiled_rmsnorm, tiled_softmax
 
     b = TileBuilder("calibration", dtype)
     for n in sizes:
@@ -64,8 +64,8 @@ def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float3
         b.map("relu", "ij->ij", C, name=f"relu{n}")
         b.map("silu_mul", "ij,ij->ij", A, B, name=f"silu{n}")
         b.map("add", "ij,ij->ij", A, B, name=f"add{n}")
-        _softmax(b, A, "ij", "j", scale=0.5, name=f"softmax{n}")
-        _rmsnorm(b, B, w, eps=1e-6, name=f"norm{n}", rows="i")
+        tiled_softmax(b, A, "ij", "j", scale=0.5, name=f"softmax{n}")
+        tiled_rmsnorm(b, B, w, eps=1e-6, name=f"norm{n}", rows="i")
         b.map("rotary", "ij,ij,ij->ij", A, cos, sin, name=f"rotary{n}", kind=OpKind.ROTARY)
         b.map("causal_mask", "ij->ij", B, name=f"mask{n}", kind=OpKind.MASK_FILL,
               tile_params=lambda off: {"row_offset": off["i"], "col_offset": off["j"]})  # fmt: skip
