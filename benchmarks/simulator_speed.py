@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.reference
 
 from _timing import median_call_s  # noqa: E402
-from simpy_reference import simulate_simpy  # noqa: E402
+from tests.reference.simpy_reference import simulate_simpy  # noqa: E402
 
 from doppler import hardware, workloads  # noqa: E402
 from doppler.methods import assign  # noqa: E402

@@ -3,8 +3,6 @@ numba vs pure-Python vs SimPy agreement, and input errors."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ from doppler.simulate import (
     simulate_many,
     work_bound,
 )
+from tests.reference.python_sim import simulate_many_python, simulate_python
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REL = 1e-9
@@ -215,10 +214,10 @@ def _copying(c: Cluster) -> Cluster:
 def test_a_device_that_copies_queues_the_copy_with_its_ops() -> None:
     # op 0 (d0, 1 s) sends 2 bytes to op 2 on d1; op 1 (d1, 3 s) keeps d1 busy until 3
     g = from_edges([1, 3, 1], [(0, 2)], [2, 0, 0])
-    for backend in ("auto", "python"):
-        free = simulate(g, unit(2), [0, 1, 1], trace=True, backend=backend).trace
+    for sim in (simulate, simulate_python):
+        free = sim(g, unit(2), [0, 1, 1], trace=True).trace
         assert (free.tr_start[0], free.tr_end[0], free.op_start[2]) == (1.0, 3.0, 3.0)  # the link overlaps op 1
-        own = simulate(g, _copying(unit(2)), [0, 1, 1], trace=True, backend=backend).trace
+        own = sim(g, _copying(unit(2)), [0, 1, 1], trace=True).trace
         assert (own.tr_start[0], own.tr_end[0], own.op_start[2]) == (3.0, 5.0, 5.0)  # d1 copies after op 1
         assert own.makespan_s == 6.0 and own.op_ready[2] == 5.0
         # d1 was busy all along: op 1, the copy it made, op 2
@@ -328,7 +327,7 @@ def test_trace_rules_and_lower_bound(case, opts) -> None:
 def test_numba_and_python_fallback_agree(case, opts, sigma) -> None:
     g, c, a = case
     fast = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=5, **opts)
-    slow = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=5, backend="python", **opts)
+    slow = simulate_python(g, c, a, trace=True, noise_sigma=sigma, seed=5, **opts)
     assert fast.makespan_s == slow.makespan_s
     for field in ("op_ready", "op_start", "op_end", "tr_src_op", "tr_dst_device", "tr_start", "tr_end"):
         np.testing.assert_array_equal(getattr(fast.trace, field), getattr(slow.trace, field), err_msg=field)
@@ -368,7 +367,7 @@ def test_simulate_many_equals_loop(case, opts, batch, data) -> None:
     many = simulate_many(g, c, A, noise_sigma=sigma, seed=3, **opts)
     loop = np.array([simulate(g, c, a, noise_sigma=sigma, seed=3, **opts).makespan_s for a in A])
     np.testing.assert_array_equal(many, loop)
-    np.testing.assert_array_equal(simulate_many(g, c, A, noise_sigma=sigma, seed=3, backend="python", **opts), loop)
+    np.testing.assert_array_equal(simulate_many_python(g, c, A, noise_sigma=sigma, seed=3, **opts), loop)
 
 
 @SETTINGS
@@ -398,16 +397,11 @@ def test_noise_changes_makespan_and_is_mean_preserving() -> None:
 @given(cases(max_ops=10), OPTIONS, st.sampled_from([0.0, 0.25]))
 def test_simpy_reference_agrees(case, opts, sigma) -> None:
     pytest.importorskip("simpy")
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "simpy_reference.py"
-    spec = importlib.util.spec_from_file_location("simpy_reference", path)
-    mod = sys.modules.get("simpy_reference")
-    if mod is None:
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["simpy_reference"] = mod
-        spec.loader.exec_module(mod)
+    from tests.reference.simpy_reference import simulate_simpy
+
     g, c, a = case
     ours = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=9, **opts)
-    ref = mod.simulate_simpy(g, c, a, noise_sigma=sigma, seed=9, **opts)
+    ref = simulate_simpy(g, c, a, noise_sigma=sigma, seed=9, **opts)
     assert ours.makespan_s == ref.makespan_s
     np.testing.assert_array_equal(ours.trace.op_start, ref.start_t)
 
@@ -443,8 +437,8 @@ def test_priority_default_runs_ready_ops_in_op_id_order() -> None:
     g = from_edges([4, 1, 1, 3, 0.5], [(3, 2), (4, 1)], [0, 0, 0, 0, 0])
     c = unit(2)
     fifo = simulate(g, c, [0, 0, 0, 1, 1], trace=True).trace
-    for backend in ("auto", "python"):
-        r = simulate(g, c, [0, 0, 0, 1, 1], trace=True, dispatch="priority", backend=backend)
+    for sim in (simulate, simulate_python):
+        r = sim(g, c, [0, 0, 0, 1, 1], trace=True, dispatch="priority")
         t = r.trace
         np.testing.assert_array_equal(t.op_ready, [0, 3.5, 3, 0, 0])  # when the inputs arrived, as in FIFO
         np.testing.assert_array_equal(fifo.op_start, [0, 5, 4, 0, 3])
@@ -463,13 +457,13 @@ def test_priority_runs_the_critical_op_first() -> None:
     fifo = simulate(g, c, a, trace=True)
     np.testing.assert_array_equal(fifo.trace.op_start, [0, 1, 2, 3])
     assert fifo.makespan_s == 6.0
-    for backend in ("auto", "python"):
-        r = simulate(g, c, a, trace=True, dispatch="priority", priority=[2, 1, 0, 0], backend=backend)
+    for sim in (simulate, simulate_python):
+        r = sim(g, c, a, trace=True, dispatch="priority", priority=[2, 1, 0, 0])
         np.testing.assert_array_equal(r.trace.op_start, [2, 1, 0, 1])
         np.testing.assert_array_equal(r.trace.op_ready, [0, 0, 0, 1])
         assert r.makespan_s == 4.0
         # equal priorities: ties by op id, i.e. the default order
-        tie = simulate(g, c, a, trace=True, dispatch="priority", priority=np.zeros(4), backend=backend)
+        tie = sim(g, c, a, trace=True, dispatch="priority", priority=np.zeros(4))
         np.testing.assert_array_equal(tie.trace.op_start, [0, 1, 2, 3])
     # a float array, an int array and a list are the same priority
     for p in ([2, 1, 0, 0], np.array([2.0, 1, 0, 0]), np.array([2, 1, 0, 0], np.int32)):
@@ -486,10 +480,8 @@ def test_priority_orders_ops_readied_by_remote_arrivals(contention: bool) -> Non
     a = [0, 0, 0, 1, 1]
     fifo = simulate(g, c, a, trace=True, link_contention=contention)
     np.testing.assert_array_equal(fifo.trace.op_start, [0, 4, 5, 0, 1])
-    for backend in ("auto", "python"):
-        r = simulate(
-            g, c, a, trace=True, link_contention=contention, dispatch="priority", priority=[0, 5, 1, 0, 0], backend=backend
-        )
+    for sim in (simulate, simulate_python):
+        r = sim(g, c, a, trace=True, link_contention=contention, dispatch="priority", priority=[0, 5, 1, 0, 0])
         np.testing.assert_array_equal(r.trace.op_ready, [0, 2, 3, 0, 0])
         np.testing.assert_array_equal(r.trace.op_start, [0, 5, 4, 0, 1])
         np.testing.assert_array_equal(r.trace.tr_end, [2, 3])
@@ -500,8 +492,8 @@ def test_priority_with_streams_fills_every_stream_in_priority_order() -> None:
     # four independent 1 s ops on one device with 2 streams: priority [3, 0, 2, 1] runs 1 and 3, then 2 and 0
     g = from_edges([1, 1, 1, 1], [], [0, 0, 0, 0])
     c = unit(1).with_streams(2)
-    for backend in ("auto", "python"):
-        r = simulate(g, c, [0, 0, 0, 0], trace=True, dispatch="priority", priority=[3, 0, 2, 1], backend=backend)
+    for sim in (simulate, simulate_python):
+        r = sim(g, c, [0, 0, 0, 0], trace=True, dispatch="priority", priority=[3, 0, 2, 1])
         np.testing.assert_array_equal(r.trace.op_start, [1, 0, 1, 0])
         assert r.makespan_s == 2.0
 
@@ -513,7 +505,7 @@ def test_priority_numba_and_python_agree(case, opts, sigma, data) -> None:
     prio = data.draw(priorities(g.num_ops))
     kw = dict(trace=True, noise_sigma=sigma, seed=5, dispatch="priority", priority=prio, **opts)
     fast = simulate(g, c, a, **kw)
-    slow = simulate(g, c, a, backend="python", **kw)
+    slow = simulate_python(g, c, a, **kw)
     assert fast.makespan_s == slow.makespan_s
     for field in TRACE_FIELDS:
         np.testing.assert_array_equal(getattr(fast.trace, field), getattr(slow.trace, field), err_msg=field)
@@ -537,11 +529,10 @@ def test_priority_by_fifo_ready_times_reproduces_fifo(case, opts, sigma) -> None
     dispatch sees the same ready ops with the same order, so the runs are identical."""
     g, c, a = case
     fifo = simulate(g, c, a, trace=True, noise_sigma=sigma, seed=2, **opts)
-    for backend in ("auto", "python"):
-        prio = simulate(
-            g, c, a, trace=True, noise_sigma=sigma, seed=2, dispatch="priority", priority=fifo.trace.op_ready,
-            backend=backend, **opts,
-        )  # fmt: skip
+    for sim in (simulate, simulate_python):
+        prio = sim(
+            g, c, a, trace=True, noise_sigma=sigma, seed=2, dispatch="priority", priority=fifo.trace.op_ready, **opts
+        )
         assert prio.makespan_s == fifo.makespan_s
         for field in TRACE_FIELDS:
             np.testing.assert_array_equal(getattr(prio.trace, field), getattr(fifo.trace, field), err_msg=field)
@@ -560,7 +551,7 @@ def test_priority_simulate_many_equals_loop(case, opts, batch, data) -> None:
     many = simulate_many(g, c, A, **kw)
     loop = np.array([simulate(g, c, a, **kw).makespan_s for a in A])
     np.testing.assert_array_equal(many, loop)
-    np.testing.assert_array_equal(simulate_many(g, c, A, backend="python", **kw), loop)
+    np.testing.assert_array_equal(simulate_many_python(g, c, A, **kw), loop)
     ctx = SimContext(g, c)
     np.testing.assert_array_equal(ctx.simulate_many(A, **kw), loop)
     np.testing.assert_array_equal([ctx.simulate(a, **kw).makespan_s for a in A], loop)
@@ -600,7 +591,7 @@ def test_dispatch_errors(kw: dict, msg: str) -> None:
     ctx = SimContext(g, c)
     for call in (
         lambda: simulate(g, c, [0, 1, 0], **kw),
-        lambda: simulate(g, c, [0, 1, 0], backend="python", **kw),
+        lambda: simulate_python(g, c, [0, 1, 0], **kw),
         lambda: simulate_many(g, c, [[0, 1, 0]], **kw),
         lambda: ctx.simulate([0, 1, 0], **kw),
         lambda: ctx.simulate_many([[0, 1, 0]], **kw),
@@ -666,18 +657,18 @@ def test_context_is_cached_per_graph_and_cluster() -> None:
     assert context(g, c1.scaled_links(2.0)).bw[0, 1] == 0.5
 
 
-@pytest.mark.parametrize("backend", ["auto", "python"])
-def test_assignment_errors(backend: str) -> None:
+@pytest.mark.parametrize("sim", [simulate, simulate_python])
+def test_assignment_errors(sim) -> None:
     g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1], names=["a", "b", "c"])
     c = unit(2)
     with pytest.raises(AssignmentError, match="2 entries but graph"):
-        simulate(g, c, [0, 1], backend=backend)
+        sim(g, c, [0, 1])
     with pytest.raises(AssignmentError, match=r"op 2 \('c'\) is assigned to device 5.*devices 0..1"):
-        simulate(g, c, [0, 1, 5], backend=backend)
+        sim(g, c, [0, 1, 5])
     with pytest.raises(AssignmentError, match="device -1"):
-        simulate(g, c, np.array([0, -1, 0], dtype=np.int64), backend=backend)
+        sim(g, c, np.array([0, -1, 0], dtype=np.int64))
     with pytest.raises(AssignmentError, match="non-integer"):
-        simulate(g, c, [0, 0.5, 1], backend=backend)
+        sim(g, c, [0, 0.5, 1])
 
 
 def test_option_errors() -> None:
@@ -690,8 +681,6 @@ def test_option_errors() -> None:
         simulate(g, c, [0, 1], mode="async")
     with pytest.raises(SimulationError, match="seed"):
         simulate(g, c, [0, 1], seed=-1)
-    with pytest.raises(SimulationError, match="backend"):
-        simulate(g, c, [0, 1], backend="gpu")
     with pytest.raises(SimulationError, match="noise_sigma"):
         simulate_many(g, c, [[0, 1]], noise_sigma=float("nan"))
     assert issubclass(SimulationError, ValueError)
@@ -734,7 +723,7 @@ def test_large_graph_runs() -> None:
     a = rng.integers(0, 16, n)
     r = simulate(g, c, a, trace=True, link_contention=True)
     assert r.makespan_s >= lower_bound(g, c)
-    assert r.makespan_s == simulate(g, c, a, link_contention=True, backend="python").makespan_s
+    assert r.makespan_s == simulate_python(g, c, a, link_contention=True).makespan_s
 
 
 @pytest.mark.parametrize("sigma", [3.0 + 1e-9, 5.0, 1e308])

@@ -52,17 +52,14 @@ Implementation: a heap-based event loop compiled with numba (``@njit(cache=True)
 The per-(graph, cluster) arrays (compute time per op and device, CSR arrays,
 level order) live in a :class:`SimContext`, built once and cached on the
 graph, so repeated calls with different assignments only pay for the event
-loop. ``backend="python"`` runs an independent pure-Python implementation of
-the same semantics (heapq, dicts); it gives bit-identical results and is used
-by the tests to cross-check the compiled kernel (and as a fallback when numba is
-not importable).
+loop. The tests cross-check it against two independent implementations of the
+same semantics, a pure-Python one and a SimPy one (``tests/reference/``), which
+give bit-identical results.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -77,32 +74,25 @@ from doppler.trace import Trace  # re-exported (see __all__): `from doppler.simu
 # numba is imported (and the kernels compiled or loaded from the on-disk cache) on
 # first use, not at import time: ``import doppler`` stays fast for commands that
 # never simulate.
-HAVE_NUMBA: bool | None = None  # None = not tried yet
+COMPILED = False
 
 
-def _jit() -> bool:
-    """Compile (or load from cache) the kernels on first use; False when numba is unavailable."""
-    global HAVE_NUMBA, _hpush, _hpop, _sim_kernel, _sim_many_kernel
-    if HAVE_NUMBA is not None:
-        return HAVE_NUMBA
-    try:
-        if os.environ.get("DOPPLER_NO_NUMBA"):
-            raise ImportError("DOPPLER_NO_NUMBA is set")
-        from numba import njit
-    except ImportError:  # pragma: no cover - numba is a hard dependency
-        HAVE_NUMBA = False
-        return False
+def _jit() -> None:
+    """Compile (or load from cache) the kernels on first use."""
+    global COMPILED, _hpush, _hpop, _sim_kernel, _sim_many_kernel
+    if COMPILED:
+        return
+    from numba import njit
+
     # callees first: the kernels resolve these globals when they are compiled
     _hpush = njit(cache=True)(_hpush)
     _hpop = njit(cache=True)(_hpop)
     _sim_kernel = njit(cache=True)(_sim_kernel)
     _sim_many_kernel = njit(cache=True)(_sim_many_kernel)
-    HAVE_NUMBA = True
-    return True
+    COMPILED = True
 
 
 MODES = ("wc", "bsp")
-BACKENDS = ("auto", "numba", "python")
 DISPATCHES = ("fifo", "priority")
 
 __all__ = [
@@ -539,173 +529,6 @@ def _sim_many_kernel(
     return out
 
 
-# =========================================================================== pure-Python reference
-def _simulate_python(
-    ctx: "SimContext",
-    dev: np.ndarray,
-    op_f: np.ndarray,
-    edge_f: np.ndarray,
-    bsp: bool,
-    contention: bool,
-    key: np.ndarray | None = None,
-):
-    """An independent, straightforward implementation of the same semantics (heapq + dicts).
-
-    ``key`` (priority dispatch): each device's ready queue is ordered by
-    ``(key[v], v)`` instead of ``(ready time, v)``. A transfer ``k`` into a device
-    with ``copies_inbound`` waits in that device's queue as ``(request time, n + k)``.
-
-    Returns the same tuple of trace arrays as the kernel path. Bit-identical to
-    it because every duration is computed with the same floating-point
-    expression and every start time is the current event time.
-    """
-    n, D = ctx.num_ops, ctx.num_devices
-    succ_ptr, succ_idx = ctx.succ_ptr.tolist(), ctx.succ_idx.tolist()
-    dev_l = [int(x) for x in dev]
-    comp = ctx.comp
-    streams = ctx.streams.tolist()
-    level = ctx.level.tolist()
-    copies_in = ctx.copies_in.tolist()
-    prio_key = None if key is None else [float(x) for x in key]
-
-    # transfers in creation order, with the noise slot of their first consumer
-    transfers: list[tuple[int, int, int]] = []  # (producer, dst device, succ slot)
-    tr_of: dict[int, list[int]] = {}
-    for u in range(n):
-        seen: set[int] = set()
-        for sl in range(succ_ptr[u], succ_ptr[u + 1]):
-            b = dev_l[succ_idx[sl]]
-            if b != dev_l[u] and b not in seen:
-                seen.add(b)
-                tr_of.setdefault(u, []).append(len(transfers))
-                transfers.append((u, b, sl))
-    ntr = len(transfers)
-
-    def tr_dur(k: int) -> float:
-        u, b, sl = transfers[k]
-        a = dev_l[u]
-        return (float(ctx.lat[a, b]) + float(ctx.out_bytes[u]) / float(ctx.bw[a, b])) * float(edge_f[sl])
-
-    op_ready = [0.0] * n
-    op_start = [0.0] * n
-    op_end = [0.0] * n
-    tr_start = [0.0] * ntr
-    tr_end = [0.0] * ntr
-    pending = [int(x) for x in ctx.indeg]
-    ready_q: list[list[tuple[float, int]]] = [[] for _ in range(D)]
-    running = [0] * D
-    link_q: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
-    link_busy: set[tuple[int, int]] = set()
-    events: list[tuple[float, int, int]] = []  # (time, kind 0=op end / 1=arrival, id)
-    left_in_level: list[int] = []
-    level_ops: list[list[int]] = []
-    cur = 0
-    if bsp:
-        nlev = max(level) + 1
-        level_ops = [[] for _ in range(nlev)]
-        for v in range(n):
-            level_ops[level[v]].append(v)
-        left_in_level = [len(ops) for ops in level_ops]
-        for u, _, _ in transfers:
-            left_in_level[level[u]] += 1
-
-    def make_ready(v: int, t: float) -> None:
-        op_ready[v] = t
-        heapq.heappush(ready_q[dev_l[v]], (t if prio_key is None else prio_key[v], v))
-
-    if bsp:
-        for v in level_ops[0]:
-            make_ready(v, 0.0)
-    else:
-        for v in range(n):
-            if pending[v] == 0:
-                make_ready(v, 0.0)
-
-    def arrive(u: int, b: int, t: float) -> None:
-        for sl in range(succ_ptr[u], succ_ptr[u + 1]):
-            w = succ_idx[sl]
-            if dev_l[w] == b:
-                pending[w] -= 1
-                if pending[w] == 0:
-                    make_ready(w, t)
-
-    def done(u: int, t: float) -> None:
-        nonlocal cur
-        if not bsp:
-            return
-        left_in_level[level[u]] -= 1
-        if left_in_level[cur] == 0 and cur + 1 < len(level_ops):
-            cur += 1
-            for v in level_ops[cur]:
-                make_ready(v, t)
-
-    t = 0.0
-    makespan = 0.0
-    while True:
-        for d in range(D):
-            while running[d] < streams[d] and ready_q[d]:
-                _, v = heapq.heappop(ready_q[d])
-                running[d] += 1
-                if v >= n:  # a copy made by its destination d
-                    k = v - n
-                    tr_start[k] = t
-                    tr_end[k] = t + tr_dur(k)
-                    heapq.heappush(events, (tr_end[k], 1, k))
-                    continue
-                op_start[v] = t
-                op_end[v] = t + float(comp[v, d]) * float(op_f[v])
-                heapq.heappush(events, (op_end[v], 0, v))
-        for link, q in link_q.items():
-            if link not in link_busy and q:
-                _, _, k = heapq.heappop(q)
-                link_busy.add(link)
-                tr_start[k] = t
-                tr_end[k] = t + tr_dur(k)
-                heapq.heappush(events, (tr_end[k], 1, k))
-        if not events:
-            break
-        t = events[0][0]
-        while events and events[0][0] == t:
-            _, kind, x = heapq.heappop(events)
-            if kind == 0:
-                u = x
-                running[dev_l[u]] -= 1
-                makespan = max(makespan, t)
-                if not bsp:
-                    arrive(u, dev_l[u], t)
-                for k in tr_of.get(u, ()):
-                    b = transfers[k][1]
-                    if copies_in[b]:
-                        heapq.heappush(ready_q[b], (t, n + k))
-                    elif contention:
-                        heapq.heappush(link_q.setdefault((dev_l[u], b), []), (t, u, k))
-                    else:
-                        tr_start[k] = t
-                        tr_end[k] = t + tr_dur(k)
-                        heapq.heappush(events, (tr_end[k], 1, k))
-                done(u, t)
-            else:
-                k = x
-                u, b, _ = transfers[k]
-                if copies_in[b]:
-                    running[b] -= 1
-                else:
-                    link_busy.discard((dev_l[u], b))
-                if not bsp:
-                    arrive(u, b, t)
-                done(u, t)
-    return (
-        makespan,
-        np.array(op_ready),
-        np.array(op_start),
-        np.array(op_end),
-        np.array([tr[0] for tr in transfers], dtype=np.int64),
-        np.array([tr[1] for tr in transfers], dtype=np.int64),
-        np.array(tr_start, dtype=np.float64),
-        np.array(tr_end, dtype=np.float64),
-    )
-
-
 # =========================================================================== context
 class SimContext:
     """Static per-(graph, cluster) arrays, built once; reuse it for many assignments.
@@ -807,48 +630,49 @@ class SimContext:
         sigma: float,
         seed: int,
         contention: bool,
-        backend: str,
         key: np.ndarray | None = None,
     ) -> SimResult:
         op_f, edge_f = self.noise(sigma, seed)
-        bsp = mode == "bsp"
-        if backend == "python" or not _jit():
-            check_assignment(self.graph, dev, self.num_devices)
-            mk, ready, start, end, tsrc, tdst, tstart, tend = _simulate_python(self, dev, op_f, edge_f, bsp, contention, key)
-            ntr = tsrc.shape[0]
+        _jit()
+        if trace:
+            n, E = self.num_ops, max(self.num_edges, 1)
+            ready, start, end = np.empty(n), np.empty(n), np.empty(n)
+            tsrc, tdst = np.empty(E, np.int64), np.empty(E, np.int64)
+            tstart, tend = np.empty(E), np.empty(E)
         else:
-            if trace:
-                n, E = self.num_ops, max(self.num_edges, 1)
-                ready, start, end = np.empty(n), np.empty(n), np.empty(n)
-                tsrc, tdst = np.empty(E, np.int64), np.empty(E, np.int64)
-                tstart, tend = np.empty(E), np.empty(E)
-            else:
-                ready, start, end, tsrc, tdst, tstart, tend = self._scratch()
-            mk, ntr = _sim_kernel(
-                self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
-                self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, bsp, contention,
-                self.copies_in, key, ready, start, end, tsrc, tdst, tstart, tend,
-            )  # fmt: skip
-            if ntr < 0:  # a device index out of range: let check_assignment word the error
-                check_assignment(self.graph, dev, self.num_devices)
-                raise AssignmentError("the assignment has a device index out of range")  # pragma: no cover
+            ready, start, end, tsrc, tdst, tstart, tend = self._scratch()
+        mk, ntr = _sim_kernel(
+            self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
+            self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, mode == "bsp", contention,
+            self.copies_in, key, ready, start, end, tsrc, tdst, tstart, tend,
+        )  # fmt: skip
+        if ntr < 0:  # a device index out of range: let check_assignment word the error
+            check_assignment(self.graph, dev, self.num_devices)
+            raise AssignmentError("the assignment has a device index out of range")  # pragma: no cover
         if not trace:
             return SimResult(float(mk), None, mode)
-        tsrc = tsrc[:ntr].copy()
+        return self.result(dev, mode, float(mk), ready, start, end, tsrc[:ntr], tdst[:ntr], tstart[:ntr], tend[:ntr])
+
+    def result(self, dev: np.ndarray, mode: str, makespan_s: float, op_ready: np.ndarray, op_start: np.ndarray,
+               op_end: np.ndarray, tr_src_op: np.ndarray, tr_dst_device: np.ndarray, tr_start: np.ndarray,
+               tr_end: np.ndarray) -> SimResult:  # fmt: skip
+        """A traced :class:`SimResult` from per-op and per-transfer arrays (also used by the reference
+        simulators of the tests, so that every implementation builds its trace the same way)."""
+        tsrc = np.array(tr_src_op, dtype=np.int64)
         tr = Trace(
             op_device=dev.copy(),
-            op_ready=ready,
-            op_start=start,
-            op_end=end,
+            op_ready=op_ready,
+            op_start=op_start,
+            op_end=op_end,
             tr_src_op=tsrc,
             tr_src_device=dev[tsrc],
-            tr_dst_device=tdst[:ntr].copy(),
+            tr_dst_device=np.array(tr_dst_device, dtype=np.int64),
             tr_bytes=self.out_bytes[tsrc],
-            tr_start=tstart[:ntr].copy(),
-            tr_end=tend[:ntr].copy(),
+            tr_start=np.array(tr_start, dtype=np.float64),
+            tr_end=np.array(tr_end, dtype=np.float64),
             mode=mode,
         )
-        return SimResult(float(mk), tr, mode, tr.peak_memory_bytes(self.graph, self.num_devices))
+        return SimResult(makespan_s, tr, mode, tr.peak_memory_bytes(self.graph, self.num_devices))
 
     def simulate(
         self,
@@ -859,21 +683,18 @@ class SimContext:
         noise_sigma: float = 0.0,
         seed: int = 0,
         link_contention: bool = False,
-        backend: str = "auto",
         dispatch: str = "fifo",
         priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> SimResult:
         """See :func:`simulate`."""
-        if mode != "wc" or noise_sigma != 0.0 or seed != 0 or backend != "auto":
-            mode, noise_sigma, seed = check_options(mode, noise_sigma, seed, backend)
+        if mode != "wc" or noise_sigma != 0.0 or seed != 0:
+            mode, noise_sigma, seed = check_options(mode, noise_sigma, seed)
         key = None if dispatch == "fifo" and priority is None else self._dispatch_key(dispatch, priority, mode)
-        return self._run(
-            self._devices(assignment), mode, bool(trace), noise_sigma, seed, bool(link_contention), backend, key
-        )
+        return self._run(self._devices(assignment), mode, bool(trace), noise_sigma, seed, bool(link_contention), key)
 
     def makespan(self, devices: "np.ndarray | Assignment | Sequence[int]") -> float:
         """Fast path for hot loops: WC, no noise, no trace (same result as ``simulate(...).makespan_s``)."""
-        return self._run(self._devices(devices), "wc", False, 0.0, 0, False, "auto").makespan_s
+        return self._run(self._devices(devices), "wc", False, 0.0, 0, False).makespan_s
 
     def simulate_many(
         self,
@@ -883,20 +704,16 @@ class SimContext:
         noise_sigma: float = 0.0,
         seed: int = 0,
         link_contention: bool = False,
-        backend: str = "auto",
         dispatch: str = "fifo",
         priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> np.ndarray:
         """See :func:`simulate_many`."""
-        mode, sigma, seed = check_options(mode, noise_sigma, seed, backend)
+        mode, sigma, seed = check_options(mode, noise_sigma, seed)
         key = self._dispatch_key(dispatch, priority, mode)
         devs = _check_batch(self.graph, assignments, self.num_devices)
         if devs.shape[0] == 0:
             return np.empty(0)
-        if backend == "python" or not _jit():
-            return np.array(
-                [self._run(row, mode, False, sigma, seed, bool(link_contention), "python", key).makespan_s for row in devs]
-            )
+        _jit()
         op_f, edge_f = self.noise(sigma, seed)
         return _sim_many_kernel(
             self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
@@ -947,11 +764,9 @@ def context(graph: DataflowGraph, cluster: Cluster) -> SimContext:
     return ctx
 
 
-def check_options(mode: str, noise_sigma: float, seed: int, backend: str = "auto") -> tuple[str, float, int]:
+def check_options(mode: str, noise_sigma: float, seed: int) -> tuple[str, float, int]:
     if mode not in MODES:
         raise SimulationError(f"unknown simulation mode {mode!r} (use one of: {', '.join(MODES)})")
-    if backend not in BACKENDS:
-        raise SimulationError(f"unknown backend {backend!r} (use one of: {', '.join(BACKENDS)})")
     try:
         sigma = float(noise_sigma)
     except (TypeError, ValueError):
@@ -1035,7 +850,6 @@ def simulate(
     noise_sigma: float = 0.0,
     seed: int = 0,
     link_contention: bool = False,
-    backend: str = "auto",
     dispatch: str = "fifo",
     priority: "np.ndarray | Sequence[float] | None" = None,
 ) -> SimResult:
@@ -1045,7 +859,6 @@ def simulate(
     topological level). ``trace=True`` records per-op and per-transfer times.
     ``noise_sigma``/``seed``: seeded lognormal noise on every duration.
     ``link_contention``: one transfer at a time per ordered link.
-    ``backend``: ``"auto"``/``"numba"`` (compiled) or ``"python"`` (reference).
     ``dispatch``: ``"fifo"`` (ready ops run in order of readiness, the default)
     or ``"priority"`` (WC only: ready ops run by ``priority``, one number per op,
     lower first, ties by op id; the op id when ``priority`` is None).
@@ -1059,7 +872,6 @@ def simulate(
         noise_sigma=noise_sigma,
         seed=seed,
         link_contention=link_contention,
-        backend=backend,
         dispatch=dispatch,
         priority=priority,
     )
@@ -1074,7 +886,6 @@ def simulate_many(
     noise_sigma: float = 0.0,
     seed: int = 0,
     link_contention: bool = False,
-    backend: str = "auto",
     dispatch: str = "fifo",
     priority: "np.ndarray | Sequence[float] | None" = None,
 ) -> np.ndarray:
@@ -1090,7 +901,6 @@ def simulate_many(
         noise_sigma=noise_sigma,
         seed=seed,
         link_contention=link_contention,
-        backend=backend,
         dispatch=dispatch,
         priority=priority,
     )

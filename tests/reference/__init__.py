@@ -1,0 +1,1 @@
+"""Independent reference implementations the tests (and benchmarks) check the product against."""
