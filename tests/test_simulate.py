@@ -552,9 +552,6 @@ def test_priority_simulate_many_equals_loop(case, opts, batch, data) -> None:
     loop = np.array([simulate(g, c, a, **kw).makespan_s for a in A])
     np.testing.assert_array_equal(many, loop)
     np.testing.assert_array_equal(simulate_many_python(g, c, A, **kw), loop)
-    ctx = SimContext(g, c)
-    np.testing.assert_array_equal(ctx.simulate_many(A, **kw), loop)
-    np.testing.assert_array_equal([ctx.simulate(a, **kw).makespan_s for a in A], loop)
 
 
 def test_fifo_dispatch_is_the_default() -> None:
@@ -642,11 +639,13 @@ def test_accepts_assignment_objects_lists_and_arrays() -> None:
     g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
     c = unit(2)
     r1 = simulate(g, c, [0, 1, 0]).makespan_s
+    # op 0 on d0 runs [0, 1]; op 2 (3 s) follows it on d0, [1, 4]; op 1 (2 s) waits for 1 byte at 1 B/s
+    # on d1, runs [2, 4]
+    assert r1 == 4.0
     assert simulate(g, c, Assignment(np.array([0, 1, 0]))).makespan_s == r1
     assert simulate(g, c, np.array([0, 1, 0], dtype=np.int32)).makespan_s == r1
     assert simulate(g, c, np.array([0.0, 1.0, 0.0])).makespan_s == r1
     assert context(g, c).makespan(np.array([0, 1, 0])) == r1
-    assert SimContext(g, c).simulate([0, 1, 0]).makespan_s == r1
 
 
 def test_context_is_cached_per_graph_and_cluster() -> None:

@@ -14,7 +14,7 @@ from doppler.methods import assign
 from doppler.simulate import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
 from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
-from doppler.train import Trainer, TrainConfig, TrainError, advantages
+from doppler.train import Trainer, TrainConfig, TrainError, advantages, lookahead_mask
 
 SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)
 
@@ -279,3 +279,19 @@ def test_expert_iteration_searches_from_the_incumbent_and_the_policy_imitates_it
     assert task.best_makespan_s <= before
     assert simulate(g, cl, task.best_assignment).makespan_s == pytest.approx(task.best_makespan_s)
     np.testing.assert_array_equal(task.best_step_device, task.best_assignment[task.best_order])
+
+
+def test_the_lookahead_teacher_labels_sampled_states_and_imitation_follows_it():
+    g = workloads.build("random", num_ops=30, seed=2)
+    cfg = TrainConfig(stages=("il",), teacher="lookahead", lookahead_steps=5, il_episodes=8 * 60, il_batch=8, **SMALL)
+    tr = Trainer.create([g], cluster("p100x4"), cfg)
+    task = tr.tasks[0]
+    assert task.teacher_devices is None  # a state teacher: DAgger on the policy's own episodes
+    enc = tr.policy.encode(task.features)
+    ro = rollout(task.features, enc, batch=3, mode="sample", rng=np.random.default_rng(0))
+    mask = lookahead_mask(task, ro, 5, np.random.default_rng(1))
+    assert (mask.any(-1).sum(axis=1) == 5).all()  # five labelled steps per episode, at least one device each
+    agree = [tr.imitation_update()["agree_plc"] for _ in range(60)]
+    assert tr.il_episode == 8 * 60 and np.isfinite(tr.imitation_update()["loss_il"])
+    # 60 updates on one graph: the PLC head learns the teacher's choices (means of 10 updates, not one)
+    assert np.mean(agree[-10:]) > np.mean(agree[:10]) + 0.05

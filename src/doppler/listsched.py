@@ -133,6 +133,51 @@ def place(v, d, est_d, comp, dev, start, finish, free, assigned):  # pragma: no 
 
 
 @numba.njit(cache=True)
+def _push(v, cand, pos, k):  # pragma: no cover - compiled
+    cand[k] = v
+    pos[v] = k
+    return k + 1
+
+
+@numba.njit(cache=True)
+def init_candidates(indeg, cand, pos):  # pragma: no cover - compiled
+    """Fill the candidate set (``cand[:k]``, ``pos[v]`` = index or -1) with the ops of in-degree 0; returns k."""
+    k = 0
+    pos[:] = -1
+    for v in range(indeg.shape[0]):
+        if indeg[v] == 0:
+            k = _push(v, cand, pos, k)
+    return k
+
+
+@numba.njit(cache=True)
+def take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand):  # pragma: no cover - compiled
+    """Remove placed candidate ``v`` and append the successors it frees (at ``cand[old size - 1:]``);
+    returns the new size."""
+    ncand -= 1
+    _push(cand[ncand], cand, pos, pos[v])
+    pos[v] = -1
+    for s in range(succ_ptr[v], succ_ptr[v + 1]):
+        w = succ_idx[s]
+        indeg[w] -= 1
+        if indeg[w] == 0:
+            ncand = _push(w, cand, pos, ncand)
+    return ncand
+
+
+@numba.njit(cache=True)
+def empty_state(indeg0, nd):  # pragma: no cover - compiled
+    """A fresh list-schedule state of one episode: ``(dev, start, finish, free, assigned, indeg, cand, pos,
+    ncand)`` with nothing placed and the roots as candidates."""
+    n = indeg0.shape[0]
+    indeg = indeg0.copy()
+    cand = np.empty(n, np.int64)
+    pos = np.empty(n, np.int64)
+    ncand = init_candidates(indeg, cand, pos)
+    return np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.zeros(nd), np.zeros(nd), indeg, cand, pos, ncand
+
+
+@numba.njit(cache=True)
 def _est_batch(ops, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out):  # pragma: no cover
     for b in range(ops.shape[0]):
         est_into(ops[b], pred_ptr, pred_idx, pred_bytes, lat, inv, dev[b], finish[b], free[b], out[b])

@@ -42,7 +42,8 @@ from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_l
 from doppler.simulate import lower_bound, simulate_many
 
 STAGES = ("il", "sim", "real")
-TEACHERS = ("critical_path", "heft", "enumerative", "anneal")
+TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
+STATE_TEACHERS = ("critical_path", "lookahead")  # label the states the policy visits (DAgger)
 BASELINES = ("running", "mean", "loo")
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
 
@@ -81,6 +82,7 @@ class TrainConfig:
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
     max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
+    lookahead_steps: int = 16  # with teacher="lookahead": labelled steps per Stage I episode
     hidden: int = 128  # embedding width H
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
@@ -114,7 +116,8 @@ class TrainConfig:
             raise TrainError(f"unknown op feature set {self.op_features!r} (use one of: {', '.join(OP_FEATURE_SETS)})")
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
-        for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats"):
+        for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats",
+                     "lookahead_steps"):
             if int(getattr(self, name)) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("search_every", "search_evals"):
@@ -211,7 +214,7 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
         teacher_devices=None,
         teacher_order=None,
     )
-    if cfg.teacher != "critical_path":
+    if cfg.teacher not in STATE_TEACHERS:
         from doppler.methods import assign
 
         task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S).devices
@@ -224,11 +227,26 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
 
 
 # ============================================================================ losses
-def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, float]:
+def lookahead_mask(task: Task, ro: Rollout, steps_per_episode: int, rng: np.random.Generator) -> np.ndarray:
+    """PLC labels of the LOOKAHEAD teacher at ``steps_per_episode`` random steps of each episode:
+    ``bool[B, n, D]``, the devices whose one-step rollout simulates fastest (all False elsewhere)."""
+    from doppler.methods.lookahead import lookahead_labels
+
+    B, n = ro.order.shape
+    mask = np.zeros(ro.est_tied.shape, dtype=bool)
+    for b in range(B):
+        steps = np.sort(rng.choice(n, size=min(steps_per_episode, n), replace=False))
+        _, tied = lookahead_labels(task.graph, task.cluster, ro.order[b], ro.step_device[b], steps)
+        mask[b, steps] = tied
+    return mask
+
+
+def imitation_loss(task: Task, ro: Rollout, enc, plc_mask: np.ndarray | None = None) -> tuple[torch.Tensor, float, float]:
     """-log P(teacher's tied-best choices), per step; returns (loss, SEL agreement, PLC agreement).
 
     SEL's teacher picks the candidate with the largest b-level; PLC's the device with
-    the smallest EST, or with another teacher that method's device for the op."""
+    the smallest EST, or with another teacher that method's device for the op. A given
+    ``plc_mask[B, n, D]`` replaces PLC's labels; steps where it marks no device are not scored."""
     sc = evaluate_actions(enc, ro)
     cs = sc.cands
     key = priority_key(task.features.b_level_s)[cs.op]
@@ -239,18 +257,21 @@ def imitation_loss(task: Task, ro: Rollout, enc) -> tuple[torch.Tensor, float, f
     seg = torch.from_numpy(cs.seg).to(device)
     masked = sc.cand_logp.masked_fill(~torch.from_numpy(tied).to(device), -torch.inf)
     sel_ll = segment_logsumexp(masked, seg, cs.num_segments)
-    if task.teacher_devices is None:
+    if plc_mask is not None:
+        plc_mask = torch.from_numpy(plc_mask).to(device)
+    elif task.teacher_devices is None:
         plc_mask = torch.from_numpy(ro.est_tied).to(device)
     else:
         want = task.teacher_devices[ro.order]  # [B, n]
         plc_mask = torch.from_numpy(np.arange(ro.est_tied.shape[2]) == want[..., None]).to(device)
-    plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)
+    labelled = plc_mask.any(-1)
+    plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)[labelled]
     loss = -(sel_ll.mean() + plc_ll.mean())
     with torch.no_grad():
         seg_max = torch.full((cs.num_segments,), -torch.inf, device=device).scatter_reduce(0, seg, sc.cand_logp, "amax")
         sel_agree = float((sel_ll >= seg_max - 1e-6).float().mean())
         plc_best = sc.plc_logp.argmax(-1, keepdim=True)
-        plc_agree = float(plc_mask.gather(-1, plc_best).float().mean())
+        plc_agree = float(plc_mask.gather(-1, plc_best)[labelled].float().mean())
     return loss, sel_agree, plc_agree
 
 
@@ -347,18 +368,21 @@ class Trainer:
         stats = {"loss_il": 0.0, "agree_sel": 0.0, "agree_plc": 0.0}
         for task in self.tasks:
             enc = self.policy.encode(task.features)
+            plc_mask = None
             if task.teacher_devices is None:  # DAgger: the teacher labels the states the policy visits
                 ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng)
+                if cfg.teacher == "lookahead":
+                    plc_mask = lookahead_mask(task, ro, cfg.lookahead_steps, self.rng)
             else:  # behaviour cloning of the teacher's one trajectory (its labels depend on no state)
                 ro = rollout(task.features, enc, batch=1, mode="teacher", order=task.teacher_order,
                              devices_by_step=task.teacher_devices[task.teacher_order])  # fmt: skip
-            loss, a_sel, a_plc = imitation_loss(task, ro, enc)
+            loss, a_sel, a_plc = imitation_loss(task, ro, enc, plc_mask)
             (loss / len(self.tasks)).backward()
             stats["loss_il"] += float(loss.detach()) / len(self.tasks)
             stats["agree_sel"] += a_sel / len(self.tasks)
             stats["agree_plc"] += a_plc / len(self.tasks)
         self._step()
-        self.il_episode += (cfg.il_batch if cfg.teacher == "critical_path" else 1) * len(self.tasks)
+        self.il_episode += (cfg.il_batch if cfg.teacher in STATE_TEACHERS else 1) * len(self.tasks)
         return stats
 
     # ------------------------------------------------------------------ stage II

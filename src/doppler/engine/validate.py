@@ -168,23 +168,29 @@ def validate(
         measured[i, r] = res.makespan_s
         if progress is not None:
             progress(k + 1, len(order))
-    med = np.median(measured, axis=1)
-    err = (simulated - med) / med
+    return agreement([label for label, _ in cases], simulated, measured,
+                     info={"graph": graph.name, "cluster": cluster.name, "engine": engine, "device_type": device_type,
+                           "repeats": repeats})  # fmt: skip
+
+
+def agreement(labels: list[str], simulated_s: np.ndarray, measured_s: np.ndarray, info: dict[str, Any]) -> ValidationResult:
+    """The statistics of a validation: ``simulated_s[n]`` against the medians of ``measured_s[n, repeats]``
+    (rank correlation, absolute and signed % errors, and the engine's own repeat-to-repeat ranking)."""
+    med = np.median(measured_s, axis=1)
+    err = (simulated_s - med) / med
     rows = [
-        {"label": label, "simulated_s": float(s), "measured_s": float(m), "measured_repeats_s": measured[i].tolist()}
-        for i, ((label, _), s, m) in enumerate(zip(cases, simulated, med))
+        {"label": label, "simulated_s": float(s), "measured_s": float(m), "measured_repeats_s": measured_s[i].tolist()}
+        for i, (label, s, m) in enumerate(zip(labels, simulated_s, med))
     ]
-    retest = _spearman(measured[:, 0], measured[:, 1]) if repeats >= 2 else None
     return ValidationResult(
-        n=len(cases),
-        spearman=_spearman(simulated, med),
+        n=len(labels),
+        spearman=_spearman(simulated_s, med),
         mean_abs_pct_error=float(np.mean(np.abs(err)) * 100),
         max_abs_pct_error=float(np.max(np.abs(err)) * 100),
         bias_pct=float(np.mean(err) * 100),
-        retest_spearman=retest,
+        retest_spearman=_spearman(measured_s[:, 0], measured_s[:, 1]) if measured_s.shape[1] >= 2 else None,
         rows=rows,
-        info={"graph": graph.name, "cluster": cluster.name, "engine": engine, "device_type": device_type,
-              "repeats": repeats},
+        info=info,
     )
 
 

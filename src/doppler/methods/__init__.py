@@ -1,7 +1,7 @@
 """Device-assignment methods behind one interface (:mod:`doppler.methods.registry`).
 
 Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``,
-``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``anneal``; importing this
+``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``anneal``; importing this
 package registers them. The learned method ``doppler`` registers itself the same way from
 :mod:`doppler.policy.method`, which ``import doppler`` imports: a broken learned method fails
 that import loudly instead of turning into an unknown method name.
@@ -13,7 +13,7 @@ internals.
 from __future__ import annotations
 
 # importing them registers them, in this order (the order `doppler methods` and tables list them)
-from doppler.methods import simple, critical_path, heft, metis, enumerative, anneal  # noqa: F401, I001
+from doppler.methods import simple, critical_path, heft, metis, enumerative, lookahead, anneal  # noqa: F401, I001
 from doppler.methods.critical_path import CriticalPathTrace, critical_path_trace
 from doppler.methods.heft import HeftSchedule, heft_schedule
 from doppler.methods.registry import (

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from doppler.methods.critical_path import TIE_RTOL
-from doppler.listsched import NUM_DEVICE_FEATURES, features_into, place
+from doppler.listsched import NUM_DEVICE_FEATURES, empty_state, features_into, place, take_candidate
 from doppler.policy.features import GraphFeatures, normalise_device_features
 from doppler.policy.networks import LEAK, Encoded
 
@@ -82,20 +82,9 @@ def _rollout_kernel(
     for b in range(B):
         dev = assignment[b]
         dev[:] = -1
-        start = np.zeros(n)
-        finish = np.zeros(n)
-        free = np.zeros(nd)
-        assigned = np.zeros(nd)
-        indeg = indeg0.copy()
-        cand = np.empty(n, np.int64)
-        pos = np.full(n, -1, np.int64)
-        ncand = 0
-        for v in range(n):
-            if indeg[v] == 0:
-                cand[ncand] = v
-                pos[v] = ncand
-                ncand += 1
-                enter_step[b, v] = 0
+        _, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(indeg0, nd)
+        for k in range(ncand):
+            enter_step[b, cand[k]] = 0
         placed = np.zeros((nd, m_placed))
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
@@ -109,12 +98,6 @@ def _rollout_kernel(
                     return h
             else:
                 v = _pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
-            k = pos[v]
-            ncand -= 1
-            last = cand[ncand]
-            cand[k] = last
-            pos[last] = k
-            pos[v] = -1
             # ---- PLC
             features_into(
                 v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, raw
@@ -147,14 +130,10 @@ def _rollout_kernel(
                 placed[d, j] += plc_placed[v, j]
             order[b, h] = v
             step_dev[b, h] = d
-            for s in range(succ_ptr[v], succ_ptr[v + 1]):
-                w = succ_idx[s]
-                indeg[w] -= 1
-                if indeg[w] == 0:
-                    cand[ncand] = w
-                    pos[w] = ncand
-                    ncand += 1
-                    enter_step[b, w] = h + 1
+            freed = ncand - 1
+            ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
+            for k in range(freed, ncand):
+                enter_step[b, cand[k]] = h + 1
     return -1
 
 

@@ -1,0 +1,169 @@
+"""LOOKAHEAD: one-step rollout over CRITICAL PATH, judged by the WC simulator.
+
+The rollout algorithm (Bertsekas's "rollout", the "pilot method" of Duin and Voss) applied
+to the CRITICAL PATH list scheduler. Ops are taken in CRITICAL PATH's order (largest b-level
+first). For the op ``v`` of step ``h`` and every device ``d``:
+
+1. put ``v`` on ``d``;
+2. place every later op as CRITICAL PATH would (largest b-level candidate, earliest-start
+   device) from that state on;
+3. simulate the finished assignment with the work-conserving simulator.
+
+``v`` goes to the device whose completion finishes first; on a tie, to CRITICAL PATH's own
+choice. Because CRITICAL PATH's choice completes to the assignment the previous step already
+scored, the simulated makespan never rises from step to step: LOOKAHEAD is never worse than
+CRITICAL PATH. It costs ``|V| x D`` completions and simulations.
+
+:func:`lookahead_labels` scores the same one-step branches at chosen steps of any trajectory:
+it is the PLC teacher of pretraining with ``teacher="lookahead"`` (:mod:`doppler.train`).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from doppler.assignment import Assignment
+from doppler.costs import CostModel, priority_key
+from doppler.graph import DataflowGraph
+from doppler.listsched import empty_state, est_into, place, take_candidate
+from doppler.methods.registry import register
+from doppler.simulate import simulate_many
+
+#: simulated makespans within this relative distance of the best count as tied teacher choices
+LABEL_RTOL = 1e-6
+
+
+@numba.njit(cache=True)
+def _earliest_device(est):  # pragma: no cover - compiled
+    """The lowest device id whose EST is within 1e-9 (relative) of the smallest: CRITICAL PATH's PLC."""
+    best = est.min()
+    for d in range(est.shape[0]):
+        if abs(est[d] - best) <= 1e-9 * abs(best):
+            return d
+    return 0
+
+
+@numba.njit(cache=True)
+def _branch(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
+            dev, start, finish, free, assigned, indeg, cand, pos, ncand, out):  # pragma: no cover  # fmt: skip
+    """From a copy of the state: put candidate ``v`` on ``d``, finish as CRITICAL PATH; device per op into ``out``."""
+    dev = dev.copy()
+    start = start.copy()
+    finish = finish.copy()
+    free = free.copy()
+    assigned = assigned.copy()
+    indeg = indeg.copy()
+    cand = cand.copy()
+    pos = pos.copy()
+    est = np.empty(free.shape[0])
+    est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
+    place(v, d, est[d], comp, dev, start, finish, free, assigned)
+    ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
+    while ncand > 0:
+        w = cand[0]
+        for j in range(1, ncand):  # largest b-level, ties to the lowest op id
+            c = cand[j]
+            if key[c] > key[w] or (key[c] == key[w] and c < w):
+                w = c
+        est_into(w, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
+        e = _earliest_device(est)
+        place(w, e, est[e], comp, dev, start, finish, free, assigned)
+        ncand = take_candidate(w, succ_ptr, succ_idx, indeg, cand, pos, ncand)
+    out[:] = dev
+
+
+@numba.njit(cache=True)
+def _labelled_branches(order, step_dev, label_steps, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx,
+                       indeg0, comp, lat, inv, out):  # pragma: no cover  # fmt: skip
+    """Replay one trajectory; at each step of ``label_steps`` (ascending) write every device's
+    branch into ``out[k, d]``. Returns -1, or the step at which the trajectory was invalid."""
+    n = order.shape[0]
+    nd = comp.shape[1]
+    dev, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(indeg0, nd)
+    est = np.empty(nd)
+    k = 0
+    for h in range(n):
+        v = order[h]
+        if pos[v] < 0:
+            return h
+        while k < label_steps.shape[0] and label_steps[k] == h:
+            for d in range(nd):
+                _branch(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
+                        dev, start, finish, free, assigned, indeg, cand, pos, ncand, out[k, d])  # fmt: skip
+            k += 1
+        est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
+        place(v, step_dev[h], est[step_dev[h]], comp, dev, start, finish, free, assigned)
+        ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
+    return -1
+
+
+class _Arrays:
+    """The compiled functions' view of one graph on one cluster."""
+
+    def __init__(self, graph: DataflowGraph, cluster) -> None:
+        cm = CostModel.build(graph, cluster)
+        i64 = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+        self.key = i64(priority_key(cm.b_level(graph)))
+        self.graph_arrays = (i64(graph.pred_ptr), i64(graph.pred_idx),
+                             np.ascontiguousarray(cm.pred_bytes(graph), dtype=np.float64),
+                             i64(graph.succ_ptr), i64(graph.succ_idx))  # fmt: skip
+        self.indeg0 = i64(np.diff(graph.pred_ptr))
+        self.cost_arrays = (cm.compute_s, cm.latency_s, cm.inv_bw)
+        self.num_devices = cm.num_devices
+
+
+def lookahead_labels(graph: DataflowGraph, cluster, order: np.ndarray, step_device: np.ndarray,
+                     label_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Score every device at chosen steps of one trajectory (``order[h]`` put on ``step_device[h]``).
+
+    Returns ``(makespan_s[K, D], tied[K, D])``: the simulated makespan of putting the op of step
+    ``label_steps[k]`` on each device and finishing as CRITICAL PATH, and the devices within
+    :data:`LABEL_RTOL` of the best (the teacher's choices)."""
+    arr = _Arrays(graph, cluster)
+    steps = np.ascontiguousarray(np.sort(label_steps), dtype=np.int64)
+    n, nd = graph.num_ops, arr.num_devices
+    out = np.empty((steps.size, nd, n), np.int64)
+    bad = _labelled_branches(np.ascontiguousarray(order, dtype=np.int64),
+                             np.ascontiguousarray(step_device, dtype=np.int64), steps, arr.key,
+                             *arr.graph_arrays, arr.indeg0, *arr.cost_arrays, out)  # fmt: skip
+    if bad >= 0:
+        raise ValueError(f"step {bad}: op {int(order[bad])} is not a candidate there")
+    makespan_s = simulate_many(graph, cluster, out.reshape(-1, n)).reshape(steps.size, nd)
+    tied = makespan_s <= makespan_s.min(axis=1, keepdims=True) * (1.0 + LABEL_RTOL)
+    return makespan_s, tied
+
+
+def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float]:
+    """The LOOKAHEAD assignment and its simulated makespan (see the module docstring)."""
+    arr = _Arrays(graph, cluster)
+    n, nd = graph.num_ops, arr.num_devices
+    (pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx), (comp, lat, inv) = arr.graph_arrays, arr.cost_arrays
+    dev, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(arr.indeg0, nd)
+    branches = np.empty((nd, n), np.int64)
+    est = np.empty(nd)
+    best_s = np.inf
+    for _ in range(n):
+        c = cand[:ncand]
+        top = arr.key[c].max()
+        v = int(c[arr.key[c] == top].min())
+        for d in range(nd):
+            _branch(v, d, arr.key, *arr.graph_arrays, *arr.cost_arrays, dev, start, finish, free, assigned,
+                    indeg, cand, pos, ncand, branches[d])  # fmt: skip
+        makespan_s = simulate_many(graph, cluster, branches)
+        est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
+        d = int(_earliest_device(est))
+        if makespan_s.min() < makespan_s[d] * (1.0 - 1e-12):
+            d = int(np.argmin(makespan_s))
+        best_s = float(makespan_s[d])
+        place(v, d, est[d], comp, dev, start, finish, free, assigned)
+        ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
+    return dev, best_s
+
+
+@register("lookahead", description="critical_path with one-step rollout: each op tries every device, "
+                                   "completes as critical_path, keeps the best simulated")  # fmt: skip
+def lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+    """LOOKAHEAD (deterministic; ``seed``/``budget_s`` unused): never worse than critical_path."""
+    devices, makespan_s = lookahead_schedule(graph, cluster)
+    return Assignment(devices=devices, estimated_makespan_s=makespan_s)
