@@ -20,13 +20,12 @@ critical_path, heft, enumerative and anneal with a short and a long budget
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from doppler import workloads
 from doppler.methods import assign
 from doppler.hardware import cluster
-from doppler.io_util import atomic_write_text
+from doppler.io_util import write_json
 from doppler.simulate import lower_bound, simulate
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
@@ -99,7 +98,7 @@ def main() -> None:
     print(f"\ntotal {time.perf_counter() - t_all:.0f} s; anneal evaluations short/long per row: "
           + ", ".join(f"{r['anneal_short_evals']}/{r['anneal_long_evals']}" for r in rows))  # fmt: skip
     if args.out:
-        atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
+        write_json(args.out, rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,13 @@ good as enumerative in >= 6 of 8 settings; within 10% of anneal (3% with 64 samp
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 
 from doppler import workloads
 from doppler.methods import assign
 from doppler.hardware import cluster
-from doppler.io_util import atomic_write_text
+from doppler.io_util import write_json
 from doppler.simulate import lower_bound, simulate
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.train import Trainer, TrainConfig
@@ -115,7 +114,7 @@ def main() -> None:
     print(f"\ngreedy < critical_path: {beats_cp}/{n}; greedy <= enumerative: {ties_enum}/{n}; "
           f"greedy within 10% of anneal: {within10}/{n}; 64 samples within 3% of anneal: {within3}/{n}")  # fmt: skip
     if args.out:
-        atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
+        write_json(args.out, rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import numpy as np
 from doppler.methods import assign
 from doppler.corpus import held_out_split
 from doppler.hardware import DGX1_V100_NVLINKS, cluster
-from doppler.io_util import atomic_write_text
+from doppler.io_util import write_json
 from doppler.simulate import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
@@ -146,7 +146,7 @@ def main() -> None:
                 "anneal_long": makespan(g, cl, assign(g, cl, "anneal", budget_s=args.anneal_long_s)) / ref,
             }  # fmt: skip
             if args.baselines:
-                atomic_write_text(args.baselines, json.dumps(cache, indent=1) + "\n")
+                write_json(args.baselines, cache, indent=1)
         r = {"name": case.name, "why": case.why, "num_ops": g.num_ops, "num_devices": cl.num_devices,
              **cache["rows"][case.name]}  # fmt: skip
         ref = r["best_cheap_s"]
@@ -228,8 +228,8 @@ def main() -> None:
     for k, v in transfer.items():
         print(f"{k}: {v:.4g}")
     if args.out:
-        atomic_write_text(args.out, json.dumps({"rows": rows, "summary": summary, "transfer": transfer,
-                                                 "checkpoint": str(ckpt), "args": vars(args)}, indent=2) + "\n")  # fmt: skip
+        write_json(args.out, {"rows": rows, "summary": summary, "transfer": transfer, "checkpoint": str(ckpt),
+                              "args": vars(args)}, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from doppler.io_util import atomic_write_bytes, atomic_write_text
+from doppler.io_util import atomic_write_bytes, atomic_write_text, check_seed, write_json
 
 
 def test_new_file_gets_umask_permissions(tmp_path: Path) -> None:
@@ -53,3 +55,20 @@ def test_writing_to_a_directory_or_an_unwritable_place_names_the_given_path(tmp_
     with pytest.raises(OutputPathError, match=r"^/proc/doppler-x\.json: cannot write"):
         atomic_write_text("/proc/doppler-x.json", "x")
     assert not list(tmp_path.iterdir())  # no temporary file left behind
+
+
+def test_write_json_writes_numpy_values_atomically(tmp_path):
+    p = tmp_path / "sub" / "x.json"
+    write_json(p, {"a": np.arange(3), 4: np.float32(0.5), "b": (np.int64(2),)}, indent=1)
+    assert json.loads(p.read_text()) == {"a": [0, 1, 2], "4": 0.5, "b": [2]}
+    assert p.read_text().endswith("\n") and "\n " in p.read_text()
+    write_json(p, [1, 2], compact=True)
+    assert p.read_text() == "[1,2]\n"
+    assert [q.name for q in p.parent.iterdir()] == ["x.json"]  # no temporary file left behind
+
+
+def test_one_seed_check_for_every_layer():
+    assert check_seed(np.int64(3)) == 3 and isinstance(check_seed(np.int64(3)), int)
+    for bad in (-1, 1.5, True, np.bool_(True), "3", None):
+        with pytest.raises(KeyError, match="--seed must be an integer >= 0"):
+            check_seed(bad, KeyError, "--seed")

@@ -92,10 +92,10 @@ def test_kill_and_resume_continues_exactly(tmp_path):
         killed.run(tmp_path / "killed", kill_at_64)
     ck = read_checkpoint(tmp_path / "killed" / "checkpoint.pt")
     assert ck["episode"] == 32
-    resumed = Trainer.create([g], cl, TrainConfig(**cfg))
-    resumed.load_state(ck)
+    resumed = Trainer.resume(tmp_path / "killed", [g], cl)
     resumed.run(tmp_path / "killed")
     assert resumed.episode == full.episode == 96
+
     def untimed(history):
         return [{k: v for k, v in h.items() if k != "episodes_per_s"} for h in history]
 
@@ -103,6 +103,10 @@ def test_kill_and_resume_continues_exactly(tmp_path):
     for (k, a), b in zip(full.policy.state_dict().items(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b), k
     np.testing.assert_array_equal(resumed.tasks[0].best_assignment, full.tasks[0].best_assignment)
+    with pytest.raises(TrainError, match="trained on cluster 'unit:2', not 'unit:3'"):
+        Trainer.resume(tmp_path / "killed", [g], cluster("unit:3"))
+    with pytest.raises(TrainError, match="no checkpoint to resume from"):
+        Trainer.resume(tmp_path / "nothing", [g], cl)
 
 
 def test_checkpoint_round_trip_and_bad_files(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph
-from doppler.io_util import atomic_write_text
+from doppler.io_util import write_json
 
 
 class AssignmentError(ValueError):
@@ -52,7 +52,7 @@ class Assignment:
         return out
 
     def save(self, path: str | Path) -> None:
-        atomic_write_text(path, json.dumps(self.to_json()) + "\n")
+        write_json(path, self.to_json())
 
 
 def as_devices(assignment: "Assignment | Sequence[int] | np.ndarray") -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
-from doppler.io_util import atomic_write_text
+from doppler.io_util import atomic_write_text, write_json
 
 JSON_FORMAT = "doppler-graph"
 JSON_VERSION = 1
@@ -77,7 +77,7 @@ def save_graph(graph: DataflowGraph, path: str | Path, *, round_costs: bool = Fa
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".json":
-        atomic_write_text(p, json.dumps(graph_to_json(graph), separators=(",", ":")) + "\n")
+        write_json(p, graph_to_json(graph), compact=True)
     elif suffix == ".txt":
         try:
             text = graph_to_text(graph, round_costs=round_costs)

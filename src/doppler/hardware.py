@@ -93,7 +93,7 @@ from typing import Any, Callable
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.io_util import atomic_write_text, to_jsonable
+from doppler.io_util import to_jsonable, write_json
 
 DEVICE_KINDS = ("cpu", "gpu")
 
@@ -519,7 +519,7 @@ class Cluster:
 
     def save(self, path: str | Path) -> None:
         """Write the cluster as JSON, atomically."""
-        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        write_json(path, self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":

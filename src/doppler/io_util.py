@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -24,6 +25,13 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, np.floating):
         return float(obj)
     return obj
+
+
+def check_seed(seed: Any, error: type[Exception] = ValueError, name: str = "the seed") -> int:
+    """A seed is an integer >= 0 (numpy's generators take no negative seeds); else ``error`` naming it."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise error(f"{name} must be an integer >= 0, got {seed!r}")
+    return int(seed)
 
 
 def _new_file_mode(path: Path) -> int:
@@ -80,3 +88,11 @@ def _write_and_replace(fd: int, tmp: str, p: Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, obj: Any, *, indent: int | None = None, compact: bool = False) -> None:
+    """Write ``obj`` (numpy values allowed) as one JSON document to ``path``, atomically.
+
+    ``indent`` pretty-prints; ``compact`` drops the spaces after separators (large graphs)."""
+    seps = (",", ":") if compact else None
+    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=indent, separators=seps) + "\n")

@@ -69,6 +69,7 @@ from doppler.assignment import Assignment, AssignmentError, as_devices, check_as
 from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
+from doppler.io_util import check_seed
 from doppler.trace import Trace  # re-exported (see __all__): `from doppler.simulate import Trace` still works
 
 # numba is imported (and the kernels compiled or loaded from the on-disk cache) on
@@ -778,8 +779,7 @@ def check_options(mode: str, noise_sigma: float, seed: int) -> tuple[str, float,
             f"noise_sigma must be <= {MAX_NOISE_SIGMA:g}, got {noise_sigma!r}: at sigma {MAX_NOISE_SIGMA:g} the durations "
             f"at +2 and -2 standard deviations already differ {math.exp(4 * MAX_NOISE_SIGMA):.0f}x, and larger values overflow"
         )
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise SimulationError(f"seed must be an integer >= 0, got {seed!r}")
+    check_seed(seed, SimulationError)
     return mode, sigma, int(seed)
 
 

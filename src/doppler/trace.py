@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import atomic_write_text
+from doppler.io_util import atomic_write_text, write_json
 
 __all__ = ["Trace"]
 
@@ -237,7 +236,7 @@ class Trace:
 
     def save(self, path: str | Path, graph: DataflowGraph | None = None, num_devices: int | None = None) -> None:
         """Write :meth:`to_json` atomically."""
-        atomic_write_text(path, json.dumps(self.to_json(graph, num_devices)) + "\n")
+        write_json(path, self.to_json(graph, num_devices))
 
     def chrome_trace(self, graph: DataflowGraph, device_names: list[str]) -> dict[str, Any]:
         """The Chrome trace-event format (Perfetto, chrome://tracing): one track per device,
@@ -268,7 +267,7 @@ class Trace:
 
     def save_chrome_trace(self, path: str | Path, graph: DataflowGraph, device_names: list[str]) -> None:
         """Write :meth:`chrome_trace` atomically."""
-        atomic_write_text(path, json.dumps(self.chrome_trace(graph, device_names)) + "\n")
+        write_json(path, self.chrome_trace(graph, device_names))
 
     def save_ops_csv(self, path: str | Path, graph: DataflowGraph) -> None:
         """One row per op: op, name, kind, device, ready_s, start_s, end_s (written atomically)."""

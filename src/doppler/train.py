@@ -34,6 +34,7 @@ from doppler.costs import priority_key
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
+from doppler.io_util import check_seed
 from doppler.malloc import tune_malloc
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
@@ -130,8 +131,7 @@ class TrainConfig:
                 get_method(m)
             except MethodError as e:
                 raise TrainError(f"warm start: {e}") from None
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise TrainError(f"--seed must be an integer >= 0, got {self.seed!r}")
+        check_seed(self.seed, TrainError, "--seed")
         from doppler.engine import DEVICE_TYPES, ENGINES
 
         if self.engine not in ENGINES:
@@ -686,6 +686,29 @@ class Trainer:
 
             a = Assignment(devices=task.best_assignment, method="doppler", graph_fingerprint=task.graph.fingerprint())
             a.save(run_dir / "best_assignment.json")
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, graphs: list[DataflowGraph], cluster: Cluster,
+               episodes: int | None = None) -> "Trainer":  # fmt: skip
+        """Continue the run saved in ``run_dir`` exactly, on the same graphs and cluster; ``episodes``
+        may extend Stage II (everything else is the run's own configuration)."""
+        from doppler.policy.checkpoint import read_checkpoint
+
+        ckpt = Path(run_dir) / "checkpoint.pt"
+        if not ckpt.is_file():
+            raise TrainError(f"{ckpt}: no checkpoint to resume from")
+        ck = read_checkpoint(ckpt)
+        saved = config_from_json(json.loads(ck["config"]))
+        if episodes is not None:
+            saved.episodes = episodes
+        trained_on = json.loads(ck["cluster"])
+        if trained_on != cluster.to_json():
+            raise TrainError(f"{ckpt}: trained on cluster {trained_on.get('name')!r}, not {cluster.name!r}")
+        trainer = cls.create(graphs, cluster, saved)
+        trainer.load_state(ck)
+        if trainer.episode < saved.episodes:  # Stage II is extended: distil its new best again afterwards
+            trainer.distill_step = 0
+        return trainer
 
     def load_state(self, ck: dict[str, Any]) -> None:
         """Continue from a checkpoint of the same graphs (see :meth:`state`)."""

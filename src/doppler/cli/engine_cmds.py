@@ -241,13 +241,12 @@ def validate_cmd(
 ) -> None:
     """Run many assignments through simulator and engine; report rank correlation and error."""
     with handle_errors():
-        import json
 
         from doppler.engine import check_options
         from doppler.engine.validate import scatter_plot, validate
         from doppler.formats import load_graph
         from doppler.hardware import cluster
-        from doppler.io_util import atomic_write_text, to_jsonable
+        from doppler.io_util import write_json
 
         cl = cluster(cluster_name)
         check_options(engine, cl.num_devices, repeats, timeout_s, seed, device_type)
@@ -268,7 +267,7 @@ def validate_cmd(
         if plot is not None:
             scatter_plot(res, plot)
         if output is not None:
-            atomic_write_text(output, json.dumps(to_jsonable(res.to_json()), indent=1) + "\n")
+            write_json(output, res.to_json(), indent=1)
         summary = {k: v for k, v in res.to_json().items() if k != "assignments"}
         if plot is not None:
             summary["plot"] = str(plot)

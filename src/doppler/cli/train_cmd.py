@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -40,26 +39,13 @@ def _init_config(cfg, init: str):
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None):
     from doppler.formats import load_graph
     from doppler.hardware import cluster
-    from doppler.policy.checkpoint import read_checkpoint
-    from doppler.train import Trainer, TrainError, config_from_json
+    from doppler.train import Trainer, TrainError
 
     graphs = [load_graph(p) for p in graph_paths]
     cl = cluster(cluster_name)
-    ckpt = run_dir / "checkpoint.pt"
     if resume:
-        if not ckpt.is_file():
-            raise UserError(f"{ckpt}: no checkpoint to resume from")
-        ck = read_checkpoint(ckpt)
-        saved = config_from_json(json.loads(ck["config"]))
-        saved.episodes = cfg.episodes  # a resumed run may be extended; everything else is the run's own
-        if json.loads(ck["cluster"]) != cl.to_json():
-            raise TrainError(f"{ckpt}: trained on cluster {json.loads(ck['cluster']).get('name')!r}, not {cl.name!r}")
-        trainer = Trainer.create(graphs, cl, saved)
-        trainer.load_state(ck)
-        if trainer.episode < saved.episodes:  # Stage II is extended: distil its new best again afterwards
-            trainer.distill_step = 0
-        return trainer
-    if ckpt.exists():
+        return Trainer.resume(run_dir, graphs, cl, episodes=cfg.episodes)
+    if (run_dir / "checkpoint.pt").exists():
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
     if init is None:
         return Trainer.create(graphs, cl, cfg)

@@ -26,6 +26,7 @@ from doppler.assignment import Assignment, as_devices, check_assignment
 from doppler.engine.program import EngineError, Program, build_program
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
+from doppler.io_util import check_seed
 from doppler.trace import Trace
 
 __all__ = ["DEVICE_TYPES", "ENGINES", "EngineError", "ExecutionResult", "Program", "build_program", "run"]
@@ -81,8 +82,7 @@ def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float,
         raise EngineError(f"repeats must be an integer from 1 to {MAX_REPEATS}, got {repeats!r}")
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise EngineError(f"timeout_s must be a number > 0 and <= {MAX_TIMEOUT_S:g} (a week), got {timeout_s!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise EngineError(f"the seed must be an integer >= 0, got {seed!r}")
+    check_seed(seed, EngineError)
 
 
 def run(

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
+from doppler import io_util
 from doppler.graph import DataflowGraph
 
 
@@ -83,10 +84,8 @@ def check_budget(budget_s: float | None) -> None:
 
 
 def check_seed(seed: Any) -> int:
-    """A seed is an integer >= 0 (numpy's generators take no negative seeds)."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise MethodError(f"the seed must be an integer >= 0, got {seed!r}")
-    return int(seed)
+    """A seed is an integer >= 0 (:func:`doppler.io_util.check_seed`); else a :class:`MethodError`."""
+    return io_util.check_seed(seed, MethodError)
 
 
 def assign(

@@ -18,7 +18,7 @@ import torch
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import atomic_write_bytes, atomic_write_text
+from doppler.io_util import atomic_write_bytes, write_json
 from doppler.policy.networks import DopplerPolicy
 
 CHECKPOINT_FORMAT = "doppler-checkpoint-1"
@@ -35,7 +35,7 @@ def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
-    atomic_write_text(run_dir / "config.json", json.dumps(config_json, indent=2) + "\n")
+    write_json(run_dir / "config.json", config_json, indent=2)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
