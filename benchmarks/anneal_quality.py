@@ -24,7 +24,7 @@ import time
 
 from doppler import workloads
 from doppler.methods import assign
-from doppler.hardware import cluster
+from doppler.presets import cluster
 from doppler.io_util import write_json
 from doppler.simulate import lower_bound, simulate
 

@@ -31,7 +31,7 @@ import numpy as np
 from doppler.engine import build_program, run
 from doppler.engine import dask_engine
 from doppler.graph import DataflowGraph
-from doppler.hardware import cluster
+from doppler.presets import cluster
 
 
 def chain(n: int) -> DataflowGraph:

@@ -32,7 +32,7 @@ import numpy as np
 from doppler import workloads
 from doppler.engine import build_program, run
 from doppler.graph import DataflowGraph
-from doppler.hardware import cluster
+from doppler.presets import cluster
 
 
 def noop_graph(src: np.ndarray, dst: np.ndarray, n: int, name: str) -> DataflowGraph:

@@ -38,7 +38,7 @@ import numpy as np
 
 from doppler.methods import assign
 from doppler.corpus import held_out_split
-from doppler.hardware import DGX1_V100_NVLINKS, cluster
+from doppler.presets import DGX1_V100_NVLINKS, cluster
 from doppler.io_util import write_json
 from doppler.simulate import simulate
 

@@ -29,7 +29,7 @@ import torch
 from doppler import workloads
 from doppler.methods import compare, list_methods
 from doppler.graph import OpKind
-from doppler.hardware import cluster
+from doppler.presets import cluster
 from doppler.kernels import evaluate_numpy
 from doppler.torch_import import export_model, load_factory, lower_program, model_inputs
 from doppler.workloads import assemble_outputs

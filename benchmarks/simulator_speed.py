@@ -32,6 +32,7 @@ from _timing import median_call_s  # noqa: E402
 from tests.reference.simpy_reference import simulate_simpy  # noqa: E402
 
 from doppler import hardware, workloads  # noqa: E402
+from doppler import presets
 from doppler.methods import assign  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
 from doppler.simulate import SimContext, context, simulate, simulate_many  # noqa: E402
@@ -40,7 +41,7 @@ from doppler.simulate import SimContext, context, simulate, simulate_many  # noq
 # --------------------------------------------------------------------------- graphs
 def round_robin_by_block(graph: DataflowGraph, num_devices: int) -> np.ndarray:
     """The ``round_robin_block`` baseline: tiles spread over devices by block index."""
-    return assign(graph, hardware.cluster(f"unit:{num_devices}"), "round_robin_block").devices
+    return assign(graph, presets.cluster(f"unit:{num_devices}"), "round_robin_block").devices
 
 
 # --------------------------------------------------------------------------- timing
@@ -62,7 +63,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 # --------------------------------------------------------------------------- sections
 def bench_small(quick: bool) -> list[list[str]]:
     g = workloads.build("llama_layer")
-    c = hardware.cluster("p100x4")
+    c = presets.cluster("p100x4")
     D = c.num_devices
     rng = np.random.default_rng(0)
     print(f"\n## {g.name}: {g.num_ops} ops, {g.num_edges} edges on {c.name} ({D} devices)")

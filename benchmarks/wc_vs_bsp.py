@@ -16,7 +16,8 @@ import argparse
 
 import numpy as np
 
-from doppler import hardware, workloads
+from doppler import workloads
+from doppler import presets
 from doppler.methods import assign
 from doppler.simulate import simulate_many
 
@@ -30,7 +31,7 @@ def main() -> None:
     p.add_argument("--noise", type=float, default=0.2, help="lognormal sigma of the noisy runs")
     p.add_argument("--seeds", type=int, default=20)
     args = p.parse_args()
-    c = hardware.cluster(args.cluster)
+    c = presets.cluster(args.cluster)
     print(f"WC vs BSP on {c.name}; noisy columns: sigma {args.noise}, mean of {args.seeds} seeds\n")
     print("| graph | assignment | WC (ms) | BSP (ms) | BSP / WC | noisy WC (ms) | noisy BSP (ms) | noisy BSP / WC |")
     print("|---|---|---|---|---|---|---|---|")

@@ -13,8 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 #: lowest first; a module may import its own layer and the layers below it
 LAYERS = [
     {"graph", "io_util", "kernels", "malloc"},
-    {"hardware", "costs"},
-    {"workloads", "formats", "assignment", "corpus", "torch_import"},
+    {"hardware", "presets", "costs"},
+    {"tiling", "workloads", "formats", "assignment", "corpus", "torch_import"},
     {"listsched", "trace"},
     {"simulate"},
     {"report"},

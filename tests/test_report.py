@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from doppler.graph import OpKind, from_edges
-from doppler.hardware import cluster
+from doppler.presets import cluster
 from doppler.report import format_time, gantt, time_unit
 from doppler.simulate import lower_bound, simulate
 

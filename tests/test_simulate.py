@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from doppler.assignment import Assignment, AssignmentError
 from doppler.graph import DataflowGraph, OpKind, from_edges
-from doppler.hardware import Cluster, Device, homogeneous, unit
+from doppler.hardware import Cluster, Device, homogeneous
+from doppler.presets import unit
 from doppler.simulate import (
     SimContext,
     SimulationError,
@@ -728,7 +729,7 @@ def test_large_graph_runs() -> None:
 @pytest.mark.parametrize("sigma", [3.0 + 1e-9, 5.0, 1e308])
 def test_noise_above_the_bound_is_an_error_that_says_why(sigma) -> None:
     from doppler.graph import from_edges
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
     from doppler.simulate import MAX_NOISE_SIGMA, SimulationError, simulate
 
     g = from_edges([1.0, 1.0], [(0, 1)], [1.0, 1.0])
@@ -739,7 +740,7 @@ def test_noise_above_the_bound_is_an_error_that_says_why(sigma) -> None:
 
 def test_a_traced_result_carries_the_peak_memory_per_device() -> None:
     from doppler import workloads
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     g = workloads.build("ffnn", size="tiny")
     cl = cluster("p100x4")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler.hardware import cluster
+from doppler.presets import cluster
 from doppler.simulate import simulate
 
 

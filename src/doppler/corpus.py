@@ -30,7 +30,8 @@ import numpy as np
 
 from doppler import workloads
 from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster, Device, gpu_rates, cluster as preset
+from doppler.hardware import Cluster, Device
+from doppler.presets import gpu_rates, cluster as preset
 
 TRAIN_OPS = (30, 1000)  #: the op counts training graphs are drawn from (inclusive)
 TRAIN_DEVICES = (2, 16)  #: the device counts training clusters are drawn from (inclusive)

@@ -745,7 +745,7 @@ def context(graph: DataflowGraph, cluster: Cluster) -> SimContext:
     """The cached :class:`SimContext` of (graph, cluster), built on first use. ``cluster`` may
     also be a preset name (``"p100x4"``, ``"unit:8"``) or a cluster JSON path, as on the CLI."""
     if not isinstance(cluster, Cluster):
-        from doppler.hardware import cluster as resolve_cluster
+        from doppler.presets import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
     cache: dict[int, tuple[Cluster, SimContext]] | None = graph.__dict__.get(_CTX_ATTR)

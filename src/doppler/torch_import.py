@@ -1,7 +1,7 @@
 """Import a PyTorch model as a tile-level dataflow graph (``doppler graph import``).
 
 The model is exported with :func:`torch.export.export` (non-strict), and every ATen op of the
-exported program is lowered onto the same :class:`~doppler.workloads.TileBuilder` the built-in
+exported program is lowered onto the same :class:`~doppler.tiling.TileBuilder` the built-in
 workloads use, so each tensor op becomes a group of tile ops with real shapes, FLOPs, bytes
 and a kernel spec the engine runs.
 
@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.workloads import Tensor, TileBuilder, WorkloadError, fmt_block, tiled_softmax
+from doppler.tiling import Tensor, TileBuilder, WorkloadError, fmt_block, tiled_softmax
 
 __all__ = ["GraphImportError", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2", "lower_program",
            "model_inputs", "parse_blocks", "parse_input_shapes"]

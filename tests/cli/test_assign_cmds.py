@@ -42,7 +42,7 @@ def test_assign_writes_the_file(graph_file: Path, tmp_path: Path) -> None:
     assert len(obj["assignment"]) == g.num_ops
     a = load_assignment(out, g)
     from doppler.methods import assign
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     assert a.devices.tolist() == assign(g, cluster("p100x4"), "critical_path").devices.tolist()
 
@@ -62,7 +62,7 @@ def test_assign_json_with_budget_and_seed(graph_file: Path, tmp_path: Path) -> N
 
 
 def test_compare_json_and_csv(graph_file: Path, tmp_path: Path) -> None:
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
     from doppler.methods import assign
     from doppler.simulate import lower_bound, simulate
 
@@ -217,7 +217,7 @@ def test_anneal_init_starts_from_a_given_assignment(graph_file: Path, tmp_path: 
 def test_memory_overruns_warn_in_assign_and_compare_and_strict_writes_nothing(graph_file: Path, tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     cl = cluster("p100x4")
     small = tmp_path / "small.json"
@@ -238,7 +238,7 @@ def test_memory_overruns_warn_in_assign_and_compare_and_strict_writes_nothing(gr
 def test_bad_seeds_sizes_and_overflowing_times_exit_2_with_one_line(graph_file: Path, tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     for args in (["assign", str(graph_file), "-c", "p100x4", "-m", "random", "-o", str(tmp_path / "a.json")],
                  ["compare", str(graph_file), "-c", "p100x4", "-m", "random"]):  # fmt: skip

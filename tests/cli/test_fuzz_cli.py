@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from doppler.cli import app
 from doppler.formats import graph_to_json
 from doppler.graph import from_edges
-from doppler.hardware import cluster
+from doppler.presets import cluster
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from doppler import __version__
 from doppler.methods import list_methods
 from doppler.cli import app
-from doppler.hardware import PRESETS
+from doppler.presets import PRESETS
 
 runner = CliRunner()
 

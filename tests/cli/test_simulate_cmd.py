@@ -169,7 +169,7 @@ def test_clean_one_line_messages_for_bad_costs_edges_and_devices(files) -> None:
 def _small_memory_cluster(d: Path, memory_bytes: float) -> Path:
     from dataclasses import replace
 
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     cl = cluster("p100x4:2")
     cl = replace(cl, name="small", devices=[replace(dv, memory_bytes=memory_bytes) for dv in cl.devices])

@@ -10,7 +10,8 @@ from doppler.engine import EngineError
 from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.validate import agreement, validate, validation_assignments
 from doppler.graph import OpKind
-from doppler.hardware import Cluster, Device, cluster
+from doppler.hardware import Cluster, Device
+from doppler.presets import cluster
 from doppler.simulate import simulate
 
 

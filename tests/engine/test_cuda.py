@@ -8,7 +8,7 @@ import pytest
 from doppler import workloads
 from doppler.engine import EngineError, build_program, run
 from doppler.engine.local import HostDevices, run_local
-from doppler.hardware import cluster
+from doppler.presets import cluster
 from tests.engine.test_local import WORKLOADS, _assignments, check_trace, tiny_float64_case
 
 torch = pytest.importorskip("torch")

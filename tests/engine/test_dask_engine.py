@@ -22,7 +22,7 @@ from doppler import workloads  # noqa: E402
 from doppler.engine import EngineError, build_program, run  # noqa: E402
 from doppler.engine import dask_engine  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
-from doppler.hardware import cluster  # noqa: E402
+from doppler.presets import cluster  # noqa: E402
 
 D = 2
 EPS = 1e-6

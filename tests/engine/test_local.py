@@ -14,7 +14,7 @@ from doppler.assignment import AssignmentError
 from doppler.methods import assign
 from doppler.engine import EngineError, build_program, run
 from doppler.graph import DataflowGraph
-from doppler.hardware import cluster
+from doppler.presets import cluster
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 

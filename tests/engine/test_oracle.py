@@ -9,7 +9,8 @@ from doppler import workloads
 from doppler.engine import EngineError
 from doppler.engine.oracle import EngineOracle
 from doppler.graph import from_edges
-from doppler.hardware import cluster, homogeneous
+from doppler.hardware import homogeneous
+from doppler.presets import cluster
 
 
 def test_engine_oracle_measures_a_batch() -> None:

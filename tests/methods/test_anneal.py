@@ -9,7 +9,7 @@ import pytest
 
 from doppler import workloads
 from doppler.methods import MethodError, assign
-from doppler.hardware import cluster
+from doppler.presets import cluster
 from doppler.simulate import simulate
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from doppler.methods import assign, critical_path_trace
 from doppler.graph import from_edges
-from doppler.hardware import unit
+from doppler.presets import unit
 
 
 def diamond():
@@ -71,7 +71,7 @@ def test_ties_go_to_lowest_op_and_device():
 
 def test_trace_is_consistent_on_a_workload():
     from doppler import workloads
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     g = workloads.build("ffnn", size="tiny")
     c = cluster("p100x4")

@@ -7,7 +7,7 @@ import pytest
 
 from doppler.methods import assign, heft_schedule
 from doppler.graph import from_edges
-from doppler.hardware import unit
+from doppler.presets import unit
 
 # computation cost of n1..n10 on P1, P2, P3
 W = np.array(

@@ -87,7 +87,7 @@ def test_list_schedules_estimate_is_a_valid_schedule_length(g, c):
 @pytest.mark.parametrize("method", BUILTIN)
 def test_same_seed_same_assignment(method):
     from doppler import workloads
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     g = workloads.build("random", size="tiny", seed=3)
     c = cluster("p100x4")
@@ -102,7 +102,7 @@ def test_same_seed_same_assignment(method):
 @pytest.mark.parametrize("workload", ["chainmm", "ffnn", "llama_block", "llama_layer"])
 def test_methods_on_workloads(workload):
     from doppler import workloads
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     g = workloads.build(workload, size="tiny")
     c = cluster("p100x4")
@@ -133,7 +133,7 @@ def test_simple_methods():
 def test_batch_simulation_agrees_with_the_estimates():
     # the anneal estimate is a simulated makespan: simulate_many must agree
     from doppler import workloads
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     g = workloads.build("ffnn", size="tiny")
     c = cluster("p100x4")
@@ -142,10 +142,11 @@ def test_batch_simulation_agrees_with_the_estimates():
 
 
 def test_round_robin_block_spreads_each_logical_op_by_block_index():
-    from doppler import hardware, workloads
+    from doppler import workloads
+    from doppler import presets
 
     g = workloads.build("chainmm", size="tiny")
-    a = assign(g, hardware.cluster("unit:4"), "round_robin_block").devices
+    a = assign(g, presets.cluster("unit:4"), "round_robin_block").devices
     for gid, group in enumerate(g.groups):
         ops = np.flatnonzero(g.group == gid)
         flat = np.ravel_multi_index(tuple(g.block[ops, : len(group.grid)].T), group.grid)

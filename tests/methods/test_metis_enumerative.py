@@ -8,7 +8,8 @@ from doppler import workloads
 from doppler.methods import assign
 from doppler.methods.enumerative import _range_plans
 from doppler.graph import from_edges
-from doppler.hardware import cluster, homogeneous
+from doppler.hardware import homogeneous
+from doppler.presets import cluster
 
 
 def test_metis_one_device_and_no_edges():

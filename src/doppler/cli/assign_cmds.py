@@ -28,7 +28,7 @@ from doppler.cli._common import (
 
 def _load(graph_path: Path, cluster_name: str):
     from doppler.formats import load_graph
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     return load_graph(graph_path), cluster(cluster_name)
 

@@ -31,7 +31,7 @@ def demo_cmd(
     with handle_errors():
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from doppler.hardware import cluster
+        from doppler.presets import cluster
 
         if not budget_s > 0:
             raise UserError(f"--budget-s must be > 0, got {budget_s}")

@@ -32,7 +32,7 @@ def _progress(label: str):
 
 def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
     """The cluster to simulate (and size synthetic kernels) with, and the device count."""
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     if cluster_name is not None:
         cl = cluster(cluster_name)
@@ -245,7 +245,7 @@ def validate_cmd(
         from doppler.engine import check_options
         from doppler.engine.validate import scatter_plot, validate
         from doppler.formats import load_graph
-        from doppler.hardware import cluster
+        from doppler.presets import cluster
         from doppler.io_util import write_json
 
         cl = cluster(cluster_name)

@@ -16,7 +16,7 @@ from doppler.formats import load_graph, save_graph
 
 def _cluster_for(name: str, devices: int | None):
     """A cluster preset or file; with ``devices``, a homogeneous preset of that size."""
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     if devices is not None:
         if devices < 1:

@@ -54,7 +54,7 @@ def methods_cmd(json_out: bool = JSON_OPT) -> None:
 def _cluster_row(name: str, scalable: bool) -> dict[str, Any]:
     import numpy as np
 
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
 
     cl = cluster(name)
     off = ~np.eye(cl.num_devices, dtype=bool)
@@ -75,7 +75,7 @@ def _cluster_row(name: str, scalable: bool) -> dict[str, Any]:
 def clusters_cmd(json_out: bool = JSON_OPT) -> None:
     """List the cluster presets: device count, FLOP/s per device, link bandwidths and latencies."""
     with handle_errors():
-        from doppler.hardware import PRESETS
+        from doppler.presets import PRESETS
         from doppler.report import format_time
 
         rows = [_cluster_row(name, scalable) for name, (_, _, scalable) in PRESETS.items()]

@@ -37,7 +37,7 @@ def simulate_cmd(
     with handle_errors():
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
-        from doppler.hardware import cluster
+        from doppler.presets import cluster
         from doppler.simulate import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
@@ -137,7 +137,7 @@ def diff_cmd(
     with handle_errors():
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
-        from doppler.hardware import cluster
+        from doppler.presets import cluster
         from doppler.report import format_bytes, format_time
         from doppler.simulate import simulate
 

@@ -38,7 +38,7 @@ def _init_config(cfg, init: str):
 
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None):
     from doppler.formats import load_graph
-    from doppler.hardware import cluster
+    from doppler.presets import cluster
     from doppler.train import Trainer, TrainError
 
     graphs = [load_graph(p) for p in graph_paths]

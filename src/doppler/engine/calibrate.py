@@ -48,7 +48,7 @@ DEFAULT_SIZES = (128, 256, 512, 1024)
 
 def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
     """Every op kind of our workloads at each size ``n`` (``n x n`` tensors cut in 2 x 2 tiles)."""
-    from doppler.workloads import TileBuilder, tiled_rmsnorm, tiled_softmax
+    from doppler.tiling import TileBuilder, tiled_rmsnorm, tiled_softmax
 
     b = TileBuilder("calibration", dtype)
     for n in sizes:

@@ -782,7 +782,7 @@ def run_dask(
 def _chain_program(num_ops: int, num_devices: int, op_seconds: float) -> Program:
     from doppler.engine.program import build_program
     from doppler.graph import DataflowGraph
-    from doppler.hardware import unit
+    from doppler.presets import unit
 
     g = DataflowGraph.from_arrays(np.ones(num_ops), np.full(num_ops, 8.0), np.arange(num_ops - 1),
                                   np.arange(1, num_ops), name="noop-chain")  # fmt: skip

@@ -107,7 +107,7 @@ def assign(
     check_budget(budget_s)
     seed = check_seed(seed)
     if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
-        from doppler.hardware import cluster as resolve_cluster
+        from doppler.presets import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
     from doppler.simulate import context
@@ -199,7 +199,7 @@ def compare(
     check_budget(budget_s)
     check_seed(seed)
     if not hasattr(cluster, "num_devices"):
-        from doppler.hardware import cluster as resolve_cluster
+        from doppler.presets import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
     lb = float(lower_bound(graph, cluster))

@@ -1,0 +1,415 @@
+"""The tiling machinery: :class:`TileBuilder` turns einsum-style logical ops on block-split tensors
+into the tile-level ops of a :class:`~doppler.graph.DataflowGraph`.
+
+A builder splits every tensor into a grid of blocks and emits the ops a sharded-tensor engine
+would run: one op per block product of a contraction (a *partial product*,
+:attr:`~doppler.graph.OpKind.MATMUL`), one n-ary aggregation per output block that sums the
+partial products over the contracted-dimension blocks (:attr:`~doppler.graph.OpKind.ADD`, only
+when there is more than one contraction block), and one op per output block of every
+elementwise step. The built-in workloads (:mod:`doppler.workloads`) and imported PyTorch models
+(:mod:`doppler.torch_import`) are both written with it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, Group, OpKind
+from doppler.kernels import DTYPE_BYTES, flops_of, parse_eq
+
+__all__ = ["Tensor", "TileBuilder", "WorkloadError", "fmt_block", "tiled_rmsnorm", "tiled_softmax"]
+
+
+class WorkloadError(ValueError):
+    """Bad workload name or parameters; the message says what and where."""
+
+
+@dataclass
+class Tensor:
+    """A logical tensor split into a grid of equal blocks; ``tiles`` maps each block
+    index to the operand reference (a spec ``inputs`` entry) that holds it."""
+
+    name: str
+    shape: tuple[int, ...]
+    grid: tuple[int, ...]
+    tiles: dict[tuple[int, ...], dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return tuple(s // g for s, g in zip(self.shape, self.grid))
+
+    def tile_slice(self, block: Sequence[int]) -> list[list[int]]:
+        return [[int(b * s), int((b + 1) * s)] for b, s in zip(block, self.block_shape)]
+
+    def blocks(self) -> list[tuple[int, ...]]:
+        return list(itertools.product(*(range(g) for g in self.grid)))
+
+
+def fmt_block(idx: Sequence[int]) -> str:
+    return "[" + ",".join(str(int(i)) for i in idx) + "]"
+
+
+class TileBuilder:
+    """Builds a tile-level :class:`DataflowGraph` from einsum-style logical ops.
+
+    Every logical op becomes one :class:`~doppler.graph.Group` (two for a tiled
+    contraction or reduction: the partial ops and their aggregation) and records
+    its own FLOPs, computed at full-tensor level, in ``untiled_flops``.
+
+    A group's grid has one axis per output letter (then one per contracted letter).
+    When that is more than :data:`~doppler.graph.MAX_BLOCK_DIMS` axes, single-block
+    axes are dropped, leftmost first, until it fits (they carry no information);
+    if it still does not fit, the grid is flattened to one row-major axis.
+    """
+
+    def __init__(self, workload: str, dtype: str = "float32") -> None:
+        if dtype not in DTYPE_BYTES:
+            raise WorkloadError(f"{workload}: dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        self.workload = workload
+        self.dtype = dtype
+        self.itemsize = DTYPE_BYTES[dtype]
+        self.flops: list[float] = []
+        self.out_bytes: list[float] = []
+        self.kinds: list[int] = []
+        self.group_of: list[int] = []
+        self.blocks: list[tuple[int, ...]] = []
+        self.names: list[str] = []
+        self.specs: list[dict[str, Any]] = []
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.groups: list[Group] = []
+        self.untiled_flops = 0.0
+        self.inputs: dict[str, list[int]] = {}
+        self.input_init: dict[str, dict[str, Any]] = {}
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self._logical_names: set[str] = set()
+        # per group: (kept axes of the full grid, kept grid, flattened?)
+        self._block_map: list[tuple[tuple[int, ...], tuple[int, ...], bool]] = []
+
+    # ------------------------------------------------------------- helpers
+    def _err(self, msg: str) -> WorkloadError:
+        return WorkloadError(f"{self.workload}: {msg}")
+
+    def _check_grid(self, name: str, shape: Sequence[int], grid: Sequence[int]) -> None:
+        if len(shape) != len(grid):
+            raise self._err(f"tensor {name!r} has rank {len(shape)} but a grid of rank {len(grid)}")
+        for ax, (s, g) in enumerate(zip(shape, grid)):
+            if int(g) < 1 or int(s) < 1 or int(s) % int(g):
+                raise self._err(f"tensor {name!r} axis {ax}: {g} blocks do not divide size {s}")
+
+    def _claim(self, name: str) -> None:
+        if name in self._logical_names:
+            raise self._err(f"two logical ops are named {name!r}")
+        self._logical_names.add(name)
+
+    def _add_op(self, name: str, kind: OpKind, spec: dict[str, Any], group: int, block: Sequence[int]) -> int:
+        i = len(self.flops)
+        spec["dtype"] = self.dtype
+        self.flops.append(flops_of(spec, label=name))
+        self.out_bytes.append(float(math.prod(spec["shape"]) * self.itemsize))
+        self.kinds.append(int(kind))
+        self.group_of.append(group)
+        grid = self.groups[group].grid
+        keep, kept, flat = self._block_map[group]
+        block = tuple(int(block[a]) for a in keep)  # the group grid was reduced the same way
+        if flat:
+            block = (int(np.ravel_multi_index(block, kept)),)
+        assert len(block) == len(grid)
+        self.blocks.append(block)
+        self.names.append(name)
+        self.specs.append(spec)
+        seen: set[int] = set()
+        for ref in spec["inputs"]:
+            j = ref.get("op")
+            if j is not None and j not in seen:
+                seen.add(j)
+                self.src.append(int(j))
+                self.dst.append(i)
+        return i
+
+    def _new_group(self, name: str, kind: OpKind, grid: Sequence[int]) -> int:
+        full = tuple(int(g) for g in grid)
+        keep = list(range(len(full)))
+        for ax in range(len(full)):  # drop single-block axes, leftmost first, only while too many
+            if len(keep) <= MAX_BLOCK_DIMS:
+                break
+            if full[ax] == 1:
+                keep.remove(ax)
+        kept = tuple(full[a] for a in keep)
+        flat = len(kept) > MAX_BLOCK_DIMS
+        self.groups.append(Group(name=name, kind=kind.label, grid=(int(math.prod(kept)),) if flat else kept))
+        self._block_map.append((tuple(keep), kept, flat))
+        return len(self.groups) - 1
+
+    def _tensor_from_ops(self, name: str, shape: Sequence[int], grid: Sequence[int], ids: dict) -> Tensor:
+        t = Tensor(name, tuple(int(s) for s in shape), tuple(int(g) for g in grid))
+        bs = t.block_shape
+        for blk, i in ids.items():
+            t.tiles[blk] = {"op": int(i), "shape": list(bs)}
+        return t
+
+    def _letters(self, name: str, ins: Sequence[str], ts: Sequence[Tensor]) -> dict[str, tuple[int, int, str]]:
+        """letter -> (size, blocks, tensor name), checked consistent across operands."""
+        info: dict[str, tuple[int, int, str]] = {}
+        for term, t in zip(ins, ts):
+            if len(term) != len(t.shape):
+                raise self._err(f"{name}: operand {t.name!r} has rank {len(t.shape)} but subscripts {term!r}")
+            for c, s, g in zip(term, t.shape, t.grid):
+                if c in info and info[c][:2] != (s, g):
+                    s0, g0, n0 = info[c]
+                    raise self._err(
+                        f"{name}: letter {c!r} is size {s0} in {g0} blocks in {n0!r} "
+                        f"but size {s} in {g} blocks in {t.name!r}"
+                    )
+                info.setdefault(c, (s, g, t.name))
+        return info
+
+    def _parse(self, name: str, eq: str, n: int) -> tuple[list[str], str]:
+        try:
+            return parse_eq(eq, n)
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+
+    # ----------------------------------------------------------- tensors
+    def input(self, name: str, shape: Sequence[int], grid: Sequence[int], init: dict[str, Any] | None = None) -> Tensor:
+        """Declare a graph input (not an op): its tiles are slices of the full array."""
+        shape, grid = tuple(int(s) for s in shape), tuple(int(g) for g in grid)
+        self._check_grid(name, shape, grid)
+        if name in self.inputs:
+            raise self._err(f"input {name!r} declared twice")
+        t = Tensor(name, shape, grid)
+        for blk in t.blocks():
+            t.tiles[blk] = {"input": name, "block": list(blk), "slice": t.tile_slice(blk), "shape": list(t.block_shape)}
+        self.inputs[name] = list(shape)
+        self.input_init[name] = dict(init or {"init": "normal", "std": 1.0})
+        return t
+
+    def output(self, name: str, t: Tensor) -> None:
+        tiles = []
+        for blk in t.blocks():
+            ref = t.tiles[blk]
+            if "op" not in ref:
+                raise self._err(f"output {name!r} is an input tensor, not computed by any op")
+            tiles.append([int(ref["op"]), t.tile_slice(blk)])
+        self.outputs[name] = {"shape": list(t.shape), "tiles": tiles}
+
+    # ------------------------------------------------------- logical ops
+    def _tiled_reduction(
+        self,
+        eq: str,
+        ts: Sequence[Tensor],
+        *,
+        name: str,
+        kind: OpKind,
+        kernel: str,
+        agg_kernel: str,
+    ) -> Tensor:
+        self._claim(name)
+        ins, out = self._parse(name, eq, len(ts))
+        info = self._letters(name, ins, ts)
+        red = [c for c in info if c not in out]  # contracted letters, first-appearance order
+        out_shape = [info[c][0] for c in out]
+        out_grid = [info[c][1] for c in out]
+        red_grid = [info[c][1] for c in red]
+        bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        self.untiled_flops += flops_of(
+            {"kernel": kernel, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts], "shape": out_shape}
+        )
+        combos = list(itertools.product(*(range(g) for g in red_grid)))
+        gp = self._new_group(name, kind, out_grid + red_grid)
+        ga = self._new_group(f"{name}.agg", OpKind.ADD, out_grid) if len(combos) > 1 else -1
+        result: dict[tuple[int, ...], int] = {}
+        for oblk in itertools.product(*(range(g) for g in out_grid)):
+            at = dict(zip(out, oblk))
+            partials = []
+            for ci, rblk in enumerate(combos):
+                at.update(zip(red, rblk))
+                refs = [ts[k].tiles[tuple(at[c] for c in term)] for k, term in enumerate(ins)]
+                spec = {"kernel": kernel, "eq": eq, "inputs": [dict(r) for r in refs], "shape": list(bshape)}
+                label = f"{name}{fmt_block(oblk)}" + (f"k{ci}" if len(combos) > 1 else "")
+                partials.append(self._add_op(label, kind, spec, gp, oblk + rblk))
+            if len(partials) == 1:
+                result[oblk] = partials[0]
+            else:
+                spec = {
+                    "kernel": agg_kernel,
+                    "inputs": [{"op": p, "shape": list(bshape)} for p in partials],
+                    "shape": list(bshape),
+                }
+                result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}agg", OpKind.ADD, spec, ga, oblk)
+        return self._tensor_from_ops(name, out_shape, out_grid, result)
+
+    def contract(self, eq: str, *ts: Tensor, name: str, kind: OpKind = OpKind.MATMUL) -> Tensor:
+        """Tiled einsum: one partial product per (output block, contraction-block combo),
+        plus a ``sum_n`` aggregation per output block when there are several combos."""
+        return self._tiled_reduction(eq, ts, name=name, kind=kind, kernel="einsum", agg_kernel="sum_n")
+
+    def reduce(self, eq: str, x: Tensor, *, how: str = "sum", name: str, kind: OpKind = OpKind.REDUCE) -> Tensor:
+        """Tiled reduction (``eq`` like ``"hqk->hq"``): per-block partials + aggregation."""
+        if how not in ("sum", "max"):
+            raise self._err(f"{name}: reduction how={how!r} must be 'sum' or 'max'")
+        return self._tiled_reduction(
+            eq, [x], name=name, kind=kind, kernel=f"reduce_{how}", agg_kernel=f"{how}_n"
+        )
+
+    def map(
+        self,
+        fn: str,
+        eq: str,
+        *ts: Tensor,
+        name: str,
+        kind: OpKind = OpKind.ELEMENTWISE,
+        params: Mapping[str, Any] | None = None,
+        tile_params: Callable[[dict[str, int]], Mapping[str, Any]] | None = None,
+    ) -> Tensor:
+        """Elementwise ``fn`` with broadcasting by letters (``"ij,i->ij"``): one op per
+        output block. ``tile_params(offsets)`` adds per-tile params from the global
+        start offset of each output letter."""
+        self._claim(name)
+        ins, out = self._parse(name, eq, len(ts))
+        info = self._letters(name, ins, ts)
+        if set(info) != set(out):
+            raise self._err(f"{name}: map {eq!r} must keep every letter (no reduction in a map)")
+        out_shape = [info[c][0] for c in out]
+        out_grid = [info[c][1] for c in out]
+        bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        base = dict(params or {})
+        logical = {"kernel": "map", "fn": fn, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts],
+                   "shape": out_shape, "params": base}  # fmt: skip
+        try:
+            self.untiled_flops += flops_of(logical)
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+        g = self._new_group(name, kind, out_grid)
+        result = {}
+        for oblk in itertools.product(*(range(gg) for gg in out_grid)):
+            at = dict(zip(out, oblk))
+            refs = [dict(ts[k].tiles[tuple(at[c] for c in term)]) for k, term in enumerate(ins)]
+            p = dict(base)
+            if tile_params is not None:
+                p.update(tile_params({c: int(b * s) for c, b, s in zip(out, oblk, bshape)}))
+            spec = {"kernel": "map", "fn": fn, "eq": eq, "inputs": refs, "shape": list(bshape)}
+            if p:
+                spec["params"] = p
+            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
+        return self._tensor_from_ops(name, out_shape, out_grid, result)
+
+    def fill(
+        self,
+        fn: str,
+        letters: str,
+        shape: Sequence[int],
+        grid: Sequence[int],
+        *,
+        name: str,
+        kind: OpKind = OpKind.MASK_FILL,
+        params: Mapping[str, Any] | None = None,
+        tile_params: Callable[[dict[str, int]], Mapping[str, Any]] | None = None,
+    ) -> Tensor:
+        """A constant tensor built by ops with no inputs (e.g. a causal mask), one per block."""
+        self._claim(name)
+        shape, grid = [int(s) for s in shape], [int(g) for g in grid]
+        self._check_grid(name, shape, grid)
+        if len(letters) != len(shape):
+            raise self._err(f"{name}: letters {letters!r} do not match rank {len(shape)}")
+        bshape = [s // g for s, g in zip(shape, grid)]
+        base = dict(params or {})
+        try:
+            self.untiled_flops += flops_of({"kernel": "fill", "fn": fn, "inputs": [], "shape": shape})
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+        g = self._new_group(name, kind, grid)
+        result = {}
+        for oblk in itertools.product(*(range(gg) for gg in grid)):
+            p = dict(base)
+            if tile_params is not None:
+                p.update(tile_params({c: int(b * s) for c, b, s in zip(letters, oblk, bshape)}))
+            spec = {"kernel": "fill", "fn": fn, "inputs": [], "shape": list(bshape), "params": p}
+            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
+        return self._tensor_from_ops(name, shape, grid, result)
+
+    def select(
+        self, x: Tensor, ranges: Sequence[tuple[int, int] | None], *, name: str, kind: OpKind = OpKind.SELECT
+    ) -> Tensor:
+        """Slice ``x``: per axis ``None`` keeps it whole (and its blocks), ``(lo, hi)``
+        selects a range that must lie inside one block (that axis ends up unsplit)."""
+        self._claim(name)
+        if len(ranges) != len(x.shape):
+            raise self._err(f"{name}: {len(ranges)} ranges for a rank-{len(x.shape)} tensor {x.name!r}")
+        bs = x.block_shape
+        out_shape, out_grid, fixed = [], [], []
+        for ax, r in enumerate(ranges):
+            if r is None:
+                out_shape.append(x.shape[ax])
+                out_grid.append(x.grid[ax])
+                fixed.append(None)
+                continue
+            lo, hi = int(r[0]), int(r[1])
+            b = lo // bs[ax] if 0 <= lo < x.shape[ax] else -1
+            if b < 0 or not lo < hi <= (b + 1) * bs[ax]:
+                raise self._err(f"{name}: range {lo}:{hi} on axis {ax} of {x.name!r} must lie inside one block")
+            out_shape.append(hi - lo)
+            out_grid.append(1)
+            fixed.append((b, lo - b * bs[ax], hi - b * bs[ax]))
+        bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        g = self._new_group(name, kind, out_grid)
+        result = {}
+        for oblk in itertools.product(*(range(gg) for gg in out_grid)):
+            iblk = tuple(o if f is None else f[0] for o, f in zip(oblk, fixed))
+            sl = [[0, bs[ax]] if f is None else [f[1], f[2]] for ax, f in enumerate(fixed)]
+            spec = {"kernel": "select", "inputs": [dict(x.tiles[iblk])], "shape": list(bshape), "params": {"slice": sl}}
+            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
+        return self._tensor_from_ops(name, out_shape, out_grid, result)
+
+    # ------------------------------------------------------------ finish
+    def finish(self, name: str, params: Mapping[str, Any]) -> DataflowGraph:
+        block = np.full((len(self.blocks), MAX_BLOCK_DIMS), -1, np.int32)
+        for i, b in enumerate(self.blocks):
+            block[i, : len(b)] = b
+        meta = {
+            "workload": self.workload,
+            "params": dict(params),
+            "dtype": self.dtype,
+            "inputs": dict(self.inputs),
+            "input_init": dict(self.input_init),
+            "outputs": dict(self.outputs),
+            "untiled_flops": float(self.untiled_flops),
+        }
+        return DataflowGraph.from_arrays(
+            self.flops,
+            self.out_bytes,
+            np.asarray(self.src, np.int64),
+            np.asarray(self.dst, np.int64),
+            kind=self.kinds,
+            group=self.group_of,
+            block=block,
+            names=list(self.names),
+            specs=self.specs,
+            groups=self.groups,
+            name=name,
+            meta=meta,
+        )
+
+
+# ============================================================ shared pieces
+def tiled_softmax(b: TileBuilder, x: Tensor, letters: str, axis: str, *, scale: float, name: str) -> Tensor:
+    """softmax(scale * x) along letter ``axis``: max, exp(scale*(x-max)), sum, div; each tiled."""
+    red = letters.replace(axis, "")
+    m = b.reduce(f"{letters}->{red}", x, how="max", name=f"{name}.max", kind=OpKind.SOFTMAX)
+    e = b.map("exp_sub", f"{letters},{red}->{letters}", x, m, name=f"{name}.exp", kind=OpKind.SOFTMAX,
+              params={"scale": float(scale)})  # fmt: skip
+    z = b.reduce(f"{letters}->{red}", e, how="sum", name=f"{name}.sum", kind=OpKind.SOFTMAX)
+    return b.map("div", f"{letters},{red}->{letters}", e, z, name=f"{name}.div", kind=OpKind.SOFTMAX)
+
+
+def tiled_rmsnorm(b: TileBuilder, x: Tensor, w: Tensor, *, eps: float, name: str, rows: str = "bs") -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis of a (``rows``..., features) tensor."""
+    xd = f"{rows}d"
+    ss = b.contract(f"{xd},{xd}->{rows}", x, x, name=f"{name}.sumsq", kind=OpKind.NORM)
+    return b.map("rms_scale", f"{xd},{rows},d->{xd}", x, ss, w, name=f"{name}.scale", kind=OpKind.NORM,
+                 params={"n": int(x.shape[-1]), "eps": float(eps)})  # fmt: skip
