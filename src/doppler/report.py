@@ -9,6 +9,7 @@ Agg backend and files are written atomically (rendered to memory, then
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,64 +162,95 @@ def gantt(
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    from matplotlib.collections import LineCollection, PolyCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     trace = getattr(result, "trace", result)
     if trace is None:
         raise ValueError("gantt() needs a result simulated with trace=True")
     path = Path(path)
-    n, D = trace.num_ops, cluster.num_devices
-    dev, start, end = trace.op_device, trace.op_start, trace.op_end
-    makespan = trace.makespan_s
-    scale, unit = time_unit(makespan, cluster)
+    lay = _GanttLayout.of(graph, cluster, trace)
+    fig, ax = plt.subplots(figsize=(11.0, max(2.8, 0.55 * lay.num_devices + 1.9)), constrained_layout=True)
+    detailed = trace.num_ops <= detail_ops
+    kinds_present = _draw_ops(ax, graph, trace, lay, detailed)
+    shown = _draw_transfers(ax, trace, lay, detailed, max_transfer_lines)
+    _draw_frame(ax, graph, cluster, trace, lay, title, lower_bound_s)
+    _legend(ax, kinds_present, len(shown), trace.num_transfers, len(lay.crit), detailed, lower_bound_s, lay.num_devices)
+    save_figure(fig, path, dpi)
+    return path
 
-    lane, nlanes = _lanes(dev, start, end, D)
-    # rows top to bottom: device 0 first; each device gets height 1, split into its lanes
-    row_y = np.arange(D)[::-1].astype(float)  # centre of device d's band
-    band = 0.8
-    lane_h = band / nlanes[dev]
-    op_y0 = row_y[dev] - band / 2 + lane * lane_h  # bottom of each op's bar
 
-    crit = trace.critical_path(graph)
-    on_crit = np.zeros(n, dtype=bool)
-    on_crit[crit] = True
+@dataclass
+class _GanttLayout:
+    """Where a Gantt chart puts things: the time scale, one band per device (split into lanes where
+    a device runs several ops at once), each op's bar, and the critical path."""
 
-    fig_h = max(2.8, 0.55 * D + 1.9)
-    fig, ax = plt.subplots(figsize=(11.0, fig_h), constrained_layout=True)
+    num_devices: int
+    scale: float  # seconds -> display unit
+    unit: str
+    row_y: np.ndarray  # centre of device d's band (device 0 on top)
+    op_y0: np.ndarray  # bottom of each op's bar
+    lane_h: np.ndarray  # height of each op's lane
+    crit: list[int]
+    on_crit: np.ndarray
 
-    def bars(mask: np.ndarray) -> list[np.ndarray]:
+    @classmethod
+    def of(cls, graph: DataflowGraph, cluster: "Cluster", trace: "Trace") -> "_GanttLayout":
+        D, dev = cluster.num_devices, trace.op_device
+        scale, unit = time_unit(trace.makespan_s, cluster)
+        lane, nlanes = _lanes(dev, trace.op_start, trace.op_end, D)
+        row_y = np.arange(D)[::-1].astype(float)
+        band = 0.8
+        lane_h = band / nlanes[dev]
+        crit = trace.critical_path(graph)
+        on_crit = np.zeros(trace.num_ops, dtype=bool)
+        on_crit[crit] = True
+        return cls(D, scale, unit, row_y, row_y[dev] - band / 2 + lane * lane_h, lane_h, crit, on_crit)
+
+    def bars(self, trace: "Trace", mask: np.ndarray) -> list[np.ndarray]:
+        """The rectangles of the ops in ``mask``."""
         idx = np.flatnonzero(mask)
-        x0, x1 = start[idx] * scale, end[idx] * scale
-        y0, y1 = op_y0[idx], op_y0[idx] + lane_h[idx] * 0.92
+        x0, x1 = trace.op_start[idx] * self.scale, trace.op_end[idx] * self.scale
+        y0, y1 = self.op_y0[idx], self.op_y0[idx] + self.lane_h[idx] * 0.92
         return [np.array([[a, c], [b, c], [b, d_], [a, d_]]) for a, b, c, d_ in zip(x0, x1, y0, y1)]
 
-    detailed = n <= detail_ops
+
+def _draw_ops(ax: Any, graph: DataflowGraph, trace: "Trace", lay: _GanttLayout, detailed: bool) -> list[int]:
+    """Op bars coloured by kind, the critical path outlined (or, on big graphs, one red thread through
+    it); returns the op kinds drawn."""
+    from matplotlib.collections import PolyCollection
+
     kinds_present = [int(k) for k in np.unique(graph.kind)]
     for k in kinds_present:
         m = graph.kind == k
         if not detailed:  # no outlines: at this density they would hide the bars
-            ax.add_collection(PolyCollection(bars(m), facecolors=kind_colour(k), edgecolors="none", zorder=2))
+            ax.add_collection(PolyCollection(lay.bars(trace, m), facecolors=kind_colour(k), edgecolors="none", zorder=2))
             continue
-        polys = bars(m & ~on_crit)
+        polys = lay.bars(trace, m & ~lay.on_crit)
         if polys:
             ax.add_collection(PolyCollection(polys, facecolors=kind_colour(k), edgecolors="white", linewidths=0.3, zorder=2))
-        polys = bars(m & on_crit)
+        polys = lay.bars(trace, m & lay.on_crit)
         if polys:
             ax.add_collection(PolyCollection(polys, facecolors=kind_colour(k), edgecolors="black", linewidths=1.4, zorder=4))
+    crit = lay.crit
     if not detailed and crit:
         # the critical path as one thread: along each op's bar, then to the next op's start
-        cy = op_y0[crit] + lane_h[crit] * 0.46
-        pts = np.stack([np.stack([start[crit] * scale, cy], 1), np.stack([end[crit] * scale, cy], 1)], 1).reshape(-1, 2)
+        cy = lay.op_y0[crit] + lay.lane_h[crit] * 0.46
+        x0, x1 = trace.op_start[crit] * lay.scale, trace.op_end[crit] * lay.scale
+        pts = np.stack([np.stack([x0, cy], 1), np.stack([x1, cy], 1)], 1).reshape(-1, 2)
         ax.plot(pts[:, 0], pts[:, 1], color="#C00000", lw=0.7, alpha=0.9, zorder=5, solid_capstyle="butt")
+    return kinds_present
 
-    # transfers: sender row at start -> receiver row at end
-    ntr = trace.num_transfers
+
+def _draw_transfers(ax: Any, trace: "Trace", lay: _GanttLayout, detailed: bool, max_lines: int) -> np.ndarray:
+    """Transfers as lines from the sender's row at their start to the receiver's row at their end (a
+    seeded sample of ``max_lines`` on big runs); the critical path's as arrows. Returns those drawn."""
+    from matplotlib.collections import LineCollection
+
+    ntr, dev, scale, row_y = trace.num_transfers, trace.op_device, lay.scale, lay.row_y
+    crit = lay.crit
     crit_pairs = {(u, int(dev[v])) for u, v in zip(crit[:-1], crit[1:]) if dev[u] != dev[v]}
     shown = np.arange(ntr)
-    if ntr > max_transfer_lines:
-        shown = np.sort(np.random.default_rng(0).choice(ntr, max_transfer_lines, replace=False))
+    if ntr > max_lines:
+        shown = np.sort(np.random.default_rng(0).choice(ntr, max_lines, replace=False))
     if ntr:
         segs = np.stack(
             [
@@ -240,49 +272,55 @@ def gantt(
                     arrowprops=dict(arrowstyle="-|>", color="black", lw=1.3, shrinkA=0, shrinkB=0, mutation_scale=9),
                     zorder=5,
                 )
+    return shown
 
+
+def _draw_frame(ax: Any, graph: DataflowGraph, cluster: "Cluster", trace: "Trace", lay: _GanttLayout,
+                title: str | None, lower_bound_s: float | None) -> None:  # fmt: skip
+    """Makespan and lower-bound lines, each device's busy share, the axes and the two-line title."""
+    makespan, scale, D = trace.makespan_s, lay.scale, lay.num_devices
     ax.axvline(makespan * scale, color="black", lw=1.0, ls="-", zorder=1)
     if lower_bound_s is not None and lower_bound_s > 0:
         ax.axvline(lower_bound_s * scale, color="#D55E00", lw=1.0, ls="--", zorder=1)
-
-    # utilisation per device, right of each row
     util = trace.utilisation(cluster)
     x_max = makespan * scale * 1.001 if makespan > 0 else 1.0
     ax.text(1.005, 1.0, "busy", transform=ax.transAxes, va="bottom", ha="left", fontsize=8, color="#333333")
     for d in range(D):
-        ax.text(1.005, (row_y[d] + 0.5) / D, f"{100 * util[d]:.0f}%", transform=ax.transAxes, va="center", ha="left", fontsize=8, color="#333333")
-
+        ax.text(1.005, (lay.row_y[d] + 0.5) / D, f"{100 * util[d]:.0f}%", transform=ax.transAxes, va="center", ha="left", fontsize=8, color="#333333")
     ax.set_xlim(0, x_max)
     ax.set_ylim(-0.6, D - 0.4)
-    ax.set_yticks(row_y)
+    ax.set_yticks(lay.row_y)
     ax.set_yticklabels([f"{dv.name}" + (f" ×{dv.streams}" if dv.streams > 1 else "") for dv in cluster.devices], fontsize=9)
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel(f"time ({lay.unit})")
     ax.grid(axis="x", color="#dddddd", lw=0.6, zorder=0)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-
     mode = getattr(trace, "mode", "wc").upper()
     head = title or f"{graph.name} on {cluster.name}"
-    sub = f"{mode} · {n} ops · {ntr} transfers · makespan {format_time(makespan, cluster)}"
+    sub = f"{mode} · {trace.num_ops} ops · {trace.num_transfers} transfers · makespan {format_time(makespan, cluster)}"
     if lower_bound_s is not None and lower_bound_s > 0:
         sub += f" · lower bound {format_time(lower_bound_s, cluster)} ({makespan / lower_bound_s:.2f}×)"
     ax.set_title(f"{head}\n{sub}", fontsize=10, loc="left")
 
+
+def _legend(ax: Any, kinds_present: list[int], shown: int, ntr: int, crit_ops: int, detailed: bool,
+            lower_bound_s: float | None, num_devices: int) -> None:  # fmt: skip
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     handles: list[Any] = [Patch(facecolor=kind_colour(k), edgecolor="none", label=OpKind(k).label) for k in kinds_present]
-    sampled = f" ({len(shown)} of {ntr} shown)" if len(shown) < ntr else ""
+    sampled = f" ({shown} of {ntr} shown)" if shown < ntr else ""
     handles.append(Line2D([], [], color="#555555", lw=0.8, label="transfer" + sampled))
     if detailed:
         handles.append(Patch(facecolor="white", edgecolor="black", lw=1.4, label="critical path"))
     else:
-        handles.append(Line2D([], [], color="#C00000", lw=0.9, label=f"critical path ({len(crit)} ops)"))
+        handles.append(Line2D([], [], color="#C00000", lw=0.9, label=f"critical path ({crit_ops} ops)"))
     handles.append(Line2D([], [], color="black", lw=1.0, label="makespan"))
     if lower_bound_s is not None and lower_bound_s > 0:
         handles.append(Line2D([], [], color="#D55E00", lw=1.0, ls="--", label="lower bound"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 if D > 2 else -0.3), ncol=min(len(handles), 9), fontsize=8, frameon=False)
-
-    save_figure(fig, path, dpi)
-    return path
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16 if num_devices > 2 else -0.3),
+              ncol=min(len(handles), 9), fontsize=8, frameon=False)  # fmt: skip
 
 
 # ------------------------------------------------------------------ graph pictures

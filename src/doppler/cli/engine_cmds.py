@@ -71,12 +71,10 @@ def execute_cmd(
 ) -> None:
     """Execute one assignment on a real engine and report the measured makespan."""
     with handle_errors():
-        import numpy as np
 
         from doppler.assignment import load_assignment
         from doppler.engine import check_options, run
         from doppler.formats import load_graph
-        from doppler.report import format_bytes, format_time
         from doppler.simulate import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
@@ -106,20 +104,7 @@ def execute_cmd(
             "peak_memory_bytes": res.trace.peak_memory_bytes(graph, num_devices).tolist(),
         }
         if check:
-            if not res.outputs:
-                raise UserError(f"graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
-            from doppler.kernels import evaluate_numpy
-            from doppler.workloads import WORKLOADS, assemble_outputs, make_inputs, reference
-
-            x = make_inputs(graph, seed=seed, dtype=np.float64)
-            if graph.meta.get("workload") in WORKLOADS:
-                ref = reference(graph, x)
-            else:  # an imported model: the graph's own float64 evaluation, every op in one place
-                ref = assemble_outputs(graph, evaluate_numpy(graph, x))
-            tol = 1e-3 if res.outputs[next(iter(res.outputs))].dtype != np.float64 else 1e-9
-            errs = {k: float(np.max(np.abs(res.outputs[k] - ref[k])) / max(float(np.max(np.abs(ref[k]))), 1e-30)) for k in ref}
-            out["max_rel_error"] = errs
-            out["outputs_match"] = bool(all(e <= tol for e in errs.values()))
+            out.update(_check_outputs(graph, res.outputs, seed))
         names = res.info.get("devices") or [f"cpu{d}" for d in range(num_devices)]
         written = write_trace_files(res.trace, graph, names, out,
                                     trace_path=trace_path, chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
@@ -131,24 +116,53 @@ def execute_cmd(
         if json_out:
             emit_json(out)
         else:
-            reps = ", ".join(format_time(m) for m in res.makespans_s)
-            console.print(
-                f"[bold]{graph.name}[/] on the {engine} engine ({num_devices} {device_type} devices): measured makespan "
-                f"[bold]{format_time(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
-                f"{cl.name}{f' x {time_scale:g}' if synthetic else ''}: {format_time(sim)} "
-                f"({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
-                f"{format_bytes(res.trace.tr_bytes.sum())} moved",
-                highlight=False,
-            )
-            if check:
-                verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
-                console.print(f"outputs {verdict} the numpy reference (max relative error "
-                              f"{max(out['max_rel_error'].values()):.2g})")  # fmt: skip
-            for label, p in [("gantt chart", gantt_path), *written]:
-                if p is not None:
-                    console.print(f"{label} -> {p}", highlight=False)
+            _report_run(graph, res, out, engine=engine, device_type=device_type, cl=cl, repeats=repeats,
+                        time_scale=time_scale if synthetic else None, written=[("gantt chart", gantt_path), *written])  # fmt: skip
         if check and not out["outputs_match"]:
             raise typer.Exit(1)
+
+
+def _check_outputs(graph, outputs: dict, seed: int) -> dict[str, Any]:
+    """Compare an engine run's outputs with numpy: a built-in workload's untiled reference, or for an
+    imported model the graph evaluated with numpy in one place (float64 inputs of the same seed)."""
+    import numpy as np
+
+    if not outputs:
+        raise UserError(f"graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
+    from doppler.kernels import evaluate_numpy
+    from doppler.workloads import WORKLOADS, assemble_outputs, make_inputs, reference
+
+    x = make_inputs(graph, seed=seed, dtype=np.float64)
+    if graph.meta.get("workload") in WORKLOADS:
+        ref = reference(graph, x)
+    else:
+        ref = assemble_outputs(graph, evaluate_numpy(graph, x))
+    tol = 1e-3 if outputs[next(iter(outputs))].dtype != np.float64 else 1e-9
+    errs = {k: float(np.max(np.abs(outputs[k] - ref[k])) / max(float(np.max(np.abs(ref[k]))), 1e-30)) for k in ref}
+    return {"max_rel_error": errs, "outputs_match": bool(all(e <= tol for e in errs.values()))}
+
+
+def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, repeats: int, time_scale: float | None,
+                written: list) -> None:  # fmt: skip
+    """The human summary of ``execute``: measured vs simulated makespan, the check, the files written."""
+    from doppler.report import format_bytes, format_time
+
+    reps = ", ".join(format_time(m) for m in res.makespans_s)
+    console.print(
+        f"[bold]{graph.name}[/] on the {engine} engine ({out['num_devices']} {device_type} devices): "
+        f"measured makespan [bold]{format_time(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
+        f"{cl.name}{f' x {time_scale:g}' if time_scale is not None else ''}: {format_time(out['simulated_makespan_s'])} "
+        f"({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
+        f"{format_bytes(res.trace.tr_bytes.sum())} moved",
+        highlight=False,
+    )
+    if "outputs_match" in out:
+        verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
+        console.print(f"outputs {verdict} the numpy reference (max relative error "
+                      f"{max(out['max_rel_error'].values()):.2g})")  # fmt: skip
+    for label, p in written:
+        if p is not None:
+            console.print(f"{label} -> {p}", highlight=False)
 
 
 @app.command("calibrate")

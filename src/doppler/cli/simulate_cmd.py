@@ -56,72 +56,81 @@ def simulate_cmd(
         )  # fmt: skip
         elapsed = time.perf_counter() - t0
         lb = lower_bound(graph, cl)
-        tr = result.trace
-        assert tr is not None
-        util = tr.utilisation(cl)
-        busy = tr.busy_s(cl.num_devices, cl.copies_inbound)
-        ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
         peak = result.peak_memory_bytes
-        from doppler.report import memory_overruns
+        from doppler.report import gantt, memory_overruns
 
         overruns = memory_overruns(peak, cl)
         check_memory(overruns, strict_memory, str(assignment_path))
         if gantt_path is not None:
-            from doppler.report import gantt
-
             gantt(graph, cl, result, gantt_path, lower_bound_s=lb)
-        out = {
-            "makespan_s": result.makespan_s,
-            "lower_bound_s": lb,
-            "ratio_to_lower_bound": result.makespan_s / lb if lb > 0 else None,
-            "mode": mode,
-            "dispatch": dispatch,
-            "graph": graph.name,
-            "cluster": cl.name,
-            "num_ops": graph.num_ops,
-            "num_devices": cl.num_devices,
-            "num_transfers": tr.num_transfers,
-            "transfer_bytes": float(tr.tr_bytes.sum()),
-            "utilisation": [float(u) for u in util],
-            "peak_memory_bytes": peak.tolist(),
-            "memory_bytes": [None if np.isinf(m) else float(m) for m in cl.memory_bytes],
-            "memory_overruns": overruns,
-            "noise_sigma": noise,
-            "seed": seed,
-            "link_contention": link_contention,
-            "elapsed_s": elapsed,
-        }
+        out = _record(graph, cl, result, lb, overruns, elapsed, mode=mode, dispatch=dispatch, noise=noise, seed=seed,
+                      link_contention=link_contention)  # fmt: skip
         if gantt_path is not None:
             out["gantt"] = str(gantt_path)
-        written = write_trace_files(tr, graph, [d.name for d in cl.devices], out, trace_path=trace_path,
+        written = write_trace_files(result.trace, graph, [d.name for d in cl.devices], out, trace_path=trace_path,
                                     chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
         if json_out:
             emit_json(out)
             return
-        from doppler.report import format_bytes, format_time
-
-        ratio = f" ({result.makespan_s / lb:.2f}x the lower bound)" if lb > 0 else ""
-        if noise > 0:
-            ratio += " (with noise, durations are random: the noise-free lower bound does not bind)"
-        how = mode.upper() if dispatch == "fifo" else f"{mode.upper()}, {dispatch} dispatch"
-        console.print(
-            f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({how}): makespan "
-            f"[bold]{format_time(result.makespan_s, cl)}[/], lower bound {format_time(lb, cl)}{ratio}; "
-            f"{tr.num_transfers} transfers, {format_bytes(tr.tr_bytes.sum())} moved",
-            highlight=False,
-        )
-        table = Table(show_edge=False, header_style="bold")
-        for col in ("device", "ops", "busy", "utilisation", "peak memory", "memory"):
-            table.add_column(col, justify="left" if col == "device" else "right")
-        for d, dev in enumerate(cl.devices):
-            over = peak[d] > dev.memory_bytes
-            table.add_row(dev.name, str(int(ops_per_dev[d])), format_time(float(busy[d]), cl), f"{100 * util[d]:.1f}%",
-                          f"[red]{format_bytes(peak[d])}[/]" if over else format_bytes(peak[d]),
-                          format_bytes(dev.memory_bytes))  # fmt: skip
-        console.print(table)
+        _report(graph, cl, result, lb, mode=mode, dispatch=dispatch, noise=noise)
         for label, p in [("gantt chart", gantt_path), *written]:
             if p is not None:
                 console.print(f"{label} -> {p}", highlight=False)
+
+
+def _record(graph, cl, result, lb: float, overruns, elapsed_s: float, **options) -> dict:
+    """The JSON record of one simulation (``--json``, and the basis of the trace files' metadata)."""
+    tr = result.trace
+    return {
+        "makespan_s": result.makespan_s,
+        "lower_bound_s": lb,
+        "ratio_to_lower_bound": result.makespan_s / lb if lb > 0 else None,
+        "mode": options["mode"],
+        "dispatch": options["dispatch"],
+        "graph": graph.name,
+        "cluster": cl.name,
+        "num_ops": graph.num_ops,
+        "num_devices": cl.num_devices,
+        "num_transfers": tr.num_transfers,
+        "transfer_bytes": float(tr.tr_bytes.sum()),
+        "utilisation": [float(u) for u in tr.utilisation(cl)],
+        "peak_memory_bytes": result.peak_memory_bytes.tolist(),
+        "memory_bytes": [None if np.isinf(m) else float(m) for m in cl.memory_bytes],
+        "memory_overruns": overruns,
+        "noise_sigma": options["noise"],
+        "seed": options["seed"],
+        "link_contention": options["link_contention"],
+        "elapsed_s": elapsed_s,
+    }
+
+
+def _report(graph, cl, result, lb: float, *, mode: str, dispatch: str, noise: float) -> None:
+    """The human summary: one line, then one row per device (ops, busy time, utilisation, memory)."""
+    from doppler.report import format_bytes, format_time
+
+    tr = result.trace
+    ratio = f" ({result.makespan_s / lb:.2f}x the lower bound)" if lb > 0 else ""
+    if noise > 0:
+        ratio += " (with noise, durations are random: the noise-free lower bound does not bind)"
+    how = mode.upper() if dispatch == "fifo" else f"{mode.upper()}, {dispatch} dispatch"
+    console.print(
+        f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({how}): makespan "
+        f"[bold]{format_time(result.makespan_s, cl)}[/], lower bound {format_time(lb, cl)}{ratio}; "
+        f"{tr.num_transfers} transfers, {format_bytes(tr.tr_bytes.sum())} moved",
+        highlight=False,
+    )
+    util, busy = tr.utilisation(cl), tr.busy_s(cl.num_devices, cl.copies_inbound)
+    ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
+    peak = result.peak_memory_bytes
+    table = Table(show_edge=False, header_style="bold")
+    for col in ("device", "ops", "busy", "utilisation", "peak memory", "memory"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for d, dev in enumerate(cl.devices):
+        over = peak[d] > dev.memory_bytes
+        table.add_row(dev.name, str(int(ops_per_dev[d])), format_time(float(busy[d]), cl), f"{100 * util[d]:.1f}%",
+                      f"[red]{format_bytes(peak[d])}[/]" if over else format_bytes(peak[d]),
+                      format_bytes(dev.memory_bytes))  # fmt: skip
+    console.print(table)
 
 
 @app.command("diff")

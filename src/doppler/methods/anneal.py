@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -205,8 +206,90 @@ def anneal_search(
     nd = int(cluster.num_devices)
     n = graph.num_ops
     rng = np.random.default_rng(seed)
+    start_name, walk, evals = _starting_point(graph, cluster, seed, start, extra_starts)
+    start_ms = walk.cur_ms
+    if cycle_evals is None:
+        cycle_evals = max(5000, 1000 * n)
+        if max_evals is not None:
+            cycle_evals = max(1, min(cycle_evals, int(max_evals)))
+    cycle_evals = max(1, int(cycle_evals))
+    moves = _Moves(graph, nd, rng, device_prefs, guided_share)
+    next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
+    log_ratio = math.log(t_end / t_start)
+    from doppler.simulate import lower_bound
 
-    # ---- start
+    optimal_ms = float(lower_bound(graph, cluster)) * (1.0 + 1e-12)  # nothing can beat the lower bound
+    while nd > 1 and n > 0 and walk.best_ms > optimal_ms:
+        if (max_evals is not None and evals >= max_evals) or time.perf_counter() >= deadline:
+            break
+        b = batch_size if max_evals is None else min(batch_size, int(max_evals) - evals)
+        batch = np.repeat(walk.cur[None, :], b, axis=0)
+        for row in batch:
+            moves.apply(row)
+        vals = _simulate_many(graph, cluster, batch)
+        evals += b
+        walk.cycle_evals += b
+        j = int(np.argmin(vals))
+        temp = t_start * math.exp(log_ratio * min(1.0, walk.cycle_evals / cycle_evals))
+        walk.offer(batch[j], float(vals[j]), temp, rng.random())  # u always drawn: one stream for every branch
+        if walk.cycle_evals >= cycle_evals:
+            walk.restart()
+        if on_progress is not None and time.perf_counter() >= next_report:
+            next_report = time.perf_counter() + 0.25
+            on_progress({"elapsed_s": time.perf_counter() - t0, "budget_s": budget_s, "evals": evals,
+                         "max_evals": max_evals, "best_makespan_s": walk.best_ms, "start_makespan_s": start_ms})
+    return Assignment(
+        devices=walk.best,
+        estimated_makespan_s=walk.best_ms,
+        info={
+            "start_method": start_name,
+            "start_makespan_s": start_ms,
+            "evals": evals,
+            "accepted": walk.accepted,
+            "improvements": walk.improved,
+            "restarts": walk.restarts,
+            "reached_lower_bound": walk.best_ms <= optimal_ms,
+            "cycle_evals": cycle_evals,
+            "search_time_s": time.perf_counter() - t0,
+        },
+    )
+
+
+@dataclass
+class _Walk:
+    """The annealer's state: the current and the best assignment, and its counters."""
+
+    cur: np.ndarray
+    cur_ms: float
+    best: np.ndarray
+    best_ms: float
+    accepted: int = 0
+    improved: int = 0
+    restarts: int = 0
+    cycle_evals: int = 0  # evaluations into the current cooling cycle
+
+    def offer(self, cand: np.ndarray, cand_ms: float, temp: float, u: float) -> None:
+        """Metropolis: take ``cand`` if it is no worse, else with probability exp(-relative loss / temp)."""
+        delta = (cand_ms - self.cur_ms) / max(self.cur_ms, 1e-300)
+        if delta <= 0 or u < math.exp(-delta / temp):
+            self.cur, self.cur_ms = cand.copy(), cand_ms
+            self.accepted += 1
+            if cand_ms < self.best_ms:
+                self.best, self.best_ms = cand.copy(), cand_ms
+                self.improved += 1
+
+    def restart(self) -> None:
+        """End of a cooling cycle: reheat and continue from the best assignment."""
+        self.cycle_evals = 0
+        self.restarts += 1
+        self.cur, self.cur_ms = self.best.copy(), self.best_ms
+
+
+def _starting_point(graph: DataflowGraph, cluster, seed: int, start: np.ndarray | None,
+                    extra_starts: dict[str, np.ndarray] | None) -> tuple[str, _Walk, int]:  # fmt: skip
+    """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``):
+    (its name, a walk from it, the evaluations spent)."""
+    nd = int(cluster.num_devices)
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
@@ -217,67 +300,4 @@ def anneal_search(
     ms = _simulate_many(graph, cluster, np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
     cur = cands[names[i0]].astype(np.int64).copy()
-    cur_ms = float(ms[i0])
-    best, best_ms = cur.copy(), cur_ms
-    start_ms = cur_ms
-    evals = len(names)
-
-    if cycle_evals is None:
-        cycle_evals = max(5000, 1000 * n)
-        if max_evals is not None:
-            cycle_evals = max(1, min(cycle_evals, int(max_evals)))
-    cycle_evals = max(1, int(cycle_evals))
-    moves = _Moves(graph, nd, rng, device_prefs, guided_share)
-    accepted = improved = restarts = 0
-    next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
-    cyc = 0  # evaluations into the current cycle
-    log_ratio = math.log(t_end / t_start)
-    from doppler.simulate import lower_bound
-
-    optimal_ms = float(lower_bound(graph, cluster)) * (1.0 + 1e-12)  # nothing can beat the lower bound
-    while nd > 1 and n > 0 and best_ms > optimal_ms:
-        if max_evals is not None and evals >= max_evals:
-            break
-        if time.perf_counter() >= deadline:
-            break
-        b = batch_size if max_evals is None else min(batch_size, int(max_evals) - evals)
-        batch = np.repeat(cur[None, :], b, axis=0)
-        for row in batch:
-            moves.apply(row)
-        vals = _simulate_many(graph, cluster, batch)
-        evals += b
-        cyc += b
-        j = int(np.argmin(vals))
-        cand_ms = float(vals[j])
-        temp = t_start * math.exp(log_ratio * min(1.0, cyc / cycle_evals))
-        delta = (cand_ms - cur_ms) / max(cur_ms, 1e-300)
-        u = rng.random()  # always drawn, so the stream does not depend on the branch
-        if delta <= 0 or u < math.exp(-delta / temp):
-            cur, cur_ms = batch[j].copy(), cand_ms
-            accepted += 1
-            if cur_ms < best_ms:
-                best, best_ms = cur.copy(), cur_ms
-                improved += 1
-        if cyc >= cycle_evals:
-            cyc = 0
-            restarts += 1
-            cur, cur_ms = best.copy(), best_ms
-        if on_progress is not None and time.perf_counter() >= next_report:
-            next_report = time.perf_counter() + 0.25
-            on_progress({"elapsed_s": time.perf_counter() - t0, "budget_s": budget_s, "evals": evals,
-                         "max_evals": max_evals, "best_makespan_s": best_ms, "start_makespan_s": start_ms})
-    return Assignment(
-        devices=best,
-        estimated_makespan_s=best_ms,
-        info={
-            "start_method": names[i0],
-            "start_makespan_s": start_ms,
-            "evals": evals,
-            "accepted": accepted,
-            "improvements": improved,
-            "restarts": restarts,
-            "reached_lower_bound": best_ms <= optimal_ms,
-            "cycle_evals": cycle_evals,
-            "search_time_s": time.perf_counter() - t0,
-        },
-    )
+    return names[i0], _Walk(cur, float(ms[i0]), cur.copy(), float(ms[i0])), len(names)
