@@ -383,172 +383,193 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
     ``devices`` must be the device set the program was placed on (default: CPU devices).
     """
     tune_malloc()
-    prog = placed.program
-    g = prog.graph
-    n, D = g.num_ops, placed.num_devices
-    hw = devices if devices is not None else HostDevices(D)
-    dev = placed.devices
-    transfers = placed.transfers()
-    tr_index = {key: k for k, key in enumerate(transfers)}
-    # consumers of u on device b, and the number of distinct inputs each op waits for
-    consumers: dict[tuple[int, int], list[int]] = {}
-    for u in range(n):
-        for v in g.successors(u):
-            consumers.setdefault((u, int(dev[v])), []).append(int(v))
-    waiting = np.diff(g.pred_ptr).astype(np.int64)
-    # receive buffers, preallocated (and touched) on the destination device
-    recv: dict[tuple[int, int], Any] = {}
-    for u, b in transfers:
-        shape, dt = prog.output_template(u)
-        recv[(u, b)] = hw.empty(shape, dt, b)
-    values: list[Any] = [None] * n
-    ready_key = np.zeros(n)  # host time of the latest arrival: the FIFO key
-    op_start: list[Any] = [0.0] * n
-    op_end: list[Any] = [0.0] * n
-    T = len(transfers)
-    tr_start: list[Any] = [0.0] * T
-    tr_end: list[Any] = [0.0] * T
+    ex = _Execution(placed, devices if devices is not None else HostDevices(placed.num_devices))
+    ok, at_timeout = ex.start_and_wait(timeout_s)
+    if ex.failure:
+        raise EngineError(ex.failure[0])
+    if not ok:
+        n, label = ex.n, ex.prog.label
+        busy = [f"op {label(v)} on device {d}" for d, v in enumerate(at_timeout[0]) if v >= 0]
+        what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
+        raise EngineError(f"the run passed its timeout of {timeout_s:g} s with {n - at_timeout[1]} of {n} ops "
+                          f"unfinished{what}")  # fmt: skip
+    return LocalRun(ex.trace(), [ex.hw.to_host(x) if x is not None else None for x in ex.values] if keep_values else [])
 
-    dev_q = [_Queue() for _ in range(D)]
-    on_device = hw.copies_inbound
-    link_q = {} if on_device else {(a, b): _Queue() for a in range(D) for b in range(D) if a != b}
-    used_links = [ab for ab in link_q if any(key[1] == ab[1] and dev[key[0]] == ab[0] for key in transfers)]
-    locks = [threading.Lock() for _ in range(D)]  # guards `waiting` for ops on each device
-    running: list[int] = [-1] * D
-    done = threading.Event()
-    state_lock = threading.Lock()
-    finished = [0]
-    failure: list[str] = []
 
-    def fail(msg: str) -> None:
-        with state_lock:
-            if not failure:
-                failure.append(msg)
-        done.set()
+class _Execution:
+    """One run of a placed program: its queues, worker threads and what they record."""
 
-    def arrive(u: int, b: int, t: float) -> None:
+    def __init__(self, placed: PlacedProgram, hw: "HostDevices | CudaDevices") -> None:
+        self.placed, self.prog, self.hw = placed, placed.program, hw
+        g = self.prog.graph
+        self.n, self.D = n, D = g.num_ops, placed.num_devices
+        self.dev = dev = placed.devices
+        self.transfers = transfers = placed.transfers()
+        self.tr_index = {key: k for k, key in enumerate(transfers)}
+        # consumers of u on device b, and the number of distinct inputs each op waits for
+        self.consumers: dict[tuple[int, int], list[int]] = {}
+        for u in range(n):
+            for v in g.successors(u):
+                self.consumers.setdefault((u, int(dev[v])), []).append(int(v))
+        self.waiting = np.diff(g.pred_ptr).astype(np.int64)
+        # receive buffers, preallocated (and touched) on the destination device
+        self.recv: dict[tuple[int, int], Any] = {}
+        for u, b in transfers:
+            shape, dt = self.prog.output_template(u)
+            self.recv[(u, b)] = hw.empty(shape, dt, b)
+        self.values: list[Any] = [None] * n
+        self.ready_key = np.zeros(n)  # host time of the latest arrival: the FIFO key
+        self.op_start: list[Any] = [0.0] * n
+        self.op_end: list[Any] = [0.0] * n
+        T = len(transfers)
+        self.tr_start: list[Any] = [0.0] * T
+        self.tr_end: list[Any] = [0.0] * T
+        self.dev_q = [_Queue() for _ in range(D)]
+        self.on_device = hw.copies_inbound
+        self.link_q = {} if self.on_device else {(a, b): _Queue() for a in range(D) for b in range(D) if a != b}
+        self.used_links = [ab for ab in self.link_q if any(k[1] == ab[1] and dev[k[0]] == ab[0] for k in transfers)]
+        self.locks = [threading.Lock() for _ in range(D)]  # guards `waiting` for ops on each device
+        self.running: list[int] = [-1] * D
+        self.done = threading.Event()
+        self.state_lock = threading.Lock()
+        self.finished = 0
+        self.failure: list[str] = []
+
+    def fail(self, msg: str) -> None:
+        with self.state_lock:
+            if not self.failure:
+                self.failure.append(msg)
+        self.done.set()
+
+    def arrive(self, u: int, b: int, t: float) -> None:
         """u's output is now on device b: release the consumers there whose last input this was."""
-        q = dev_q[b]
-        with locks[b]:
-            for v in consumers[(u, b)]:
-                waiting[v] -= 1
-                if t > ready_key[v]:  # arrivals can be processed out of order: ready = the latest
-                    ready_key[v] = t
-                if waiting[v] == 0:
-                    q.put(ready_key[v], v)
+        q = self.dev_q[b]
+        with self.locks[b]:
+            for v in self.consumers[(u, b)]:
+                self.waiting[v] -= 1
+                if t > self.ready_key[v]:  # arrivals can be processed out of order: ready = the latest
+                    self.ready_key[v] = t
+                if self.waiting[v] == 0:
+                    q.put(self.ready_key[v], v)
 
-    def device_worker(d: int) -> None:
-        hw.bind_thread(d)
-        q = dev_q[d]
-        tiles = placed.tile_operands
-        ops_operands = prog.operands
+    def device_worker(self, d: int) -> None:
+        self.hw.bind_thread(d)
+        q, n, dev, values, recv = self.dev_q[d], self.n, self.dev, self.values, self.recv
+        tiles = self.placed.tile_operands
+        ops_operands = self.prog.operands
         while True:
             v = q.get()
             if v is None:
                 return
             if v >= n:  # a transfer into d (copies_inbound): its index is v - n
-                if not copy(v - n, d):
+                if not self.copy(v - n, d):
                     return
                 continue
-            running[d] = v
+            self.running[d] = v
             arrays = [
                 tile if tile is not None else (values[o.op] if dev[o.op] == d else recv[(o.op, d)])
                 for o, tile in zip(ops_operands[v], tiles[v])
             ]
             try:
-                out, start, end, key = hw.kernel(prog, v, d, arrays)
+                out, start, end, key = self.hw.kernel(self.prog, v, d, arrays)
             except Exception as e:  # noqa: BLE001 - any kernel failure stops the run with a clear message
-                fail(f"op {prog.label(v)} on device {d} failed: {type(e).__name__}: {e}")
+                self.fail(f"op {self.prog.label(v)} on device {d} failed: {type(e).__name__}: {e}")
                 return
-            running[d] = -1
+            self.running[d] = -1
             values[v] = out
-            op_start[v], op_end[v] = start, end
-            for b in range(D):
-                if (v, b) in consumers:
-                    if b == d:
-                        arrive(v, d, key)
-                    elif on_device:
-                        dev_q[b].put(key, n + tr_index[(v, b)])
-                    else:
-                        link_q[(d, b)].put(key, v)
-            with state_lock:
-                finished[0] += 1
-                if finished[0] == n:
-                    done.set()
+            self.op_start[v], self.op_end[v] = start, end
+            self.send(v, d, key)
+            with self.state_lock:
+                self.finished += 1
+                if self.finished == n:
+                    self.done.set()
 
-    def copy(k: int, b: int) -> bool:
+    def send(self, v: int, d: int, key: float) -> None:
+        """Op v finished on d: its consumers on d are released, every other consumer device gets a copy."""
+        for b in range(self.D):
+            if (v, b) in self.consumers:
+                if b == d:
+                    self.arrive(v, d, key)
+                elif self.on_device:
+                    self.dev_q[b].put(key, self.n + self.tr_index[(v, b)])
+                else:
+                    self.link_q[(d, b)].put(key, v)
+
+    def copy(self, k: int, b: int) -> bool:
         """Make transfer ``k`` into device ``b``; False if it failed (the run is stopped)."""
-        u = transfers[k][0]
-        a = int(dev[u])
+        u = self.transfers[k][0]
+        a = int(self.dev[u])
         try:
-            start, end, key = hw.copy(recv[(u, b)], values[u], a, b, k)
+            start, end, key = self.hw.copy(self.recv[(u, b)], self.values[u], a, b, k)
         except Exception as e:  # noqa: BLE001 - any copy failure stops the run with a clear message
-            fail(f"transfer of op {prog.label(u)} from device {a} to device {b} failed: {type(e).__name__}: {e}")
+            self.fail(f"transfer of op {self.prog.label(u)} from device {a} to device {b} failed: {type(e).__name__}: {e}")
             return False
-        tr_start[k], tr_end[k] = start, end
-        arrive(u, b, key)
+        self.tr_start[k], self.tr_end[k] = start, end
+        self.arrive(u, b, key)
         return True
 
-    def link_worker(a: int, b: int) -> None:
-        hw.bind_thread((a, b))
-        q = link_q[(a, b)]
+    def link_worker(self, a: int, b: int) -> None:
+        self.hw.bind_thread((a, b))
+        q = self.link_q[(a, b)]
         while True:
             u = q.get()
-            if u is None or not copy(tr_index[(u, b)], b):
+            if u is None or not self.copy(self.tr_index[(u, b)], b):
                 return
 
-    threads = [threading.Thread(target=device_worker, args=(d,), name=f"doppler-dev{d}", daemon=True) for d in range(D)]
-    threads += [
-        threading.Thread(target=link_worker, args=ab, name=f"doppler-link{ab[0]}-{ab[1]}", daemon=True)
-        for ab in used_links
-    ]
-    old_switch = sys.getswitchinterval()
-    try:
-        with hw.session(used_links):
-            hw.prepare(prog, n, T)
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
+    def start_and_wait(self, timeout_s: float) -> tuple[bool, tuple[list[int], int]]:
+        """Start the workers and the clock, release the source ops, wait for the last op or the timeout,
+        then stop every thread. Returns (finished in time, (op running per device, ops done) at the end)."""
+        hw, n = self.hw, self.n
+        threads = [threading.Thread(target=self.device_worker, args=(d,), name=f"doppler-dev{d}", daemon=True)
+                   for d in range(self.D)]  # fmt: skip
+        threads += [
+            threading.Thread(target=self.link_worker, args=ab, name=f"doppler-link{ab[0]}-{ab[1]}", daemon=True)
+            for ab in self.used_links
+        ]
+        old_switch = sys.getswitchinterval()
+        try:
+            with hw.session(self.used_links):
+                hw.prepare(self.prog, n, len(self.transfers))
+                sys.setswitchinterval(SWITCH_INTERVAL_S)
+                for th in threads:
+                    th.start()
+                sources = np.flatnonzero(self.waiting == 0)
+                hw.start_clock()
+                for v in sources:
+                    self.dev_q[int(self.dev[v])].put(0.0, int(v))
+                if n == 0:
+                    self.done.set()
+                ok = self.done.wait(timeout_s)
+                at_timeout = (list(self.running), self.finished)  # what ran when the clock ran out, before stopping
+        finally:
+            for q in self.dev_q:
+                q.stop()
+            for q in self.link_q.values():
+                q.stop()
+            sys.setswitchinterval(old_switch)
+            deadline = time.monotonic() + JOIN_TIMEOUT_S
             for th in threads:
-                th.start()
-            sources = np.flatnonzero(waiting == 0)
-            hw.start_clock()
-            for v in sources:
-                dev_q[int(dev[v])].put(0.0, int(v))
-            if n == 0:
-                done.set()
-            ok = done.wait(timeout_s)
-            at_timeout = (list(running), finished[0])  # what ran when the clock ran out, before stopping
-    finally:
-        for q in dev_q:
-            q.stop()
-        for q in link_q.values():
-            q.stop()
-        sys.setswitchinterval(old_switch)
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        for th in threads:
-            if th.is_alive():
-                th.join(max(0.0, deadline - time.monotonic()))
-    if failure:
-        raise EngineError(failure[0])
-    if not ok:
-        busy = [f"op {prog.label(v)} on device {d}" for d, v in enumerate(at_timeout[0]) if v >= 0]
-        left = n - at_timeout[1]
-        what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
-        raise EngineError(f"the run passed its timeout of {timeout_s:g} s with {left} of {n} ops unfinished{what}")
-    start_s, end_s = hw.seconds(op_start), hw.seconds(op_end)
-    tr_start_s, tr_end_s = hw.seconds(tr_start), hw.seconds(tr_end)
-    src = np.array([u for u, _ in transfers], dtype=np.int64)
-    trace = Trace(
-        op_device=dev.copy(),
-        op_ready=_ready_times(placed, end_s, transfers, tr_end_s),
-        op_start=start_s,
-        op_end=end_s,
-        tr_src_op=src,
-        tr_src_device=dev[src] if T else np.empty(0, np.int64),
-        tr_dst_device=np.array([b for _, b in transfers], dtype=np.int64),
-        tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
-        tr_start=tr_start_s,
-        tr_end=tr_end_s,
-        mode="engine:local" if hw.device_type == "cpu" else f"engine:local:{hw.device_type}",
-    )
-    host_values = [hw.to_host(x) if x is not None else None for x in values] if keep_values else []
-    return LocalRun(trace, host_values)
+                if th.is_alive():
+                    th.join(max(0.0, deadline - time.monotonic()))
+        return ok, at_timeout
+
+    def trace(self) -> Trace:
+        """The run's trace in seconds from the start of the clock."""
+        hw, dev, transfers = self.hw, self.dev, self.transfers
+        start_s, end_s = hw.seconds(self.op_start), hw.seconds(self.op_end)
+        tr_start_s, tr_end_s = hw.seconds(self.tr_start), hw.seconds(self.tr_end)
+        src = np.array([u for u, _ in transfers], dtype=np.int64)
+        T = len(transfers)
+        return Trace(
+            op_device=dev.copy(),
+            op_ready=_ready_times(self.placed, end_s, transfers, tr_end_s),
+            op_start=start_s,
+            op_end=end_s,
+            tr_src_op=src,
+            tr_src_device=dev[src] if T else np.empty(0, np.int64),
+            tr_dst_device=np.array([b for _, b in transfers], dtype=np.int64),
+            tr_bytes=self.prog.graph.output_bytes[src].astype(np.float64) if T else np.empty(0),
+            tr_start=tr_start_s,
+            tr_end=tr_end_s,
+            mode="engine:local" if hw.device_type == "cpu" else f"engine:local:{hw.device_type}",
+        )
