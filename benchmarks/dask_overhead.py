@@ -29,7 +29,7 @@ import statistics
 import numpy as np
 
 from doppler.engine import build_program, run
-from doppler.engine import dask_engine
+from doppler.engine import dask_cluster, dask_engine
 from doppler.graph import DataflowGraph
 from doppler.presets import cluster
 
@@ -64,7 +64,7 @@ def main() -> None:
             results.append((label, overhead("dask", n, d, sec, r), overhead("local", n, d, sec, r)))
         measured = dask_engine.measure_overhead(1, num_ops=n)
     finally:
-        dask_engine.close_clusters()
+        dask_cluster.close_clusters()
     print(f"overhead per dependent op = (makespan - kernel time) / ops, {n} ops, median of {r} runs")
     print(f"  {'':<42} {'dask':>10} {'local':>10} {'ratio':>7}")
     for label, dk, lc in results:

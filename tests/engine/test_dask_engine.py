@@ -20,7 +20,7 @@ pytest.importorskip("distributed")
 
 from doppler import workloads  # noqa: E402
 from doppler.engine import EngineError, build_program, run  # noqa: E402
-from doppler.engine import dask_engine  # noqa: E402
+from doppler.engine import dask_cluster, dask_engine  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
 from doppler.presets import cluster  # noqa: E402
 
@@ -29,10 +29,10 @@ EPS = 1e-6
 
 
 @pytest.fixture(scope="module", autouse=True)
-def dask_cluster():
-    dask_engine.local_client(D)  # start (and warm) the module's LocalCluster once
+def local_cluster():
+    dask_cluster.local_client(D)  # start (and warm) the module's LocalCluster once
     yield
-    dask_engine.close_clusters()
+    dask_cluster.close_clusters()
 
 
 def synthetic_graph(n: int, src, dst, name: str = "g") -> DataflowGraph:
@@ -124,10 +124,13 @@ def test_repeats_keep_values_and_info():
     assert len(res.makespans_s) == 3 and res.outputs == {}
     assert res.makespan_s == pytest.approx(float(np.median(res.makespans_s)))
     check_trace(g, res.trace)
-    traces, values, info = dask_engine.run_dask(
-        build_program(g, seed=1).place(a, D), repeats=1, timeout_s=60.0, scheduler=None, keep_values=True
+    runs, info = dask_engine.run_dask(
+        build_program(g, seed=1).place(a, D), repeats=2, timeout_s=60.0, scheduler=None, keep_values=True
     )
-    assert len(traces) == 1 and len(values) == g.num_ops and all(isinstance(v, np.ndarray) for v in values)
+    assert len(runs) == 2 and runs[0].values == []  # outputs are gathered from the last repeat only
+    values = runs[-1].values
+    assert len(values) == g.num_ops and all(isinstance(v, np.ndarray) for v in values)
+    check_trace(g, runs[0].trace)
     assert info["scheduler"].startswith("tcp://127.0.0.1:")
     import json
 
@@ -183,7 +186,7 @@ def _sleepy_chain(n: int, seconds: float) -> tuple[DataflowGraph, object]:
 
 def test_killed_worker_raises_then_recovers():
     g, prog = _sleepy_chain(16, 0.25)  # ~4 s of work alternating over both devices
-    client = dask_engine.local_client(D)
+    client = dask_cluster.local_client(D)
     workers = sorted(client.nthreads())
     pids = client.run(os.getpid)
     out: dict[str, object] = {}
@@ -227,7 +230,7 @@ def test_timeout_raises_quickly_then_recovers():
 
 
 def test_too_few_workers_for_an_external_scheduler():
-    client = dask_engine.local_client(D)
+    client = dask_cluster.local_client(D)
     addr = client.scheduler.address
     g = synthetic_graph(3, [0, 1], [1, 2])
     # the module's own 2-worker cluster, reached by address: 3 devices are too many

@@ -126,29 +126,23 @@ def run(
         program = build_program(graph, cluster=cluster, time_scale=time_scale, seed=seed)
     elif program.graph is not graph:
         raise EngineError("the program was built for a different graph")
-    traces: list[Trace] = []
-    values: list[np.ndarray | None] = []
-    info: dict[str, Any] = {}
+    total = int(warmup) + repeats
     if engine == "local":
         from doppler.engine.local import make_devices, run_local
 
         hw = make_devices(device_type, int(num_devices))
         placed = program.place(devices, num_devices, hw)
-        info = {"device_type": device_type, "devices": hw.names()}
-        for r in range(-int(warmup), repeats):
-            res = run_local(placed, timeout_s=timeout_s, keep_values=keep_outputs and r == repeats - 1, devices=hw)
-            if r < 0:
-                continue
-            traces.append(res.trace)
-            if res.values:
-                values = res.values
+        info: dict[str, Any] = {"device_type": device_type, "devices": hw.names()}
+        runs = [run_local(placed, timeout_s=timeout_s, keep_values=keep_outputs and r == total - 1, devices=hw)
+                for r in range(total)]  # fmt: skip
     else:
         from doppler.engine.dask_engine import run_dask
 
         placed = program.place(devices, num_devices)
-        traces, values, info = run_dask(placed, repeats=repeats + int(warmup), timeout_s=timeout_s,
-                                        scheduler=scheduler, keep_values=keep_outputs)  # fmt: skip
-        traces = traces[int(warmup):]
+        runs, info = run_dask(placed, repeats=total, timeout_s=timeout_s, scheduler=scheduler, keep_values=keep_outputs)
+    runs = runs[int(warmup):]  # warm-up runs are not kept
+    traces = [r.trace for r in runs]
+    values = runs[-1].values
     makespans = [t.makespan_s for t in traces]
     order = np.argsort(makespans, kind="stable")
     median_run = int(order[(len(order) - 1) // 2])

@@ -14,7 +14,7 @@ Cluster
     started, with ``num_devices`` worker processes of one thread each, one BLAS
     thread each, work stealing, the active memory manager, the profiler and
     memory limits (spilling) off. It is cached per device count for the life of
-    the process (repeated runs do not pay start-up) until :func:`close_clusters`
+    the process (repeated runs do not pay start-up) until :func:`~doppler.engine.dask_cluster.close_clusters`
     (registered with :mod:`atexit`). A failed run discards its cluster (or its
     client, for an external scheduler), so the next run gets a healthy one.
 
@@ -88,43 +88,34 @@ next to the local engine's.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-import dask
 import numpy as np
-from distributed import Client, Event, LocalCluster, Nanny, Worker, get_task_stream, wait
+from distributed import Event, get_task_stream, wait
 
-from doppler.engine.program import EngineError, PlacedProgram, Program, synthetic_kernel
+from doppler.engine.dask_cluster import SETUP_TIMEOUT_S, Conn, discard, get_conn
+from doppler.engine.dask_trace import build_trace
+from doppler.engine.program import EngineError, PlacedProgram, Program, RunRecord, synthetic_kernel
 from doppler.kernels import run_op_numpy
 from doppler.trace import Trace
 
-__all__ = ["close_clusters", "local_client", "measure_overhead", "run_dask"]
+__all__ = ["measure_overhead", "run_dask"]
 
 #: how often a running graph is checked for dead workers (seconds)
 POLL_S = 0.2
 #: wait for the first of at most this many unfinished sinks; more: wait for all, POLL_S at a time
 MAX_FIRST_COMPLETED = 64
-#: longest wait for a LocalCluster to start, a client to connect, the set-up of a run (seconds)
-SETUP_TIMEOUT_S = 60.0
-#: how long to wait for an external scheduler to have enough workers (seconds)
-WORKER_WAIT_S = 2.0
 #: runs after which our LocalCluster is closed and a fresh one started: its in-process scheduler
 #: keeps about 2 MB of history per run of a 168-op graph (submitted graphs, messages) that
 #: Dask's own limits do not bound (measured: linear growth over 300 runs)
 RECYCLE_AFTER_RUNS = 100
-#: how long a failed run's cluster gets to close (seconds)
-CLOSE_TIMEOUT_S = 10.0
 #: ops of the no-op chain behind ``info["overhead_per_op_s"]`` (measured once per cluster)
 OVERHEAD_CHAIN_OPS = 40
-#: tolerance when matching a re-fetched input to the op that used it (seconds)
-_EPS = 1e-6
-_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+_RUN_IDS = itertools.count()  # run ids are unique within this process
 
 
 # ------------------------------------------------------------------ worker-side code (module level, picklable)
@@ -175,17 +166,6 @@ def _gate(name: str, timeout: float) -> None:
     return None
 
 
-def _warm_worker(dask_worker: Any = None) -> float:
-    """Import the kernels, compile the synthetic spin and pin BLAS to one thread, before any clock starts."""
-    from threadpoolctl import threadpool_limits
-
-    from doppler.engine.program import spin_rate_per_s
-
-    threadpool_limits(limits=1)  # not a context: stays in force in this worker process
-    synthetic_kernel(0.0, 8, 0)
-    return spin_rate_per_s()
-
-
 def _incoming_transfers(
     prefix: str, since: float, dask_worker: Any = None
 ) -> list[tuple[float, float, str, list[str]]]:
@@ -225,148 +205,6 @@ def _scheduler_executing(prefix: str, dask_scheduler: Any = None) -> dict[str, l
     return out
 
 
-class SameHostWorker(Worker):
-    """A worker on the scheduler's host: it reports raw clock times (no estimated clock offset)."""
-
-    @property  # type: ignore[override]
-    def scheduler_delay(self) -> float:
-        return 0.0
-
-    @scheduler_delay.setter
-    def scheduler_delay(self, value: float) -> None:
-        pass
-
-
-class SameHostNanny(Nanny):
-    """The nanny of a :class:`SameHostWorker` (what our LocalCluster starts)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["worker_class"] = SameHostWorker
-        super().__init__(*args, **kwargs)
-
-
-# ------------------------------------------------------------------ connections
-@dataclass
-class _Conn:
-    client: Any
-    cluster: Any  # a LocalCluster we own, or None for an external scheduler
-    workers: list[str]  # sorted addresses (device d = workers[d] for d < num_devices)
-    key: tuple[str, Any]
-    threads: dict[str, int] = field(default_factory=dict)
-    overhead_s: float | None = None
-    runs: int = 0  # repeats run on this connection (a LocalCluster is recycled after RECYCLE_AFTER_RUNS)
-
-
-_CONNS: dict[tuple[str, Any], _Conn] = {}
-_LOCK = threading.RLock()
-_RUN_IDS = itertools.count()
-
-
-def _local_config() -> dict[str, Any]:
-    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
-    env.update(_ONE_THREAD)
-    return {
-        "distributed.scheduler.work-stealing": False,
-        "distributed.scheduler.active-memory-manager.start": False,
-        "distributed.worker.profile.enabled": False,
-        # bounded histories (the in-process scheduler keeps them): enough for one run's transfers and
-        # task-stream records of graphs up to 20k ops, without growing by megabytes per run for ever
-        "distributed.admin.low-level-log-length": 20_000,
-        "distributed.scheduler.dashboard.tasks.task-stream-length": 20_000,
-        "distributed.nanny.pre-spawn-environ": env,
-    }
-
-
-def _open(scheduler: str | None, num_devices: int) -> _Conn:
-    key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
-    cluster = client = None
-    try:
-        if scheduler is None:
-            with dask.config.set(_local_config()):
-                cluster = LocalCluster(
-                    n_workers=num_devices,
-                    threads_per_worker=1,
-                    processes=True,
-                    host="127.0.0.1",
-                    dashboard_address=None,
-                    memory_limit=0,
-                    worker_class=SameHostNanny,
-                    env=dict(_ONE_THREAD),
-                    scheduler_kwargs={"dashboard_address": ":0"},  # no fixed port (dashboard itself off)
-                )
-                client = Client(cluster, set_as_default=False, timeout=SETUP_TIMEOUT_S)
-        else:
-            client = Client(scheduler, set_as_default=False, timeout=SETUP_TIMEOUT_S)
-        try:
-            client.wait_for_workers(num_devices, timeout=SETUP_TIMEOUT_S if cluster is not None else WORKER_WAIT_S)
-        except TimeoutError:
-            pass  # counted below
-        threads = {str(a): int(t) for a, t in client.nthreads().items()}
-        workers = sorted(threads)
-        if len(workers) < num_devices:
-            raise EngineError(f"the Dask scheduler has {len(workers)} workers, {num_devices} devices need as many")
-        client.run(_warm_worker, workers=workers)
-        client.get_task_stream(count=0)  # installs the scheduler's task-stream plugin
-        return _Conn(client, cluster, workers, key, threads)
-    except EngineError:
-        _close(client, cluster)
-        raise
-    except Exception as e:  # noqa: BLE001
-        _close(client, cluster)
-        where = "a LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
-        raise EngineError(f"could not start or reach {where}: {type(e).__name__}: {e}") from e
-
-
-def _close(client: Any, cluster: Any) -> None:
-    for obj in (client, cluster):
-        if obj is None:
-            continue
-        try:
-            obj.close(timeout=CLOSE_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a broken cluster may not close cleanly; it is abandoned
-            pass
-
-
-def _get_conn(scheduler: str | None, num_devices: int) -> _Conn:
-    key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
-    with _LOCK:
-        conn = _CONNS.get(key)
-        if conn is not None and conn.client.status != "running":
-            _discard(conn)
-            conn = None
-        if conn is not None and len(conn.workers) < num_devices:  # an external cluster may have grown since
-            _discard(conn)
-            conn = None
-        if conn is None:
-            conn = _open(scheduler, num_devices)
-            _CONNS[key] = conn
-        return conn
-
-
-def _discard(conn: _Conn) -> None:
-    with _LOCK:
-        if _CONNS.get(conn.key) is conn:
-            del _CONNS[conn.key]
-    _close(conn.client, conn.cluster)
-
-
-def close_clusters() -> None:
-    """Close every cached LocalCluster and client (also run at interpreter exit)."""
-    with _LOCK:
-        conns = list(_CONNS.values())
-        _CONNS.clear()
-    for conn in conns:
-        _close(conn.client, conn.cluster)
-
-
-atexit.register(close_clusters)
-
-
-def local_client(num_devices: int) -> Any:
-    """The cached ``distributed.Client`` of the LocalCluster for ``num_devices`` devices (started if needed)."""
-    return _get_conn(None, num_devices).client
-
-
 # ------------------------------------------------------------------ one run
 def _task_callables(placed: PlacedProgram) -> list[Any]:
     prog = placed.program
@@ -401,17 +239,17 @@ def _failure_message(futs: list[Any], placed: PlacedProgram) -> str | None:
     return None
 
 
-def _dead_devices(conn: _Conn, num_devices: int) -> list[int]:
+def _dead_devices(conn: Conn, num_devices: int) -> list[int]:
     live = set(conn.client.nthreads())
     return [d for d in range(num_devices) if conn.workers[d] not in live]
 
 
-def _dead_message(conn: _Conn, dead: list[int]) -> str:
+def _dead_message(conn: Conn, dead: list[int]) -> str:
     what = ", ".join(f"device {d} ({conn.workers[d]})" for d in dead)
     return f"the Dask worker of {what} died during the run"
 
 
-def _timeout_message(conn: _Conn, futs: list[Any], placed: PlacedProgram, prefix: str, timeout_s: float) -> str:
+def _timeout_message(conn: Conn, futs: list[Any], placed: PlacedProgram, prefix: str, timeout_s: float) -> str:
     n = len(futs)
     left = sum(1 for f in futs if f.status != "finished")
     busy: list[str] = []
@@ -428,7 +266,7 @@ def _timeout_message(conn: _Conn, futs: list[Any], placed: PlacedProgram, prefix
     return f"the run passed its timeout of {timeout_s:g} s with {left} of {n} ops unfinished{what}"
 
 
-def _await_workers(conn: _Conn, want: dict[int, list[str]], states: tuple[str, ...], what: str,
+def _await_workers(conn: Conn, want: dict[int, list[str]], states: tuple[str, ...], what: str,
                    num_devices: int, deadline: float) -> None:  # fmt: skip
     """Wait until every key in ``want[d]`` is in one of ``states`` on device ``d``'s worker."""
     want = {d: keys for d, keys in want.items() if keys}
@@ -456,7 +294,7 @@ def _await_workers(conn: _Conn, want: dict[int, list[str]], states: tuple[str, .
         delay = min(delay * 2, 0.05)
 
 
-def _await_scheduler(conn: _Conn, keys: list[str], deadline: float) -> None:
+def _await_scheduler(conn: Conn, keys: list[str], deadline: float) -> None:
     """Wait until the scheduler holds every one of ``keys``."""
     delay = 0.001
     while conn.client.run_on_scheduler(_scheduler_known, keys) < len(keys):
@@ -466,7 +304,7 @@ def _await_scheduler(conn: _Conn, keys: list[str], deadline: float) -> None:
         delay = min(delay * 2, 0.05)
 
 
-def _await_run(conn: _Conn, futs: list[Any], sinks: np.ndarray, placed: PlacedProgram, prefix: str,
+def _await_run(conn: Conn, futs: list[Any], sinks: np.ndarray, placed: PlacedProgram, prefix: str,
                timeout_s: float) -> None:  # fmt: skip
     """Wait for every op; raise EngineError on a kernel failure, a dead worker or the timeout.
 
@@ -505,102 +343,8 @@ def _await_run(conn: _Conn, futs: list[Any], sinks: np.ndarray, placed: PlacedPr
         raise EngineError(msg)
 
 
-def _build_trace(
-    placed: PlacedProgram,
-    conn: _Conn,
-    records: list[dict[str, Any]],
-    fetches: dict[str, list[tuple[float, float, str, list[str]]]],
-    prefix: str,
-    gate_prefix: str,
-) -> Trace:
-    prog = placed.program
-    g = prog.graph
-    n, D = g.num_ops, placed.num_devices
-    dev = placed.devices
-    device_of = {conn.workers[d]: d for d in range(D)}
-    start = np.full(n, np.nan)
-    end = np.full(n, np.nan)
-    gate_end = np.full(D, np.nan)
-    for rec in records:
-        key = str(rec.get("key", ""))
-        comp = [s for s in rec.get("startstops", ()) if s.get("action") == "compute"]
-        if not comp:
-            continue
-        s0, s1 = float(comp[0]["start"]), float(comp[-1]["stop"])
-        if key.startswith(prefix) and key[len(prefix) :].isdigit():
-            v = int(key[len(prefix) :])
-            start[v], end[v] = s0, s1
-        elif key.startswith(gate_prefix):
-            d = int(key[len(gate_prefix) :].split("-")[0])
-            gate_end[d] = s1 if np.isnan(gate_end[d]) else max(gate_end[d], s1)
-    missing = np.flatnonzero(np.isnan(start))
-    if missing.size:
-        raise EngineError(
-            f"Dask's task stream lost the times of {missing.size} of {n} ops (e.g. op {prog.label(int(missing[0]))}); "
-            "raise distributed.scheduler.dashboard.tasks.task-stream-length"
-        )
-    t0 = float(np.nanmin(gate_end)) if np.isfinite(gate_end).any() else float(start.min())
-    gate_end = np.where(np.isfinite(gate_end), gate_end, t0)
-    start -= t0
-    end -= t0
-    gate_end -= t0
-    # every fetch of an op output onto a device: (end, start, source device)
-    arrivals: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
-    for addr, recs in fetches.items():
-        b = device_of.get(addr)
-        if b is None:
-            continue
-        for s0, s1, who, keys in recs:
-            a = device_of.get(who, -1)
-            for k in keys:
-                tail = k[len(prefix) :] if k.startswith(prefix) else ""
-                if tail.isdigit():
-                    u = int(tail)
-                    arrivals.setdefault((u, b), []).append((s1 - t0, s0 - t0, a if a >= 0 else int(dev[u])))
-    for lst in arrivals.values():
-        lst.sort()
-    ready = np.zeros(n)
-    for v in range(n):
-        d = int(dev[v])
-        preds = g.predecessors(v)
-        if preds.size == 0:
-            ready[v] = gate_end[d]
-            continue
-        r = 0.0
-        for u in preds:
-            u = int(u)
-            if int(dev[u]) == d:
-                t = end[u]
-            else:
-                lst = arrivals.get((u, d))
-                if not lst:
-                    t = end[u]
-                else:
-                    before = [a for a in lst if a[0] <= start[v] + _EPS]
-                    t = (before[-1] if before else lst[0])[0]
-            r = max(r, float(t))
-        ready[v] = r
-    moved = sorted(arrivals)
-    T = len(moved)
-    src = np.array([u for u, _ in moved], dtype=np.int64)
-    first = [arrivals[key][0] for key in moved]
-    return Trace(
-        op_device=dev.copy(),
-        op_ready=ready,
-        op_start=start,
-        op_end=end,
-        tr_src_op=src,
-        tr_src_device=np.array([f[2] for f in first], dtype=np.int64),
-        tr_dst_device=np.array([b for _, b in moved], dtype=np.int64),
-        tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
-        tr_start=np.array([f[1] for f in first], dtype=np.float64),
-        tr_end=np.array([f[0] for f in first], dtype=np.float64),
-        mode="engine:dask",
-    )
-
-
 def _run_once(
-    conn: _Conn,
+    conn: Conn,
     placed: PlacedProgram,
     calls: list[Any],
     tile_futs: dict[int, Any],
@@ -680,7 +424,7 @@ def _run_once(
     since = min(gate_starts) - 1.0 if gate_starts else 0.0  # nothing of ours moved before the gates ran
     fetches = _bounded(lambda: client.run(_incoming_transfers, prefix, since, workers=conn.workers[:D]),
                        "collecting the workers' transfer logs")  # fmt: skip
-    trace = _build_trace(placed, conn, records, fetches, prefix, gate_prefix)
+    trace = build_trace(placed, conn.workers, records, fetches, prefix, gate_prefix)
     values: list[np.ndarray | None] = []
     if keep_values and not prog.is_synthetic:
         values = list(_bounded(lambda: client.gather(futs), "gathering the outputs"))
@@ -720,18 +464,18 @@ def run_dask(
     timeout_s: float,
     scheduler: str | None,
     keep_values: bool,
-) -> tuple[list[Trace], list[np.ndarray | None], dict[str, Any]]:
-    """Run ``placed`` ``repeats`` times on Dask: (one trace per repeat, the last repeat's outputs, info).
+) -> tuple[list[RunRecord], dict[str, Any]]:
+    """Run ``placed`` ``repeats`` times on Dask: (one :class:`RunRecord` per repeat, info).
 
-    ``values`` holds one array per op, gathered to this process only when
-    ``keep_values``. ``info``: the scheduler's address, the worker of each
+    The last repeat's record holds one array per op, gathered to this process only when
+    ``keep_values`` (the others hold none). ``info``: the scheduler's address, the worker of each
     device, whether the cluster is a LocalCluster started here, the threads
     of each device's worker, and Dask's overhead per dependent op
     (``overhead_per_op_s``: a chain of no-op ops, as :func:`measure_overhead`,
     measured once per cluster). See the module docstring.
     """
     D = int(placed.num_devices)
-    conn = _get_conn(scheduler, D)
+    conn = get_conn(scheduler, D)
     try:
         if conn.overhead_s is None:
             conn.overhead_s = _chain_overhead(conn, OVERHEAD_CHAIN_OPS)
@@ -749,22 +493,17 @@ def run_dask(
             scattered = conn.client.scatter(list(tiles.values()), workers=[conn.workers[d]], broadcast=False,
                                             hash=False, timeout=SETUP_TIMEOUT_S)  # fmt: skip
             tile_futs.update(zip(tiles, scattered))
-        traces: list[Trace] = []
-        values: list[np.ndarray | None] = []
-        for r in range(repeats):
-            trace, vals = _run_once(conn, placed, calls, tile_futs, timeout_s=timeout_s,
-                                    keep_values=keep_values and r == repeats - 1)  # fmt: skip
-            traces.append(trace)
-            if vals:
-                values = vals
+        records = [RunRecord(*_run_once(conn, placed, calls, tile_futs, timeout_s=timeout_s,
+                                        keep_values=keep_values and r == repeats - 1))
+                   for r in range(repeats)]  # fmt: skip
         if tile_futs:
             conn.client.cancel(list(tile_futs.values()))
         conn.runs += repeats
     except EngineError:
-        _discard(conn)
+        discard(conn)
         raise
     except Exception as e:  # noqa: BLE001 - a broken cluster is discarded, the error named
-        _discard(conn)
+        discard(conn)
         raise EngineError(f"the Dask run failed: {type(e).__name__}: {e}") from e
     info = {
         "scheduler": str(conn.client.scheduler.address),
@@ -774,8 +513,8 @@ def run_dask(
         "overhead_per_op_s": conn.overhead_s,
     }
     if conn.cluster is not None and conn.runs >= RECYCLE_AFTER_RUNS:
-        _discard(conn)  # the next run starts a fresh LocalCluster (bounded memory over long trainings)
-    return traces, values, info
+        discard(conn)  # the next run starts a fresh LocalCluster (bounded memory over long trainings)
+    return records, info
 
 
 # ------------------------------------------------------------------ overhead
@@ -789,7 +528,7 @@ def _chain_program(num_ops: int, num_devices: int, op_seconds: float) -> Program
     return build_program(g, cluster=unit(num_devices), time_scale=op_seconds)
 
 
-def _chain_overhead(conn: _Conn, num_ops: int, op_seconds: float = 0.0) -> float:
+def _chain_overhead(conn: Conn, num_ops: int, op_seconds: float = 0.0) -> float:
     prog = _chain_program(num_ops, 1, op_seconds)
     placed = prog.place(np.zeros(num_ops, dtype=np.int64), 1)
     calls = _task_callables(placed)
@@ -819,9 +558,9 @@ def measure_overhead(
     about 5 ms per op; ops longer than that pay only the round trip (about
     3 ms on a 2-core machine). ``benchmarks/dask_overhead.py`` prints both.
     """
-    conn = _get_conn(scheduler, int(num_devices))
+    conn = get_conn(scheduler, int(num_devices))
     try:
         return _chain_overhead(conn, int(num_ops), float(op_seconds))
     except Exception:
-        _discard(conn)
+        discard(conn)
         raise

@@ -64,16 +64,15 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from doppler.engine.program import EngineError, PlacedProgram, cuda_sleep_rate, spin_rate_per_s
+from doppler.engine.program import EngineError, PlacedProgram, RunRecord, cuda_sleep_rate, spin_rate_per_s
 from doppler.malloc import tune_malloc
 from doppler.trace import Trace
 
-__all__ = ["DEVICE_SETS", "CudaDevices", "HostDevices", "LocalRun", "make_devices", "run_local"]
+__all__ = ["DEVICE_SETS", "CudaDevices", "HostDevices", "RunRecord", "make_devices", "run_local"]
 
 #: GIL switch interval during a run (seconds); Python's default is 5 ms
 SWITCH_INTERVAL_S = 2e-5
@@ -108,14 +107,6 @@ class _Queue:
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
-
-
-@dataclass
-class LocalRun:
-    """One measured run: its trace and the op outputs (one host array per op)."""
-
-    trace: Trace
-    values: list[np.ndarray | None]
 
 
 class HostDevices:
@@ -377,7 +368,7 @@ def _ready_times(placed: PlacedProgram, op_end: np.ndarray, transfers: list[tupl
 
 
 def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = True,
-              devices: "HostDevices | CudaDevices | None" = None) -> LocalRun:  # fmt: skip
+              devices: "HostDevices | CudaDevices | None" = None) -> RunRecord:  # fmt: skip
     """Execute ``placed`` once on local threads and return the trace (see the module docstring).
 
     ``devices`` must be the device set the program was placed on (default: CPU devices).
@@ -393,7 +384,7 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
         what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
         raise EngineError(f"the run passed its timeout of {timeout_s:g} s with {n - at_timeout[1]} of {n} ops "
                           f"unfinished{what}")  # fmt: skip
-    return LocalRun(ex.trace(), [ex.hw.to_host(x) if x is not None else None for x in ex.values] if keep_values else [])
+    return RunRecord(ex.trace(), [ex.hw.to_host(x) if x is not None else None for x in ex.values] if keep_values else [])
 
 
 class _Execution:

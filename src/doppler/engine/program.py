@@ -24,8 +24,9 @@ import numpy as np
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.kernels import DTYPE_BYTES, run_op, run_op_numpy
+from doppler.trace import Trace
 
-__all__ = ["EngineError", "Operand", "PlacedProgram", "Program", "build_program", "spin_rate_per_s", "synthetic_kernel", "synthetic_kernel_cuda"]
+__all__ = ["EngineError", "Operand", "PlacedProgram", "Program", "RunRecord", "build_program", "spin_rate_per_s", "synthetic_kernel", "synthetic_kernel_cuda"]
 
 #: largest output buffer a synthetic op may allocate (bytes), so a cost-only graph cannot exhaust memory
 MAX_SYNTHETIC_OUTPUT_BYTES = 1 << 30
@@ -200,6 +201,15 @@ class Program:
                     row.append(None)
             per_op.append(row)
         return PlacedProgram(self, np.asarray(devices, dtype=np.int64), num_devices, per_op)
+
+
+@dataclass
+class RunRecord:
+    """One measured run, by either engine: its trace and the op outputs (one host array per op; empty
+    when they were not kept)."""
+
+    trace: "Trace"
+    values: list[np.ndarray | None]
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""The Dask engine's trace: op times from Dask's task stream and transfers from each worker's
+incoming-transfer log, re-based to the moment the run's gates opened (see ``dask_engine``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from doppler.engine.program import EngineError, PlacedProgram
+from doppler.trace import Trace
+
+__all__ = ["build_trace"]
+
+#: tolerance when matching a re-fetched input to the op that used it (seconds)
+_EPS = 1e-6
+
+
+def build_trace(
+    placed: PlacedProgram,
+    workers: list[str],
+    records: list[dict[str, Any]],
+    fetches: dict[str, list[tuple[float, float, str, list[str]]]],
+    prefix: str,
+    gate_prefix: str,
+) -> Trace:
+    """The trace of one run from Dask's task stream (``records``: op and gate compute times) and the
+    workers' transfer logs (``fetches``), in seconds from the moment the gates opened."""
+    prog = placed.program
+    g = prog.graph
+    n, D = g.num_ops, placed.num_devices
+    dev = placed.devices
+    device_of = {workers[d]: d for d in range(D)}
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    gate_end = np.full(D, np.nan)
+    for rec in records:
+        key = str(rec.get("key", ""))
+        comp = [s for s in rec.get("startstops", ()) if s.get("action") == "compute"]
+        if not comp:
+            continue
+        s0, s1 = float(comp[0]["start"]), float(comp[-1]["stop"])
+        if key.startswith(prefix) and key[len(prefix) :].isdigit():
+            v = int(key[len(prefix) :])
+            start[v], end[v] = s0, s1
+        elif key.startswith(gate_prefix):
+            d = int(key[len(gate_prefix) :].split("-")[0])
+            gate_end[d] = s1 if np.isnan(gate_end[d]) else max(gate_end[d], s1)
+    missing = np.flatnonzero(np.isnan(start))
+    if missing.size:
+        raise EngineError(
+            f"Dask's task stream lost the times of {missing.size} of {n} ops (e.g. op {prog.label(int(missing[0]))}); "
+            "raise distributed.scheduler.dashboard.tasks.task-stream-length"
+        )
+    t0 = float(np.nanmin(gate_end)) if np.isfinite(gate_end).any() else float(start.min())
+    gate_end = np.where(np.isfinite(gate_end), gate_end, t0)
+    start -= t0
+    end -= t0
+    gate_end -= t0
+    # every fetch of an op output onto a device: (end, start, source device)
+    arrivals: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    for addr, recs in fetches.items():
+        b = device_of.get(addr)
+        if b is None:
+            continue
+        for s0, s1, who, keys in recs:
+            a = device_of.get(who, -1)
+            for k in keys:
+                tail = k[len(prefix) :] if k.startswith(prefix) else ""
+                if tail.isdigit():
+                    u = int(tail)
+                    arrivals.setdefault((u, b), []).append((s1 - t0, s0 - t0, a if a >= 0 else int(dev[u])))
+    for lst in arrivals.values():
+        lst.sort()
+    ready = np.zeros(n)
+    for v in range(n):
+        d = int(dev[v])
+        preds = g.predecessors(v)
+        if preds.size == 0:
+            ready[v] = gate_end[d]
+            continue
+        r = 0.0
+        for u in preds:
+            u = int(u)
+            if int(dev[u]) == d:
+                t = end[u]
+            else:
+                lst = arrivals.get((u, d))
+                if not lst:
+                    t = end[u]
+                else:
+                    before = [a for a in lst if a[0] <= start[v] + _EPS]
+                    t = (before[-1] if before else lst[0])[0]
+            r = max(r, float(t))
+        ready[v] = r
+    moved = sorted(arrivals)
+    T = len(moved)
+    src = np.array([u for u, _ in moved], dtype=np.int64)
+    first = [arrivals[key][0] for key in moved]
+    return Trace(
+        op_device=dev.copy(),
+        op_ready=ready,
+        op_start=start,
+        op_end=end,
+        tr_src_op=src,
+        tr_src_device=np.array([f[2] for f in first], dtype=np.int64),
+        tr_dst_device=np.array([b for _, b in moved], dtype=np.int64),
+        tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
+        tr_start=np.array([f[1] for f in first], dtype=np.float64),
+        tr_end=np.array([f[0] for f in first], dtype=np.float64),
+        mode="engine:dask",
+    )
