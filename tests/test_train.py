@@ -84,8 +84,8 @@ def test_kill_and_resume_continues_exactly(tmp_path):
 
     killed = Trainer.create([g], cl, TrainConfig(**cfg))
 
-    def kill_at_64(st):
-        if st["stage"] == "sim" and st["episode"] >= 64:
+    def kill_at_64(ev):
+        if ev.task == "sim" and ev.done >= 64:
             raise Interrupt  # dies before writing the checkpoint of episode 64
 
     with pytest.raises(Interrupt):

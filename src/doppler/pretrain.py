@@ -25,12 +25,13 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, write_checkpoint
+from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train import TrainConfig, Trainer, TrainError, config_to_json, make_task
 
 __all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
@@ -100,7 +101,7 @@ class Pretrainer:
                      elapsed_s=self.elapsed_s)  # fmt: skip
         return stats
 
-    def run(self, run_dir: str | Path | None = None, on_progress: Callable[[dict], None] | None = None) -> None:
+    def run(self, run_dir: str | Path | None = None, on_progress: ProgressFn | None = None) -> None:
         """Update until the budget is spent, checkpointing every ``checkpoint_every_s`` seconds."""
         run_dir = Path(run_dir) if run_dir is not None else None
         if run_dir is not None and self.trainer.writer is None:
@@ -120,7 +121,7 @@ class Pretrainer:
                         group = "losses" if k.startswith(("loss", "entropy")) else "charts"
                         self.trainer.writer.add_scalar(f"{group}/pretrain_{k}", v, self.updates)
             if on_progress is not None:
-                on_progress({**stats, "budget_s": self.budget_s})
+                on_progress(ProgressEvent("pretrain", min(self.elapsed_s, self.budget_s), self.budget_s, "s", stats))
             if run_dir is not None and time.perf_counter() - last_save >= self.checkpoint_every_s:
                 self.save(run_dir)
                 last_save = time.perf_counter()

@@ -25,7 +25,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from doppler.hardware import Cluster
 from doppler.io_util import check_seed
 from doppler.malloc import tune_malloc
 from doppler.policy.features import GraphFeatures, graph_features
+from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
 from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
@@ -309,7 +310,6 @@ def advantages(cost: np.ndarray, task: Task, cfg: TrainConfig) -> np.ndarray:
 
 
 # ============================================================================ the trainer
-ProgressFn = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -626,7 +626,7 @@ class Trainer:
                 stats["best_makespan_s"] = min(t.best_makespan_s for t in self.tasks)
             self._log(stage, stats)
             if on_progress is not None:
-                on_progress(stats)
+                on_progress(ProgressEvent(stage, ep, total, "episodes", stats))
             if run_dir is not None and (ep >= next_ckpt or ep >= total):
                 self.save(run_dir)
                 next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every

@@ -119,3 +119,18 @@ def test_python_api_accepts_a_preset_name_like_the_cli() -> None:
     assert simulate(g, "p100x4", a).makespan_s > 0
     with pytest.raises(ClusterError, match="unknown cluster 'nosuch'"):
         assign(g, "nosuch", "heft")
+
+
+def test_progress_reports_are_progress_events_by_evaluations_or_time():
+    from doppler.progress import ProgressEvent
+
+    g, c = workloads.build("random", num_ops=60, seed=1), cluster("p100x4")  # far from its lower bound
+    seen: list[ProgressEvent] = []
+    assign(g, c, "anneal", max_evals=400, batch_size=8, on_progress=seen.append)
+    assert seen and all(isinstance(e, ProgressEvent) and e.task == "anneal" and e.unit == "evals" for e in seen)
+    assert all(e.total == 400 and 0 < e.done <= 400 and e.stats["best_makespan_s"] > 0 for e in seen)
+    seen.clear()
+    assign(g, c, "anneal", budget_s=0.3, on_progress=seen.append)
+    assert seen and all(e.unit == "s" and e.total == 0.3 for e in seen)
+    best = [e.stats["best_makespan_s"] for e in seen]
+    assert best == sorted(best, reverse=True)  # the best so far never gets worse

@@ -140,3 +140,31 @@ def write_trace_files(trace, graph, device_names: list[str], out: dict[str, Any]
         out["ops_csv"] = str(csv_path)
         written.append(("per-op table", csv_path))
     return written
+
+
+@contextlib.contextmanager
+def live_progress(describe: Any = None, *, labels: dict[str, str] | None = None, counts: bool = False,
+                  quiet: bool = False, keep: bool = False) -> Iterator[Any]:  # fmt: skip
+    """The one live display of long work: a rich Progress on stderr with one bar per task of the
+    :class:`~doppler.progress.ProgressEvent` stream; yields the callback that drives it.
+
+    ``describe(event) -> str`` writes the bar's status text; ``labels`` names the tasks;
+    ``counts`` shows "done/total"; ``quiet`` draws nothing (``--json``); ``keep`` leaves the bars
+    on screen when done (training), else they vanish."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn)  # fmt: skip
+
+    columns = [SpinnerColumn(), TextColumn("[bold]{task.description}[/]"), BarColumn()]
+    columns += [MofNCompleteColumn()] if counts else []
+    columns += [TextColumn("{task.fields[status]}"), TimeElapsedColumn()]
+    with Progress(*columns, console=err_console, transient=not keep,
+                  disable=quiet or not err_console.is_terminal) as progress:  # fmt: skip
+        bars: dict[str, Any] = {}
+
+        def on_progress(ev: Any) -> None:
+            if ev.task not in bars:
+                bars[ev.task] = progress.add_task((labels or {}).get(ev.task, ev.task), total=ev.total, status="")
+            done = ev.done if ev.total is None else min(ev.done, ev.total)
+            progress.update(bars[ev.task], completed=done, total=ev.total, status=describe(ev) if describe else "")
+
+        yield on_progress

@@ -10,7 +10,6 @@ from typing import Any, Optional
 
 import numpy as np
 import typer
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from doppler.cli._common import (
     JSON_OPT,
@@ -20,10 +19,9 @@ from doppler.cli._common import (
     check_memory,
     console,
     emit_json,
-    err_console,
     handle_errors,
+    live_progress,
 )
-
 
 
 def _load(graph_path: Path, cluster_name: str):
@@ -55,24 +53,10 @@ def _assign_with_progress(graph, cl, method: str, **kw: Any):
     from doppler.methods import assign
     from doppler.report import format_time
 
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True, disable=not err_console.is_terminal,
-    ) as progress:
-        task = progress.add_task(f"[bold]{method}[/]", total=None, status="starting")
+    def describe(ev: Any) -> str:
+        return f"best {format_time(ev.stats['best_makespan_s'], cl)} after {ev.stats['evals']:,} simulations"
 
-        def on_progress(st: dict[str, Any]) -> None:
-            total, done = st.get("budget_s"), st["elapsed_s"]
-            if total is None and st.get("max_evals"):
-                total, done = st["max_evals"], st["evals"]
-            progress.update(task, total=total, completed=done,
-                            status=f"best {format_time(st['best_makespan_s'], cl)} after {st['evals']:,} simulations")
-
+    with live_progress(describe, labels={"anneal": method}) as on_progress:
         return assign(graph, cl, method, on_progress=on_progress, **kw)
 
 
@@ -182,23 +166,11 @@ def compare_cmd(
             get_method(m)
         _check_budget(budget_s)
         graph, cl = _load(graph_path, cluster_name)
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True, disable=not err_console.is_terminal,
-        ) as progress:
-            task = progress.add_task("methods", total=len(names))
-            started: list[str] = []
-
-            def on_method(m: str) -> None:
-                progress.update(task, description=f"running [bold]{m}[/]", completed=min(len(started), len(names)))
-                started.append(m)
-
+        with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
+                           counts=True) as on_progress:  # fmt: skip
             learned = {"doppler": {"checkpoint": checkpoint}} if checkpoint is not None else {}
-            rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_method=on_method, method_kwargs=learned)
+            rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
+                           method_kwargs=learned)  # fmt: skip
         if csv_path is not None:
             from doppler.io_util import atomic_write_text
 

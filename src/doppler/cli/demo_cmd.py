@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, live_progress
 
 DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal")
 ZERO_SHOT = "doppler zero-shot"
@@ -29,9 +29,8 @@ def demo_cmd(
 ) -> None:
     """End to end: train DOPPLER and run every baseline on the four paper workloads, simulate, draw the best schedules."""
     with handle_errors():
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         from doppler.presets import cluster
+        from doppler.progress import ProgressEvent
 
         if not budget_s > 0:
             raise UserError(f"--budget-s must be > 0, got {budget_s}")
@@ -39,13 +38,12 @@ def demo_cmd(
             raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
         methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                      console=err_console, transient=True, disable=not err_console.is_terminal) as progress:
-            task = progress.add_task("demo", total=len(WORKLOADS) * len(methods))
+        with live_progress(lambda ev: ev.stats["step"]) as on_progress:
+            steps = [0]
 
             def say(text: str, advance: int = 0) -> None:
-                progress.update(task, description=text)
-                progress.advance(task, advance)
+                steps[0] += advance
+                on_progress(ProgressEvent("demo", steps[0], len(WORKLOADS) * len(methods), "steps", {"step": text}))
 
             results = [_demo_workload(name, cl, budget_s, train_episodes, il_episodes, out_dir, say) for name in WORKLOADS]
         real = _engine_demo(out_dir, progress_console=err_console) if engine else None
@@ -78,14 +76,14 @@ def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episo
     say(f"{name}: building the tile graph")
     graph = workloads.build(name)
     rows = compare(graph, cl, list(DEMO_METHODS), budget_s=budget_s,
-                   on_method=lambda m: say(f"{name}: [bold]{m}[/]", 0 if m == DEMO_METHODS[0] else 1))  # fmt: skip
+                   on_progress=lambda ev: say(f"{name}: [bold]{ev.stats['method']}[/]", 0 if ev.done == 0 else 1))  # fmt: skip
     say(f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)")
     rows.append(score(graph, cl, assign(graph, cl, "doppler"), rows[0].lower_bound_s, ZERO_SHOT))
     say(f"{name}: [bold]doppler[/], the shipped pretrained policy (zero-shot)", 1)
     train = None
     if train_episodes:
-        def on_train(st: dict) -> None:
-            say(f"{name}: [bold]doppler[/] training, {st['stage']} episode {st['episode']}/{st['total']}")
+        def on_train(ev) -> None:
+            say(f"{name}: [bold]doppler[/] training, {ev.task} episode {ev.done:g}/{ev.total:g}")
 
         train = train_and_assign(graph, cl, out_dir / f"doppler_{name}",
                                  TrainConfig(episodes=train_episodes, il_episodes=il_episodes), on_train)  # fmt: skip

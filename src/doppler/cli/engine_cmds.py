@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, write_trace_files
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress, write_trace_files
 
 ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
 SCHEDULER_OPT = typer.Option(
@@ -21,13 +20,6 @@ DEVICE_TYPE_OPT = typer.Option(
     "cpu", "--device-type", help="Local engine devices: cpu (numpy workers) or cuda (torch on the GPU; more devices than GPUs split each GPU)."
 )
 TIME_SCALE_OPT = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time.")
-
-
-def _progress(label: str):
-    return Progress(
-        TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True, disable=not err_console.is_terminal,
-    )  # fmt: skip
 
 
 def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
@@ -192,11 +184,9 @@ def calibrate_cmd(
             raise UserError("--sizes is empty")
         if runs < 1:
             raise UserError(f"--runs must be >= 1, got {runs}")
-        with _progress("calibrating") as progress:
-            task = progress.add_task("runs", total=runs)
+        with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, timeout_s=timeout_s,
-                            scheduler=scheduler, device_type=device_type,
-                            progress=lambda k, total: progress.update(task, completed=k))  # fmt: skip
+                            scheduler=scheduler, device_type=device_type, progress=on_progress)  # fmt: skip
         res.cluster.save(output)
         out = {
             "cluster": str(output),
@@ -273,11 +263,10 @@ def validate_cmd(
 
             figure_format(plot)
         graph = load_graph(graph_path)
-        with _progress("validating") as progress:
-            task = progress.add_task("runs", total=n * repeats)
+        with live_progress(labels={"validate": "validating"}, counts=True) as on_progress:
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, timeout_s=timeout_s,
                            scheduler=scheduler, dispatch=dispatch, time_scale=time_scale, device_type=device_type,
-                           progress=lambda k, total: progress.update(task, completed=k, total=total))  # fmt: skip
+                           progress=on_progress)  # fmt: skip
         if plot is not None:
             scatter_plot(res, plot)
         if output is not None:

@@ -6,9 +6,8 @@ import time
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress
 
 
 @app.command("pretrain")
@@ -43,18 +42,13 @@ def pretrain_cmd(
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        with Progress(TextColumn("[bold]pretraining[/]"), BarColumn(), TextColumn("{task.fields[status]}"),
-                      TimeElapsedColumn(), console=err_console) as progress:  # fmt: skip
-            bar = progress.add_task("pretrain", total=pt.budget_s, completed=pt.elapsed_s, status="")
-            if json_out:
-                progress.stop()
+        def describe(ev) -> str:
+            st = ev.stats
+            quality = (f"greedy {st['greedy_vs_cheap']:.3f}x best cheap" if "greedy_vs_cheap" in st
+                       else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
+            return f"update {st['update']}  {st['num_ops']} ops x {st['num_devices']} devices  {quality}"
 
-            def on_progress(st: dict) -> None:
-                quality = (f"greedy {st['greedy_vs_cheap']:.3f}x best cheap" if "greedy_vs_cheap" in st
-                           else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
-                progress.update(bar, completed=min(st["elapsed_s"], pt.budget_s),
-                                status=f"update {st['update']}  {st['num_ops']} ops x {st['num_devices']} devices  {quality}")  # fmt: skip
-
+        with live_progress(describe, labels={"pretrain": "pretraining"}, quiet=json_out, keep=True) as on_progress:
             pt.run(output, on_progress)
         summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,
                    "il_episodes": pt.trainer.il_episode, "episodes": pt.trainer.episode,

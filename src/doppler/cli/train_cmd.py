@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors
+from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress
 
 
 def _parse_stages(stages: str) -> tuple[str, ...]:
@@ -56,20 +55,6 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
     except RuntimeError as e:
         raise TrainError(f"{path}: --init weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
     return trainer
-
-
-def _progress_bar():
-    return Progress(
-        TextColumn("[bold]{task.description}[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=False,
-    )
 
 
 @app.command("train")
@@ -127,32 +112,27 @@ def train_cmd(
             _print_summary(summary, trainer.tasks[0].cluster)
 
 
+STAGE_LABELS = {"il": "Stage I  imitation", "sim": "Stage II simulator RL", "distill": "distil the best",
+                "real": "Stage III real system"}  # fmt: skip
+
+
 def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
     from doppler.report import format_time
 
     cl = trainer.tasks[0].cluster
-    with _progress_bar() as progress:
-        bars: dict[str, Any] = {}
 
-        def on_progress(st: dict[str, Any]) -> None:
-            stage = st["stage"]
-            if stage not in bars:
-                label = {"il": "Stage I  imitation", "sim": "Stage II simulator RL", "distill": "distil the best",
-                         "real": "Stage III real system"}[stage]  # fmt: skip
-                bars[stage] = progress.add_task(label, total=st["total"], status="")
-            if stage == "il":
-                status = f"{st['episodes_per_s']:.0f} ep/s  agreement SEL {st['agree_sel']:.0%} PLC {st['agree_plc']:.0%}"
-            elif stage in ("sim", "real"):
-                status = (f"{st['episodes_per_s']:.0f} ep/s  mean {st['mean_ratio']:.3f}x LB  "
-                          f"best {format_time(st['best_makespan_s'], cl)}")  # fmt: skip
-            else:
-                status = f"greedy {st['greedy_ratio']:.3f}x LB, best {st['best_ratio']:.3f}x LB"
-            if stage == "distill" and st["episode"] >= st["total"]:
-                status += " (matched)" if st["greedy_ratio"] <= st["best_ratio"] * (1 + 1e-9) else ""
-            progress.update(bars[stage], completed=min(st["episode"], st["total"]), status=status)
+    def describe(ev: Any) -> str:
+        st = ev.stats
+        if ev.task == "il":
+            return f"{st['episodes_per_s']:.0f} ep/s  agreement SEL {st['agree_sel']:.0%} PLC {st['agree_plc']:.0%}"
+        if ev.task in ("sim", "real"):
+            return f"{st['episodes_per_s']:.0f} ep/s  mean {st['mean_ratio']:.3f}x LB  best {format_time(st['best_makespan_s'], cl)}"
+        status = f"greedy {st['greedy_ratio']:.3f}x LB, best {st['best_ratio']:.3f}x LB"
+        if ev.done >= ev.total and st["greedy_ratio"] <= st["best_ratio"] * (1 + 1e-9):
+            status += " (matched)"
+        return status
 
-        if quiet:
-            progress.stop()
+    with live_progress(describe, labels=STAGE_LABELS, counts=True, quiet=quiet, keep=True) as on_progress:
         trainer.run(run_dir, on_progress)
 
 

@@ -30,13 +30,14 @@ from __future__ import annotations
 import datetime
 import platform
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
 
 from doppler.engine.program import EngineError, build_program
 from doppler.graph import DataflowGraph, OpKind
+from doppler.progress import ProgressEvent, ProgressFn
 from doppler.hardware import Cluster, Device
 from doppler.trace import Trace
 
@@ -229,7 +230,7 @@ def calibrate(
     seed: int = 0,
     timeout_s: float = 600.0,
     scheduler: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressFn | None = None,
     device_type: str = "cpu",
 ) -> CalibrationResult:
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster."""
@@ -252,7 +253,7 @@ def calibrate(
                   scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
         traces.append(res.trace)
         if progress is not None:
-            progress(r + 1, runs)
+            progress(ProgressEvent("calibrate", r + 1, runs, "runs"))
     meta = {
         "source": f"doppler calibrate --engine {engine} --devices {num_devices} --device-type {device_type}",
         "engine": engine,

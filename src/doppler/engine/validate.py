@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from doppler.engine.program import EngineError, build_program
 from doppler.graph import DataflowGraph
+from doppler.progress import ProgressEvent, ProgressFn
 from doppler.hardware import Cluster
 
 __all__ = ["ValidationResult", "validate", "validation_assignments"]
@@ -138,7 +139,7 @@ def validate(
     scheduler: str | None = None,
     dispatch: str = "fifo",
     time_scale: float = 1.0,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressFn | None = None,
     device_type: str = "cpu",
 ) -> ValidationResult:
     """Simulate and execute ``n`` diverse assignments; compare (see the module docstring).
@@ -167,7 +168,7 @@ def validate(
                   timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
         measured[i, r] = res.makespan_s
         if progress is not None:
-            progress(k + 1, len(order))
+            progress(ProgressEvent("validate", k + 1, len(order), "runs"))
     return agreement([label for label, _ in cases], simulated, measured,
                      info={"graph": graph.name, "cluster": cluster.name, "engine": engine, "device_type": device_type,
                            "repeats": repeats})  # fmt: skip

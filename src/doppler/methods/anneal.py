@@ -42,13 +42,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
 from doppler.methods.registry import MethodError, assign, register
 from doppler.graph import DataflowGraph
+from doppler.progress import ProgressEvent, ProgressFn
 
 #: the cheap methods whose best assignment a search starts from (anneal's start set, and the first
 #: incumbent of DOPPLER's Stage II): measured, this start made the greedy decode at least as good as
@@ -185,7 +185,7 @@ def anneal_search(
     extra_starts: dict[str, np.ndarray] | None = None,
     device_prefs: np.ndarray | None = None,
     guided_share: float = 0.0,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: ProgressFn | None = None,
 ) -> Assignment:
     """Simulated annealing (see the module docstring). Returns the best assignment found.
 
@@ -193,8 +193,9 @@ def anneal_search(
     (a learned preference of each op for each device) a share ``guided_share`` of the moves
     puts one op on a device drawn from its row instead of a blind move.
 
-    ``on_progress(status)`` is called about four times a second with the elapsed time,
-    the evaluation count and the best makespan so far."""
+    ``on_progress`` gets a :class:`~doppler.progress.ProgressEvent` about four times a second: the
+    time used of the budget (or the evaluations of ``max_evals``), and in ``stats`` the evaluation
+    count and the best makespan so far."""
     t0 = time.perf_counter()
     if max_evals is not None and int(max_evals) < 0:
         raise MethodError(f"max_evals must be >= 0, got {max_evals}")
@@ -236,8 +237,11 @@ def anneal_search(
             walk.restart()
         if on_progress is not None and time.perf_counter() >= next_report:
             next_report = time.perf_counter() + 0.25
-            on_progress({"elapsed_s": time.perf_counter() - t0, "budget_s": budget_s, "evals": evals,
-                         "max_evals": max_evals, "best_makespan_s": walk.best_ms, "start_makespan_s": start_ms})
+            elapsed_s = time.perf_counter() - t0
+            by_time = budget_s is not None or max_evals is None
+            on_progress(ProgressEvent("anneal", elapsed_s if by_time else evals, budget_s if by_time else max_evals,
+                                      "s" if by_time else "evals",
+                                      {"evals": evals, "best_makespan_s": walk.best_ms, "start_makespan_s": start_ms}))  # fmt: skip
     return Assignment(
         devices=walk.best,
         estimated_makespan_s=walk.best_ms,

@@ -19,6 +19,7 @@ import numpy as np
 from doppler.assignment import Assignment, check_assignment
 from doppler import io_util
 from doppler.graph import DataflowGraph
+from doppler.progress import ProgressEvent, ProgressFn
 
 
 class MethodError(ValueError):
@@ -178,13 +179,13 @@ def compare(
     *,
     seed: int = 0,
     budget_s: float | None = None,
-    on_method: Callable[[str], None] | None = None,
+    on_progress: ProgressFn | None = None,
     method_kwargs: dict[str, dict[str, Any]] | None = None,
 ) -> list[CompareRow]:
     """Run each method and score its assignment in the WC simulator: one :class:`CompareRow` per
     method, whose ``ratio_to_critical_path`` is against critical_path (run as the reference if not
-    in ``methods``). ``on_method(name)`` is called before each method runs (for progress
-    display). ``method_kwargs[name]``: extra options of one method (e.g.
+    in ``methods``). ``on_progress`` gets a ``"compare"`` event before each method runs (done: the
+    methods finished; ``stats["method"]``: the one starting). ``method_kwargs[name]``: extra options of one method (e.g.
     ``{"doppler": {"checkpoint": path}}``).
     """
     from doppler.simulate import lower_bound, simulate
@@ -204,15 +205,15 @@ def compare(
         cluster = resolve_cluster(cluster)
     lb = float(lower_bound(graph, cluster))
     rows: list[CompareRow] = []
-    for m in methods:
-        if on_method is not None:
-            on_method(m)
+    for i, m in enumerate(methods):
+        if on_progress is not None:
+            on_progress(ProgressEvent("compare", i, len(methods), "methods", {"method": m}))
         a = assign(graph, cluster, m, seed=seed, budget_s=budget_s, **(method_kwargs or {}).get(m, {}))
         rows.append(score(graph, cluster, a, lb))
     ref = next((r.makespan_s for r in rows if r.method == "critical_path"), None)
     if ref is None:
-        if on_method is not None:
-            on_method("critical_path")
+        if on_progress is not None:
+            on_progress(ProgressEvent("compare", len(methods), len(methods), "methods", {"method": "critical_path"}))
         ref = float(simulate(graph, cluster, assign(graph, cluster, "critical_path")).makespan_s)
     for r in rows:
         r.ratio_to_lower_bound = r.makespan_s / lb if lb > 0 else None
