@@ -146,7 +146,7 @@ def test_json_syntax_error_names_line(tmp_path: Path) -> None:
 def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(GraphError, match="unknown graph file extension"):
         load_graph(tmp_path / "g.csv")
-    with pytest.raises(GraphError, match="no such file"):
+    with pytest.raises(GraphError, match="no such graph file"):
         load_graph(tmp_path / "missing.json")
 
 

@@ -72,3 +72,28 @@ def test_one_seed_check_for_every_layer():
     for bad in (-1, 1.5, True, np.bool_(True), "3", None):
         with pytest.raises(KeyError, match="--seed must be an integer >= 0"):
             check_seed(bad, KeyError, "--seed")
+
+
+def test_every_kind_of_bad_input_path_is_one_clear_error(tmp_path):
+    from doppler.io_util import read_json, read_text
+
+    class Bad(ValueError):
+        pass
+
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "gone.json")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "bad.json").write_text('{\n  "a": [1,\n}')
+    cases = [(tmp_path / "missing.json", "no such graph file$"), (tmp_path / "dir", "is a directory, not a graph file"),
+             (tmp_path / "link", r"no such graph file \(a broken link\)"), (tmp_path / "bin.json", "not a text file")]
+    for path, msg in cases:
+        with pytest.raises(Bad, match=msg):
+            read_text(path, "graph file", Bad)
+    with pytest.raises(Bad, match=r"bad.json:3: not valid JSON"):
+        read_json(tmp_path / "bad.json", "cluster file", Bad)
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked.json"
+        locked.write_text("{}")
+        locked.chmod(0)
+        with pytest.raises(Bad, match="permission denied"):
+            read_text(locked, "graph file", Bad)

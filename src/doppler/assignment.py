@@ -7,7 +7,6 @@ File format: ``{"assignment": [device index per op, in op-id order], "method":
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph
-from doppler.io_util import write_json
+from doppler.io_util import read_json, write_json
 
 
 class AssignmentError(ValueError):
@@ -100,12 +99,7 @@ def load_assignment(
     """Read an assignment file; with ``graph``, check its length and (unless told not to) its
     fingerprint; with ``num_devices``, that every device index is in range (errors name the file)."""
     p = Path(path)
-    try:
-        obj = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise AssignmentError(f"{p}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise AssignmentError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
+    obj = read_json(p, "assignment file", AssignmentError)
     if isinstance(obj, list):
         values, method, fp = obj, "file", None
     elif isinstance(obj, dict) and isinstance(obj.get("assignment"), list):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
-from doppler.io_util import atomic_write_text, write_json
+from doppler.io_util import atomic_write_text, read_text, write_json
 
 JSON_FORMAT = "doppler-graph"
 JSON_VERSION = 1
@@ -58,14 +58,7 @@ def load_graph(path: str | Path) -> DataflowGraph:
     suffix = p.suffix.lower()
     if suffix not in (".json", ".txt"):
         raise GraphError(f"{p}: unknown graph file extension {p.suffix!r} (use .json or .txt)")
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise GraphError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise GraphError(f"{p}: is a directory, not a graph file") from None
-    except UnicodeDecodeError as e:
-        raise GraphError(f"{p}: not a text file ({e.reason} at byte {e.start})") from None
+    text = read_text(p, "graph file", GraphError)
     if suffix == ".json":
         return graph_from_json_text(text, source=str(p))
     return graph_from_text(text, source=str(p), name=p.stem)

@@ -40,7 +40,6 @@ name or a cluster file, are in :mod:`doppler.presets`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.io_util import to_jsonable, write_json
+from doppler.io_util import read_json, to_jsonable, write_json
 
 DEVICE_KINDS = ("cpu", "gpu")
 
@@ -456,22 +455,7 @@ class Cluster:
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":
         """Read a cluster JSON file; ClusterError names the file and field on any problem."""
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ClusterError(f"{p}: no such cluster file") from None
-        except IsADirectoryError:
-            raise ClusterError(f"{p}: is a directory, not a cluster file") from None
-        except PermissionError:
-            raise ClusterError(f"{p}: cannot read (permission denied)") from None
-        except UnicodeDecodeError:
-            raise ClusterError(f"{p}: cannot read (not a text file)") from None
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ClusterError(f"{p}:{e.lineno}: not valid JSON ({e.msg})") from None
-        return cls.from_json(obj, source=str(p))
+        return cls.from_json(read_json(path, "cluster file", ClusterError), source=str(path))
 
     def __repr__(self) -> str:
         return f"Cluster(name={self.name!r}, devices={self.num_devices})"

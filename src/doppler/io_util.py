@@ -34,6 +34,33 @@ def check_seed(seed: Any, error: type[Exception] = ValueError, name: str = "the 
     return int(seed)
 
 
+def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
+    """The text of an input file, or ``error`` naming the path and why not (missing, a directory,
+    unreadable, not text). ``what`` names the kind of file in the message ("graph file", ...)."""
+    p = Path(path)
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what}" + (" (a broken link)" if p.is_symlink() else "")) from None
+    except IsADirectoryError:
+        raise error(f"{p}: is a directory, not a {what}") from None
+    except PermissionError:
+        raise error(f"{p}: cannot read (permission denied)") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{p}: not a text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise error(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
+    """A JSON input file (:func:`read_text`); invalid JSON is ``error`` naming the file and line."""
+    text = read_text(path, what, error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
 def _new_file_mode(path: Path) -> int:
     """The mode a plain ``open(path, "w")`` would give: the old file's, else 0o666 minus the umask."""
     try:

@@ -82,7 +82,7 @@ def test_draw_writes_a_png(tmp_path: Path) -> None:
         (("graph", "build", "resnet", "-o", "x.json"), "resnet"),
         (("graph", "build", "ffnn", "--set", "bogus=1", "-o", "x.json"), "bogus"),
         (("graph", "build", "ffnn", "--set", "size", "-o", "x.json"), "size"),
-        (("graph", "info", "missing.json"), "no such file"),
+        (("graph", "info", "missing.json"), "no such graph file"),
         (("graph", "info", "g.txt", "--devices", "0"), "--devices"),
         (("graph", "info", "g.txt", "--cluster", "nosuch"), "nosuch"),
         (("graph", "convert", "g.txt", "g.csv"), "unknown graph file extension"),
