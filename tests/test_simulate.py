@@ -649,12 +649,15 @@ def test_accepts_assignment_objects_lists_and_arrays() -> None:
     assert context(g, c).makespan(np.array([0, 1, 0])) == r1
 
 
-def test_context_is_cached_per_graph_and_cluster() -> None:
+def test_a_context_is_explicit_and_reflects_the_cluster_it_was_given() -> None:
     g = from_edges([1, 2], [(0, 1)], [1, 1])
-    c1, c2 = unit(2), unit(2)
-    assert context(g, c1) is context(g, c1)
-    assert context(g, c1) is not context(g, c2)
+    c1 = unit(2)
+    assert context(g, c1) is not context(g, c1)  # no hidden cache: callers hold the context they reuse
     assert context(g, c1.scaled_links(2.0)).bw[0, 1] == 0.5
+    assert context(g, "unit:3").num_devices == 3  # a preset name, as on the command line
+    assert "_doppler_sim_contexts" not in g.__dict__  # nothing is stored on the graph
+    with pytest.raises(SimulationError, match="expected a DataflowGraph"):
+        context("g.json", c1)
 
 
 @pytest.mark.parametrize("sim", [simulate, simulate_python])

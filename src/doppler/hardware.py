@@ -56,6 +56,9 @@ DEVICE_KINDS = ("cpu", "gpu")
 #: per-device state grows with D x ops), documented in docs/cli.md
 MAX_DEVICES = 1024
 
+#: op-kind label -> OpKind code (per-kind rates are looked up for every op of every simulated graph)
+_KIND_CODES = {k.label: k.value for k in OpKind}
+
 
 class ClusterError(ValueError):
     """A cluster description is invalid; the message names the file, field or device."""
@@ -155,8 +158,8 @@ _CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
 class Cluster:
     """A set of devices and the links between every ordered pair.
 
-    Treat a Cluster as immutable once built: the simulator caches per-(graph,
-    cluster) arrays. Use :meth:`scaled_links` or :func:`dataclasses.replace`
+    Treat a Cluster as immutable once built: a simulator context holds arrays
+    derived from it. Use :meth:`scaled_links` or :func:`dataclasses.replace`
     to derive a variant.
     """
 
@@ -253,7 +256,8 @@ class Cluster:
         for j, dev in enumerate(self.devices):
             out[:, j] = getattr(dev, default)
             for label, value in getattr(dev, by_kind).items():
-                out[OpKind.parse(label).value, j] = value
+                code = _KIND_CODES.get(label)
+                out[OpKind.parse(label).value if code is None else code, j] = value
         return out
 
     def throughput_matrix(self) -> np.ndarray:

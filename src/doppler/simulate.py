@@ -50,9 +50,10 @@ Semantics (docs/design.md, Execution semantics), exactly:
 
 Implementation: a heap-based event loop compiled with numba (``@njit(cache=True)``).
 The per-(graph, cluster) arrays (compute time per op and device, CSR arrays,
-level order) live in a :class:`SimContext`, built once and cached on the
-graph, so repeated calls with different assignments only pay for the event
-loop. The tests cross-check it against two independent implementations of the
+level order) live in a :class:`SimContext`. The functions :func:`simulate`,
+:func:`simulate_many` and :func:`lower_bound` build one per call; code that
+simulates many assignments of one graph holds its own (``ctx = context(g, c)``), so
+each further call only pays for the event loop. The tests cross-check it against two independent implementations of the
 same semantics, a pure-Python one and a SimPy one (``tests/reference/``), which
 give bit-identical results.
 """
@@ -534,9 +535,8 @@ def _sim_many_kernel(
 class SimContext:
     """Static per-(graph, cluster) arrays, built once; reuse it for many assignments.
 
-    ``simulate``/``simulate_many``/``lower_bound`` build (and cache on the graph)
-    one automatically; build one explicitly in hot loops to skip even the cache
-    lookup: ``ctx = SimContext(g, c); ctx.makespan(devices)``.
+    ``simulate``/``simulate_many``/``lower_bound`` build one per call; hold one in
+    loops: ``ctx = SimContext(g, c); ctx.makespan(devices)``.
     """
 
     def __init__(self, graph: DataflowGraph, cluster: Cluster) -> None:
@@ -563,7 +563,6 @@ class SimContext:
         self._ones_e = np.ones(max(self.num_edges, 1))
         self._noise_cache: tuple[float, int, np.ndarray, np.ndarray] | None = None
         self._lower_bound: float | None = None
-        self._key = _cluster_key(cluster)
 
     # ------------------------------------------------------------------ options
     def noise(self, sigma: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -732,37 +731,17 @@ class SimContext:
         return self._lower_bound
 
 
-def _cluster_key(cluster: Cluster) -> tuple:
-    """Cheap identity of a cluster's content-bearing objects (a Cluster is treated as immutable)."""
-    return (id(cluster.devices), len(cluster.devices), id(cluster.bandwidth_Bps), id(cluster.latency_s))
-
-
-_CTX_ATTR = "_doppler_sim_contexts"
-_MAX_CONTEXTS_PER_GRAPH = 8
-
-
-def context(graph: DataflowGraph, cluster: Cluster) -> SimContext:
-    """The cached :class:`SimContext` of (graph, cluster), built on first use. ``cluster`` may
-    also be a preset name (``"p100x4"``, ``"unit:8"``) or a cluster JSON path, as on the CLI."""
+def context(graph: DataflowGraph, cluster: "Cluster | str") -> SimContext:
+    """A new :class:`SimContext` of (graph, cluster): hold it to simulate many assignments of one graph.
+    ``cluster`` may also be a preset name (``"p100x4"``, ``"unit:8"``) or a cluster JSON path, as on
+    the CLI."""
     if not isinstance(cluster, Cluster):
         from doppler.presets import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
-    cache: dict[int, tuple[Cluster, SimContext]] | None = graph.__dict__.get(_CTX_ATTR)
-    if cache is None:
-        cache = graph.__dict__[_CTX_ATTR] = {}
-    hit = cache.get(id(cluster))
-    if hit is not None and hit[0] is cluster and hit[1]._key == _cluster_key(cluster):
-        return hit[1]
-    if not isinstance(cluster, Cluster):
-        raise SimulationError(f"expected a Cluster, got {type(cluster).__name__} (use doppler.cluster(name) to get one)")
     if not isinstance(graph, DataflowGraph):
         raise SimulationError(f"expected a DataflowGraph, got {type(graph).__name__}")
-    ctx = SimContext(graph, cluster)
-    if len(cache) >= _MAX_CONTEXTS_PER_GRAPH:
-        cache.pop(next(iter(cache)))
-    cache[id(cluster)] = (cluster, ctx)
-    return ctx
+    return SimContext(graph, cluster)
 
 
 def check_options(mode: str, noise_sigma: float, seed: int) -> tuple[str, float, int]:

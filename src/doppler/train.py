@@ -41,7 +41,7 @@ from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
 from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
-from doppler.simulate import lower_bound, simulate_many
+from doppler.simulate import SimContext
 
 STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
@@ -158,12 +158,13 @@ class SimulatorOracle:
 
     def __init__(self, graph: DataflowGraph, cluster: Cluster, noise_sigma: float = 0.0, seed: int = 0) -> None:
         self.graph, self.cluster, self.noise_sigma = graph, cluster, noise_sigma
+        self.ctx = SimContext(graph, cluster)  # built once, reused by every evaluation
         self.calls = seed
 
     def evaluate(self, assignments: np.ndarray) -> np.ndarray:
         self.calls += 1
         seed = self.calls if self.noise_sigma > 0 else 0
-        return simulate_many(self.graph, self.cluster, assignments, noise_sigma=self.noise_sigma, seed=seed)
+        return self.ctx.simulate_many(assignments, noise_sigma=self.noise_sigma, seed=seed)
 
 
 # ============================================================================ tasks
@@ -206,12 +207,13 @@ class Task:
 def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: CostOracle | None = None) -> Task:
     """A training graph. With a teacher other than critical_path, that method's assignment
     (along the b-level order) is the Stage I target and the first best-so-far."""
+    sim = SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed)
     task = Task(
         graph=graph,
         cluster=cluster,
         features=graph_features(graph, cluster),
-        oracle=oracle or SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed),
-        lower_bound_s=lower_bound(graph, cluster),
+        oracle=oracle or sim,
+        lower_bound_s=sim.ctx.lower_bound(),
         teacher_devices=None,
         teacher_order=None,
     )

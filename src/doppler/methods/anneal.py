@@ -49,6 +49,7 @@ from doppler.assignment import Assignment, check_assignment
 from doppler.methods.registry import MethodError, assign, register
 from doppler.graph import DataflowGraph
 from doppler.progress import ProgressEvent, ProgressFn
+from doppler.simulate import SimContext
 
 #: the cheap methods whose best assignment a search starts from (anneal's start set, and the first
 #: incumbent of DOPPLER's Stage II): measured, this start made the greedy decode at least as good as
@@ -57,12 +58,6 @@ from doppler.progress import ProgressEvent, ProgressFn
 WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 
 DEFAULT_BUDGET_S = 10.0
-
-
-def _simulate_many(graph: DataflowGraph, cluster, batch: np.ndarray) -> np.ndarray:
-    from doppler.simulate import simulate_many
-
-    return np.asarray(simulate_many(graph, cluster, batch), dtype=np.float64).reshape(-1)
 
 
 class _Moves:
@@ -207,7 +202,8 @@ def anneal_search(
     nd = int(cluster.num_devices)
     n = graph.num_ops
     rng = np.random.default_rng(seed)
-    start_name, walk, evals = _starting_point(graph, cluster, seed, start, extra_starts)
+    ctx = SimContext(graph, cluster)  # every evaluation reuses it
+    start_name, walk, evals = _starting_point(ctx, seed, start, extra_starts)
     start_ms = walk.cur_ms
     if cycle_evals is None:
         cycle_evals = max(5000, 1000 * n)
@@ -217,9 +213,7 @@ def anneal_search(
     moves = _Moves(graph, nd, rng, device_prefs, guided_share)
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     log_ratio = math.log(t_end / t_start)
-    from doppler.simulate import lower_bound
-
-    optimal_ms = float(lower_bound(graph, cluster)) * (1.0 + 1e-12)  # nothing can beat the lower bound
+    optimal_ms = float(ctx.lower_bound()) * (1.0 + 1e-12)  # nothing can beat the lower bound
     while nd > 1 and n > 0 and walk.best_ms > optimal_ms:
         if (max_evals is not None and evals >= max_evals) or time.perf_counter() >= deadline:
             break
@@ -227,7 +221,7 @@ def anneal_search(
         batch = np.repeat(walk.cur[None, :], b, axis=0)
         for row in batch:
             moves.apply(row)
-        vals = _simulate_many(graph, cluster, batch)
+        vals = ctx.simulate_many(batch)
         evals += b
         walk.cycle_evals += b
         j = int(np.argmin(vals))
@@ -289,11 +283,11 @@ class _Walk:
         self.cur, self.cur_ms = self.best.copy(), self.best_ms
 
 
-def _starting_point(graph: DataflowGraph, cluster, seed: int, start: np.ndarray | None,
+def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None,
                     extra_starts: dict[str, np.ndarray] | None) -> tuple[str, _Walk, int]:  # fmt: skip
     """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``):
     (its name, a walk from it, the evaluations spent)."""
-    nd = int(cluster.num_devices)
+    graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
@@ -301,7 +295,7 @@ def _starting_point(graph: DataflowGraph, cluster, seed: int, start: np.ndarray 
     for name, a in (extra_starts or {}).items():
         cands[name] = check_assignment(graph, np.asarray(a), nd)
     names = list(cands)
-    ms = _simulate_many(graph, cluster, np.stack([cands[k] for k in names]))
+    ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
     cur = cands[names[i0]].astype(np.int64).copy()
     return names[i0], _Walk(cur, float(ms[i0]), cur.copy(), float(ms[i0])), len(names)

@@ -28,7 +28,7 @@ from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import empty_state, est_into, place, take_candidate
 from doppler.methods.registry import register
-from doppler.simulate import simulate_many
+from doppler.simulate import SimContext
 
 #: simulated makespans within this relative distance of the best count as tied teacher choices
 LABEL_RTOL = 1e-6
@@ -129,7 +129,7 @@ def lookahead_labels(graph: DataflowGraph, cluster, order: np.ndarray, step_devi
                              *arr.graph_arrays, arr.indeg0, *arr.cost_arrays, out)  # fmt: skip
     if bad >= 0:
         raise ValueError(f"step {bad}: op {int(order[bad])} is not a candidate there")
-    makespan_s = simulate_many(graph, cluster, out.reshape(-1, n)).reshape(steps.size, nd)
+    makespan_s = SimContext(graph, cluster).simulate_many(out.reshape(-1, n)).reshape(steps.size, nd)
     tied = makespan_s <= makespan_s.min(axis=1, keepdims=True) * (1.0 + LABEL_RTOL)
     return makespan_s, tied
 
@@ -141,6 +141,7 @@ def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float
     (pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx), (comp, lat, inv) = arr.graph_arrays, arr.cost_arrays
     dev, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(arr.indeg0, nd)
     branches = np.empty((nd, n), np.int64)
+    ctx = SimContext(graph, cluster)
     est = np.empty(nd)
     best_s = np.inf
     for _ in range(n):
@@ -150,7 +151,7 @@ def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float
         for d in range(nd):
             _branch(v, d, arr.key, *arr.graph_arrays, *arr.cost_arrays, dev, start, finish, free, assigned,
                     indeg, cand, pos, ncand, branches[d])  # fmt: skip
-        makespan_s = simulate_many(graph, cluster, branches)
+        makespan_s = ctx.simulate_many(branches)
         est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
         d = int(_earliest_device(est))
         if makespan_s.min() < makespan_s[d] * (1.0 - 1e-12):

@@ -111,9 +111,9 @@ def assign(
         from doppler.presets import cluster as resolve_cluster
 
         cluster = resolve_cluster(cluster)
-    from doppler.simulate import context
+    from doppler.costs import CostModel
 
-    context(graph, cluster)  # the cached simulator context the result is scored with; it checks the times
+    cluster.check_times(graph, CostModel.build(graph, cluster).compute_s)  # finite op times, before any work
     d = int(cluster.num_devices)
     if d < spec.min_devices:
         raise MethodError(
