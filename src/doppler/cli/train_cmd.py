@@ -65,7 +65,7 @@ def train_cmd(
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
-    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, heft, enumerative, anneal."),
+    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, enumerative, anneal."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
