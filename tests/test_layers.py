@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 #: lowest first; a module may import its own layer and the layers below it
 LAYERS = [
     {"graph", "io_util", "kernels", "malloc", "progress"},
-    {"hardware", "presets", "costs"},
+    {"hardware", "cluster_file", "presets", "costs"},
     {"tiling", "workloads", "formats", "assignment", "corpus", "torch_import"},
     {"listsched", "trace"},
     {"simulate"},

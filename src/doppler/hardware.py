@@ -48,7 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.io_util import read_json, to_jsonable, write_json
+from doppler.io_util import to_jsonable, write_json
 
 DEVICE_KINDS = ("cpu", "gpu")
 
@@ -146,12 +146,6 @@ class Device:
         return out
 
 
-_DEVICE_FIELDS = {
-    "name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams",
-    "copies_inbound",
-}  # fmt: skip
-_LINK_FIELDS = {"src", "dst", "bandwidth_Bps", "latency_s"}
-_CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
 
 
 @dataclass(eq=False)
@@ -371,86 +365,11 @@ class Cluster:
 
     @classmethod
     def from_json(cls, obj: Any, source: str = "") -> "Cluster":
-        """Build and validate a cluster from :meth:`to_json` output; errors are prefixed by ``source``."""
-        where = f"{source}: " if source else ""
-        if not isinstance(obj, dict):
-            raise ClusterError(f"{where}a cluster must be a JSON object, got {type(obj).__name__}")
-        unknown = sorted(set(obj) - _CLUSTER_FIELDS)
-        if unknown:
-            raise ClusterError(f"{where}unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(_CLUSTER_FIELDS))})")
-        if "devices" not in obj:
-            raise ClusterError(f"{where}missing field 'devices'")
-        raw_devices = obj["devices"]
-        if not isinstance(raw_devices, list) or not raw_devices:
-            raise ClusterError(f"{where}'devices' must be a non-empty list")
-        devices: list[Device] = []
-        for i, rd in enumerate(raw_devices):
-            devices.append(_device_from_json(rd, f"{where}devices[{i}]"))
-        names = [d.name for d in devices]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise ClusterError(f"{where}two devices are named {dup!r}")
-        d = len(devices)
-        bw = np.full((d, d), np.nan)
-        lat = np.full((d, d), np.nan)
-        default = obj.get("default_link")
-        if default is not None:
-            bw_d, lat_d = _link_numbers(default, f"{where}default_link", require_endpoints=False)
-            bw[:], lat[:] = bw_d, lat_d
-        raw_links = obj.get("links", [])
-        if not isinstance(raw_links, list):
-            raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
-        listed = np.zeros((d, d), dtype=bool)
-        index = {n: i for i, n in enumerate(names)}
-        for k, rl in enumerate(raw_links):
-            at = f"{where}links[{k}]"
-            if not isinstance(rl, dict):
-                raise ClusterError(f"{at}: a link must be an object with src, dst, bandwidth_Bps, latency_s")
-            unknown = sorted(set(rl) - _LINK_FIELDS)
-            if unknown:
-                raise ClusterError(f"{at}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(_LINK_FIELDS))})")
-            ends = []
-            for end in ("src", "dst"):
-                if end not in rl:
-                    raise ClusterError(f"{at}: missing field {end!r}")
-                ref = rl[end]
-                if isinstance(ref, str) and ref in index:
-                    ends.append(index[ref])
-                elif isinstance(ref, int) and not isinstance(ref, bool) and 0 <= ref < d:
-                    ends.append(ref)
-                else:
-                    raise ClusterError(f"{at}: {end} {ref!r} is not a device (devices: {', '.join(names)})")
-            i, j = ends
-            if i == j:
-                raise ClusterError(f"{at}: link from device {names[i]!r} to itself (same-device moves are free)")
-            if listed[i, j]:
-                raise ClusterError(f"{at}: link {names[i]} -> {names[j]} is listed twice")
-            listed[i, j] = True
-            bw[i, j], lat[i, j] = _link_numbers(rl, f"{at} ({names[i]} -> {names[j]})", require_endpoints=True)
-        off = ~np.eye(d, dtype=bool)
-        missing = off & np.isnan(bw)
-        if missing.any():
-            i, j = (int(x) for x in np.argwhere(missing)[0])
-            count = int(missing.sum())
-            raise ClusterError(
-                f"{where}no link from device {names[i]!r} to {names[j]!r}"
-                + (f" ({count - 1} more ordered pairs are missing)" if count > 1 else "")
-                + "; list every ordered pair in 'links' or give a 'default_link'"
-            )
-        np.fill_diagonal(bw, np.inf)
-        np.fill_diagonal(lat, 0.0)
-        meta = obj.get("meta", {})
-        if not isinstance(meta, dict):
-            raise ClusterError(f"{where}'meta' must be an object")
-        name = obj.get("name", Path(source).stem if source else "cluster")
-        if not isinstance(name, str):
-            raise ClusterError(f"{where}'name' must be a string")
-        try:
-            return cls(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta))
-        except ClusterError as e:
-            if where and not str(e).startswith(where):
-                raise ClusterError(f"{where}{e}") from None
-            raise
+        """Build and validate a cluster from :meth:`to_json` output; errors are prefixed by ``source``
+        (the parsing lives in :mod:`doppler.cluster_file`)."""
+        from doppler.cluster_file import cluster_from_json
+
+        return cluster_from_json(obj, source)
 
     def save(self, path: str | Path) -> None:
         """Write the cluster as JSON, atomically."""
@@ -459,80 +378,12 @@ class Cluster:
     @classmethod
     def load(cls, path: str | Path) -> "Cluster":
         """Read a cluster JSON file; ClusterError names the file and field on any problem."""
-        return cls.from_json(read_json(path, "cluster file", ClusterError), source=str(path))
+        from doppler.cluster_file import load_cluster
+
+        return load_cluster(path)
 
     def __repr__(self) -> str:
         return f"Cluster(name={self.name!r}, devices={self.num_devices})"
-
-
-def _number(obj: dict[str, Any], key: str, at: str) -> float:
-    if key not in obj:
-        raise ClusterError(f"{at}: missing field {key!r}")
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ClusterError(f"{at}: {key} must be a number, got {v!r}")
-    return float(v)
-
-
-def _link_numbers(obj: Any, at: str, *, require_endpoints: bool) -> tuple[float, float]:
-    if not isinstance(obj, dict):
-        raise ClusterError(f"{at}: must be an object with bandwidth_Bps and latency_s")
-    if not require_endpoints:
-        unknown = sorted(set(obj) - {"bandwidth_Bps", "latency_s"})
-        if unknown:
-            raise ClusterError(f"{at}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: bandwidth_Bps, latency_s)")
-    bw = _number(obj, "bandwidth_Bps", at)
-    lat = _number(obj, "latency_s", at)
-    if not (math.isfinite(bw) and bw > 0):
-        raise ClusterError(f"{at}: bandwidth_Bps must be a finite number > 0, got {bw!r}")
-    if not (math.isfinite(lat) and lat >= 0):
-        raise ClusterError(f"{at}: latency_s must be a finite number >= 0, got {lat!r}")
-    return bw, lat
-
-
-def _device_from_json(obj: Any, at: str) -> Device:
-    if not isinstance(obj, dict):
-        raise ClusterError(f"{at}: a device must be an object")
-    unknown = sorted(set(obj) - _DEVICE_FIELDS)
-    if unknown:
-        raise ClusterError(f"{at}: unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(_DEVICE_FIELDS))})")
-    if "name" not in obj:
-        raise ClusterError(f"{at}: missing field 'name'")
-    name = obj["name"]
-    if not isinstance(name, str) or not name:
-        raise ClusterError(f"{at}: 'name' must be a non-empty string, got {name!r}")
-    at = f"{at} ({name!r})"
-    kwargs: dict[str, Any] = {"name": name}
-    if "kind" in obj:
-        kwargs["kind"] = obj["kind"]
-    kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
-    if "flops_per_s_by_kind" in obj:
-        by_kind = obj["flops_per_s_by_kind"]
-        if not isinstance(by_kind, dict):
-            raise ClusterError(f"{at}: flops_per_s_by_kind must be an object mapping op kinds to FLOP/s")
-        kwargs["flops_per_s_by_kind"] = {str(k): _number(by_kind, k, f"{at} flops_per_s_by_kind") for k in by_kind}
-    if "overhead_s" in obj:
-        kwargs["overhead_s"] = _number(obj, "overhead_s", at)
-    if "overhead_s_by_kind" in obj:
-        by_kind = obj["overhead_s_by_kind"]
-        if not isinstance(by_kind, dict):
-            raise ClusterError(f"{at}: overhead_s_by_kind must be an object mapping op kinds to seconds")
-        kwargs["overhead_s_by_kind"] = {str(k): _number(by_kind, k, f"{at} overhead_s_by_kind") for k in by_kind}
-    if obj.get("memory_bytes") is not None:
-        kwargs["memory_bytes"] = _number(obj, "memory_bytes", at)
-    if "streams" in obj:
-        s = obj["streams"]
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise ClusterError(f"{at}: streams must be an integer >= 1, got {s!r}")
-        kwargs["streams"] = s
-    if "copies_inbound" in obj:
-        kwargs["copies_inbound"] = obj["copies_inbound"]
-    dev = Device(**kwargs)
-    try:
-        dev.validate()
-    except ClusterError as e:
-        raise ClusterError(f"{at.rsplit(' (', 1)[0]}: {e}") from None
-    return dev
 
 
 # --------------------------------------------------------------------------- builders

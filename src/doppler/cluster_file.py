@@ -1,0 +1,187 @@
+"""Cluster files: parsing and validating a cluster's JSON (the format is in :mod:`doppler.hardware`).
+
+Every error is a :class:`~doppler.hardware.ClusterError` that names the file, the field and the
+device or link at fault.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from doppler.hardware import Cluster, ClusterError, Device
+from doppler.io_util import read_json
+
+__all__ = ["cluster_from_json", "load_cluster"]
+
+_DEVICE_FIELDS = {
+    "name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams",
+    "copies_inbound",
+}  # fmt: skip
+_LINK_FIELDS = {"src", "dst", "bandwidth_Bps", "latency_s"}
+_CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster JSON file (:meth:`Cluster.load`)."""
+    return cluster_from_json(read_json(path, "cluster file", ClusterError), source=str(path))
+
+
+def cluster_from_json(obj: Any, source: str = "") -> Cluster:
+    """Build and validate a cluster from :meth:`Cluster.to_json` output; errors are prefixed by ``source``."""
+    where = f"{source}: " if source else ""
+    if not isinstance(obj, dict):
+        raise ClusterError(f"{where}a cluster must be a JSON object, got {type(obj).__name__}")
+    _no_unknown(obj, _CLUSTER_FIELDS, where)
+    devices = _devices(obj, where)
+    bw, lat = _link_matrices(obj, [d.name for d in devices], where)
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ClusterError(f"{where}'meta' must be an object")
+    name = obj.get("name", Path(source).stem if source else "cluster")
+    if not isinstance(name, str):
+        raise ClusterError(f"{where}'name' must be a string")
+    try:
+        return Cluster(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta))
+    except ClusterError as e:
+        if where and not str(e).startswith(where):
+            raise ClusterError(f"{where}{e}") from None
+        raise
+
+
+def _no_unknown(obj: dict[str, Any], allowed: set[str], head: str) -> None:
+    """ClusterError ``head`` + the fields of ``obj`` that are not ``allowed``, if any."""
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise ClusterError(f"{head}unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _devices(obj: dict[str, Any], where: str) -> list[Device]:
+    """The devices, each validated, with distinct names."""
+    if "devices" not in obj:
+        raise ClusterError(f"{where}missing field 'devices'")
+    raw_devices = obj["devices"]
+    if not isinstance(raw_devices, list) or not raw_devices:
+        raise ClusterError(f"{where}'devices' must be a non-empty list")
+    devices = [_device_from_json(rd, f"{where}devices[{i}]") for i, rd in enumerate(raw_devices)]
+    names = [d.name for d in devices]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ClusterError(f"{where}two devices are named {dup!r}")
+    return devices
+
+
+def _link_matrices(obj: dict[str, Any], names: list[str], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Bandwidth and latency of every ordered device pair: ``default_link``, then each listed link."""
+    d = len(names)
+    bw = np.full((d, d), np.nan)
+    lat = np.full((d, d), np.nan)
+    default = obj.get("default_link")
+    if default is not None:
+        bw[:], lat[:] = _link_numbers(default, f"{where}default_link", require_endpoints=False)
+    raw_links = obj.get("links", [])
+    if not isinstance(raw_links, list):
+        raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
+    listed = np.zeros((d, d), dtype=bool)
+    index = {n: i for i, n in enumerate(names)}
+    for k, rl in enumerate(raw_links):
+        at = f"{where}links[{k}]"
+        if not isinstance(rl, dict):
+            raise ClusterError(f"{at}: a link must be an object with src, dst, bandwidth_Bps, latency_s")
+        _no_unknown(rl, _LINK_FIELDS, f"{at}: ")
+        i, j = (_endpoint(rl, end, index, names, at) for end in ("src", "dst"))
+        if i == j:
+            raise ClusterError(f"{at}: link from device {names[i]!r} to itself (same-device moves are free)")
+        if listed[i, j]:
+            raise ClusterError(f"{at}: link {names[i]} -> {names[j]} is listed twice")
+        listed[i, j] = True
+        bw[i, j], lat[i, j] = _link_numbers(rl, f"{at} ({names[i]} -> {names[j]})", require_endpoints=True)
+    missing = ~np.eye(d, dtype=bool) & np.isnan(bw)
+    if missing.any():
+        i, j = (int(x) for x in np.argwhere(missing)[0])
+        count = int(missing.sum())
+        raise ClusterError(
+            f"{where}no link from device {names[i]!r} to {names[j]!r}"
+            + (f" ({count - 1} more ordered pairs are missing)" if count > 1 else "")
+            + "; list every ordered pair in 'links' or give a 'default_link'"
+        )
+    np.fill_diagonal(bw, np.inf)
+    np.fill_diagonal(lat, 0.0)
+    return bw, lat
+
+
+def _endpoint(link: dict[str, Any], end: str, index: dict[str, int], names: list[str], at: str) -> int:
+    """The device index a link's ``src`` or ``dst`` names (by device name or index)."""
+    if end not in link:
+        raise ClusterError(f"{at}: missing field {end!r}")
+    ref = link[end]
+    if isinstance(ref, str) and ref in index:
+        return index[ref]
+    if isinstance(ref, int) and not isinstance(ref, bool) and 0 <= ref < len(names):
+        return ref
+    raise ClusterError(f"{at}: {end} {ref!r} is not a device (devices: {', '.join(names)})")
+
+
+def _number(obj: dict[str, Any], key: str, at: str) -> float:
+    if key not in obj:
+        raise ClusterError(f"{at}: missing field {key!r}")
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ClusterError(f"{at}: {key} must be a number, got {v!r}")
+    return float(v)
+
+
+def _link_numbers(obj: Any, at: str, *, require_endpoints: bool) -> tuple[float, float]:
+    if not isinstance(obj, dict):
+        raise ClusterError(f"{at}: must be an object with bandwidth_Bps and latency_s")
+    if not require_endpoints:
+        _no_unknown(obj, {"bandwidth_Bps", "latency_s"}, f"{at}: ")
+    bw = _number(obj, "bandwidth_Bps", at)
+    lat = _number(obj, "latency_s", at)
+    if not (math.isfinite(bw) and bw > 0):
+        raise ClusterError(f"{at}: bandwidth_Bps must be a finite number > 0, got {bw!r}")
+    if not (math.isfinite(lat) and lat >= 0):
+        raise ClusterError(f"{at}: latency_s must be a finite number >= 0, got {lat!r}")
+    return bw, lat
+
+
+def _device_from_json(obj: Any, at: str) -> Device:
+    if not isinstance(obj, dict):
+        raise ClusterError(f"{at}: a device must be an object")
+    _no_unknown(obj, _DEVICE_FIELDS, f"{at}: ")
+    if "name" not in obj:
+        raise ClusterError(f"{at}: missing field 'name'")
+    name = obj["name"]
+    if not isinstance(name, str) or not name:
+        raise ClusterError(f"{at}: 'name' must be a non-empty string, got {name!r}")
+    at = f"{at} ({name!r})"
+    kwargs: dict[str, Any] = {"name": name}
+    if "kind" in obj:
+        kwargs["kind"] = obj["kind"]
+    kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
+    if "overhead_s" in obj:
+        kwargs["overhead_s"] = _number(obj, "overhead_s", at)
+    for field_name, unit in (("flops_per_s_by_kind", "FLOP/s"), ("overhead_s_by_kind", "seconds")):
+        if field_name in obj:
+            by_kind = obj[field_name]
+            if not isinstance(by_kind, dict):
+                raise ClusterError(f"{at}: {field_name} must be an object mapping op kinds to {unit}")
+            kwargs[field_name] = {str(k): _number(by_kind, k, f"{at} {field_name}") for k in by_kind}
+    if obj.get("memory_bytes") is not None:
+        kwargs["memory_bytes"] = _number(obj, "memory_bytes", at)
+    if "streams" in obj:
+        s = obj["streams"]
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise ClusterError(f"{at}: streams must be an integer >= 1, got {s!r}")
+        kwargs["streams"] = s
+    if "copies_inbound" in obj:
+        kwargs["copies_inbound"] = obj["copies_inbound"]
+    dev = Device(**kwargs)
+    try:
+        dev.validate()
+    except ClusterError as e:
+        raise ClusterError(f"{at.rsplit(' (', 1)[0]}: {e}") from None
+    return dev
