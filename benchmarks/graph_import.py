@@ -32,7 +32,7 @@ from doppler.graph import OpKind
 from doppler.presets import cluster
 from doppler.kernels import evaluate_numpy
 from doppler.torch_import import export_model, load_factory, lower_program, model_inputs
-from doppler.workloads import assemble_outputs
+from doppler.references import assemble_outputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MODELS = {

@@ -219,6 +219,7 @@ def test_torch_kernels_equal_numpy_on_every_op(name):
     """The CUDA engine's kernels are the same code on torch tensors: every op of every workload agrees."""
     torch = pytest.importorskip("torch")
     from doppler import workloads
+    from doppler import references
     from doppler.engine.calibrate import calibration_graph
     from doppler.kernels import TorchOps, evaluate_numpy, run_op_torch
 
@@ -226,7 +227,7 @@ def test_torch_kernels_equal_numpy_on_every_op(name):
         g = _imported(name)
     else:
         g = calibration_graph((8, 16)) if name == "calibration" else workloads.build(name, size="tiny")
-    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    x = references.make_inputs(g, seed=0, dtype=np.float64)
     values = evaluate_numpy(g, x)
     ops = TorchOps("cpu")
     kinds = set()

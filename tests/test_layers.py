@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 LAYERS = [
     {"graph", "io_util", "kernels", "malloc", "progress"},
     {"hardware", "cluster_file", "presets", "costs"},
-    {"tiling", "workloads", "formats", "assignment", "corpus", "torch_import"},
+    {"tiling", "references", "workloads", "formats", "assignment", "corpus", "torch_import"},
     {"listsched", "trace"},
     {"simulate"},
     {"report"},

@@ -23,7 +23,7 @@ from doppler.torch_import import (
     parse_blocks,
     parse_input_shapes,
 )
-from doppler.workloads import assemble_outputs
+from doppler.references import assemble_outputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))

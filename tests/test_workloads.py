@@ -12,17 +12,8 @@ from hypothesis import strategies as st
 
 from doppler.kernels import MAP_FLOPS, evaluate_numpy
 from doppler.graph import OpKind
-from doppler.workloads import (
-    WORKLOADS,
-    WorkloadError,
-    assemble_outputs,
-    build,
-    list_workloads,
-    make_inputs,
-    param_spec,
-    parse_set,
-    reference,
-)
+from doppler.workloads import WORKLOADS, WorkloadError, build, list_workloads, param_spec, parse_set, reference
+from doppler.references import assemble_outputs, make_inputs
 
 TILE_WORKLOADS = ["chainmm", "ffnn", "llama_block", "llama_layer"]
 

@@ -22,15 +22,14 @@ tokens (in ``batch_blocks`` blocks), each with its own causal attention) and
 Every workload takes ``size=tiny|small|paper`` (default ``paper``); explicit keys
 override the preset. ``graph.meta`` records the workload, resolved parameters,
 input shapes, output tiles and the FLOPs of the untiled computation, so
-:func:`make_inputs`, :func:`doppler.kernels.evaluate_numpy`,
-:func:`assemble_outputs` and :func:`reference` can check a graph end to end.
+:func:`~doppler.references.make_inputs`, :func:`doppler.kernels.evaluate_numpy`,
+:func:`~doppler.references.assemble_outputs` and :func:`reference` can check a graph end to end.
 The tiling machinery itself (:class:`~doppler.tiling.TileBuilder`) is in :mod:`doppler.tiling`.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -38,17 +37,16 @@ import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
 from doppler.kernels import DTYPE_BYTES
+from doppler.references import ref_chainmm, ref_ffnn, ref_llama_block, ref_llama_layer
 from doppler.tiling import Tensor, TileBuilder, WorkloadError, tiled_rmsnorm, tiled_softmax
 
 __all__ = [
     "SIZES",
     "WORKLOADS",
     "WorkloadError",
-    "assemble_outputs",
     "build",
     "describe",
     "list_workloads",
-    "make_inputs",
     "param_spec",
     "parse_set",
     "reference",
@@ -78,10 +76,6 @@ def _build_chainmm(p: dict[str, Any]) -> DataflowGraph:
     return b.finish("chainmm", p)
 
 
-def _ref_chainmm(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"Y": x["A"] @ x["B"] + x["C"] @ (x["D"] @ x["E"])}
-
-
 def _build_ffnn(p: dict[str, Any]) -> DataflowGraph:
     bs, di, dh, do = p["batch"], p["d_in"], p["d_hidden"], p["d_out"]
     bb, ib, hb, ob = p["batch_blocks"], p["in_blocks"], p["hidden_blocks"], p["out_blocks"]
@@ -99,17 +93,6 @@ def _build_ffnn(p: dict[str, Any]) -> DataflowGraph:
     y = tiled_softmax(b, y, "bo", "o", scale=1.0, name="softmax")
     b.output("Y", y)
     return b.finish("ffnn", p)
-
-
-def _np_softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
-    z = z - z.max(axis=axis, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def _ref_ffnn(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    h = np.maximum(x["X"] @ x["W1"] + x["b1"], 0.0)
-    return {"Y": _np_softmax(h @ x["W2"] + x["b2"], axis=1)}
 
 
 def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
@@ -194,56 +177,6 @@ def _build_llama_layer(p: dict[str, Any]) -> DataflowGraph:
     return b.finish("llama_layer", p)
 
 
-def _rope_tables(s: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]
-    emb = np.concatenate([ang, ang], axis=1)
-    return np.cos(emb), np.sin(emb)
-
-
-def _np_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def _np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    # x: (..., seq, hd); cos/sin: (seq, hd); HF "rotate_half" convention
-    half = x.shape[-1] // 2
-    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rot * sin
-
-
-def _ref_llama_hidden(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> np.ndarray:
-    B, s, D, H, hd = p["batch"], p["seq_len"], p["dim"], p["n_heads"], p["head_dim"]
-    h0 = x["x"]  # (B, s, D)
-
-    def heads(w: np.ndarray) -> np.ndarray:  # (B, s, D) @ (D, H, hd) -> (B, H, s, hd)
-        return (xn @ w.reshape(D, H * hd)).reshape(B, s, H, hd).transpose(0, 2, 1, 3)
-
-    xn = _np_rmsnorm(h0, x["w_attn_norm"], p["eps"])
-    q = _np_rope(heads(x["w_q"]), x["rope_cos"], x["rope_sin"])
-    k = _np_rope(heads(x["w_k"]), x["rope_cos"], x["rope_sin"])
-    v = heads(x["w_v"])
-    att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)  # (B, H, s, s): no attention across sequences
-    future = np.triu(np.ones((s, s), dtype=bool), k=1)
-    att = np.where(future, -np.inf, att)
-    o = _np_softmax(att, axis=-1) @ v  # (B, H, s, hd)
-    o = o.transpose(0, 2, 1, 3).reshape(B, s, H * hd) @ x["w_o"].reshape(H * hd, D)
-    h1 = h0 + o
-    hn = _np_rmsnorm(h1, x["w_mlp_norm"], p["eps"])
-    g = hn @ x["w_gate"]
-    mlp = (g / (1.0 + np.exp(-g)) * (hn @ x["w_up"])) @ x["w_down"]
-    return h1 + mlp
-
-
-def _ref_llama_block(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"out": _ref_llama_hidden(p, x)}
-
-
-def _ref_llama_layer(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    h = _np_rmsnorm(_ref_llama_hidden(p, x), x["w_final_norm"], p["eps"])
-    return {"logits": h[:, -1, :] @ x["w_head"]}  # last token of every sequence: (B, vocab)
-
-
 def _build_random(p: dict[str, Any]) -> DataflowGraph:
     """Layered random DAG: ops are split into ~num_ops/width layers of random widths;
     every op past the first layer reads one op of the previous layer and up to
@@ -320,7 +253,7 @@ WORKLOADS: dict[str, _Workload] = {
         {"n": 8192, "row_blocks": 4, "col_blocks": 2, "inner_blocks": 2, "dtype": "float32"},
         {"tiny": {"n": 16}, "small": {"n": 1024}, "paper": {}},
         _build_chainmm,
-        _ref_chainmm,
+        ref_chainmm,
         (("row_blocks", "n"), ("col_blocks", "n"), ("inner_blocks", "n")),
     ),
     "ffnn": _Workload(
@@ -334,7 +267,7 @@ WORKLOADS: dict[str, _Workload] = {
             "paper": {},
         },
         _build_ffnn,
-        _ref_ffnn,
+        ref_ffnn,
         (("batch_blocks", "batch"), ("in_blocks", "d_in"), ("hidden_blocks", "d_hidden"), ("out_blocks", "d_out")),
     ),
     "llama_block": _Workload(
@@ -343,7 +276,7 @@ WORKLOADS: dict[str, _Workload] = {
         dict(_LLAMA_DEFAULTS),
         {"tiny": dict(_LLAMA_TINY), "small": dict(_LLAMA_SMALL), "paper": {}},
         _build_llama_block,
-        _ref_llama_block,
+        ref_llama_block,
         _LLAMA_DIVIDES,
     ),
     "llama_layer": _Workload(
@@ -353,7 +286,7 @@ WORKLOADS: dict[str, _Workload] = {
         {**_LLAMA_DEFAULTS, "vocab": 32000, "vocab_blocks": 4},
         {"tiny": {**_LLAMA_TINY, "vocab": 64}, "small": {**_LLAMA_SMALL, "vocab": 8000}, "paper": {}},
         _build_llama_layer,
-        _ref_llama_layer,
+        ref_llama_layer,
         _LLAMA_DIVIDES + (("vocab_blocks", "vocab"),),
     ),
     "random": _Workload(
@@ -530,56 +463,7 @@ def _guess(text: str) -> Any:
     return text
 
 
-# ============================================================ end-to-end helpers
-def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
-    """Random full input arrays for a workload graph (rotary tables are the real ones)."""
-    meta = graph.meta
-    if "inputs" not in meta:
-        raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
-    init = meta.get("input_init", {})
-    out: dict[str, np.ndarray] = {}
-    for name, shape in meta["inputs"].items():
-        shape = tuple(int(s) for s in shape)
-        how = init.get(name, {"init": "normal", "std": 1.0})
-        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
-        kind = how.get("init", "normal")
-        if kind == "normal":
-            arr = float(how.get("mean", 0.0)) + rng.standard_normal(shape) * float(how.get("std", 1.0))
-        elif kind == "norm_weight":
-            arr = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif kind in ("rope_cos", "rope_sin"):
-            cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)))
-            arr = cos if kind == "rope_cos" else sin
-        elif kind == "index":  # token ids: integers in [0, high), stored as floats like every tile
-            arr = rng.integers(0, int(how["high"]), size=shape)
-        elif kind == "value":  # a constant recorded in the graph (e.g. folded from an imported model)
-            arr = np.asarray(how["data"], dtype=np.float64)
-            if arr.shape != shape:
-                raise WorkloadError(f"input {name!r}: recorded value has shape {list(arr.shape)}, expected {list(shape)}")
-        else:
-            raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
-        out[name] = np.asarray(arr, dtype=dtype)
-    return out
-
-
-def assemble_outputs(graph: DataflowGraph, values: Sequence[np.ndarray | None]) -> dict[str, np.ndarray]:
-    """Stitch the output tiles (from :func:`evaluate_numpy` or an engine) into full arrays."""
-    result: dict[str, np.ndarray] = {}
-    for name, info in graph.meta.get("outputs", {}).items():
-        tiles = info["tiles"]
-        first = values[tiles[0][0]]
-        if first is None:
-            raise WorkloadError(f"output {name!r}: op {tiles[0][0]} has no value")
-        full = np.empty(tuple(info["shape"]), dtype=np.asarray(first).dtype)
-        for op, sl in tiles:
-            v = values[op]
-            if v is None:
-                raise WorkloadError(f"output {name!r}: op {op} has no value")
-            full[tuple(slice(lo, hi) for lo, hi in sl)] = v
-        result[name] = full
-    return result
-
-
+# ============================================================ end-to-end check
 def reference(graph: DataflowGraph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Untiled plain-numpy outputs of the workload ``graph`` was built from."""
     name = graph.meta.get("workload")

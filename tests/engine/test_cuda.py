@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
+from doppler import references
 from doppler.engine import EngineError, build_program, run
 from doppler.engine.local import HostDevices, run_local
 from doppler.presets import cluster
@@ -57,7 +58,7 @@ class TorchCpuDevices(HostDevices):
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_torch_data_path_gives_the_untiled_outputs(name: str) -> None:
-    from doppler.workloads import assemble_outputs
+    from doppler.references import assemble_outputs
 
     g, ref, prog = tiny_float64_case(name)
     for label, dev in _assignments(g, 3).items():
@@ -102,7 +103,7 @@ def test_cuda_outputs_equal_untiled_numpy(name: str) -> None:
     """Two logical devices (one GPU split, or two GPUs): float64 tiny and float32 small, four assignments."""
     for size, dtype, rtol in (("tiny", np.float64, 1e-10), ("small", np.float32, 1e-3)):
         g = workloads.build(name, size=size)
-        x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+        x = references.make_inputs(g, seed=0, dtype=np.float64)
         ref = workloads.reference(g, x)
         prog = build_program(g, inputs=x, dtype=dtype)
         for label, dev in _assignments(g, 2).items():

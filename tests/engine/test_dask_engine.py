@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from doppler import workloads  # noqa: E402
+from doppler import references
 from doppler.engine import EngineError, build_program, run  # noqa: E402
 from doppler.engine import dask_cluster, dask_engine  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
@@ -85,7 +86,7 @@ def test_outputs_of_every_workload_at_small_size_match_reference() -> None:
 
     for workload in ("chainmm", "ffnn", "llama_block", "llama_layer"):
         g = workloads.build(workload, size="small")
-        x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+        x = references.make_inputs(g, seed=0, dtype=np.float64)
         ref = workloads.reference(g, x)
         a = assign(g, cluster(f"cpu4:{D}"), "critical_path").devices
         res = run(g, a, num_devices=D, engine="dask", program=build_program(g, inputs=x))
@@ -98,7 +99,7 @@ def test_outputs_of_every_workload_at_small_size_match_reference() -> None:
 @pytest.mark.parametrize("workload", ["chainmm", "ffnn", "llama_block", "llama_layer"])
 def test_outputs_match_reference(workload):
     g = workloads.build(workload, size="tiny")
-    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    x = references.make_inputs(g, seed=0, dtype=np.float64)
     prog = build_program(g, inputs=x, dtype=np.float64)
     ref = workloads.reference(g, x)
     for name, a in assignments(g.num_ops).items():
@@ -165,7 +166,7 @@ def test_synthetic_transfers_measured():
 
 def test_kernel_failure_names_the_op_then_recovers():
     g = workloads.build("llama_block", size="tiny")
-    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    x = references.make_inputs(g, seed=0, dtype=np.float64)
     prog = build_program(g, inputs=x, dtype=np.float64)
     v = next(i for i, s in enumerate(prog.specs) if s["kernel"] == "map")
     prog.specs = list(prog.specs)

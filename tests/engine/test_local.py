@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
+from doppler import references
 from doppler.assignment import AssignmentError
 from doppler.methods import assign
 from doppler.engine import EngineError, build_program, run
@@ -78,7 +79,7 @@ def check_trace(g: DataflowGraph, tr, num_devices: int) -> None:
 def tiny_float64_case(name: str):
     """(graph, reference outputs, float64 program) of a workload at size tiny."""
     g = workloads.build(name, size="tiny")
-    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    x = references.make_inputs(g, seed=0, dtype=np.float64)
     return g, workloads.reference(g, x), build_program(g, inputs=x, dtype=np.float64)
 
 
@@ -96,7 +97,7 @@ def test_outputs_equal_untiled_numpy_tiny_float64(name: str) -> None:
 def test_outputs_equal_untiled_numpy_small_float32(name: str) -> None:
     """The issue's sizes: every workload at size=small, in the graph's own float32, on 2 devices."""
     g = workloads.build(name, size="small")
-    x = workloads.make_inputs(g, seed=0, dtype=np.float64)
+    x = references.make_inputs(g, seed=0, dtype=np.float64)
     ref = workloads.reference(g, x)
     prog = build_program(g, inputs=x)
     assert prog.dtype == np.float32

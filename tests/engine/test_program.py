@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
+from doppler import references
 from doppler.engine.program import MAX_SYNTHETIC_OUTPUT_BYTES, EngineError, Operand, build_program
 from doppler.graph import DataflowGraph, from_edges
 from doppler.hardware import homogeneous
@@ -13,7 +14,7 @@ from doppler.hardware import homogeneous
 
 def test_real_kernels_in_topological_order_reproduce_the_workload():
     g = workloads.build("chainmm", size="tiny")
-    inputs = workloads.make_inputs(g, seed=4, dtype=np.float64)
+    inputs = references.make_inputs(g, seed=4, dtype=np.float64)
     prog = build_program(g, inputs=inputs, dtype=np.float64)
     assert not prog.is_synthetic and len(prog.operands) == g.num_ops
     for v in range(g.num_ops):  # op operands are exactly the spec's op inputs, in order
@@ -27,7 +28,7 @@ def test_real_kernels_in_topological_order_reproduce_the_workload():
         args = [values[o.op] if o.op >= 0 else prog.tiles[o.tile] for o in prog.operands[v]]
         values[v] = prog.kernel(v, 0, args)
         assert values[v].shape == prog.output_template(v)[0]
-    got = workloads.assemble_outputs(g, values)
+    got = references.assemble_outputs(g, values)
     for name, ref in workloads.reference(g, inputs).items():
         np.testing.assert_allclose(got[name], ref, rtol=1e-10)
 
@@ -82,7 +83,7 @@ def test_cost_only_graphs_refuse_what_they_cannot_run(make, kw, match):
 
 def test_spec_graphs_refuse_missing_inputs_and_unspecified_ops():
     g = workloads.build("chainmm", size="tiny")
-    inputs = workloads.make_inputs(g, seed=0)
+    inputs = references.make_inputs(g, seed=0)
     name = next(iter(inputs))
     with pytest.raises(EngineError, match=f"input tensor '{name}' was not provided"):
         build_program(g, inputs={k: v for k, v in inputs.items() if k != name})

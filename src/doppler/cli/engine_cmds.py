@@ -122,7 +122,8 @@ def _check_outputs(graph, outputs: dict, seed: int) -> dict[str, Any]:
     if not outputs:
         raise UserError(f"graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
     from doppler.kernels import evaluate_numpy
-    from doppler.workloads import WORKLOADS, assemble_outputs, make_inputs, reference
+    from doppler.workloads import WORKLOADS, reference
+    from doppler.references import assemble_outputs, make_inputs
 
     x = make_inputs(graph, seed=seed, dtype=np.float64)
     if graph.meta.get("workload") in WORKLOADS:

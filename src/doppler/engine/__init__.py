@@ -148,7 +148,7 @@ def run(
     median_run = int(order[(len(order) - 1) // 2])
     outputs: dict[str, np.ndarray] = {}
     if keep_outputs and values and not program.is_synthetic and graph.meta.get("outputs"):
-        from doppler.workloads import assemble_outputs
+        from doppler.references import assemble_outputs
 
         outputs = assemble_outputs(graph, values)
     return ExecutionResult(

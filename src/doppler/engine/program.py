@@ -272,13 +272,13 @@ def build_program(
 ) -> Program:
     """The :class:`Program` of ``graph``.
 
-    With op specs: real kernels on ``inputs`` (default: ``workloads.make_inputs(graph, seed)``)
+    With op specs: real kernels on ``inputs`` (default: ``references.make_inputs(graph, seed)``)
     in ``dtype`` (default: the graph's dtype). Without: synthetic kernels lasting
     ``time_scale x`` the op's compute time on ``cluster`` (required then).
     """
     labels = [graph.op_label(v) for v in range(graph.num_ops)]
     if graph.specs is not None and any(s is not None for s in graph.specs):
-        from doppler.workloads import make_inputs
+        from doppler.references import make_inputs
 
         dtype = np.dtype(dtype or graph.meta.get("dtype", "float32"))
         if dtype.name not in DTYPE_BYTES:

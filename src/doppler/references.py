@@ -1,0 +1,132 @@
+"""Plain-numpy references of the built-in workloads, and the input/output helpers of an end-to-end
+check: :func:`make_inputs` (random full inputs from a graph's metadata), :func:`assemble_outputs`
+(output tiles stitched into full arrays). ``doppler.workloads.reference`` picks a graph's
+reference from its metadata.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from doppler.graph import DataflowGraph
+from doppler.tiling import WorkloadError
+
+__all__ = ["assemble_outputs", "make_inputs"]
+
+
+def _np_softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = z - z.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def ref_chainmm(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"Y": x["A"] @ x["B"] + x["C"] @ (x["D"] @ x["E"])}
+
+
+def ref_ffnn(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    h = np.maximum(x["X"] @ x["W1"] + x["b1"], 0.0)
+    return {"Y": _np_softmax(h @ x["W2"] + x["b2"], axis=1)}
+
+
+def _rope_tables(s: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]
+    emb = np.concatenate([ang, ang], axis=1)
+    return np.cos(emb), np.sin(emb)
+
+
+def _np_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def _np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    # x: (..., seq, hd); cos/sin: (seq, hd); HF "rotate_half" convention
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rot * sin
+
+
+def ref_llama_hidden(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> np.ndarray:
+    B, s, D, H, hd = p["batch"], p["seq_len"], p["dim"], p["n_heads"], p["head_dim"]
+    h0 = x["x"]  # (B, s, D)
+
+    def heads(w: np.ndarray) -> np.ndarray:  # (B, s, D) @ (D, H, hd) -> (B, H, s, hd)
+        return (xn @ w.reshape(D, H * hd)).reshape(B, s, H, hd).transpose(0, 2, 1, 3)
+
+    xn = _np_rmsnorm(h0, x["w_attn_norm"], p["eps"])
+    q = _np_rope(heads(x["w_q"]), x["rope_cos"], x["rope_sin"])
+    k = _np_rope(heads(x["w_k"]), x["rope_cos"], x["rope_sin"])
+    v = heads(x["w_v"])
+    att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(hd)  # (B, H, s, s): no attention across sequences
+    future = np.triu(np.ones((s, s), dtype=bool), k=1)
+    att = np.where(future, -np.inf, att)
+    o = _np_softmax(att, axis=-1) @ v  # (B, H, s, hd)
+    o = o.transpose(0, 2, 1, 3).reshape(B, s, H * hd) @ x["w_o"].reshape(H * hd, D)
+    h1 = h0 + o
+    hn = _np_rmsnorm(h1, x["w_mlp_norm"], p["eps"])
+    g = hn @ x["w_gate"]
+    mlp = (g / (1.0 + np.exp(-g)) * (hn @ x["w_up"])) @ x["w_down"]
+    return h1 + mlp
+
+
+def ref_llama_block(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"out": ref_llama_hidden(p, x)}
+
+
+def ref_llama_layer(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    h = _np_rmsnorm(ref_llama_hidden(p, x), x["w_final_norm"], p["eps"])
+    return {"logits": h[:, -1, :] @ x["w_head"]}  # last token of every sequence: (B, vocab)
+
+
+def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
+    """Random full input arrays for a workload graph (rotary tables are the real ones)."""
+    meta = graph.meta
+    if "inputs" not in meta:
+        raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
+    init = meta.get("input_init", {})
+    out: dict[str, np.ndarray] = {}
+    for name, shape in meta["inputs"].items():
+        shape = tuple(int(s) for s in shape)
+        how = init.get(name, {"init": "normal", "std": 1.0})
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
+        kind = how.get("init", "normal")
+        if kind == "normal":
+            arr = float(how.get("mean", 0.0)) + rng.standard_normal(shape) * float(how.get("std", 1.0))
+        elif kind == "norm_weight":
+            arr = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif kind in ("rope_cos", "rope_sin"):
+            cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)))
+            arr = cos if kind == "rope_cos" else sin
+        elif kind == "index":  # token ids: integers in [0, high), stored as floats like every tile
+            arr = rng.integers(0, int(how["high"]), size=shape)
+        elif kind == "value":  # a constant recorded in the graph (e.g. folded from an imported model)
+            arr = np.asarray(how["data"], dtype=np.float64)
+            if arr.shape != shape:
+                raise WorkloadError(f"input {name!r}: recorded value has shape {list(arr.shape)}, expected {list(shape)}")
+        else:
+            raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
+        out[name] = np.asarray(arr, dtype=dtype)
+    return out
+
+
+def assemble_outputs(graph: DataflowGraph, values: Sequence[np.ndarray | None]) -> dict[str, np.ndarray]:
+    """Stitch the output tiles (from :func:`evaluate_numpy` or an engine) into full arrays."""
+    result: dict[str, np.ndarray] = {}
+    for name, info in graph.meta.get("outputs", {}).items():
+        tiles = info["tiles"]
+        first = values[tiles[0][0]]
+        if first is None:
+            raise WorkloadError(f"output {name!r}: op {tiles[0][0]} has no value")
+        full = np.empty(tuple(info["shape"]), dtype=np.asarray(first).dtype)
+        for op, sl in tiles:
+            v = values[op]
+            if v is None:
+                raise WorkloadError(f"output {name!r}: op {op} has no value")
+            full[tuple(slice(lo, hi) for lo, hi in sl)] = v
+        result[name] = full
+    return result
