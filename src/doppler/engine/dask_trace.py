@@ -26,11 +26,36 @@ def build_trace(
 ) -> Trace:
     """The trace of one run from Dask's task stream (``records``: op and gate compute times) and the
     workers' transfer logs (``fetches``), in seconds from the moment the gates opened."""
+    g, dev = placed.program.graph, placed.devices
+    start, end, gate_end = _compute_times(placed, records, prefix, gate_prefix)
+    t0 = float(np.nanmin(gate_end)) if np.isfinite(gate_end).any() else float(start.min())
+    gate_end = np.where(np.isfinite(gate_end), gate_end, t0) - t0
+    start, end = start - t0, end - t0
+    arrivals = _arrivals(fetches, {workers[d]: d for d in range(placed.num_devices)}, dev, prefix, t0)
+    moved = sorted(arrivals)
+    T = len(moved)
+    src = np.array([u for u, _ in moved], dtype=np.int64)
+    first = [arrivals[key][0] for key in moved]
+    return Trace(
+        op_device=dev.copy(),
+        op_ready=_ready_times(g, dev, start, end, gate_end, arrivals),
+        op_start=start,
+        op_end=end,
+        tr_src_op=src,
+        tr_src_device=np.array([f[2] for f in first], dtype=np.int64),
+        tr_dst_device=np.array([b for _, b in moved], dtype=np.int64),
+        tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
+        tr_start=np.array([f[1] for f in first], dtype=np.float64),
+        tr_end=np.array([f[0] for f in first], dtype=np.float64),
+        mode="engine:dask",
+    )
+
+
+def _compute_times(placed: PlacedProgram, records: list[dict[str, Any]], prefix: str,
+                   gate_prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Each op's (start, end) and each device's last gate end, on Dask's clock, from the task stream."""
     prog = placed.program
-    g = prog.graph
-    n, D = g.num_ops, placed.num_devices
-    dev = placed.devices
-    device_of = {workers[d]: d for d in range(D)}
+    n, D = prog.graph.num_ops, placed.num_devices
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     gate_end = np.full(D, np.nan)
@@ -52,12 +77,12 @@ def build_trace(
             f"Dask's task stream lost the times of {missing.size} of {n} ops (e.g. op {prog.label(int(missing[0]))}); "
             "raise distributed.scheduler.dashboard.tasks.task-stream-length"
         )
-    t0 = float(np.nanmin(gate_end)) if np.isfinite(gate_end).any() else float(start.min())
-    gate_end = np.where(np.isfinite(gate_end), gate_end, t0)
-    start -= t0
-    end -= t0
-    gate_end -= t0
-    # every fetch of an op output onto a device: (end, start, source device)
+    return start, end, gate_end
+
+
+def _arrivals(fetches: dict[str, list[tuple[float, float, str, list[str]]]], device_of: dict[str, int],
+              dev: np.ndarray, prefix: str, t0: float) -> dict[tuple[int, int], list[tuple[float, float, int]]]:  # fmt: skip
+    """Every fetch of an op's output onto a device, (producer, device) -> sorted [(end, start, source)]."""
     arrivals: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
     for addr, recs in fetches.items():
         b = device_of.get(addr)
@@ -72,8 +97,15 @@ def build_trace(
                     arrivals.setdefault((u, b), []).append((s1 - t0, s0 - t0, a if a >= 0 else int(dev[u])))
     for lst in arrivals.values():
         lst.sort()
-    ready = np.zeros(n)
-    for v in range(n):
+    return arrivals
+
+
+def _ready_times(g: Any, dev: np.ndarray, start: np.ndarray, end: np.ndarray, gate_end: np.ndarray,
+                 arrivals: dict[tuple[int, int], list[tuple[float, float, int]]]) -> np.ndarray:  # fmt: skip
+    """When each op's last input was on its device: a producer's end on the same device, else the
+    fetch that brought it (the last one before the op started); a source op, its device's gate end."""
+    ready = np.zeros(g.num_ops)
+    for v in range(g.num_ops):
         d = int(dev[v])
         preds = g.predecessors(v)
         if preds.size == 0:
@@ -93,20 +125,4 @@ def build_trace(
                     t = (before[-1] if before else lst[0])[0]
             r = max(r, float(t))
         ready[v] = r
-    moved = sorted(arrivals)
-    T = len(moved)
-    src = np.array([u for u, _ in moved], dtype=np.int64)
-    first = [arrivals[key][0] for key in moved]
-    return Trace(
-        op_device=dev.copy(),
-        op_ready=ready,
-        op_start=start,
-        op_end=end,
-        tr_src_op=src,
-        tr_src_device=np.array([f[2] for f in first], dtype=np.int64),
-        tr_dst_device=np.array([b for _, b in moved], dtype=np.int64),
-        tr_bytes=g.output_bytes[src].astype(np.float64) if T else np.empty(0),
-        tr_start=np.array([f[1] for f in first], dtype=np.float64),
-        tr_end=np.array([f[0] for f in first], dtype=np.float64),
-        mode="engine:dask",
-    )
+    return ready
