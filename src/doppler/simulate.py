@@ -686,7 +686,18 @@ class SimContext:
         dispatch: str = "fifo",
         priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> SimResult:
-        """See :func:`simulate`."""
+        """Simulate ``assignment`` (device index per op).
+
+        ``mode``: ``"wc"`` (work-conserving, the default) or ``"bsp"`` (a barrier per
+        topological level). ``trace=True`` records per-op and per-transfer times.
+        ``noise_sigma``/``seed``: seeded lognormal noise on every duration.
+        ``link_contention``: one transfer at a time per ordered link.
+        ``dispatch``: ``"fifo"`` (ready ops run in order of readiness, the default)
+        or ``"priority"`` (WC only: ready ops run by ``priority``, one number per op,
+        lower first, ties by op id; the op id when ``priority`` is None).
+        Raises :class:`~doppler.assignment.AssignmentError` for a wrong-length or
+        out-of-range assignment and :class:`SimulationError` for bad options.
+        """
         if mode != "wc" or noise_sigma != 0.0 or seed != 0:
             mode, noise_sigma, seed = check_options(mode, noise_sigma, seed)
         key = None if dispatch == "fifo" and priority is None else self._dispatch_key(dispatch, priority, mode)
@@ -707,7 +718,11 @@ class SimContext:
         dispatch: str = "fifo",
         priority: "np.ndarray | Sequence[float] | None" = None,
     ) -> np.ndarray:
-        """See :func:`simulate_many`."""
+        """Makespans of a batch ``assignments[B, num_ops]``: ``float64[B]``.
+
+        Row ``b`` equals ``simulate(assignments[b], same options).makespan_s`` (with noise, every
+        row uses the same ``seed``: common random numbers; with ``dispatch="priority"``, every row
+        uses the same ``priority``)."""
         mode, sigma, seed = check_options(mode, noise_sigma, seed)
         key = self._dispatch_key(dispatch, priority, mode)
         devs = _check_batch(self.graph, assignments, self.num_devices)
@@ -819,70 +834,18 @@ def _check_batch(graph: DataflowGraph, assignments: Any, num_devices: int) -> np
 
 
 # =========================================================================== public API
-def simulate(
-    graph: DataflowGraph,
-    cluster: Cluster,
-    assignment: "Assignment | Sequence[int] | np.ndarray",
-    *,
-    mode: str = "wc",
-    trace: bool = False,
-    noise_sigma: float = 0.0,
-    seed: int = 0,
-    link_contention: bool = False,
-    dispatch: str = "fifo",
-    priority: "np.ndarray | Sequence[float] | None" = None,
-) -> SimResult:
-    """Simulate ``graph`` on ``cluster`` under ``assignment`` (device index per op).
-
-    ``mode``: ``"wc"`` (work-conserving, the default) or ``"bsp"`` (a barrier per
-    topological level). ``trace=True`` records per-op and per-transfer times.
-    ``noise_sigma``/``seed``: seeded lognormal noise on every duration.
-    ``link_contention``: one transfer at a time per ordered link.
-    ``dispatch``: ``"fifo"`` (ready ops run in order of readiness, the default)
-    or ``"priority"`` (WC only: ready ops run by ``priority``, one number per op,
-    lower first, ties by op id; the op id when ``priority`` is None).
-    Raises :class:`~doppler.assignment.AssignmentError` for a wrong-length or
-    out-of-range assignment and :class:`SimulationError` for bad options.
-    """
-    return context(graph, cluster).simulate(
-        assignment,
-        mode=mode,
-        trace=trace,
-        noise_sigma=noise_sigma,
-        seed=seed,
-        link_contention=link_contention,
-        dispatch=dispatch,
-        priority=priority,
-    )
+def simulate(graph: DataflowGraph, cluster: Cluster, assignment: "Assignment | Sequence[int] | np.ndarray",
+             **options: Any) -> SimResult:  # fmt: skip
+    """Simulate ``graph`` on ``cluster`` under ``assignment`` (device index per op):
+    :meth:`SimContext.simulate`, with its options, on a context built for this call."""
+    return context(graph, cluster).simulate(assignment, **options)
 
 
-def simulate_many(
-    graph: DataflowGraph,
-    cluster: Cluster,
-    assignments: np.ndarray | Sequence[Sequence[int]],
-    *,
-    mode: str = "wc",
-    noise_sigma: float = 0.0,
-    seed: int = 0,
-    link_contention: bool = False,
-    dispatch: str = "fifo",
-    priority: "np.ndarray | Sequence[float] | None" = None,
-) -> np.ndarray:
-    """Makespans of a batch ``assignments[B, num_ops]``: ``float64[B]``.
-
-    Row ``b`` equals ``simulate(graph, cluster, assignments[b], same options).makespan_s``
-    (with noise, every row uses the same ``seed``: common random numbers; with
-    ``dispatch="priority"``, every row uses the same ``priority``).
-    """
-    return context(graph, cluster).simulate_many(
-        assignments,
-        mode=mode,
-        noise_sigma=noise_sigma,
-        seed=seed,
-        link_contention=link_contention,
-        dispatch=dispatch,
-        priority=priority,
-    )
+def simulate_many(graph: DataflowGraph, cluster: Cluster, assignments: np.ndarray | Sequence[Sequence[int]],
+                  **options: Any) -> np.ndarray:  # fmt: skip
+    """Makespans of a batch ``assignments[B, num_ops]``: :meth:`SimContext.simulate_many`, with its
+    options, on a context built for this call."""
+    return context(graph, cluster).simulate_many(assignments, **options)
 
 
 def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
