@@ -39,12 +39,14 @@ from doppler.malloc import tune_malloc
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
+from doppler.policy import LEARNED_HEADS
 from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
 from doppler.simulate import SimContext
 
 STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
+TRAINABLE_METHODS = {method: heads for heads, method in LEARNED_HEADS.items()}  # method name -> learned heads
 STATE_TEACHERS = ("critical_path", "lookahead")  # label the states the policy visits (DAgger)
 BASELINES = ("running", "mean", "loo")
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
@@ -84,6 +86,8 @@ class TrainConfig:
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
     max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
+    method: str = "doppler"  # doppler (both heads learned), doppler_sel or doppler_plc (one head; the other
+    # follows CRITICAL PATH's rule: the paper's single-head ablations)
     lookahead_steps: int = 16  # with teacher="lookahead": labelled steps per Stage I episode
     hidden: int = 128  # embedding width H
     mp_steps: int = 6  # message-passing steps K
@@ -112,6 +116,8 @@ class TrainConfig:
             raise TrainError(f"unknown stage {unknown[0] if unknown else ''!r} (use: {', '.join(STAGES)})")
         if self.teacher not in TEACHERS:
             raise TrainError(f"unknown teacher {self.teacher!r} (use one of: {', '.join(TEACHERS)})")
+        if self.method not in TRAINABLE_METHODS:
+            raise TrainError(f"unknown method {self.method!r} (trainable: {', '.join(TRAINABLE_METHODS)})")
         from doppler.policy.features import OP_FEATURE_SETS
 
         if self.op_features not in OP_FEATURE_SETS:
@@ -269,7 +275,8 @@ def imitation_loss(task: Task, ro: Rollout, enc, plc_mask: np.ndarray | None = N
         plc_mask = torch.from_numpy(np.arange(ro.est_tied.shape[2]) == want[..., None]).to(device)
     labelled = plc_mask.any(-1)
     plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)[labelled]
-    loss = -(sel_ll.mean() + plc_ll.mean())
+    w_sel, w_plc = enc.head_weights()
+    loss = -(w_sel * sel_ll.mean() + w_plc * plc_ll.mean())
     with torch.no_grad():
         seg_max = torch.full((cs.num_segments,), -torch.inf, device=device).scatter_reduce(0, seg, sc.cand_logp, "amax")
         sel_agree = float((sel_ll >= seg_max - 1e-6).float().mean())
@@ -292,7 +299,8 @@ def _best_nll(task: Task, enc) -> torch.Tensor:
     best = rollout(task.features, enc, batch=1, mode="teacher", order=task.best_order,
                    devices_by_step=task.best_step_device)  # fmt: skip
     sb = evaluate_actions(enc, best)
-    return -(sb.logp_sel + sb.logp_plc).mean()
+    w_sel, w_plc = enc.head_weights()
+    return -(w_sel * sb.logp_sel + w_plc * sb.logp_plc).mean()
 
 
 def advantages(cost: np.ndarray, task: Task, cfg: TrainConfig) -> np.ndarray:
@@ -354,7 +362,8 @@ class Trainer:
         tune_malloc()  # every update frees and re-allocates the same large tensors: reuse, do not fault them in
         tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
         try:
-            policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden, op_features=cfg.op_features).to(cfg.device)
+            policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden, op_features=cfg.op_features,
+                                   learned=TRAINABLE_METHODS[cfg.method]).to(cfg.device)  # fmt: skip
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
@@ -507,8 +516,9 @@ class Trainer:
         cfg = self.cfg
         with self._phase("rescore"):
             sc = evaluate_actions(enc, ro)
-        sel_on = 1.0 if cfg.sample_sel else 0.0  # a greedy SEL is not credited by the policy gradient
-        logp = sel_on * sc.logp_sel + sc.logp_plc  # [B, n]
+        w_sel, w_plc = enc.head_weights()  # a head that follows a fixed rule is not trained
+        sel_on = w_sel if cfg.sample_sel else 0.0  # a greedy SEL is not credited by the policy gradient
+        logp = sel_on * sc.logp_sel + w_plc * sc.logp_plc  # [B, n]
         a = adv.unsqueeze(1)
         if old_logp is None:
             loss_pg = -(a * logp).mean()
@@ -516,7 +526,7 @@ class Trainer:
             ratio = torch.exp((logp - old_logp).clamp(max=20.0))
             loss_pg = -torch.minimum(ratio * a, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * a).mean()
         ent_sel, ent_plc = sc.entropy_sel.mean(), sc.entropy_plc.mean()
-        loss = loss_pg - cfg.entropy_coef * (sel_on * ent_sel + ent_plc)
+        loss = loss_pg - cfg.entropy_coef * (sel_on * ent_sel + w_plc * ent_plc)
         loss_self = torch.zeros(())
         if cfg.self_improve_coef > 0:
             loss_self = _best_nll(task, enc)
@@ -686,7 +696,7 @@ class Trainer:
         if task.best_assignment is not None:
             from doppler.assignment import Assignment
 
-            a = Assignment(devices=task.best_assignment, method="doppler", graph_fingerprint=task.graph.fingerprint())
+            a = Assignment(devices=task.best_assignment, method=self.cfg.method, graph_fingerprint=task.graph.fingerprint())
             a.save(run_dir / "best_assignment.json")
 
     @classmethod
@@ -764,7 +774,7 @@ def train_and_assign(graph: DataflowGraph, cl: Cluster, run_dir: Path, cfg: Trai
     trainer = Trainer.create([graph], cl, cfg)
     trainer.run(run_dir, on_progress)
     train_s = time.perf_counter() - t0
-    a = assign(graph, cl, "doppler", checkpoint=run_dir / "checkpoint.pt")
+    a = assign(graph, cl, cfg.method, checkpoint=run_dir / "checkpoint.pt")
     curve = run_dir / "training_curve.png"
     training_curve(trainer.history, curve, title=f"DOPPLER on {graph.name} ({graph.num_ops} ops), {cl.name}")
     return {"assignment": a, "train_s": train_s, "assign_time_s": a.assign_time_s, "training_curve": curve}

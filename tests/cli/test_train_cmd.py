@@ -271,3 +271,23 @@ def test_compare_includes_doppler_with_a_checkpoint(trained) -> None:
     res = run("compare", g, "-c", "unit:2", "-m", "critical_path,doppler", "--json")  # the shipped policy
     assert res.exit_code == 0, res.output
     assert [r["method"] for r in json.loads(res.stdout)] == ["critical_path", "doppler"]
+
+
+def test_a_single_head_ablation_trains_and_assigns_from_the_command_line(trained, tmp_path: Path) -> None:
+    _, g, _, _, _ = trained
+    run_dir = tmp_path / "PLC"
+    res = run("train", g, *TRAIN_ARGS, "--method", "doppler_plc", "-o", run_dir, "--json")
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "a.json"
+    res = run("assign", g, "-c", "unit:2", "--method", "doppler_plc", "--checkpoint", run_dir / "checkpoint.pt",
+              "-o", out, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert load_assignment(out, load_graph(g), 2).devices.shape == (30,)
+    res = run("compare", g, "-c", "unit:2", "--methods", "critical_path,doppler_plc", "--checkpoint",
+              run_dir / "checkpoint.pt", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    # a checkpoint of one method given to another, and an unknown method: one line, exit 2
+    assert_usage_error(run("assign", g, "-c", "unit:2", "--method", "doppler", "--checkpoint", run_dir / "checkpoint.pt",
+                           "-o", out), "doppler_plc checkpoint", "--method doppler_plc")  # fmt: skip
+    assert_usage_error(run("train", g, *TRAIN_ARGS, "--method", "placeto", "-o", tmp_path / "X"), "unknown method",
+                       "doppler_sel")  # fmt: skip

@@ -65,6 +65,7 @@ def train_cmd(
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
+    method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned), or a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level)."),
     teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, enumerative, anneal."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
@@ -94,7 +95,7 @@ def train_cmd(
             if init is not None and resume:
                 raise UserError("--init starts a new run from a policy; --resume continues a run: give one of them")
             stages = stages or ("sim" if init is not None else "il,sim")
-            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, seed=seed, engine=engine,
+            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
                               engine_device_type=engine_device_type, device=device,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()

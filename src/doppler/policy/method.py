@@ -4,6 +4,7 @@ and keep the best by the simulator, or search for ``budget_s`` seconds guided by
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.methods.registry import MethodError, register
+from doppler.policy import LEARNED_HEADS
 
 # torch and the policy's modules are imported when the method runs, not when it registers:
 # ``import doppler`` registers it, and torch would add about 2 s to every command.
@@ -49,6 +51,7 @@ def doppler_method(
     samples: int | None = None,
     guided_share: float = GUIDED_SHARE,
     on_progress=None,
+    method: str = "doppler",
 ) -> Assignment:
     """Greedy decode of a policy; with ``samples`` K, the best of greedy and K samples; with
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
@@ -69,6 +72,11 @@ def doppler_method(
         zero_shot = check_checkpoint_fits(meta, graph, cluster, str(path))
     except CheckpointError as e:
         raise MethodError(str(e)) from None
+    made_by = LEARNED_HEADS[policy.learned]
+    if made_by != method:
+        what = "the shipped pretrained policy" if shipped else str(path)
+        raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
+                          f"--checkpoint of `doppler train --method {method}`")  # fmt: skip
     gf = graph_features(graph, cluster)
     k = samples or (SEARCH_SAMPLES if budget_s else 0)
     with torch.no_grad():
@@ -78,7 +86,7 @@ def doppler_method(
         if k:
             ro_s = rollout(gf, enc, batch=k, mode="sample", rng=np.random.default_rng(seed))
             candidates = np.concatenate([candidates, ro_s.assignment])
-        prefs = device_preferences(gf, enc, ro) if budget_s else None
+        prefs = device_preferences(gf, enc, ro) if budget_s and policy.learned != "sel" else None
     makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": k, "checkpoint": str(path)}
@@ -91,3 +99,11 @@ def doppler_method(
                           extra_starts={"doppler": candidates[best]}, on_progress=on_progress)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
+
+
+for _heads, _name in LEARNED_HEADS.items():
+    if _name != "doppler":  # the single-head ablations: the other head follows CRITICAL PATH's rule
+        _rule = "earliest-start PLC" if _heads == "sel" else "largest-b-level SEL"
+        register(_name, description=f"ablation: learned {_heads.upper()} head, {_rule} (needs --checkpoint of "
+                                    f"`doppler train --method {_name}`)", deterministic=False,
+                 uses_budget=True)(functools.partial(doppler_method, method=_name))  # fmt: skip

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from doppler.listsched import NUM_DEVICE_FEATURES
+from doppler.policy import LEARNED_HEADS
 from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURE_SETS, OP_FEATURES, GraphFeatures
 
 LEAK = 0.01
@@ -148,6 +149,11 @@ class Encoded:
     plc_dev: torch.Tensor  # [F, M]
     plc_w_out: torch.Tensor  # [M]: the PLC head's output layer
     plc_b_out: torch.Tensor  # []
+    learned: str = "both"  # which heads decide: "both", or "sel"/"plc" (the other follows CRITICAL PATH's rule)
+
+    def head_weights(self) -> tuple[float, float]:
+        """(SEL, PLC) weights of the log-likelihood terms: a head that follows a fixed rule is not trained."""
+        return float(self.learned != "plc"), float(self.learned != "sel")
 
 
 def _chain_sum(emb: torch.Tensor, jumps: list, scale: float) -> torch.Tensor:
@@ -164,15 +170,19 @@ class DopplerPolicy(nn.Module):
 
     ``op_features`` names the static op features it reads (``"full"``: all of
     :data:`~doppler.policy.features.OP_FEATURES`; ``"structural"``: the position-free ones a
-    transferable policy uses)."""
+    transferable policy uses). ``learned`` says which heads decide (:data:`LEARNED_HEADS`): both (DOPPLER),
+    or only SEL or only PLC, the other following CRITICAL PATH's rule (the paper's single-head ablations)."""
 
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
-                 op_features: str = "full") -> None:  # fmt: skip
+                 op_features: str = "full", learned: str = "both") -> None:  # fmt: skip
         super().__init__()
         if op_features not in OP_FEATURE_SETS:
             raise ValueError(f"op_features must be one of {', '.join(OP_FEATURE_SETS)}, got {op_features!r}")
+        if learned not in LEARNED_HEADS:
+            raise ValueError(f"learned must be one of {', '.join(LEARNED_HEADS)}, got {learned!r}")
+        self.learned = learned
         self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis,
-                       "op_features": op_features}  # fmt: skip
+                       "op_features": op_features, "learned": learned}  # fmt: skip
         names = OP_FEATURE_SETS[op_features]
         self.op_columns = [OP_FEATURES.index(f) for f in names]
         self.encoder = GraphEncoder(hidden, steps, basis, len(names))
@@ -198,4 +208,5 @@ class DopplerPolicy(nn.Module):
             plc_dev=self.plc.device_matrix(),
             plc_w_out=self.plc.out.weight.squeeze(0),
             plc_b_out=self.plc.out.bias.squeeze(0),
+            learned=self.learned,
         )

@@ -29,6 +29,7 @@ import numba
 import numpy as np
 import torch
 
+from doppler.costs import priority_key
 from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import NUM_DEVICE_FEATURES, empty_state, features_into, place, take_candidate
 from doppler.policy.features import GraphFeatures, normalise_device_features
@@ -68,10 +69,13 @@ def _pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: 
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
-    mode, sel_mode, eps, uniforms, forced_order, forced_dev,
+    mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic,
     order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate."""
+    """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate.
+
+    ``sel_heuristic``: SEL takes the candidate with the largest ``sel_key`` (ties: lowest op id);
+    ``plc_heuristic``: PLC takes the lowest device tied for the smallest EST (CRITICAL PATH's rules)."""
     B, n = order.shape
     nd = comp.shape[1]
     m_hidden = plc_op.shape[1]
@@ -96,6 +100,12 @@ def _rollout_kernel(
                 v = forced_order[b, h]
                 if v < 0 or v >= n or pos[v] < 0:
                     return h
+            elif sel_heuristic:
+                v = cand[0]
+                for j in range(1, ncand):
+                    c = cand[j]
+                    if sel_key[c] > sel_key[v] or (sel_key[c] == sel_key[v] and c < v):
+                        v = c
             else:
                 v = _pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
             # ---- PLC
@@ -123,6 +133,10 @@ def _rollout_kernel(
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:
                     return h
+            elif plc_heuristic:
+                d = 0
+                while not est_tied[b, h, d]:
+                    d += 1
             else:
                 d = _pick(logits, all_devs, nd, mode, u[2], u[3], eps)
             place(v, d, raw[d, 4], comp, dev, start, finish, free, assigned)
@@ -210,7 +224,7 @@ def rollout(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
         _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode], float(eps),
-        uniforms, forced_order, forced_dev,
+        uniforms, forced_order, forced_dev, priority_key(gf.b_level_s), enc.learned == "plc", enc.learned == "sel",
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
     )  # fmt: skip
     if bad >= 0:
