@@ -30,7 +30,6 @@ from typing import Any, Iterator, Protocol
 import numpy as np
 import torch
 
-from doppler.costs import priority_key
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
@@ -242,11 +241,10 @@ def lookahead_mask(task: Task, ro: Rollout, steps_per_episode: int, rng: np.rand
     from doppler.methods.lookahead import lookahead_labels
 
     B, n = ro.order.shape
+    steps = np.sort([rng.choice(n, size=min(steps_per_episode, n), replace=False) for _ in range(B)], axis=1)
+    _, tied = lookahead_labels(task.graph, task.cluster, ro.order, ro.step_device, steps)  # one batch, one context
     mask = np.zeros(ro.est_tied.shape, dtype=bool)
-    for b in range(B):
-        steps = np.sort(rng.choice(n, size=min(steps_per_episode, n), replace=False))
-        _, tied = lookahead_labels(task.graph, task.cluster, ro.order[b], ro.step_device[b], steps)
-        mask[b, steps] = tied
+    mask[np.arange(B)[:, None], steps] = tied
     return mask
 
 
@@ -258,7 +256,7 @@ def imitation_loss(task: Task, ro: Rollout, enc, plc_mask: np.ndarray | None = N
     ``plc_mask[B, n, D]`` replaces PLC's labels; steps where it marks no device are not scored."""
     sc = evaluate_actions(enc, ro)
     cs = sc.cands
-    key = priority_key(task.features.b_level_s)[cs.op]
+    key = task.features.b_level_key[cs.op]
     seg_best = np.full(cs.num_segments, np.iinfo(np.int64).min)
     np.maximum.at(seg_best, cs.seg, key)
     tied = key == seg_best[cs.seg]

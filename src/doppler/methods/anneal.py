@@ -231,11 +231,9 @@ def anneal_search(
             walk.restart()
         if on_progress is not None and time.perf_counter() >= next_report:
             next_report = time.perf_counter() + 0.25
-            elapsed_s = time.perf_counter() - t0
-            by_time = budget_s is not None or max_evals is None
-            on_progress(ProgressEvent("anneal", elapsed_s if by_time else evals, budget_s if by_time else max_evals,
-                                      "s" if by_time else "evals",
-                                      {"evals": evals, "best_makespan_s": walk.best_ms, "start_makespan_s": start_ms}))  # fmt: skip
+            on_progress(_progress_event(t0, evals, budget_s, max_evals, walk, start_ms))
+    if on_progress is not None:  # the last word, also when the budget ran out before the first move
+        on_progress(_progress_event(t0, evals, budget_s, max_evals, walk, start_ms))
     return Assignment(
         devices=walk.best,
         estimated_makespan_s=walk.best_ms,
@@ -251,6 +249,16 @@ def anneal_search(
             "search_time_s": time.perf_counter() - t0,
         },
     )
+
+
+def _progress_event(t0: float, evals: int, budget_s: float | None, max_evals: int | None, walk: "_Walk",
+                    start_ms: float) -> ProgressEvent:  # fmt: skip
+    """Time used of the budget (or evaluations of ``max_evals``), with the best makespan so far."""
+    stats = {"evals": evals, "best_makespan_s": walk.best_ms, "start_makespan_s": start_ms}
+    if budget_s is None and max_evals is not None:
+        return ProgressEvent("anneal", evals, max_evals, "evals", stats)
+    elapsed_s = time.perf_counter() - t0
+    return ProgressEvent("anneal", elapsed_s if budget_s is None else min(elapsed_s, budget_s), budget_s, "s", stats)
 
 
 @dataclass

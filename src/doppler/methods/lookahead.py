@@ -115,22 +115,28 @@ class _Arrays:
 
 def lookahead_labels(graph: DataflowGraph, cluster, order: np.ndarray, step_device: np.ndarray,
                      label_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Score every device at chosen steps of one trajectory (``order[h]`` put on ``step_device[h]``).
+    """Score every device at chosen steps of trajectories (``order[..., h]`` put on ``step_device[..., h]``;
+    one trajectory ``[n]`` or a batch ``[B, n]`` with ``label_steps[B, K]``).
 
-    Returns ``(makespan_s[K, D], tied[K, D])``: the simulated makespan of putting the op of step
-    ``label_steps[k]`` on each device and finishing as CRITICAL PATH, and the devices within
-    :data:`LABEL_RTOL` of the best (the teacher's choices)."""
+    Returns ``(makespan_s[..., K, D], tied[..., K, D])``: the simulated makespan of putting the op of
+    step ``label_steps[k]`` on each device and finishing as CRITICAL PATH, and the devices within
+    :data:`LABEL_RTOL` of the best (the teacher's choices). The graph's arrays and simulator context
+    are built once for the whole batch."""
     arr = _Arrays(graph, cluster)
-    steps = np.ascontiguousarray(np.sort(label_steps), dtype=np.int64)
-    n, nd = graph.num_ops, arr.num_devices
-    out = np.empty((steps.size, nd, n), np.int64)
-    bad = _labelled_branches(np.ascontiguousarray(order, dtype=np.int64),
-                             np.ascontiguousarray(step_device, dtype=np.int64), steps, arr.key,
-                             *arr.graph_arrays, arr.indeg0, *arr.cost_arrays, out)  # fmt: skip
-    if bad >= 0:
-        raise ValueError(f"step {bad}: op {int(order[bad])} is not a candidate there")
-    makespan_s = SimContext(graph, cluster).simulate_many(out.reshape(-1, n)).reshape(steps.size, nd)
-    tied = makespan_s <= makespan_s.min(axis=1, keepdims=True) * (1.0 + LABEL_RTOL)
+    orders = np.ascontiguousarray(np.atleast_2d(order), dtype=np.int64)
+    devices = np.ascontiguousarray(np.atleast_2d(step_device), dtype=np.int64)
+    steps = np.ascontiguousarray(np.sort(np.atleast_2d(label_steps), axis=1), dtype=np.int64)
+    (B, n), K, nd = orders.shape, steps.shape[1], arr.num_devices
+    out = np.empty((B, K, nd, n), np.int64)
+    for b in range(B):
+        bad = _labelled_branches(orders[b], devices[b], steps[b], arr.key, *arr.graph_arrays, arr.indeg0,
+                                 *arr.cost_arrays, out[b])  # fmt: skip
+        if bad >= 0:
+            raise ValueError(f"step {bad}: op {int(orders[b, bad])} is not a candidate there")
+    makespan_s = SimContext(graph, cluster).simulate_many(out.reshape(-1, n)).reshape(B, K, nd)
+    tied = makespan_s <= makespan_s.min(axis=2, keepdims=True) * (1.0 + LABEL_RTOL)
+    if np.ndim(order) == 1:
+        return makespan_s[0], tied[0]
     return makespan_s, tied
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from doppler.costs import CostModel
+from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import pred_comm_s
 
@@ -128,6 +128,7 @@ class GraphFeatures:
     up_jumps: list[np.ndarray]  # jump_tables(next_up)
     path_scale: float  # paths are summed then divided by this (the graph's depth in ops)
     b_level_s: np.ndarray  # float64[n], mean costs (the SEL teacher's priority)
+    b_level_key: np.ndarray  # int64[n]: priority_key(b_level_s), the order SEL's teacher and rule follow
     time_scale_s: float
     costs: CostModel
     graph: DataflowGraph
@@ -193,6 +194,7 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
         up_jumps=jump_tables(nxt_up),
         path_scale=float(max(graph.depth, 1)),
         b_level_s=b_level,
+        b_level_key=np.ascontiguousarray(priority_key(b_level), dtype=np.int64),
         time_scale_s=time_scale,
         costs=cm,
         graph=graph,

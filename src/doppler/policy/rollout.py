@@ -29,7 +29,6 @@ import numba
 import numpy as np
 import torch
 
-from doppler.costs import priority_key
 from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import NUM_DEVICE_FEATURES, empty_state, features_into, place, take_candidate
 from doppler.policy.features import GraphFeatures, normalise_device_features
@@ -224,7 +223,7 @@ def rollout(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
         _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode], float(eps),
-        uniforms, forced_order, forced_dev, priority_key(gf.b_level_s), enc.learned == "plc", enc.learned == "sel",
+        uniforms, forced_order, forced_dev, gf.b_level_key, enc.learned == "plc", enc.learned == "sel",
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
     )  # fmt: skip
     if bad >= 0:
