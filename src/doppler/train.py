@@ -35,17 +35,17 @@ from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import check_seed
 from doppler.malloc import tune_malloc
+from doppler.policy.architectures import build_policy
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
-from doppler.policy import LEARNED_HEADS
-from doppler.policy.networks import DopplerPolicy
+from doppler.policy import LEARNED_METHODS
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
 from doppler.simulate import SimContext
 
 STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
-TRAINABLE_METHODS = {method: heads for heads, method in LEARNED_HEADS.items()}  # method name -> learned heads
+TRAINABLE_METHODS = LEARNED_METHODS  # doppler, its single-head ablations, and the learned baselines
 STATE_TEACHERS = ("critical_path", "lookahead")  # label the states the policy visits (DAgger)
 BASELINES = ("running", "mean", "loo")
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
@@ -86,7 +86,8 @@ class TrainConfig:
     max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
     method: str = "doppler"  # doppler (both heads learned), doppler_sel or doppler_plc (one head; the other
-    # follows CRITICAL PATH's rule: the paper's single-head ablations)
+    # follows CRITICAL PATH's rule: the paper's single-head ablations), or a learned baseline: single_policy,
+    # gdp, placeto (doppler.policy.architectures)
     lookahead_steps: int = 16  # with teacher="lookahead": labelled steps per Stage I episode
     hidden: int = 128  # embedding width H
     mp_steps: int = 6  # message-passing steps K
@@ -274,7 +275,7 @@ def imitation_loss(task: Task, ro: Rollout, enc, plc_mask: np.ndarray | None = N
     labelled = plc_mask.any(-1)
     plc_ll = torch.logsumexp(sc.plc_logp.masked_fill(~plc_mask, -torch.inf), dim=-1)[labelled]
     w_sel, w_plc = enc.head_weights()
-    loss = -(w_sel * sel_ll.mean() + w_plc * plc_ll.mean())
+    loss = -(w_sel * sel_ll.mean() if w_sel else 0.0) - w_plc * plc_ll.mean()
     with torch.no_grad():
         seg_max = torch.full((cs.num_segments,), -torch.inf, device=device).scatter_reduce(0, seg, sc.cand_logp, "amax")
         sel_agree = float((sel_ll >= seg_max - 1e-6).float().mean())
@@ -326,7 +327,7 @@ class Trainer:
 
     cfg: TrainConfig
     tasks: list[Task]
-    policy: DopplerPolicy
+    policy: torch.nn.Module  # doppler.policy.architectures.build_policy(cfg.method, ...)
     optimizer: torch.optim.Optimizer
     rng: np.random.Generator
     il_episode: int = 0
@@ -360,8 +361,8 @@ class Trainer:
         tune_malloc()  # every update frees and re-allocates the same large tensors: reuse, do not fault them in
         tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
         try:
-            policy = DopplerPolicy(cfg.hidden, cfg.mp_steps, cfg.mlp_hidden, op_features=cfg.op_features,
-                                   learned=TRAINABLE_METHODS[cfg.method]).to(cfg.device)  # fmt: skip
+            policy = build_policy(cfg.method, num_devices=cluster.num_devices, hidden=cfg.hidden, steps=cfg.mp_steps,
+                                  mlp_hidden=cfg.mlp_hidden, op_features=cfg.op_features).to(cfg.device)  # fmt: skip
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
@@ -569,8 +570,9 @@ class Trainer:
         return True
 
     def _set_lr(self, lr: float) -> None:
+        """Set the learning rate (times the architecture's ``lr_scale``, where it has one: GDP's transformer)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * getattr(self.policy, "lr_scale", 1.0)
 
     def _greedy_score(self) -> float:
         """Mean over tasks of the greedy decode's makespan over the lower bound."""

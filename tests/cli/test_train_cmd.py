@@ -289,5 +289,32 @@ def test_a_single_head_ablation_trains_and_assigns_from_the_command_line(trained
     # a checkpoint of one method given to another, and an unknown method: one line, exit 2
     assert_usage_error(run("assign", g, "-c", "unit:2", "--method", "doppler", "--checkpoint", run_dir / "checkpoint.pt",
                            "-o", out), "doppler_plc checkpoint", "--method doppler_plc")  # fmt: skip
-    assert_usage_error(run("train", g, *TRAIN_ARGS, "--method", "placeto", "-o", tmp_path / "X"), "unknown method",
-                       "doppler_sel")  # fmt: skip
+    assert_usage_error(run("train", g, *TRAIN_ARGS, "--method", "placetto", "-o", tmp_path / "X"), "unknown method",
+                       "doppler_sel", "placeto")  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["single_policy", "gdp", "placeto"])
+def test_a_learned_baseline_trains_and_assigns_from_the_command_line(trained, tmp_path: Path, method: str) -> None:
+    _, g, _, _, _ = trained
+    run_dir = tmp_path / method
+    res = run("train", g, "-c", "unit:2", "--episodes", "16", "--il-episodes", "8", "--batch", "8", "--method", method,
+              "-o", run_dir, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "a.json"
+    ckpt = run_dir / "checkpoint.pt"
+    res = run("assign", g, "-c", "unit:2", "--method", method, "--checkpoint", ckpt, "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    assert load_assignment(out, load_graph(g), 2).devices.shape == (30,)
+    # resume continues the run; another method's checkpoint, or GDP/PLACETO on another device count: exit 2
+    res = run("train", g, "-c", "unit:2", "--episodes", "24", "-o", run_dir, "--resume", "--json")
+    assert res.exit_code == 0, res.output
+    assert one_json(res)["episodes"] >= 24
+    assert_usage_error(run("assign", g, "-c", "unit:2", "--method", "doppler", "--checkpoint", ckpt, "-o", out),
+                       f"{method} checkpoint", f"--method {method}")  # fmt: skip
+    other_count = run("assign", g, "-c", "unit:4", "--method", method, "--checkpoint", ckpt, "-o", out)
+    if method != "single_policy":  # one output unit per device
+        assert_usage_error(other_count, "2 device outputs", "4 devices")
+    else:  # like DOPPLER's: a one-graph checkpoint with position features serves its own cluster only
+        assert_usage_error(other_count, "trained on cluster")
+    assert_usage_error(run("train", g, "-c", "unit:2", "--method", "doppler", "--init", ckpt, "-o", tmp_path / "I"),
+                       f"this one is {method}")  # fmt: skip

@@ -69,7 +69,7 @@ def test_a_dual_checkpoint_is_refused_by_an_ablation_and_bad_names_are_errors():
     g, c = _graph()
     with pytest.raises(MethodError, match="shipped pretrained policy is a doppler checkpoint, not doppler_sel"):
         assign(g, c, "doppler_sel")
-    with pytest.raises(TrainError, match="unknown method 'placeto' .*doppler, doppler_sel, doppler_plc"):
-        TrainConfig(method="placeto").validate()
+    with pytest.raises(TrainError, match="unknown method 'placetto' .*doppler, doppler_sel, doppler_plc, single_policy, gdp, placeto"):
+        TrainConfig(method="placetto").validate()
     with pytest.raises(ValueError, match="learned must be one of"):
         DopplerPolicy(learned="neither")

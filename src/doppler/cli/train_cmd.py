@@ -25,11 +25,14 @@ def _init_config(cfg, init: str):
     """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights."""
     import dataclasses
 
-    from doppler.policy.checkpoint import read_checkpoint, resolve_checkpoint
+    from doppler.policy.checkpoint import CheckpointError, checkpoint_method, read_checkpoint, resolve_checkpoint
 
     path, _ = resolve_checkpoint(None if init == "pretrained" else init)  # CheckpointError: exit 2
     ck = read_checkpoint(path)
     pc = ck["policy_config"]
+    if checkpoint_method(pc) != cfg.method:
+        raise CheckpointError(f"{path}: --init needs a {cfg.method} checkpoint, this one is {checkpoint_method(pc)} "
+                              f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
                                  op_features=pc.get("op_features", "full"))  # fmt: skip
     return shaped, ck["state_dict"], path
@@ -65,7 +68,7 @@ def train_cmd(
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
-    method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned), or a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level)."),
+    method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step)."),
     teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, enumerative, anneal."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
@@ -159,9 +162,9 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
             "lower_bound_s": task.lower_bound_s,
         })  # fmt: skip
         if len(trainer.tasks) == 1:
-            refs = {"critical_path": cp / task.lower_bound_s, "DOPPLER greedy (end)": greedy_s / task.lower_bound_s}
+            refs = {"critical_path": cp / task.lower_bound_s, f"{trainer.cfg.method} greedy (end)": greedy_s / task.lower_bound_s}
     curve = run_dir / "training_curve.png"
-    training_curve(trainer.history, curve, title=f"DOPPLER on {', '.join(g['graph'] for g in graphs)}", references=refs)
+    training_curve(trainer.history, curve, title=f"{trainer.cfg.method} on {', '.join(g['graph'] for g in graphs)}", references=refs)
     return {
         "run_dir": str(run_dir),
         "checkpoint": str(run_dir / "checkpoint.pt"),

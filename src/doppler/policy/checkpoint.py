@@ -19,7 +19,6 @@ import torch
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import atomic_write_bytes, write_json
-from doppler.policy.networks import DopplerPolicy
 
 CHECKPOINT_FORMAT = "doppler-checkpoint-1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -54,16 +53,25 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return ck
 
 
-def load_policy(path: str | Path) -> tuple[DopplerPolicy, dict[str, Any]]:
-    """The trained policy of a checkpoint (in eval mode) and the checkpoint's metadata."""
+def load_policy(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata."""
+    from doppler.policy.architectures import policy_from_config
+
     ck = read_checkpoint(path)
     try:
-        policy = DopplerPolicy(**ck["policy_config"])
+        policy = policy_from_config(ck["policy_config"])
         policy.load_state_dict(ck["state_dict"])
-    except (KeyError, RuntimeError, TypeError) as e:
+    except (KeyError, RuntimeError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: checkpoint weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
     policy.eval()
     return policy, ck
+
+
+def checkpoint_method(policy_config: dict) -> str:
+    """The learned method a checkpoint's ``policy_config`` makes (``doppler``, ``gdp``, ...)."""
+    from doppler.policy import LEARNED_HEADS
+
+    return policy_config.get("architecture") or LEARNED_HEADS.get(policy_config.get("learned", "both"), "?")
 
 
 def resolve_checkpoint(checkpoint: str | Path | None) -> tuple[Path, bool]:
@@ -84,7 +92,15 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
     from the pretrained one) serves any graph and cluster zero-shot too; one with the ``full``
     features (op ids, block coordinates: memorised positions) serves only its own graph and cluster."""
     graphs = meta["graphs"]
-    transferable = meta.get("policy_config", {}).get("op_features", "full") != "full"
+    config = meta.get("policy_config", {})
+    trained_devices = config.get("num_devices")
+    if trained_devices is not None and trained_devices != cluster.num_devices:
+        raise CheckpointError(
+            f"{where}: a {config.get('architecture')} policy with {trained_devices} device outputs cannot serve "
+            f"cluster {cluster.name!r} ({cluster.num_devices} devices): its output layer has one unit per device; "
+            f"train one on a {cluster.num_devices}-device cluster"
+        )
+    transferable = config.get("op_features", "full") != "full"
     if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
         if len(graphs) == 1 and json.loads(meta["cluster"]) != cluster.to_json():
             if transferable:

@@ -14,7 +14,7 @@ from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.methods.registry import MethodError, register
-from doppler.policy import LEARNED_HEADS
+from doppler.policy import BASELINE_METHODS, LEARNED_HEADS
 
 # torch and the policy's modules are imported when the method runs, not when it registers:
 # ``import doppler`` registers it, and torch would add about 2 s to every command.
@@ -72,7 +72,7 @@ def doppler_method(
         zero_shot = check_checkpoint_fits(meta, graph, cluster, str(path))
     except CheckpointError as e:
         raise MethodError(str(e)) from None
-    made_by = LEARNED_HEADS[policy.learned]
+    made_by = policy.method
     if made_by != method:
         what = "the shipped pretrained policy" if shipped else str(path)
         raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
@@ -86,7 +86,7 @@ def doppler_method(
         if k:
             ro_s = rollout(gf, enc, batch=k, mode="sample", rng=np.random.default_rng(seed))
             candidates = np.concatenate([candidates, ro_s.assignment])
-        prefs = device_preferences(gf, enc, ro) if budget_s and policy.learned != "sel" else None
+        prefs = device_preferences(gf, enc, ro) if budget_s and enc.head_weights()[1] else None
     makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": k, "checkpoint": str(path)}
@@ -107,3 +107,12 @@ for _heads, _name in LEARNED_HEADS.items():
         register(_name, description=f"ablation: learned {_heads.upper()} head, {_rule} (needs --checkpoint of "
                                     f"`doppler train --method {_name}`)", deterministic=False,
                  uses_budget=True)(functools.partial(doppler_method, method=_name))  # fmt: skip
+
+_BASELINE_DESCRIPTIONS = {
+    "single_policy": "ablation: one softmax over every (ready op, device) pair, DOPPLER's encoder and features",
+    "gdp": "GDP (Zhou et al. 2019): GraphSAGE + transformer, every op's device in one shot (fixed device count)",
+    "placeto": "PLACETO (Addanki et al. 2019): fixed op order, graph re-embedded at every step (fixed device count)",
+}
+for _name in BASELINE_METHODS:
+    register(_name, description=f"{_BASELINE_DESCRIPTIONS[_name]} (needs --checkpoint of `doppler train --method {_name}`)",
+             deterministic=False, uses_budget=True)(functools.partial(doppler_method, method=_name))  # fmt: skip

@@ -190,6 +190,11 @@ class DopplerPolicy(nn.Module):
         self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(names))
 
     @property
+    def method(self) -> str:
+        """The method name this policy makes (:data:`LEARNED_HEADS`)."""
+        return LEARNED_HEADS[self.learned]
+
+    @property
     def device(self) -> torch.device:
         return self.encoder.embed.weight.device
 
