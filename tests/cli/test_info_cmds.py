@@ -24,9 +24,11 @@ def test_methods_lists_every_registered_method() -> None:
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert [r["name"] for r in rows] == list_methods()
-    assert {r["name"] for r in rows if r["uses_budget"]} == {"anneal", "doppler", "doppler_sel", "doppler_plc"}
+    assert {r["name"] for r in rows if r["uses_budget"]} == {"anneal", "doppler", "doppler_sel", "doppler_plc",
+                                                                "single_policy", "gdp", "placeto"}
     human = runner.invoke(app, ["methods"])
     assert human.exit_code == 0 and "critical_path" in human.stdout and "doppler" in human.stdout
+    assert "placeto" in human.stdout and "gdp" in human.stdout
 
 
 def test_clusters_lists_every_preset_with_devices_rates_and_links() -> None:

@@ -305,6 +305,9 @@ def test_a_learned_baseline_trains_and_assigns_from_the_command_line(trained, tm
     res = run("assign", g, "-c", "unit:2", "--method", method, "--checkpoint", ckpt, "-o", out, "--json")
     assert res.exit_code == 0, res.output
     assert load_assignment(out, load_graph(g), 2).devices.shape == (30,)
+    res = run("compare", g, "-c", "unit:2", "--methods", f"critical_path,{method}", "--checkpoint", ckpt, "--json")
+    assert res.exit_code == 0, res.output
+    assert [r["method"] for r in json.loads(res.stdout)] == ["critical_path", method]
     # resume continues the run; another method's checkpoint, or GDP/PLACETO on another device count: exit 2
     res = run("train", g, "-c", "unit:2", "--episodes", "24", "-o", run_dir, "--resume", "--json")
     assert res.exit_code == 0, res.output

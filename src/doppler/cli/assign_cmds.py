@@ -168,9 +168,9 @@ def compare_cmd(
         graph, cl = _load(graph_path, cluster_name)
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
-            from doppler.policy import LEARNED_HEADS
+            from doppler.policy import LEARNED_METHODS
 
-            learned = {m: {"checkpoint": checkpoint} for m in names if m in LEARNED_HEADS.values() and checkpoint}
+            learned = {m: {"checkpoint": checkpoint} for m in names if m in LEARNED_METHODS and checkpoint}
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
                            method_kwargs=learned)  # fmt: skip
         if csv_path is not None:

@@ -2,9 +2,10 @@
 
 Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``,
 ``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``anneal``; importing this
-package registers them. The learned method ``doppler`` registers itself the same way from
-:mod:`doppler.policy.method`, which ``import doppler`` imports: a broken learned method fails
-that import loudly instead of turning into an unknown method name.
+package registers them. The learned methods (``doppler``, its ablations ``doppler_sel`` and
+``doppler_plc``, and the learned baselines ``single_policy``, ``gdp`` and ``placeto``) register
+themselves the same way from :mod:`doppler.policy.method`, which ``import doppler`` imports: a
+broken learned method fails that import loudly instead of turning into an unknown method name.
 
 Methods use only public APIs (graph, cluster, simulator); they never reach into simulator
 internals.
