@@ -179,6 +179,7 @@ def main() -> None:
         "greedy_vs_best_cheap_geomean": geomean(r["greedy"] for r in rows),
         "greedy_beats_best_cheap_share": float(np.mean([r["greedy"] < 1.0 for r in rows])),
         "greedy_not_worse_than_critical_path_rows": int(sum(r["greedy"] <= r["critical_path"] for r in rows)),
+        "greedy_vs_critical_path_geomean": geomean(r["greedy"] / r["critical_path"] for r in rows),
         "greedy_vs_anneal_long_geomean": geomean(r["greedy"] / r["anneal_long"] for r in rows),
         "best64_vs_best_cheap_geomean": geomean(r["best64"] for r in rows),
         "guided_vs_anneal_long_geomean": geomean(r["guided"][0] / r["anneal_long"] for r in rows),
