@@ -45,7 +45,6 @@ from doppler.simulate import SimContext
 
 STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
-TRAINABLE_METHODS = LEARNED_METHODS  # doppler, its single-head ablations, and the learned baselines
 STATE_TEACHERS = ("critical_path", "lookahead")  # label the states the policy visits (DAgger)
 BASELINES = ("running", "mean", "loo")
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
@@ -116,8 +115,8 @@ class TrainConfig:
             raise TrainError(f"unknown stage {unknown[0] if unknown else ''!r} (use: {', '.join(STAGES)})")
         if self.teacher not in TEACHERS:
             raise TrainError(f"unknown teacher {self.teacher!r} (use one of: {', '.join(TEACHERS)})")
-        if self.method not in TRAINABLE_METHODS:
-            raise TrainError(f"unknown method {self.method!r} (trainable: {', '.join(TRAINABLE_METHODS)})")
+        if self.method not in LEARNED_METHODS:
+            raise TrainError(f"unknown method {self.method!r} (trainable: {', '.join(LEARNED_METHODS)})")
         from doppler.policy.features import OP_FEATURE_SETS
 
         if self.op_features not in OP_FEATURE_SETS:

@@ -40,6 +40,14 @@ NUM_OP_FEATURES = len(OP_FEATURES)
 #: the block coordinates and op-id values identify positions within one graph (memorisation aids)
 STRUCTURAL_OP_FEATURES = OP_FEATURES[:5]
 OP_FEATURE_SETS = {"full": OP_FEATURES, "structural": STRUCTURAL_OP_FEATURES}
+
+
+def op_feature_columns(op_features: str) -> list[int]:
+    """The columns of ``GraphFeatures.op_x`` (all of :data:`OP_FEATURES`) that a policy with this
+    feature set reads."""
+    if op_features not in OP_FEATURE_SETS:
+        raise ValueError(f"op_features must be one of {', '.join(OP_FEATURE_SETS)}, got {op_features!r}")
+    return [OP_FEATURES.index(f) for f in OP_FEATURE_SETS[op_features]]
 NUM_EDGE_FEATURES = 2
 
 

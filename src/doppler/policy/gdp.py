@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from doppler.policy.features import OP_FEATURE_SETS, GraphFeatures
-from doppler.policy.networks import LEAK
+from doppler.policy.features import GraphFeatures, op_feature_columns
+from doppler.policy.networks import LEAK, check_device_outputs
 from doppler.policy.rollout import ActionScores, DecodePlan, Rollout, fixed_order_scores, replay, rule_order
 
 
@@ -45,9 +45,8 @@ class GdpPolicy(nn.Module):
         self.num_devices = num_devices
         self.config = {"architecture": "gdp", "num_devices": num_devices, "hidden": hidden, "steps": steps,
                        "mlp_hidden": mlp_hidden, "op_features": op_features, "layers": layers, "heads": heads}  # fmt: skip
-        names = OP_FEATURE_SETS[op_features]
-        self.op_columns = [OP_FEATURE_SETS["full"].index(f) for f in names]
-        self.embed = nn.Linear(len(names), hidden)
+        self.op_columns = op_feature_columns(op_features)
+        self.embed = nn.Linear(len(self.op_columns), hidden)
         self.sage = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(steps))
         self.position = nn.Linear(1, hidden)
         layer = nn.TransformerEncoderLayer(hidden, heads, dim_feedforward=2 * hidden, dropout=0.0, batch_first=True)
@@ -60,8 +59,7 @@ class GdpPolicy(nn.Module):
 
     def encode(self, gf: GraphFeatures) -> "GdpDecoder":
         """Every op's device logits ``[n, D]``, in one pass."""
-        if gf.num_devices != self.num_devices:
-            raise ValueError(f"this GDP policy has {self.num_devices} device outputs; the cluster has {gf.num_devices}")
+        check_device_outputs("GDP", self.num_devices, gf)
         dev = self.device
         n = gf.num_ops
         order = rule_order(gf)

@@ -40,7 +40,7 @@ from torch import nn
 
 from doppler.listsched import NUM_DEVICE_FEATURES
 from doppler.policy import LEARNED_HEADS
-from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURE_SETS, OP_FEATURES, GraphFeatures
+from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeatures, op_feature_columns
 
 LEAK = 0.01
 
@@ -176,18 +176,15 @@ class DopplerPolicy(nn.Module):
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
                  op_features: str = "full", learned: str = "both") -> None:  # fmt: skip
         super().__init__()
-        if op_features not in OP_FEATURE_SETS:
-            raise ValueError(f"op_features must be one of {', '.join(OP_FEATURE_SETS)}, got {op_features!r}")
+        self.op_columns = op_feature_columns(op_features)
         if learned not in LEARNED_HEADS:
             raise ValueError(f"learned must be one of {', '.join(LEARNED_HEADS)}, got {learned!r}")
         self.learned = learned
         self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis,
                        "op_features": op_features, "learned": learned}  # fmt: skip
-        names = OP_FEATURE_SETS[op_features]
-        self.op_columns = [OP_FEATURES.index(f) for f in names]
-        self.encoder = GraphEncoder(hidden, steps, basis, len(names))
-        self.sel = SelHead(hidden, mlp_hidden, len(names))
-        self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(names))
+        self.encoder = GraphEncoder(hidden, steps, basis, len(self.op_columns))
+        self.sel = SelHead(hidden, mlp_hidden, len(self.op_columns))
+        self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(self.op_columns))
 
     @property
     def method(self) -> str:
@@ -215,3 +212,9 @@ class DopplerPolicy(nn.Module):
             plc_b_out=self.plc.out.bias.squeeze(0),
             learned=self.learned,
         )
+
+
+def check_device_outputs(architecture: str, num_devices: int, gf: GraphFeatures) -> None:
+    """GDP and PLACETO have one output unit per device: they serve that device count only."""
+    if gf.num_devices != num_devices:
+        raise ValueError(f"this {architecture} policy has {num_devices} device outputs; the cluster has {gf.num_devices}")

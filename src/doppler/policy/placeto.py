@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from doppler.policy.features import OP_FEATURE_SETS, GraphFeatures
-from doppler.policy.networks import LEAK
+from doppler.policy.features import GraphFeatures, op_feature_columns
+from doppler.policy.networks import LEAK, check_device_outputs
 from doppler.policy.rollout import ActionScores, DecodePlan, Rollout, fixed_order_scores, replay, rule_order
 
 #: node rows (states x ops) embedded in one piece when re-scoring (bounds the memory of a chunk)
@@ -60,9 +60,8 @@ class PlacetoPolicy(nn.Module):
         self.num_devices = num_devices
         self.config = {"architecture": "placeto", "num_devices": num_devices, "hidden": hidden, "steps": steps,
                        "mlp_hidden": mlp_hidden, "op_features": op_features}  # fmt: skip
-        names = OP_FEATURE_SETS[op_features]
-        self.op_columns = [OP_FEATURE_SETS["full"].index(f) for f in names]
-        self.embed = nn.Linear(len(names) + num_devices + 2, hidden)
+        self.op_columns = op_feature_columns(op_features)
+        self.embed = nn.Linear(len(self.op_columns) + num_devices + 2, hidden)
         self.rounds = nn.ModuleList(nn.Linear(3 * hidden, hidden) for _ in range(steps))
         self.out = nn.Sequential(nn.Linear(4 * hidden, mlp_hidden), nn.LeakyReLU(LEAK), nn.Linear(mlp_hidden, num_devices))
 
@@ -72,8 +71,7 @@ class PlacetoPolicy(nn.Module):
 
     def encode(self, gf: GraphFeatures) -> "PlacetoDecoder":
         """The static inputs of the per-step embedding (nothing is embedded yet: that happens per step)."""
-        if gf.num_devices != self.num_devices:
-            raise ValueError(f"this PLACETO policy has {self.num_devices} device outputs; the cluster has {gf.num_devices}")
+        check_device_outputs("PLACETO", self.num_devices, gf)
         dev = self.device
         g = gf.graph
         order = rule_order(gf)
