@@ -34,6 +34,15 @@ def test_every_update_draws_a_fresh_pair_and_both_stages_run():
     assert pt.trainer.il_episode == 16 and pt.trainer.episode == 4 * 4
 
 
+def test_defaults_imitate_heft_for_the_whole_budget():
+    cfg = pretrain_config(**{**TINY, "il_episodes": 1000})
+    assert cfg.list_schedule == "heft" and pretrain_config().il_episodes > 10**6  # Stage I for the whole budget
+    pt = Pretrainer.create(cfg, budget_s=100.0)
+    assert pt.trainer.policy.list_schedule == "heft"
+    pt.elapsed_s = 99.0
+    assert pt.update()["stage"] == "il" and pt.trainer.optimizer.param_groups[0]["lr"] == cfg.il_lr
+
+
 def test_checkpoint_resumes_the_same_corpus_stream(tmp_path):
     full = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
     first = _updates(full, 3)

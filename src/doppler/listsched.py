@@ -57,6 +57,14 @@ DEVICE_FEATURES = (
 )
 NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
 
+#: the list-schedule model PLC's device features come from, and its rule (the Stage I teacher):
+#: ``critical_path``: ops append to their device, earliest start (``EST``); ``heft``: ops go into
+#: the earliest idle gap that fits them (HEFT's insertion), earliest finish. The WC engine fills
+#: idle gaps, so the second models it better: HEFT's order and devices are 0.934x CRITICAL PATH's
+#: makespan (geometric mean) on the held-out split, and insertion accounts for all of it on
+#: equal devices.
+LIST_SCHEDULES = ("critical_path", "heft")
+
 
 @numba.njit(cache=True)
 def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out):  # pragma: no cover - compiled
@@ -106,19 +114,67 @@ def features_into(
             t = fp + lat[dp, d] + b * inv[dp, d]
             if t > out[d, 4]:
                 out[d, 4] = t
+    for d in range(nd):
+        if out[d, 2] == np.inf:
+            out[d, 2] = 0.0
+    gaps_into(out)
+
+
+@numba.njit(cache=True)
+def gaps_into(out):  # pragma: no cover - compiled
+    """The gap features of ``out[D, F]`` (``est_gap``, ``assigned_gap``, ``eft_gap``) from its other columns."""
+    nd = out.shape[0]
     best = np.inf
     least = np.inf
     best_eft = np.inf
     for d in range(nd):
-        if out[d, 2] == np.inf:
-            out[d, 2] = 0.0
         best = min(best, out[d, 4])
-        least = min(least, assigned[d])
+        least = min(least, out[d, 0])
         best_eft = min(best_eft, out[d, 4] + out[d, 8])
     for d in range(nd):
         out[d, 5] = out[d, 4] - best
-        out[d, 7] = assigned[d] - least
+        out[d, 7] = out[d, 0] - least
         out[d, 9] = out[d, 4] + out[d, 8] - best_eft
+
+
+@numba.njit(cache=True)
+def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pragma: no cover - compiled
+    """HEFT's insertion model. ``out[d, 4]`` holds op ``v``'s data-ready time on ``d`` (its features
+    computed with ``free`` all 0); replace it with the start of the earliest idle gap on ``d``, from
+    then on, that is long enough for ``v``, then recompute the gaps. Device ``d``'s busy intervals are
+    ``busy_start[d, :busy_count[d]]`` / ``busy_end[d, :busy_count[d]]``, sorted and disjoint."""
+    for d in range(out.shape[0]):
+        ready = out[d, 4]
+        w = comp[v, d]
+        c = busy_count[d]
+        lo, hi = 0, c
+        while lo < hi:  # the first interval that ends after the ready time (ends are sorted)
+            mid = (lo + hi) // 2
+            if busy_end[d, mid] <= ready:
+                lo = mid + 1
+            else:
+                hi = mid
+        t = ready
+        for j in range(lo, c):
+            if t + w <= busy_start[d, j]:
+                break
+            t = max(t, busy_end[d, j])
+        out[d, 4] = t
+    gaps_into(out)
+
+
+@numba.njit(cache=True)
+def insert_busy(d, start_s, finish_s, busy_start, busy_end, busy_count):  # pragma: no cover - compiled
+    """Add the interval ``[start_s, finish_s)`` to device ``d``'s sorted busy intervals."""
+    c = busy_count[d]
+    j = c
+    while j > 0 and busy_start[d, j - 1] > start_s:
+        busy_start[d, j] = busy_start[d, j - 1]
+        busy_end[d, j] = busy_end[d, j - 1]
+        j -= 1
+    busy_start[d, j] = start_s
+    busy_end[d, j] = finish_s
+    busy_count[d] = c + 1
 
 
 @numba.njit(cache=True)

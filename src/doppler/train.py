@@ -34,12 +34,13 @@ from doppler.methods.anneal import WARM_START_METHODS
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import check_seed
+from doppler.listsched import LIST_SCHEDULES
 from doppler.malloc import tune_malloc
 from doppler.policy.architectures import build_policy
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
-from doppler.policy import LEARNED_METHODS
+from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
 from doppler.simulate import SimContext
 
@@ -92,6 +93,8 @@ class TrainConfig:
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
     op_features: str = "full"  # static op features: full | structural (position-free, for transfer)
+    list_schedule: str = "critical_path"  # DOPPLER's PLC: the list-schedule model of its device features and
+    # its Stage I rule: critical_path (append, earliest start) | heft (insert into idle gaps, earliest finish)
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
     real_episodes: int = 64  # Stage III episodes (each one a measured run on the engine)
     real_lr: float = 3e-4  # Adam learning rate of Stage III (constant)
@@ -121,6 +124,10 @@ class TrainConfig:
 
         if self.op_features not in OP_FEATURE_SETS:
             raise TrainError(f"unknown op feature set {self.op_features!r} (use one of: {', '.join(OP_FEATURE_SETS)})")
+        if self.list_schedule not in LIST_SCHEDULES:
+            raise TrainError(f"unknown list schedule {self.list_schedule!r} (use one of: {', '.join(LIST_SCHEDULES)})")
+        if self.list_schedule != "critical_path" and self.method in BASELINE_METHODS:
+            raise TrainError(f"--list-schedule {self.list_schedule} is for DOPPLER's policies, not {self.method}")
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats",
@@ -361,7 +368,8 @@ class Trainer:
         tasks = [make_task(g, cluster, cfg, (oracles or {}).get(i)) for i, g in enumerate(graphs)]
         try:
             policy = build_policy(cfg.method, num_devices=cluster.num_devices, hidden=cfg.hidden, steps=cfg.mp_steps,
-                                  mlp_hidden=cfg.mlp_hidden, op_features=cfg.op_features).to(cfg.device)  # fmt: skip
+                                  mlp_hidden=cfg.mlp_hidden, op_features=cfg.op_features,
+                                  list_schedule=cfg.list_schedule).to(cfg.device)  # fmt: skip
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)

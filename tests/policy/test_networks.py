@@ -103,7 +103,7 @@ def test_encode_shapes_finite_and_deterministic(graph):
     gf = graph_features(g, cluster("p100x4"))
     torch.manual_seed(0)
     policy = DopplerPolicy(**CFG)
-    assert policy.config == {**CFG, "op_features": "full", "learned": "both"}
+    assert policy.config == {**CFG, "op_features": "full", "learned": "both", "list_schedule": "critical_path"}
     n, m_hidden = g.num_ops, CFG["mlp_hidden"]
     with torch.no_grad():
         enc = policy.encode(gf)

@@ -359,3 +359,60 @@ def test_sample_mode_without_a_generator(setup):
     g, gf, _, enc = setup
     with pytest.raises(ValueError, match="rng"):
         rollout(gf, enc, batch=2)  # the default mode is "sample", which needs a generator
+
+
+# ============================================================================ list-schedule models
+@pytest.mark.parametrize("preset", ["p100x4", "v100x8", "mixed"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_rule_decodes_are_critical_path_and_heft(preset, seed):
+    """Both heads on their rules: the ``critical_path`` list schedule is CRITICAL PATH, the ``heft``
+    one (insertion into idle gaps, earliest finish) is HEFT, wherever b-levels do not tie."""
+    from doppler import assign
+    from doppler.policy.rollout import rule_decode
+
+    g = workloads.build("random", num_ops=80, seed=seed)
+    from doppler.corpus import mixed3_cluster
+
+    c = mixed3_cluster() if preset == "mixed" else cluster(preset)
+    gf = graph_features(g, c)
+    assert len(np.unique(gf.b_level_key)) == g.num_ops, "b-levels tie: HEFT breaks ties differently"
+    np.testing.assert_array_equal(rule_decode(gf).assignment[0], assign(g, c, "critical_path").devices)
+    heft_ro = rule_decode(gf, "heft")
+    np.testing.assert_array_equal(heft_ro.assignment[0], assign(g, c, "heft").devices)
+    # what PLC is taught in each state: the devices tied for the earliest finish, the rule's choice among them
+    assert heft_ro.est_tied[0, np.arange(g.num_ops), heft_ro.step_device[0]].all()
+
+
+def test_heft_list_schedule_fills_idle_gaps():
+    """Op 1 waits on device 1 for op 0's data from device 0, so device 1 idles first. The short,
+    independent op 2 fits into that gap: the ``heft`` model starts it at 0 on device 1, the appending
+    ``critical_path`` model only after op 1."""
+    from doppler.policy.rollout import DecodePlan, _no_heads, _run_kernel
+
+    g = from_edges([1e9, 1e9, 1e6], [(0, 1)], output_bytes=[1e9, 1.0, 1.0])
+    gf = graph_features(g, unit(2))
+    est = DEVICE_FEATURES.index("est")
+    plan = DecodePlan.replaying(np.array([[0, 1, 2]]), np.array([[0, 1, 1]]))
+    append = _run_kernel(gf, _no_heads(3), plan, False, False, "critical_path")
+    heft = _run_kernel(gf, _no_heads(3), plan, False, False, "heft")
+    assert append.device_features[0, 2, 1, est] > 0.0
+    assert heft.device_features[0, 2, 1, est] == 0.0
+    # everything else about op 2's view is the same in both models
+    assert heft.device_features[0, 2, 0, est] == append.device_features[0, 2, 0, est]
+
+
+def test_policy_list_schedule_is_saved_and_checked():
+    p = DopplerPolicy(**CFG, list_schedule="heft")
+    assert p.config["list_schedule"] == "heft"
+    g, gf, _ = make(num_ops=20)
+    with torch.no_grad():
+        enc = p.encode(gf)
+    assert enc.list_schedule == "heft"
+    ro = rollout(gf, enc, batch=2, mode="sample", rng=np.random.default_rng(0))
+    check_structure(g, ro)
+    with pytest.raises(ValueError, match="list_schedule"):
+        DopplerPolicy(**CFG, list_schedule="fifo")
+    from doppler.policy.architectures import policy_from_config
+
+    old = {k: v for k, v in DopplerPolicy(**CFG).config.items() if k != "list_schedule"}  # a checkpoint from before
+    assert policy_from_config(old).list_schedule == "critical_path"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -17,6 +18,7 @@ def pretrain_cmd(
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
+    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) [default: heft]."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -37,7 +39,8 @@ def pretrain_cmd(
             else:
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
-                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads), budget_h * 3600)
+                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads,
+                                                     **({"list_schedule": list_schedule} if list_schedule else {})), budget_h * 3600)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)

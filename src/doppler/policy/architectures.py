@@ -24,12 +24,14 @@ FIXED_DEVICE_COUNT = ("gdp", "placeto")
 
 
 def build_policy(method: str, *, num_devices: int, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128,
-                 op_features: str = "full") -> nn.Module:  # fmt: skip
+                 op_features: str = "full", list_schedule: str = "critical_path") -> nn.Module:  # fmt: skip
     """A fresh policy of ``method`` (DOPPLER's sizes; PLACETO and GDP take at most 3 message-passing
-    rounds and PLACETO half the width, since they embed far more often or run a transformer after)."""
+    rounds and PLACETO half the width, since they embed far more often or run a transformer after).
+    ``list_schedule`` (DOPPLER's policies only): the list-schedule model of PLC's features and rule."""
     heads = {m: h for h, m in LEARNED_HEADS.items()}
     if method in heads:
-        return DopplerPolicy(hidden, steps, mlp_hidden, op_features=op_features, learned=heads[method])
+        return DopplerPolicy(hidden, steps, mlp_hidden, op_features=op_features, learned=heads[method],
+                             list_schedule=list_schedule)  # fmt: skip
     if method == "single_policy":
         return SinglePolicy(hidden, steps, mlp_hidden, op_features=op_features)
     if method == "gdp":

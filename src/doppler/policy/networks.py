@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from doppler.listsched import NUM_DEVICE_FEATURES
+from doppler.listsched import LIST_SCHEDULES, NUM_DEVICE_FEATURES
 from doppler.policy import LEARNED_HEADS
 from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeatures, op_feature_columns
 
@@ -150,6 +150,7 @@ class Encoded:
     plc_w_out: torch.Tensor  # [M]: the PLC head's output layer
     plc_b_out: torch.Tensor  # []
     learned: str = "both"  # which heads decide: "both", or "sel"/"plc" (the other follows CRITICAL PATH's rule)
+    list_schedule: str = "critical_path"  # the list-schedule model of PLC's features and rule (rollout.LIST_SCHEDULES)
 
     def head_weights(self) -> tuple[float, float]:
         """(SEL, PLC) weights of the log-likelihood terms: a head that follows a fixed rule is not trained."""
@@ -174,14 +175,17 @@ class DopplerPolicy(nn.Module):
     or only SEL or only PLC, the other following CRITICAL PATH's rule (the paper's single-head ablations)."""
 
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
-                 op_features: str = "full", learned: str = "both") -> None:  # fmt: skip
+                 op_features: str = "full", learned: str = "both", list_schedule: str = "critical_path") -> None:  # fmt: skip
         super().__init__()
         self.op_columns = op_feature_columns(op_features)
         if learned not in LEARNED_HEADS:
             raise ValueError(f"learned must be one of {', '.join(LEARNED_HEADS)}, got {learned!r}")
+        if list_schedule not in LIST_SCHEDULES:
+            raise ValueError(f"list_schedule must be one of {', '.join(LIST_SCHEDULES)}, got {list_schedule!r}")
         self.learned = learned
+        self.list_schedule = list_schedule
         self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis,
-                       "op_features": op_features, "learned": learned}  # fmt: skip
+                       "op_features": op_features, "learned": learned, "list_schedule": list_schedule}  # fmt: skip
         self.encoder = GraphEncoder(hidden, steps, basis, len(self.op_columns))
         self.sel = SelHead(hidden, mlp_hidden, len(self.op_columns))
         self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(self.op_columns))
@@ -211,6 +215,7 @@ class DopplerPolicy(nn.Module):
             plc_w_out=self.plc.out.weight.squeeze(0),
             plc_b_out=self.plc.out.bias.squeeze(0),
             learned=self.learned,
+            list_schedule=self.list_schedule,
         )
 
 

@@ -31,7 +31,9 @@ import numpy as np
 import torch
 
 from doppler.methods.critical_path import TIE_RTOL
-from doppler.listsched import NUM_DEVICE_FEATURES, empty_state, features_into, place, take_candidate
+from doppler.listsched import (
+    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, insert_busy, insertion_starts_into, place, take_candidate,
+)  # fmt: skip
 from doppler.policy.features import GraphFeatures, normalise_device_features
 from doppler.policy.networks import LEAK, Encoded
 
@@ -95,14 +97,16 @@ def begin_episode(b, indeg0, nd, m_placed, dev, enter_step):  # pragma: no cover
 
 
 @numba.njit(cache=True, inline="always")
-def record_view(b, h, raw, x, feats, est_tied):  # pragma: no cover - compiled
+def record_view(b, h, raw, x, feats, est_tied, by_finish):  # pragma: no cover - compiled
     """Record what step ``h`` of episode ``b`` saw: the normalised device features ``x`` and which
-    devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices)."""
-    best_est = raw[0, 4] - raw[0, 5]
+    devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices),
+    or with ``by_finish`` for the earliest finish (HEFT's)."""
+    gap = 9 if by_finish else 5
+    best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
     for d in range(x.shape[0]):
         for f in range(x.shape[1]):
             feats[b, h, d, f] = x[d, f]
-        est_tied[b, h, d] = raw[d, 5] <= TIE_RTOL * abs(best_est)
+        est_tied[b, h, d] = raw[d, gap] <= TIE_RTOL * abs(best)
 
 
 @numba.njit(cache=True, inline="always")
@@ -126,22 +130,29 @@ def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, pla
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
-    mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic,
+    mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
     order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate.
 
     ``sel_heuristic``: SEL takes the candidate with the largest ``sel_key`` (ties: lowest op id);
-    ``plc_heuristic``: PLC takes the lowest device tied for the smallest EST (CRITICAL PATH's rules)."""
+    ``plc_heuristic``: PLC takes the lowest device tied for the smallest EST (CRITICAL PATH's rules).
+    ``heft_model``: the list schedule inserts ops into idle gaps and the rule (and ``est_tied``) is
+    the earliest finish (HEFT's model, :data:`~doppler.listsched.LIST_SCHEDULES`)."""
     B, n = order.shape
     nd = comp.shape[1]
     m_placed = plc_placed.shape[1]
     nf = feats.shape[3]
     all_devs = np.arange(nd)
+    busy_start = np.empty((nd, n if heft_model else 0))
+    busy_end = np.empty_like(busy_start)
+    busy_count = np.zeros(nd, np.int64)
+    never_free = np.zeros(nd)
     for b in range(B):
         dev = assignment[b]
         start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, m_placed, dev,
                                                                                        enter_step)  # fmt: skip
+        busy_count[:] = 0
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
         logits = np.empty(nd)
@@ -161,11 +172,12 @@ def _rollout_kernel(
             else:
                 v = pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
             # ---- PLC
-            features_into(
-                v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, raw
-            )
+            features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
+                          never_free if heft_model else free, assigned, raw)  # fmt: skip
+            if heft_model:
+                insertion_starts_into(v, comp, busy_start, busy_end, busy_count, raw)
             normalise_device_features(raw, inv_time_scale, x)
-            record_view(b, h, raw, x, feats, est_tied)
+            record_view(b, h, raw, x, feats, est_tied, heft_model)
             for d in range(nd):
                 logits[d] = plc_logit(v, x[d], placed[d], plc_op, plc_query, plc_dev, w_out, b_out, leak)
             if mode == 2:
@@ -178,6 +190,8 @@ def _rollout_kernel(
                     d += 1
             else:
                 d = pick(logits, all_devs, nd, mode, u[2], u[3], eps)
+            if heft_model:
+                insert_busy(d, raw[d, 4], raw[d, 4] + comp[v, d], busy_start, busy_end, busy_count)
             ncand = commit_step(v, d, b, h, raw[d, 4], comp, dev, start, finish, free, assigned, placed, plc_placed,
                                 succ_ptr, succ_idx, indeg, cand, pos, ncand, order, step_dev, enter_step)  # fmt: skip
     return -1
@@ -267,9 +281,12 @@ def empty_rollout(batch: int, n: int, nd: int) -> Rollout:
     )
 
 
-def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: bool, plc_rule: bool) -> Rollout:
+def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: bool, plc_rule: bool,
+                list_schedule: str = "critical_path") -> Rollout:  # fmt: skip
     """DOPPLER's compiled rollout on ``heads`` (see :func:`numpy_heads`); ``sel_rule``/``plc_rule``: that
-    head follows CRITICAL PATH's rule instead."""
+    head follows CRITICAL PATH's rule instead (PLC: ``list_schedule``'s rule)."""
+    if list_schedule not in LIST_SCHEDULES:
+        raise ValueError(f"list_schedule must be one of {', '.join(LIST_SCHEDULES)}, got {list_schedule!r}")
     cm = gf.costs
     ro = empty_rollout(plan.batch, gf.num_ops, gf.num_devices)
     sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out = heads
@@ -278,7 +295,7 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
         plan.mode, plan.sel_mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
-        gf.b_level_key, sel_rule, plc_rule,
+        gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft",
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
     )  # fmt: skip
     if bad >= 0:
@@ -299,14 +316,21 @@ def replay(gf: GraphFeatures, order: np.ndarray, step_device: np.ndarray) -> Rol
     return _run_kernel(gf, _no_heads(gf.num_ops), DecodePlan.replaying(order, step_device), False, False)
 
 
+def rule_decode(gf: GraphFeatures, list_schedule: str = "critical_path") -> Rollout:
+    """One episode with both heads on their rules: SEL takes the ready op of largest b-level (ties:
+    lowest id), PLC the device ``list_schedule`` ranks first. With ``critical_path`` this is CRITICAL
+    PATH; with ``heft`` it is HEFT wherever b-levels do not tie (HEFT breaks ties by level first)."""
+    n = gf.num_ops
+    plan = DecodePlan(1, _MODE_CODE["greedy"], _MODE_CODE["greedy"], 0.0, np.zeros((1, n, 4)),
+                      np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64))  # fmt: skip
+    return _run_kernel(gf, _no_heads(n), plan, True, True, list_schedule)
+
+
 def rule_order(gf: GraphFeatures) -> np.ndarray:
     """``int64[n]``: SEL's rule applied at every step (the ready op of largest b-level; ties: lowest id).
     It depends on no placement, so it is the fixed topological order of the one-placement policies
     (PLACETO, GDP) and of ``doppler_plc``; it is CRITICAL PATH's order."""
-    n = gf.num_ops
-    plan = DecodePlan(1, _MODE_CODE["greedy"], _MODE_CODE["greedy"], 0.0, np.zeros((1, n, 4)),
-                      np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64))  # fmt: skip
-    return _run_kernel(gf, _no_heads(n), plan, True, True).order[0]
+    return rule_decode(gf).order[0]
 
 
 def choose(weights: np.ndarray, sample: bool, u_coin: np.ndarray, u_draw: np.ndarray, eps: float) -> np.ndarray:
@@ -357,7 +381,7 @@ def rollout(
                       float(eps), uniforms, forced_order, forced_dev)  # fmt: skip
     if not isinstance(enc, Encoded):
         return enc.decode(gf, plan)
-    return _run_kernel(gf, numpy_heads(enc), plan, enc.learned == "plc", enc.learned == "sel")
+    return _run_kernel(gf, numpy_heads(enc), plan, enc.learned == "plc", enc.learned == "sel", enc.list_schedule)
 
 
 # ============================================================================ re-scoring

@@ -84,7 +84,7 @@ def _pair_kernel(
             features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free,
                           assigned, raw)  # fmt: skip
             normalise_device_features(raw, inv_time_scale, x)
-            record_view(b, h, raw, x, feats, est_tied)
+            record_view(b, h, raw, x, feats, est_tied, False)
             ncand = commit_step(v, d, b, h, raw[d, 4], comp, dev, start, finish, free, assigned, placed, plc_placed,
                                 succ_ptr, succ_idx, indeg, cand, pos, ncand, order, step_dev, enter_step)  # fmt: skip
     return -1
@@ -98,7 +98,7 @@ class SinglePolicy(DopplerPolicy):
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
                  op_features: str = "full") -> None:  # fmt: skip
         super().__init__(hidden, steps, mlp_hidden, basis, op_features)
-        self.config = {"architecture": "single_policy", **{k: v for k, v in self.config.items() if k != "learned"}}
+        self.config = {"architecture": "single_policy", **{k: v for k, v in self.config.items() if k not in ("learned", "list_schedule")}}
 
     def encode(self, gf: GraphFeatures) -> "PairDecoder":
         return PairDecoder(super().encode(gf), gf)
