@@ -10,7 +10,8 @@ enumerative, round_robin_block and metis): lower is better, below 1 beats every 
 Columns: the five cheap methods; anneal at ``--budget-s`` and at ``--anneal-long-s`` seconds;
 DOPPLER zero-shot greedy, best of 64 samples, and ``--budget-s`` of policy-guided search (with
 guided moves, and with the policy only choosing the start: ``guided_share=0``); fine-tuned for
-``--finetune-episodes`` from the pretrained policy on the first ``--finetune-rows`` rows; and the
+``--finetune-episodes`` from the pretrained policy on the first ``--finetune-rows`` rows, with its
+``structural`` op features / widened to ``full`` ones (``--op-features full``); and the
 zero-shot greedy assignment time (warm: the policy loaded and compiled once per process).
 Search columns give the mean over ``--seeds`` seeds and the spread (max - min).
 
@@ -59,8 +60,9 @@ def seeded(fn, seeds: int) -> tuple[float, float]:
     return float(np.mean(vals)), float(np.max(vals) - np.min(vals))
 
 
-def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0):
-    """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch."""
+def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None):
+    """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch;
+    ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``)."""
     import torch
 
     from doppler.cli.train_cmd import _init_config
@@ -69,7 +71,7 @@ def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: in
     cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9)
     weights = None
     if init:
-        cfg, weights, _ = _init_config(cfg, init)
+        cfg, weights, _ = _init_config(cfg, init, op_features)
     tr = Trainer.create([graph], cl, cfg)
     if weights is not None:
         tr.policy.load_state_dict(weights)
@@ -123,7 +125,7 @@ def main() -> None:
     rows = []
     header = (f"| graph / cluster | ops | dev | {' | '.join(CHEAP)} | best cheap (ms) | anneal {args.budget_s:g}s | "
               f"anneal {args.anneal_long_s:g}s | zero-shot greedy | best of 64 | doppler {args.budget_s:g}s | "
-              f"doppler {args.budget_s:g}s unguided | fine-tuned | greedy time (s) |")
+              f"doppler {args.budget_s:g}s unguided | fine-tuned (structural / full) | greedy time (s) |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1), flush=True)
     settings = {"seeds": args.seeds, "budget_s": args.budget_s, "anneal_long_s": args.anneal_long_s}
@@ -160,13 +162,16 @@ def main() -> None:
                              args.seeds)  # fmt: skip
         r["unguided"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "doppler", seed=s, budget_s=args.budget_s,
                                                                 guided_share=0.0, **kw)) / ref, args.seeds)  # fmt: skip
-        r["finetuned"] = None
+        r["finetuned"] = r["finetuned_full"] = None
         if i < args.finetune_rows:
             with tempfile.TemporaryDirectory() as tmp:
-                _, dev, r["finetune_s"] = finetune(g, cl, args.finetune_episodes, str(ckpt), Path(tmp))
+                _, dev, r["finetune_s"] = finetune(g, cl, args.finetune_episodes, str(ckpt), Path(tmp) / "s")
+                _, dev_full, r["finetune_full_s"] = finetune(g, cl, args.finetune_episodes, str(ckpt), Path(tmp) / "f",
+                                                             op_features="full")  # fmt: skip
             r["finetuned"] = makespan(g, cl, dev) / ref
+            r["finetuned_full"] = makespan(g, cl, dev_full) / ref
         rows.append(r)
-        ft = "-" if r["finetuned"] is None else f"{r['finetuned']:.3f}"
+        ft = "-" if r["finetuned"] is None else f"{r['finetuned']:.3f} / {r['finetuned_full']:.3f}"
         print(f"| {case.name} | {g.num_ops} | {cl.num_devices} | " + " | ".join(f"{r[m]:.3f}" for m in CHEAP)
               + f" | {ref * 1e3:.3g} | {r['anneal_short'][0]:.3f} ±{r['anneal_short'][1]:.3f} | {r['anneal_long']:.3f} | "
               f"{r['greedy']:.3f} | {r['best64']:.3f} | {r['guided'][0]:.3f} ±{r['guided'][1]:.3f} | "
@@ -202,12 +207,15 @@ def main() -> None:
     p100, v100 = cluster("p100x4"), cluster("v100x8")
     with tempfile.TemporaryDirectory() as tmp:
         tr_ft, dev_ft, ft_s = finetune(g, p100, args.finetune_episodes, str(ckpt), Path(tmp) / "ft")
+        tr_wide, dev_wide, wide_s = finetune(g, p100, args.finetune_episodes, str(ckpt), Path(tmp) / "wide",
+                                             op_features="full")  # fmt: skip
         tr_sc, dev_sc, sc_s = finetune(g, p100, args.finetune_episodes, None, Path(tmp) / "scratch")
         anneal_p100 = makespan(g, p100, assign(g, p100, "anneal", budget_s=args.anneal_long_s))
         transfer = {
             "finetuned_p100_vs_anneal_long": makespan(g, p100, dev_ft) / anneal_p100,
+            "finetuned_full_p100_vs_anneal_long": makespan(g, p100, dev_wide) / anneal_p100,
             "scratch_p100_vs_anneal_long": makespan(g, p100, dev_sc) / anneal_p100,
-            "finetune_s": ft_s, "scratch_s": sc_s,
+            "finetune_s": ft_s, "finetune_full_s": wide_s, "scratch_s": sc_s,
         }  # fmt: skip
         zs = assign(g, v100, "doppler", checkpoint=Path(tmp) / "ft" / "checkpoint.pt")
         _, dev_v, _ = finetune(g, v100, args.transfer_episodes, str(Path(tmp) / "ft" / "checkpoint.pt"), Path(tmp) / "v100")
@@ -222,7 +230,9 @@ def main() -> None:
         if args.curve:
             from doppler.report import fine_tuning_curve
 
-            fine_tuning_curve({"from the pretrained policy": tr_ft.history, "from scratch (Stage I + II)": tr_sc.history},
+            fine_tuning_curve({"from the pretrained policy": tr_ft.history,
+                               "from the pretrained policy, widened to full op features": tr_wide.history,
+                               "from scratch (Stage I + II)": tr_sc.history},
                               args.curve, reference=anneal_p100 / tr_ft.tasks[0].lower_bound_s,
                               title="llama_layer on p100x4: fine-tuning vs from scratch")  # fmt: skip
     print()

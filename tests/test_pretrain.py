@@ -122,6 +122,37 @@ def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
     assert json.loads(res.stdout)["zero_shot"] is True
 
 
+def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp_path):
+    """``train --init pretrained --op-features full``: the new inputs start at zero weight, so the
+    widened policy decodes exactly as the shipped one did; it then trains and serves its graph."""
+    import numpy as np
+    import torch
+
+    from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, load_policy, widen_op_features
+    from doppler.policy.features import graph_features
+    from doppler.policy.networks import DopplerPolicy
+
+    shipped, _ = load_policy(PRETRAINED_CHECKPOINT)
+    wide = DopplerPolicy(**{**shipped.config, "op_features": "full"})
+    wide.load_state_dict(widen_op_features(shipped.state_dict(), wide, "structural"))
+    gf = graph_features(workloads.build("chainmm", size="tiny"), cluster("p100x4"))
+    with torch.no_grad():
+        a, b = shipped.encode(gf), wide.encode(gf)
+    for name in ("sel_score", "plc_op", "plc_placed"):
+        np.testing.assert_allclose(getattr(a, name).numpy(), getattr(b, name).numpy(), rtol=1e-5, atol=1e-6)
+    g = tmp_path / "g.json"
+    assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
+    res = _run("train", g, "-c", "unit:2", "--init", "pretrained", "--op-features", "full", "--episodes", "16",
+               "--batch", "8", "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    ck = read_checkpoint(tmp_path / "FT")
+    assert ck["policy_config"]["op_features"] == "full" and ck["policy_config"]["list_schedule"] == "heft"
+    _usage_error(_run("train", g, "-c", "unit:2", "--init", tmp_path / "FT" / "checkpoint.pt", "--op-features",
+                      "structural", "-o", tmp_path / "r"), "cannot be narrowed")  # fmt: skip
+    _usage_error(_run("train", g, "-c", "unit:2", "--init", "pretrained", "--op-features", "ids", "-o", tmp_path / "r"),
+                 "ids")
+
+
 def test_pretrain_and_init_bad_input_exit_2(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--budget-h", "0"), "--budget-h")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--resume"), "no checkpoint")

@@ -87,3 +87,20 @@ def test_unit_cost_clusters_print_units(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
     gantt(g, c, simulate(g, c, [0, 1, 0], trace=True), tmp_path / "u.png")
     assert figs[0].axes[0].get_xlabel() == "time (units)"
+
+
+def test_fine_tuning_curve_plots_each_run_and_the_distilled_end(tmp_path: Path, monkeypatch) -> None:
+    import matplotlib.axes
+
+    from doppler.report import fine_tuning_curve
+
+    calls = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: calls.append(a) or real_plot(self, *a, **k))
+    rl = [{"episode": 8.0 * k, "greedy_ratio": 1.5 - 0.01 * k, "stage_il": 0.0, "stage_distill": 0.0} for k in range(1, 5)]
+    distilled = rl + [{"episode": 32.0, "greedy_ratio": 1.2, "stage_il": 0.0, "stage_distill": 1.0}]
+    out = tmp_path / "curve.png"
+    fine_tuning_curve({"a": rl, "b": distilled}, out, reference=1.1)
+    assert out.stat().st_size > 0
+    assert [list(c[0]) for c in calls] == [[8.0, 16.0, 24.0, 32.0], [8.0, 16.0, 24.0, 32.0], [32.0]]
+    assert list(calls[2][1]) == [1.2]  # the dot: the greedy decode after distillation

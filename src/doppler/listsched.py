@@ -17,6 +17,12 @@ O(in-degree x devices) per state, never O(ops). The same compiled functions are
 called per state from the policy's compiled rollout (:mod:`doppler.policy.rollout`),
 so the teacher and the policy's dynamic features can never disagree.
 
+The policy can also see HEFT's model instead (``list_schedule="heft"``, :data:`LIST_SCHEDULES`):
+each device keeps its busy intervals, and ``EST(v, d)`` is the start of the earliest idle gap
+on ``d``, no earlier than ``v``'s data-ready time, that is long enough for ``v``
+(:func:`insertion_starts_into`); the rule then takes the earliest *finish*. Only the policy's
+rollout keeps this state; :class:`PlacementState` is CRITICAL PATH's.
+
 Dynamic device features of the op ``v`` being placed (docs/design.md, The method), one row per
 device ``d`` (:data:`DEVICE_FEATURES`), all in seconds before normalisation:
 

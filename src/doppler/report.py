@@ -479,7 +479,8 @@ def fine_tuning_curve(
     title: str = "fine-tuning",
 ) -> None:  # fmt: skip
     """Greedy makespan over the lower bound against Stage II episodes, one line per run (e.g. from the
-    pretrained policy and from scratch), with an optional reference line (anneal's ratio)."""
+    pretrained policy and from scratch), with an optional reference line (anneal's ratio). A dot at
+    the end marks the greedy decode after distillation, where the run distilled."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -488,7 +489,10 @@ def fine_tuning_curve(
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for name, history in histories.items():
         rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill") and "greedy_ratio" in h]
-        ax.plot([h["episode"] for h in rl], [h["greedy_ratio"] for h in rl], label=name)
+        (line,) = ax.plot([h["episode"] for h in rl], [h["greedy_ratio"] for h in rl], label=name)
+        distilled = [h for h in history if h.get("stage_distill") and "greedy_ratio" in h]
+        if rl and distilled:
+            ax.plot([rl[-1]["episode"]], [distilled[-1]["greedy_ratio"]], "o", color=line.get_color())
     if reference is not None:
         ax.axhline(reference, ls="--", lw=1, color="gray", label="anneal 60 s")
     ax.set_xlabel("Stage II episodes")

@@ -21,8 +21,10 @@ def _parse_stages(stages: str) -> tuple[str, ...]:
     return out
 
 
-def _init_config(cfg, init: str):
-    """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights."""
+def _init_config(cfg, init: str, op_features: str | None = None):
+    """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights.
+    ``op_features``: read these op features instead of the checkpoint's (a superset: the new inputs'
+    weights start at zero, :func:`~doppler.policy.checkpoint.widen_op_features`)."""
     import dataclasses
 
     from doppler.policy.checkpoint import CheckpointError, checkpoint_method, read_checkpoint, resolve_checkpoint
@@ -34,12 +36,26 @@ def _init_config(cfg, init: str):
         raise CheckpointError(f"{path}: --init needs a {cfg.method} checkpoint, this one is {checkpoint_method(pc)} "
                               f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
-                                 op_features=pc.get("op_features", "full"),
+                                 op_features=op_features or pc.get("op_features", "full"),
                                  list_schedule=pc.get("list_schedule", "critical_path"))  # fmt: skip
-    return shaped, ck["state_dict"], path
+    shaped.validate()
+    weights = ck["state_dict"]
+    if shaped.op_features != pc.get("op_features", "full"):
+        from doppler.policy.architectures import build_policy
+        from doppler.policy.checkpoint import widen_op_features
+
+        target = build_policy(shaped.method, num_devices=1, hidden=shaped.hidden, steps=shaped.mp_steps,
+                              mlp_hidden=shaped.mlp_hidden, op_features=shaped.op_features,
+                              list_schedule=shaped.list_schedule)  # fmt: skip
+        try:
+            weights = widen_op_features(weights, target, pc.get("op_features", "full"))
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: --op-features {shaped.op_features}: {e}") from None
+    return shaped, weights, path
 
 
-def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None):
+def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
+             op_features: str | None = None):  # fmt: skip
     from doppler.formats import load_graph
     from doppler.presets import cluster
     from doppler.train import Trainer, TrainError
@@ -52,7 +68,7 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
     if init is None:
         return Trainer.create(graphs, cl, cfg)
-    cfg, weights, path = _init_config(cfg, init)
+    cfg, weights, path = _init_config(cfg, init, op_features)
     trainer = Trainer.create(graphs, cl, cfg)
     try:
         trainer.policy.load_state_dict(weights)
@@ -84,6 +100,7 @@ def train_cmd(
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
+    op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions) or structural (position-free, transfers) [default: full; with --init: the checkpoint's; structural -> full widens it, the new inputs starting at zero weight]."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -93,7 +110,7 @@ def train_cmd(
         from doppler.train import TrainConfig, TrainError
 
         try:
-            given = {"il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
+            given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
                      "real_episodes": real_episodes, "search_every": search_every, "search_evals": search_evals,
                      "sim_seed_methods": None if warm_start is None else
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
@@ -105,7 +122,7 @@ def train_cmd(
                               engine_device_type=engine_device_type, device=device,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
-            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init)
+            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,30 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return ck
 
 
+def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Module,
+                      from_features: str) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``state_dict`` of a policy that read the op features ``from_features``, for ``policy``, which
+    reads a superset of them (``structural`` -> ``full``): each layer over the op features gets zero
+    weights for the new ones, so the widened policy computes exactly what the old one did and
+    fine-tuning can learn to use them (position features let one graph's identical tiles differ)."""
+    from doppler.policy.features import OP_FEATURE_SETS
+
+    old, new = OP_FEATURE_SETS[from_features], OP_FEATURE_SETS[policy.config["op_features"]]
+    if not set(old) <= set(new):
+        raise CheckpointError(f"a policy that reads the {from_features} op features cannot be narrowed to "
+                              f"{policy.config['op_features']} ones")  # fmt: skip
+    cols = [new.index(f) for f in old]
+    out = {}
+    for key, target in policy.state_dict().items():
+        w = state_dict[key]
+        if w.shape != target.shape and w.dim() == 2 and w.shape[1] == len(old) and target.shape[1] == len(new):
+            widened = torch.zeros_like(target)
+            widened[:, cols] = w
+            w = widened
+        out[key] = w
+    return out
+
+
 def load_policy(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata."""
     from doppler.policy.architectures import policy_from_config

@@ -207,7 +207,8 @@ class Rollout:
     assignment: np.ndarray  # int64[B, n]: device per op
     enter_step: np.ndarray  # int64[B, n]: step at which each op became a candidate
     device_features: np.ndarray  # float32[B, n, D, F]: what PLC saw at each step
-    est_tied: np.ndarray  # bool[B, n, D]: devices tied for the smallest EST (CRITICAL PATH's PLC choices)
+    est_tied: np.ndarray  # bool[B, n, D]: the devices the list schedule's rule ties for first (smallest EST;
+    # with the ``heft`` list schedule, earliest finish): the PLC teacher's choices
 
     @property
     def batch(self) -> int:
