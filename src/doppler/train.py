@@ -340,6 +340,7 @@ class Trainer:
     episode: int = 0
     real_episode: int = 0  # Stage III episodes done
     distill_step: int = 0  # distillation updates done (set to distill_updates once greedy matches the best)
+    distill_best: tuple[float, dict] | None = None  # during distillation: the best greedy score and its weights
     history: list[dict[str, float]] = field(default_factory=list)
     writer: Any = None
     phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
@@ -559,6 +560,8 @@ class Trainer:
             stats["loss_distill"] += float(loss.detach()) / k
             stats["greedy_ratio"] += mk_greedy / task.lower_bound_s / k
             stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
+        if self.distill_best is not None and stats["greedy_ratio"] < self.distill_best[0] * (1 - 1e-9):
+            self.distill_best = (stats["greedy_ratio"], self._weights())  # the weights that decoded it
         if matched:
             self.distill_step = self.cfg.distill_updates
             return stats
@@ -585,14 +588,13 @@ class Trainer:
         """Mean over tasks of the greedy decode's makespan over the lower bound."""
         return float(np.mean([self.greedy(t)[1] / t.lower_bound_s for t in self.tasks]))
 
-    def _greedy_checkpoint(self) -> tuple[float, dict[str, torch.Tensor]]:
-        """The greedy score and a copy of the weights, taken before distillation."""
-        return self._greedy_score(), {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
 
     def _keep_better(self, kept: tuple[float, dict[str, torch.Tensor]], run_dir: Path | None) -> None:
-        """Distillation must not leave the greedy decode worse than before it (a policy that cannot
-        tell identical tiles apart may fail to match, and keep imitating until it breaks): restore
-        the weights taken before it if it did."""
+        """Distillation must not leave the greedy decode worse than the best it reached (a policy that
+        cannot tell identical tiles apart may fail to match, and keep imitating until it breaks; one
+        that can may pass the incumbent's decode and drift off it): restore those weights if it did."""
         score, weights = kept
         if self._greedy_score() > score * (1 + 1e-9):
             self.policy.load_state_dict(weights)
@@ -623,10 +625,11 @@ class Trainer:
                     self._seed_incumbent(task, cfg.sim_seed_methods)
             self._loop("sim", cfg.episodes, lambda: self.episode, self.rl_update, run_dir, on_progress)
             if cfg.distill_updates > 0 and any(t.best_order is not None for t in self.tasks):
-                kept = self._greedy_checkpoint()
+                self.distill_best = (self._greedy_score(), self._weights())  # before distillation
                 self._loop("distill", cfg.distill_updates, lambda: self.distill_step, self.distill_update, run_dir,
                            on_progress)  # fmt: skip
-                self._keep_better(kept, run_dir)
+                self._keep_better(self.distill_best, run_dir)
+                self.distill_best = None
         if "real" in cfg.stages:
             self.enter_real_stage()
             self._loop("real", cfg.real_episodes, lambda: self.real_episode, self.real_update, run_dir, on_progress)
