@@ -219,12 +219,18 @@ def main() -> None:
         }  # fmt: skip
         zs = assign(g, v100, "doppler", checkpoint=Path(tmp) / "ft" / "checkpoint.pt")
         _, dev_v, _ = finetune(g, v100, args.transfer_episodes, str(Path(tmp) / "ft" / "checkpoint.pt"), Path(tmp) / "v100")
+        # the full-feature policy serves only its own cluster zero-shot (positions of one graph on one
+        # cluster), but it can be fine-tuned on another
+        _, dev_vw, _ = finetune(g, v100, args.transfer_episodes, str(Path(tmp) / "wide" / "checkpoint.pt"),
+                                Path(tmp) / "v100w")  # fmt: skip
         anneal_v100 = makespan(g, v100, assign(g, v100, "anneal", budget_s=args.anneal_long_s))
         transfer.update(
             v100_zero_shot_vs_anneal_long=makespan(g, v100, zs) / anneal_v100,
             v100_finetuned_vs_anneal_long=makespan(g, v100, dev_v) / anneal_v100,
+            v100_finetuned_full_vs_anneal_long=makespan(g, v100, dev_vw) / anneal_v100,
             nvlink_share_zero_shot=nvlink_byte_share(g, zs.devices),
             nvlink_share_finetuned=nvlink_byte_share(g, dev_v),
+            nvlink_share_finetuned_full=nvlink_byte_share(g, dev_vw),
             nvlink_share_anneal=nvlink_byte_share(g, assign(g, v100, "anneal", budget_s=args.anneal_long_s).devices),
         )
         if args.curve:
@@ -239,8 +245,11 @@ def main() -> None:
     for k, v in transfer.items():
         print(f"{k}: {v:.4g}")
     if args.out:
+        curves = {name: [{k: h[k] for k in ("episode", "greedy_ratio", "stage_il", "stage_distill") if k in h}
+                         for h in tr.history] for name, tr in (("pretrained", tr_ft), ("widened", tr_wide),
+                                                               ("scratch", tr_sc))}  # fmt: skip
         write_json(args.out, {"rows": rows, "summary": summary, "transfer": transfer, "checkpoint": str(ckpt),
-                              "args": vars(args)}, indent=2)  # fmt: skip
+                              "curves": curves, "args": vars(args)}, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

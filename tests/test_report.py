@@ -98,9 +98,9 @@ def test_fine_tuning_curve_plots_each_run_and_the_distilled_end(tmp_path: Path, 
     real_plot = matplotlib.axes.Axes.plot
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: calls.append(a) or real_plot(self, *a, **k))
     rl = [{"episode": 8.0 * k, "greedy_ratio": 1.5 - 0.01 * k, "stage_il": 0.0, "stage_distill": 0.0} for k in range(1, 5)]
-    distilled = rl + [{"episode": 32.0, "greedy_ratio": 1.2, "stage_il": 0.0, "stage_distill": 1.0}]
+    distilled = rl + [{"episode": 32.0, "greedy_ratio": r, "stage_il": 0.0, "stage_distill": 1.0} for r in (1.2, 1.9)]
     out = tmp_path / "curve.png"
     fine_tuning_curve({"a": rl, "b": distilled}, out, reference=1.1)
     assert out.stat().st_size > 0
     assert [list(c[0]) for c in calls] == [[8.0, 16.0, 24.0, 32.0], [8.0, 16.0, 24.0, 32.0], [32.0]]
-    assert list(calls[2][1]) == [1.2]  # the dot: the greedy decode after distillation
+    assert list(calls[2][1]) == [1.2]  # the dot: the best greedy decode distillation passed through

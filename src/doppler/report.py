@@ -479,20 +479,22 @@ def fine_tuning_curve(
     title: str = "fine-tuning",
 ) -> None:  # fmt: skip
     """Greedy makespan over the lower bound against Stage II episodes, one line per run (e.g. from the
-    pretrained policy and from scratch), with an optional reference line (anneal's ratio). A dot at
-    the end marks the greedy decode after distillation, where the run distilled."""
+    pretrained policy and from scratch), with an optional reference line (anneal's ratio). Where the
+    run distilled, a dot at the end marks the greedy decode it kept: the best one distillation passed
+    through, or the one before it (:meth:`doppler.train.Trainer.run`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for name, history in histories.items():
+    for i, (name, history) in enumerate(histories.items()):
         rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill") and "greedy_ratio" in h]
         (line,) = ax.plot([h["episode"] for h in rl], [h["greedy_ratio"] for h in rl], label=name)
         distilled = [h for h in history if h.get("stage_distill") and "greedy_ratio" in h]
         if rl and distilled:
-            ax.plot([rl[-1]["episode"]], [distilled[-1]["greedy_ratio"]], "o", color=line.get_color())
+            kept = min([rl[-1]["greedy_ratio"]] + [h["greedy_ratio"] for h in distilled])
+            ax.plot([rl[-1]["episode"]], [kept], "os^D"[i % 4], color=line.get_color(), mfc="none", ms=8, mew=1.5)
     if reference is not None:
         ax.axhline(reference, ls="--", lw=1, color="gray", label="anneal 60 s")
     ax.set_xlabel("Stage II episodes")
