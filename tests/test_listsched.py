@@ -50,3 +50,26 @@ def test_batched_state_equals_independent_states():
     for b, s in enumerate(singles):
         np.testing.assert_array_equal(batched.finish_s[b], s.finish_s[0])
         np.testing.assert_array_equal(batched.dev[b], s.dev[0])
+
+
+def test_insertion_keeps_busy_intervals_sorted_with_zero_length_ops():
+    """Busy [0, 5) and [5, 10); a zero-length op ready at 3 goes to 5; then [12, 20). An op of
+    length 2 ready at 7 must start at 10, after [5, 10), not inside it."""
+    from doppler.listsched import insert_busy, insertion_starts_into
+
+    start, end, count = np.zeros((1, 8)), np.zeros((1, 8)), np.zeros(1, np.int64)
+
+    def place(ready: float, length: float) -> float:
+        out = np.zeros((1, 11))
+        out[0, 4] = ready
+        insertion_starts_into(0, np.array([[length]]), start, end, count, out)
+        s = out[0, 4]
+        insert_busy(0, s, s + length, start, end, count)
+        return s
+
+    assert place(0.0, 5.0) == 0.0 and place(5.0, 5.0) == 5.0
+    assert place(3.0, 0.0) == 5.0
+    assert place(12.0, 8.0) == 12.0
+    assert np.all(np.diff(end[0, : count[0]]) >= 0)
+    assert place(7.0, 2.0) == 10.0
+    assert place(0.0, 2.0) == 20.0  # [10, 12) is taken now; no earlier gap fits

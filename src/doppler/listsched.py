@@ -171,10 +171,12 @@ def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pr
 
 @numba.njit(cache=True)
 def insert_busy(d, start_s, finish_s, busy_start, busy_end, busy_count):  # pragma: no cover - compiled
-    """Add the interval ``[start_s, finish_s)`` to device ``d``'s sorted busy intervals."""
+    """Add the interval ``[start_s, finish_s)`` to device ``d``'s busy intervals, kept sorted by
+    (start, end) so that their ends stay sorted too: a zero-length op that starts where a busy
+    interval starts goes before it, where HEFT's gap scan put it."""
     c = busy_count[d]
     j = c
-    while j > 0 and busy_start[d, j - 1] > start_s:
+    while j > 0 and (busy_start[d, j - 1] > start_s or (busy_start[d, j - 1] == start_s and busy_end[d, j - 1] > finish_s)):
         busy_start[d, j] = busy_start[d, j - 1]
         busy_end[d, j] = busy_end[d, j - 1]
         j -= 1

@@ -493,7 +493,7 @@ def fine_tuning_curve(
         (line,) = ax.plot([h["episode"] for h in rl], [h["greedy_ratio"] for h in rl], label=name)
         distilled = [h for h in history if h.get("stage_distill") and "greedy_ratio" in h]
         if rl and distilled:
-            kept = min([rl[-1]["greedy_ratio"]] + [h["greedy_ratio"] for h in distilled])
+            kept = min(h["greedy_ratio"] for h in distilled)  # the first is the decode before distillation
             ax.plot([rl[-1]["episode"]], [kept], "os^D"[i % 4], color=line.get_color(), mfc="none", ms=8, mew=1.5)
     if reference is not None:
         ax.axhline(reference, ls="--", lw=1, color="gray", label="anneal 60 s")

@@ -126,6 +126,9 @@ class TrainConfig:
             raise TrainError(f"unknown op feature set {self.op_features!r} (use one of: {', '.join(OP_FEATURE_SETS)})")
         if self.list_schedule not in LIST_SCHEDULES:
             raise TrainError(f"unknown list schedule {self.list_schedule!r} (use one of: {', '.join(LIST_SCHEDULES)})")
+        if self.list_schedule != "critical_path" and self.teacher == "lookahead":
+            raise TrainError("--teacher lookahead rolls out CRITICAL PATH's list schedule: use it with --list-schedule "
+                             "critical_path")  # fmt: skip
         if self.list_schedule != "critical_path" and self.method in BASELINE_METHODS:
             raise TrainError(f"--list-schedule {self.list_schedule} is for DOPPLER's policies, not {self.method}")
         if self.baseline not in BASELINES:

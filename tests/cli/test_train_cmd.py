@@ -175,6 +175,8 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--teacher", "nope"), ["nope", "teacher"]),
         (("--list-schedule", "fifo"), ["fifo", "list schedule"]),
         (("--list-schedule", "heft", "--method", "gdp"), ["--list-schedule", "gdp"]),
+        (("--list-schedule", "heft", "--teacher", "lookahead"), ["lookahead", "critical_path"]),
+        (("--list-schedule", "heft", "--init", "pretrained"), ["--list-schedule", "--init"]),
         (("--episodes", "0"), ["--episodes"]),
         (("--batch", "0"), ["--batch"]),
         (("--baseline", "median"), ["median"]),
@@ -184,7 +186,7 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         pytest.param(("--stages", "il,real", "--device-type", "cuda"), ["no CUDA device"],
                      marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     ],
-    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "list-schedule", "list-schedule-gdp", "episodes-0", "batch-0", "baseline",
+    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "list-schedule", "list-schedule-gdp", "list-schedule-lookahead", "list-schedule-init", "episodes-0", "batch-0", "baseline",
          "warm-start", "search-every", "dask-cuda", "cuda-without-gpu"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:

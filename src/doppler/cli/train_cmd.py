@@ -49,6 +49,8 @@ def _init_config(cfg, init: str, op_features: str | None = None):
                               list_schedule=shaped.list_schedule)  # fmt: skip
         try:
             weights = widen_op_features(weights, target, pc.get("op_features", "full"))
+        except KeyError as e:
+            raise CheckpointError(f"{path}: --op-features {shaped.op_features}: the checkpoint has no weights {e}") from None
         except CheckpointError as e:
             raise CheckpointError(f"{path}: --op-features {shaped.op_features}: {e}") from None
     return shaped, weights, path
@@ -87,7 +89,7 @@ def train_cmd(
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
     method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step)."),
     teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, enumerative, anneal."),
-    list_schedule: str = typer.Option("critical_path", "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish). With --init: the checkpoint's."),
+    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) [default: critical_path; with --init: the checkpoint's]."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
@@ -118,10 +120,13 @@ def train_cmd(
                 raise UserError("--init starts a new run from a policy; --resume continues a run: give one of them")
             stages = stages or ("sim" if init is not None else "il,sim")
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
-                              list_schedule=list_schedule,
+                              list_schedule=list_schedule or "critical_path",
                               engine_device_type=engine_device_type, device=device,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
+            if init is not None and list_schedule is not None:
+                raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
+                                "model): leave it out")  # fmt: skip
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
