@@ -144,45 +144,54 @@ def gaps_into(out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
+def earliest_gap(ready_s, length_s, starts, ends, count):  # pragma: no cover - compiled
+    """HEFT's insertion on one device whose busy intervals are ``starts[:count]`` / ``ends[:count]``
+    (sorted, disjoint): ``(start, slot)`` of the earliest idle gap from ``ready_s`` on that is
+    ``length_s`` long, and the index its interval goes to, keeping the intervals sorted."""
+    lo, hi = 0, count
+    while lo < hi:  # the first interval that ends after the ready time (ends are sorted)
+        mid = (lo + hi) // 2
+        if ends[mid] <= ready_s:
+            lo = mid + 1
+        else:
+            hi = mid
+    t = ready_s
+    j = lo
+    while j < count:
+        if t + length_s <= starts[j]:
+            break
+        t = max(t, ends[j])
+        j += 1
+    return t, j
+
+
+@numba.njit(cache=True)
+def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no cover - compiled
+    """Put ``[start_s, finish_s)`` at index ``slot`` of one device's ``count`` busy intervals."""
+    for j in range(count, slot, -1):
+        starts[j] = starts[j - 1]
+        ends[j] = ends[j - 1]
+    starts[slot] = start_s
+    ends[slot] = finish_s
+
+
+@numba.njit(cache=True)
 def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pragma: no cover - compiled
     """HEFT's insertion model. ``out[d, 4]`` holds op ``v``'s data-ready time on ``d`` (its features
     computed with ``free`` all 0); replace it with the start of the earliest idle gap on ``d``, from
-    then on, that is long enough for ``v``, then recompute the gaps. Device ``d``'s busy intervals are
-    ``busy_start[d, :busy_count[d]]`` / ``busy_end[d, :busy_count[d]]``, sorted and disjoint."""
+    then on, that is long enough for ``v`` (:func:`earliest_gap`), then recompute the gaps."""
     for d in range(out.shape[0]):
-        ready = out[d, 4]
-        w = comp[v, d]
-        c = busy_count[d]
-        lo, hi = 0, c
-        while lo < hi:  # the first interval that ends after the ready time (ends are sorted)
-            mid = (lo + hi) // 2
-            if busy_end[d, mid] <= ready:
-                lo = mid + 1
-            else:
-                hi = mid
-        t = ready
-        for j in range(lo, c):
-            if t + w <= busy_start[d, j]:
-                break
-            t = max(t, busy_end[d, j])
-        out[d, 4] = t
+        out[d, 4] = earliest_gap(out[d, 4], comp[v, d], busy_start[d], busy_end[d], busy_count[d])[0]
     gaps_into(out)
 
 
 @numba.njit(cache=True)
 def insert_busy(d, start_s, finish_s, busy_start, busy_end, busy_count):  # pragma: no cover - compiled
-    """Add the interval ``[start_s, finish_s)`` to device ``d``'s busy intervals, kept sorted by
-    (start, end) so that their ends stay sorted too: a zero-length op that starts where a busy
-    interval starts goes before it, where HEFT's gap scan put it."""
-    c = busy_count[d]
-    j = c
-    while j > 0 and (busy_start[d, j - 1] > start_s or (busy_start[d, j - 1] == start_s and busy_end[d, j - 1] > finish_s)):
-        busy_start[d, j] = busy_start[d, j - 1]
-        busy_end[d, j] = busy_end[d, j - 1]
-        j -= 1
-    busy_start[d, j] = start_s
-    busy_end[d, j] = finish_s
-    busy_count[d] = c + 1
+    """Occupy ``[start_s, finish_s)`` on device ``d``: a gap :func:`insertion_starts_into` found; it goes
+    where HEFT's scan puts it, so the busy intervals stay sorted (zero-length ops included)."""
+    slot = earliest_gap(start_s, finish_s - start_s, busy_start[d], busy_end[d], busy_count[d])[1]
+    insert_interval(busy_start[d], busy_end[d], busy_count[d], slot, start_s, finish_s)
+    busy_count[d] += 1
 
 
 @numba.njit(cache=True)

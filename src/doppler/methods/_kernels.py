@@ -5,7 +5,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from doppler.listsched import est_into
+from doppler.listsched import earliest_gap, est_into, insert_interval
 
 
 @numba.njit(cache=True)
@@ -28,25 +28,8 @@ def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cove
         best_s = 0.0
         best_d = 0
         for d in range(nd):
-            w = comp[v, d]
-            c = cnt[d]
-            # first interval whose end is after the ready time (ends are sorted)
-            lo, hi = 0, c
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if ends[d, mid] <= ready[d]:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            t = ready[d]
-            j = lo
-            while j < c:
-                if t + w <= starts[d, j]:
-                    break
-                if ends[d, j] > t:
-                    t = ends[d, j]
-                j += 1
-            f = t + w
+            t, j = earliest_gap(ready[d], comp[v, d], starts[d], ends[d], cnt[d])
+            f = t + comp[v, d]
             if f < best_f:
                 best_f = f
                 best_s = t
@@ -62,11 +45,7 @@ def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cove
             ne[:, :c] = ends[:, :c]
             starts = ns
             ends = ne
-        for j in range(c, best_pos, -1):
-            starts[d, j] = starts[d, j - 1]
-            ends[d, j] = ends[d, j - 1]
-        starts[d, best_pos] = best_s
-        ends[d, best_pos] = best_f
+        insert_interval(starts[d], ends[d], c, best_pos, best_s, best_f)
         cnt[d] = c + 1
         dev[v] = d
         start[v] = best_s
