@@ -29,8 +29,10 @@ anneal 60 s <= 1.00 and better than anneal 5 s; fine-tuning within 2% of anneal 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -120,6 +122,19 @@ def main() -> None:
     ckpt, _ = resolve_checkpoint(args.checkpoint)
     kw = {"checkpoint": ckpt}
     cases = held_out_split(quick=args.quick)
+    work = Path(tempfile.mkdtemp(prefix="doppler-generalization-"))  # fine-tuning runs, reused across sections
+    atexit.register(shutil.rmtree, work, True)
+    tuned: dict[tuple, tuple] = {}
+
+    def tune(g, cl, episodes: int, init: str | None, op_features: str | None = None):
+        """``finetune`` once per setting (the first row and the transfer section share llama_layer / p100x4):
+        (trainer, devices, seconds, run directory)."""
+        key = (g.fingerprint(), json.dumps(cl.to_json(), sort_keys=True), episodes, init, op_features)
+        if key not in tuned:
+            run_dir = work / f"run{len(tuned)}"
+            tuned[key] = (*finetune(g, cl, episodes, init, run_dir, op_features=op_features), run_dir)
+        return tuned[key]
+
     if not args.baselines_only:
         assign(cases[0].graph, cases[0].cluster, "doppler", **kw)  # load and compile once (warm timings)
     rows = []
@@ -164,10 +179,8 @@ def main() -> None:
                                                                 guided_share=0.0, **kw)) / ref, args.seeds)  # fmt: skip
         r["finetuned"] = r["finetuned_full"] = None
         if i < args.finetune_rows:
-            with tempfile.TemporaryDirectory() as tmp:
-                _, dev, r["finetune_s"] = finetune(g, cl, args.finetune_episodes, str(ckpt), Path(tmp) / "s")
-                _, dev_full, r["finetune_full_s"] = finetune(g, cl, args.finetune_episodes, str(ckpt), Path(tmp) / "f",
-                                                             op_features="full")  # fmt: skip
+            _, dev, r["finetune_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt))
+            _, dev_full, r["finetune_full_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt), "full")
             r["finetuned"] = makespan(g, cl, dev) / ref
             r["finetuned_full"] = makespan(g, cl, dev_full) / ref
         rows.append(r)
@@ -205,42 +218,39 @@ def main() -> None:
 
     g = workloads.build("llama_layer")
     p100, v100 = cluster("p100x4"), cluster("v100x8")
-    with tempfile.TemporaryDirectory() as tmp:
-        tr_ft, dev_ft, ft_s = finetune(g, p100, args.finetune_episodes, str(ckpt), Path(tmp) / "ft")
-        tr_wide, dev_wide, wide_s = finetune(g, p100, args.finetune_episodes, str(ckpt), Path(tmp) / "wide",
-                                             op_features="full")  # fmt: skip
-        tr_sc, dev_sc, sc_s = finetune(g, p100, args.finetune_episodes, None, Path(tmp) / "scratch")
-        anneal_p100 = makespan(g, p100, assign(g, p100, "anneal", budget_s=args.anneal_long_s))
-        transfer = {
-            "finetuned_p100_vs_anneal_long": makespan(g, p100, dev_ft) / anneal_p100,
-            "finetuned_full_p100_vs_anneal_long": makespan(g, p100, dev_wide) / anneal_p100,
-            "scratch_p100_vs_anneal_long": makespan(g, p100, dev_sc) / anneal_p100,
-            "finetune_s": ft_s, "finetune_full_s": wide_s, "scratch_s": sc_s,
-        }  # fmt: skip
-        zs = assign(g, v100, "doppler", checkpoint=Path(tmp) / "ft" / "checkpoint.pt")
-        _, dev_v, _ = finetune(g, v100, args.transfer_episodes, str(Path(tmp) / "ft" / "checkpoint.pt"), Path(tmp) / "v100")
-        # the full-feature policy serves only its own cluster zero-shot (positions of one graph on one
-        # cluster), but it can be fine-tuned on another
-        _, dev_vw, _ = finetune(g, v100, args.transfer_episodes, str(Path(tmp) / "wide" / "checkpoint.pt"),
-                                Path(tmp) / "v100w")  # fmt: skip
-        anneal_v100 = makespan(g, v100, assign(g, v100, "anneal", budget_s=args.anneal_long_s))
-        transfer.update(
-            v100_zero_shot_vs_anneal_long=makespan(g, v100, zs) / anneal_v100,
-            v100_finetuned_vs_anneal_long=makespan(g, v100, dev_v) / anneal_v100,
-            v100_finetuned_full_vs_anneal_long=makespan(g, v100, dev_vw) / anneal_v100,
-            nvlink_share_zero_shot=nvlink_byte_share(g, zs.devices),
-            nvlink_share_finetuned=nvlink_byte_share(g, dev_v),
-            nvlink_share_finetuned_full=nvlink_byte_share(g, dev_vw),
-            nvlink_share_anneal=nvlink_byte_share(g, assign(g, v100, "anneal", budget_s=args.anneal_long_s).devices),
-        )
-        if args.curve:
-            from doppler.report import fine_tuning_curve
+    tr_ft, dev_ft, ft_s, ft_dir = tune(g, p100, args.finetune_episodes, str(ckpt))
+    tr_wide, dev_wide, wide_s, wide_dir = tune(g, p100, args.finetune_episodes, str(ckpt), "full")
+    tr_sc, dev_sc, sc_s, _ = tune(g, p100, args.finetune_episodes, None)
+    anneal_p100 = makespan(g, p100, assign(g, p100, "anneal", budget_s=args.anneal_long_s))
+    transfer = {
+        "finetuned_p100_vs_anneal_long": makespan(g, p100, dev_ft) / anneal_p100,
+        "finetuned_full_p100_vs_anneal_long": makespan(g, p100, dev_wide) / anneal_p100,
+        "scratch_p100_vs_anneal_long": makespan(g, p100, dev_sc) / anneal_p100,
+        "finetune_s": ft_s, "finetune_full_s": wide_s, "scratch_s": sc_s,
+    }  # fmt: skip
+    zs = assign(g, v100, "doppler", checkpoint=ft_dir / "checkpoint.pt")
+    _, dev_v, _, _ = tune(g, v100, args.transfer_episodes, str(ft_dir / "checkpoint.pt"))
+    # the full-feature policy serves only its own cluster zero-shot (positions of one graph on one
+    # cluster), but it can be fine-tuned on another
+    _, dev_vw, _, _ = tune(g, v100, args.transfer_episodes, str(wide_dir / "checkpoint.pt"))
+    anneal_v100 = makespan(g, v100, assign(g, v100, "anneal", budget_s=args.anneal_long_s))
+    transfer.update(
+        v100_zero_shot_vs_anneal_long=makespan(g, v100, zs) / anneal_v100,
+        v100_finetuned_vs_anneal_long=makespan(g, v100, dev_v) / anneal_v100,
+        v100_finetuned_full_vs_anneal_long=makespan(g, v100, dev_vw) / anneal_v100,
+        nvlink_share_zero_shot=nvlink_byte_share(g, zs.devices),
+        nvlink_share_finetuned=nvlink_byte_share(g, dev_v),
+        nvlink_share_finetuned_full=nvlink_byte_share(g, dev_vw),
+        nvlink_share_anneal=nvlink_byte_share(g, assign(g, v100, "anneal", budget_s=args.anneal_long_s).devices),
+    )
+    if args.curve:
+        from doppler.report import fine_tuning_curve
 
-            fine_tuning_curve({"from the pretrained policy": tr_ft.history,
-                               "from the pretrained policy, widened to full op features": tr_wide.history,
-                               "from scratch (Stage I + II)": tr_sc.history},
-                              args.curve, reference=anneal_p100 / tr_ft.tasks[0].lower_bound_s,
-                              title="llama_layer on p100x4: fine-tuning vs from scratch")  # fmt: skip
+        fine_tuning_curve({"from the pretrained policy": tr_ft.history,
+                           "from the pretrained policy, widened to full op features": tr_wide.history,
+                           "from scratch (Stage I + II)": tr_sc.history},
+                          args.curve, reference=anneal_p100 / tr_ft.tasks[0].lower_bound_s,
+                          title="llama_layer on p100x4: fine-tuning vs from scratch")  # fmt: skip
     print()
     for k, v in transfer.items():
         print(f"{k}: {v:.4g}")
