@@ -230,18 +230,21 @@ def main() -> None:
     }  # fmt: skip
     zs = assign(g, v100, "doppler", checkpoint=ft_dir / "checkpoint.pt")
     _, dev_v, _, _ = tune(g, v100, args.transfer_episodes, str(ft_dir / "checkpoint.pt"))
-    # the full-feature policy serves only its own cluster zero-shot (positions of one graph on one
-    # cluster), but it can be fine-tuned on another
+    # the full-feature policy serves its own graph on another cluster too (positions are of the graph)
+    zs_wide = assign(g, v100, "doppler", checkpoint=wide_dir / "checkpoint.pt")
     _, dev_vw, _, _ = tune(g, v100, args.transfer_episodes, str(wide_dir / "checkpoint.pt"))
-    anneal_v100 = makespan(g, v100, assign(g, v100, "anneal", budget_s=args.anneal_long_s))
+    annealed_v100 = assign(g, v100, "anneal", budget_s=args.anneal_long_s)
+    anneal_v100 = makespan(g, v100, annealed_v100)
     transfer.update(
         v100_zero_shot_vs_anneal_long=makespan(g, v100, zs) / anneal_v100,
+        v100_zero_shot_full_vs_anneal_long=makespan(g, v100, zs_wide) / anneal_v100,
         v100_finetuned_vs_anneal_long=makespan(g, v100, dev_v) / anneal_v100,
         v100_finetuned_full_vs_anneal_long=makespan(g, v100, dev_vw) / anneal_v100,
         nvlink_share_zero_shot=nvlink_byte_share(g, zs.devices),
+        nvlink_share_zero_shot_full=nvlink_byte_share(g, zs_wide.devices),
         nvlink_share_finetuned=nvlink_byte_share(g, dev_v),
         nvlink_share_finetuned_full=nvlink_byte_share(g, dev_vw),
-        nvlink_share_anneal=nvlink_byte_share(g, assign(g, v100, "anneal", budget_s=args.anneal_long_s).devices),
+        nvlink_share_anneal=nvlink_byte_share(g, annealed_v100.devices),
     )
     if args.curve:
         from doppler.report import fine_tuning_curve

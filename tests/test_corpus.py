@@ -46,6 +46,17 @@ def test_topologies_shape_the_links():
     assert ring.bandwidth_Bps[0, 1] == pytest.approx(10e9) and ring.bandwidth_Bps[0, 3] == pytest.approx(10e9 / 3)
     two = make_cluster("t", [1e12] * 4, 1e11, 10e9, 1e-6, "two_nodes", rng, slow_factor=0.1)
     assert two.bandwidth_Bps[0, 1] == pytest.approx(10e9) and two.bandwidth_Bps[0, 2] == pytest.approx(1e9)
+    # NVLink-style partial meshes: every GPU has a fast link; pairs have one or two links (as in a
+    # DGX-1), or go over the slow path
+    speeds = set()
+    for seed in range(20):
+        mesh = make_cluster("m", [1e12] * 8, 1e11, 10e9, 1e-6, "partial_mesh", np.random.default_rng(seed),
+                            slow_factor=0.1)  # fmt: skip
+        off = mesh.bandwidth_Bps[~np.eye(8, dtype=bool)]
+        speeds |= {round(float(b) / 1e9, 6) for b in off}
+        assert (mesh.bandwidth_Bps >= 10e9 - 1).sum(axis=1).min() >= 1
+        np.testing.assert_array_equal(mesh.bandwidth_Bps, mesh.bandwidth_Bps.T)
+    assert speeds == {1.0, 10.0, 20.0}
     with pytest.raises(CorpusError, match="topology"):
         make_cluster("x", [1e12] * 4, 1e11, 10e9, 1e-6, "torus", rng)
 

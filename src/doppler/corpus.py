@@ -11,7 +11,7 @@ and compute-to-communication ratio; :data:`TRAIN_OPS` = 30 to 1,000 ops.
 **Clusters** (:func:`sample_cluster`): 2 to 16 devices; topologies all-to-all, ring (a transfer
 between non-neighbours crosses several hops: bandwidth divided by the hop count, latency
 multiplied by it), two nodes joined by a slow link, and NVLink-style partial meshes (each pair
-linked fast with some probability, otherwise over the host); all devices equal, or a mix of two
+linked fast with some probability, by one link or two as in a DGX-1, otherwise over the host); all devices equal, or a mix of two
 speeds; device rates of a P100, a V100 or an H100 and link speeds from 0.1x to 10x the preset's.
 
 **Held out** (:func:`held_out_split`), never drawn in training: the whole ``llama_layer``
@@ -98,7 +98,7 @@ def sample_graph(rng: np.random.Generator, families: tuple[str, ...] = TRAIN_FAM
 
 # ============================================================================ clusters
 def _hops(topology: str, d: int, rng: np.random.Generator) -> np.ndarray:
-    """``[d, d]`` link class: 1 = a fast direct link, k > 1 = k hops or the slow path (see callers)."""
+    """``[d, d]`` link class: 1 = a fast direct link, 0.5 = two of them, k > 1 = k hops, 0 = the slow path."""
     idx = np.arange(d)
     if topology == "all_to_all":
         return np.ones((d, d))
@@ -115,7 +115,9 @@ def _hops(topology: str, d: int, rng: np.random.Generator) -> np.ndarray:
         ring[idx, (idx + 1) % d] = True  # keep every GPU on at least one fast link, as NVLink meshes do
         linked = linked | np.triu(ring | ring.T, 1)
         linked = linked | linked.T
-        return np.where(linked, 1.0, 0.0)
+        double = np.triu(rng.random((d, d)) < rng.uniform(0.0, 0.5), 1)  # NVLink pairs joined by two links
+        double = double | double.T
+        return np.where(linked, np.where(double, 0.5, 1.0), 0.0)
     raise CorpusError(f"unknown topology {topology!r} (use one of: {', '.join(TOPOLOGIES)})")
 
 
@@ -129,7 +131,7 @@ def make_cluster(name: str, rates: list[float], mem_rate: float, fast_Bps: float
     devices = [Device(f"gpu{i}", kind="gpu", flops_per_s=r, flops_per_s_by_kind={k: mem_rate * r / top for k in by_kind})
                for i, r in enumerate(rates)]  # fmt: skip
     hops = _hops(topology, d, rng)
-    bw = np.where(hops > 0, fast_Bps / np.maximum(hops, 1), fast_Bps * slow_factor)
+    bw = np.where(hops > 0, fast_Bps / np.where(hops > 0, hops, 1.0), fast_Bps * slow_factor)
     lat = np.where(hops > 0, latency_s * np.maximum(hops, 1), latency_s * 4)
     return Cluster(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat,
                    meta={"preset": "corpus", "topology": topology})  # fmt: skip

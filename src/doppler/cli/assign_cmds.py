@@ -137,7 +137,7 @@ def assign_cmd(
                 console.print("zero-shot: the shipped pretrained policy (no --checkpoint), trained on other graphs "
                               "and clusters than these", highlight=False)  # fmt: skip
             elif a.info.get("zero_shot"):
-                console.print("zero-shot: the policy was trained on other graphs than this one", highlight=False)
+                console.print("zero-shot: the policy was not trained on this graph on this cluster", highlight=False)
 
 
 @app.command("compare")

@@ -27,7 +27,8 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   13.98 ms with these. On the fast cluster the two are within 0.3%.
 * Stops after ``budget_s`` seconds of wall clock (default 10 s, the start
   evaluation included) or ``max_evals`` simulator evaluations, whichever comes
-  first (the time is only checked between batches), or as soon as the best
+  first (the time is checked between compiled calls of about 10 ms of
+  search), or as soon as the best
   makespan equals the lower bound (it is then optimal).
 
 Every decision depends only on the seed and on counts of evaluations, never on
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,105 +58,40 @@ from doppler.simulate import SimContext
 WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 
 DEFAULT_BUDGET_S = 10.0
+#: seconds of search per compiled call: the budget is checked between calls, and overshot by at most this
+CHUNK_S = 0.01
 
 
 class _Moves:
-    """Proposal generator (all randomness from one numpy Generator)."""
+    """ANNEAL's move generator on one graph: the arrays :func:`~doppler.methods._anneal_kernels.apply_move`
+    reads (all randomness from one numpy Generator)."""
 
     def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator,
                  device_prefs: np.ndarray | None = None, guided_share: float = 0.0):  # fmt: skip
-        self.g = graph
-        # guided moves: one op to a device drawn from a learned per-op preference (cumulative rows)
-        self.pref_cdf = None if device_prefs is None else np.cumsum(device_prefs, axis=1)
-        self.guided_share = guided_share if device_prefs is not None else 0.0
         self.nd = nd
         self.rng = rng
-        self.n = graph.num_ops
-        self.succ_ptr = graph.succ_ptr
-        self.succ_idx = graph.succ_idx
-        self.pred_ptr = graph.pred_ptr
-        self.pred_idx = graph.pred_idx
+        # guided moves: one op to a device drawn from a learned per-op preference (cumulative rows)
+        self.pref_cdf = np.zeros((0, nd)) if device_prefs is None else np.ascontiguousarray(np.cumsum(device_prefs, axis=1))
+        self.guided_share = float(guided_share) if device_prefs is not None else 0.0
+        self.graph_arrays = tuple(np.ascontiguousarray(x, dtype=np.int64)
+                                  for x in (graph.succ_ptr, graph.succ_idx, graph.pred_ptr, graph.pred_idx))  # fmt: skip
         grp = graph.group
-        if (grp >= 0).any():
-            order = np.argsort(grp, kind="stable")
-            order = order[grp[order] >= 0]
-            gids, starts, counts = np.unique(grp[order], return_index=True, return_counts=True)
-            self.groups = [order[s : s + c] for s, c in zip(starts, counts) if c > 1]
-        else:
-            self.groups = []
+        order = np.argsort(grp, kind="stable")
+        order = order[grp[order] >= 0]
+        _, starts, counts = np.unique(grp[order], return_index=True, return_counts=True)
+        many = counts > 1  # groups of one tile are single-op moves already
+        self.grp_ptr = np.concatenate([[0], np.cumsum(counts[many])]).astype(np.int64)
+        self.grp_ops = np.concatenate([order[s : s + c] for s, c in zip(starts[many], counts[many])] or [[]]).astype(np.int64)
 
-    def _other_device(self, d: int) -> int:
-        x = int(self.rng.integers(0, self.nd - 1))
-        return x + (x >= d)
-
-    def _neighbours(self, v: int) -> np.ndarray:
-        return np.concatenate(
-            [
-                self.pred_idx[self.pred_ptr[v] : self.pred_ptr[v + 1]],
-                self.succ_idx[self.succ_ptr[v] : self.succ_ptr[v + 1]],
-            ]
-        )
+    def args(self) -> tuple:
+        """The kernel arguments after the generator: device count, graph arrays, groups, preferences."""
+        return (self.nd, *self.graph_arrays, self.grp_ptr, self.grp_ops, self.pref_cdf, self.guided_share)
 
     def apply(self, a: np.ndarray) -> None:
-        """Mutate ``a`` in place with one random move (always changes something when D > 1)."""
-        rng, n = self.rng, self.n
-        if self.guided_share > 0 and rng.random() < self.guided_share:
-            v = int(rng.integers(n))
-            cdf = self.pref_cdf[v]
-            d = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), self.nd - 1)
-            a[v] = d if d != a[v] else self._other_device(int(a[v]))
-            return
-        r = rng.random()
-        if r < 0.35:  # single op
-            v = int(rng.integers(n))
-            nb = self._neighbours(v)
-            if nb.size and rng.random() < 0.5:
-                d = int(a[nb[int(rng.integers(nb.size))]])
-                if d == a[v]:
-                    d = self._other_device(int(a[v]))
-            else:
-                d = self._other_device(int(a[v]))
-            a[v] = d
-        elif r < 0.55:  # swap
-            v = int(rng.integers(n))
-            w = int(rng.integers(n))
-            if a[v] == a[w]:
-                a[v] = self._other_device(int(a[v]))
-            else:
-                a[v], a[w] = a[w], a[v]
-        elif r < 0.8:  # chain
-            v = int(rng.integers(n))
-            length = int(rng.integers(2, 17))
-            seg = [v]
-            for _ in range(length - 1):
-                lo, hi = self.succ_ptr[v], self.succ_ptr[v + 1]
-                if hi == lo:
-                    break
-                v = int(self.succ_idx[lo + int(rng.integers(hi - lo))])
-                seg.append(v)
-            seg_a = np.asarray(seg)
-            d = int(rng.integers(self.nd))
-            if np.all(a[seg_a] == d):
-                d = self._other_device(d)
-            a[seg_a] = d
-        else:  # group / neighbourhood
-            if self.groups:
-                ops = self.groups[int(rng.integers(len(self.groups)))]
-                if rng.random() < 0.5:
-                    d = int(rng.integers(self.nd))
-                    if np.all(a[ops] == d):
-                        d = self._other_device(d)
-                    a[ops] = d
-                else:
-                    shift = int(rng.integers(1, self.nd))
-                    a[ops] = (a[ops] + shift) % self.nd
-            else:
-                v = int(rng.integers(n))
-                ops = np.concatenate([[v], self._neighbours(v)])
-                d = int(rng.integers(self.nd))
-                if np.all(a[ops] == d):
-                    d = self._other_device(d)
-                a[ops] = d
+        """Mutate ``a`` (int64) in place with one random move (always changes something when D > 1)."""
+        from doppler.methods._anneal_kernels import apply_move
+
+        apply_move(a, self.rng, *self.args())
 
 
 @register(
@@ -211,29 +146,29 @@ def anneal_search(
             cycle_evals = max(1, min(cycle_evals, int(max_evals)))
     cycle_evals = max(1, int(cycle_evals))
     moves = _Moves(graph, nd, rng, device_prefs, guided_share)
+    from doppler.methods import _anneal_kernels as K
+
+    sim = (ctx.succ_ptr, ctx.succ_idx, ctx.indeg, ctx.level, ctx.lvl_ptr, ctx.lvl_ops, ctx.comp, ctx.out_bytes,
+           ctx.lat, ctx.bw, ctx.streams, *ctx.noise(0.0, 0), ctx.copies_in)  # fmt: skip
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     log_ratio = math.log(t_end / t_start)
     optimal_ms = float(ctx.lower_bound()) * (1.0 + 1e-12)  # nothing can beat the lower bound
+    chunk = 1  # batches per compiled call: grown to about CHUNK_S of work, so the clock is read often enough
     while nd > 1 and n > 0 and walk.best_ms > optimal_ms:
-        if (max_evals is not None and evals >= max_evals) or time.perf_counter() >= deadline:
+        if (max_evals is not None and walk.counts[K.EVALS] >= max_evals) or time.perf_counter() >= deadline:
             break
-        b = batch_size if max_evals is None else min(batch_size, int(max_evals) - evals)
-        batch = np.repeat(walk.cur[None, :], b, axis=0)
-        for row in batch:
-            moves.apply(row)
-        vals = ctx.simulate_many(batch)
-        evals += b
-        walk.cycle_evals += b
-        j = int(np.argmin(vals))
-        temp = t_start * math.exp(log_ratio * min(1.0, walk.cycle_evals / cycle_evals))
-        walk.offer(batch[j], float(vals[j]), temp, rng.random())  # u always drawn: one stream for every branch
-        if walk.cycle_evals >= cycle_evals:
-            walk.restart()
+        t_call = time.perf_counter()
+        K.anneal_batches(sim, walk.cur, walk.best, walk.counts, walk.values, chunk, batch_size,
+                         -1 if max_evals is None else int(max_evals), cycle_evals, t_start, log_ratio, optimal_ms,
+                         rng, *moves.args())  # fmt: skip
+        took = time.perf_counter() - t_call
+        chunk = max(1, min(chunk * 4, int(chunk * CHUNK_S / took) if took > 0 else chunk * 4))
         if on_progress is not None and time.perf_counter() >= next_report:
             next_report = time.perf_counter() + 0.25
-            on_progress(_progress_event(t0, evals, budget_s, max_evals, walk, start_ms))
+            on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
     if on_progress is not None:  # the last word, also when the budget ran out before the first move
-        on_progress(_progress_event(t0, evals, budget_s, max_evals, walk, start_ms))
+        on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
+    evals = walk.evals
     return Assignment(
         devices=walk.best,
         estimated_makespan_s=walk.best_ms,
@@ -241,9 +176,9 @@ def anneal_search(
             "start_method": start_name,
             "start_makespan_s": start_ms,
             "evals": evals,
-            "accepted": walk.accepted,
-            "improvements": walk.improved,
-            "restarts": walk.restarts,
+            "accepted": int(walk.counts[2]),
+            "improvements": int(walk.counts[3]),
+            "restarts": int(walk.counts[4]),
             "reached_lower_bound": walk.best_ms <= optimal_ms,
             "cycle_evals": cycle_evals,
             "search_time_s": time.perf_counter() - t0,
@@ -261,34 +196,28 @@ def _progress_event(t0: float, evals: int, budget_s: float | None, max_evals: in
     return ProgressEvent("anneal", elapsed_s if budget_s is None else min(elapsed_s, budget_s), budget_s, "s", stats)
 
 
-@dataclass
 class _Walk:
-    """The annealer's state: the current and the best assignment, and its counters."""
+    """The annealer's state, in the arrays the compiled loop updates in place: the current and the
+    best assignment, counters (``_anneal_kernels.EVALS`` ...) and makespans (``CUR_MS``, ``BEST_MS``)."""
 
-    cur: np.ndarray
-    cur_ms: float
-    best: np.ndarray
-    best_ms: float
-    accepted: int = 0
-    improved: int = 0
-    restarts: int = 0
-    cycle_evals: int = 0  # evaluations into the current cooling cycle
+    def __init__(self, start: np.ndarray, start_ms: float, evals: int) -> None:
+        self.cur = np.ascontiguousarray(start, dtype=np.int64).copy()
+        self.best = self.cur.copy()
+        self.counts = np.zeros(6, np.int64)  # evals, cycle evals, accepted, improved, restarts, batches
+        self.counts[0] = evals
+        self.values = np.array([start_ms, start_ms])  # current, best
 
-    def offer(self, cand: np.ndarray, cand_ms: float, temp: float, u: float) -> None:
-        """Metropolis: take ``cand`` if it is no worse, else with probability exp(-relative loss / temp)."""
-        delta = (cand_ms - self.cur_ms) / max(self.cur_ms, 1e-300)
-        if delta <= 0 or u < math.exp(-delta / temp):
-            self.cur, self.cur_ms = cand.copy(), cand_ms
-            self.accepted += 1
-            if cand_ms < self.best_ms:
-                self.best, self.best_ms = cand.copy(), cand_ms
-                self.improved += 1
+    @property
+    def evals(self) -> int:
+        return int(self.counts[0])
 
-    def restart(self) -> None:
-        """End of a cooling cycle: reheat and continue from the best assignment."""
-        self.cycle_evals = 0
-        self.restarts += 1
-        self.cur, self.cur_ms = self.best.copy(), self.best_ms
+    @property
+    def cur_ms(self) -> float:
+        return float(self.values[0])
+
+    @property
+    def best_ms(self) -> float:
+        return float(self.values[1])
 
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None,
@@ -305,5 +234,4 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None,
     names = list(cands)
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
-    cur = cands[names[i0]].astype(np.int64).copy()
-    return names[i0], _Walk(cur, float(ms[i0]), cur.copy(), float(ms[i0])), len(names)
+    return names[i0], _Walk(cands[names[i0]], float(ms[i0]), len(names)), len(names)

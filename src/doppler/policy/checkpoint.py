@@ -113,8 +113,10 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
 
     A pretrained policy, or one trained on several graphs, serves any graph and cluster. A
     policy trained on one graph with position-free op features (``structural``, as fine-tuned
-    from the pretrained one) serves any graph and cluster zero-shot too; one with the ``full``
-    features (op ids, block coordinates: memorised positions) serves only its own graph and cluster."""
+    from the pretrained one) serves any graph and cluster zero-shot too. One with the ``full``
+    features (op ids, block coordinates: positions within its graph) serves only its own graph,
+    on any cluster: on another one zero-shot (the paper's hardware transfer; positions are of the
+    graph, and the device head reads each device's features, not its index)."""
     graphs = meta["graphs"]
     config = meta.get("policy_config", {})
     trained_devices = config.get("num_devices")
@@ -126,15 +128,7 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
         )
     transferable = config.get("op_features", "full") != "full"
     if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
-        if len(graphs) == 1 and json.loads(meta["cluster"]) != cluster.to_json():
-            if transferable:
-                return True
-            trained_on = json.loads(meta["cluster"])
-            raise CheckpointError(
-                f"{where}: trained on cluster {trained_on.get('name', '?')!r}, not {cluster.name!r} "
-                "(train on this cluster, or fine-tune the pretrained policy: `doppler train --init pretrained`)"
-            )
-        return False
+        return json.loads(meta["cluster"]) != cluster.to_json()
     if len(graphs) == 1 and not transferable:
         raise CheckpointError(
             f"{where}: trained on graph {graphs[0]['name']!r} ({graphs[0]['num_ops']} ops), which is not "
