@@ -134,3 +134,37 @@ def test_progress_reports_are_progress_events_by_evaluations_or_time():
     assert seen and all(e.unit == "s" and e.total == 0.3 for e in seen)
     best = [e.stats["best_makespan_s"] for e in seen]
     assert best == sorted(best, reverse=True)  # the best so far never gets worse
+
+
+def test_how_the_compiled_loop_is_cut_into_calls_changes_nothing(setup, monkeypatch):
+    """The clock only decides how many batches one compiled call runs: one per call, or thousands,
+    give the same search for a seed and an evaluation count."""
+    from doppler.methods import anneal
+
+    g, c = setup
+    runs = []
+    for chunk_s in (1e-12, 10.0):  # one batch per call / calls growing 4x each time
+        monkeypatch.setattr(anneal, "CHUNK_S", chunk_s)
+        runs.append(assign(g, c, "anneal", seed=3, max_evals=1500, cycle_evals=400))
+    a, b = runs
+    np.testing.assert_array_equal(a.devices, b.devices)
+    assert a.estimated_makespan_s == b.estimated_makespan_s
+    keys = ("evals", "accepted", "improvements", "restarts")
+    assert [a.info[k] for k in keys] == [b.info[k] for k in keys]
+    assert a.info["evals"] == 1500 and a.info["restarts"] >= 3
+
+
+@pytest.mark.parametrize("name", ["llama_block", "random"])  # moves over tile groups / over neighbourhoods
+def test_every_move_changes_the_assignment_and_stays_in_range(name):
+    from doppler.methods.anneal import _Moves
+
+    g = workloads.build(name, size="tiny") if name == "llama_block" else workloads.build(name, num_ops=40, seed=1)
+    rng = np.random.default_rng(0)
+    for nd in (2, 3, 8):
+        moves = _Moves(g, nd, rng)
+        a = rng.integers(0, nd, g.num_ops)
+        for _ in range(300):
+            b = a.copy()
+            moves.apply(b)
+            assert (b != a).any() and b.min() >= 0 and b.max() < nd
+            a = b

@@ -14,7 +14,7 @@ from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, ha
 @app.command("pretrain")
 def pretrain_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, TensorBoard)."),
-    budget_h: float = typer.Option(1.0, "--budget-h", help="Training time in hours (the learning rate decays over it)."),
+    budget_h: float = typer.Option(1.0, "--budget-h", help="Training time in hours (Stage I for all of it by default; a Stage II learning rate decays over it)."),
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
