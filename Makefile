@@ -24,3 +24,4 @@ test-slow: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	find src -name '*.nbi' -delete -o -name '*.nbc' -delete

@@ -2,7 +2,11 @@
 
 One compiled call runs many batches (propose, simulate, accept). With the loop in Python around
 :func:`doppler.simulate.simulate_many`, half the time or more went to the loop itself; compiled,
-the annealer scores 1.7-2.4x more assignments per second (``benchmarks/anneal_speed.py``)."""
+the annealer scores 1.7-2.4x more assignments per second (``benchmarks/anneal_speed.py``).
+
+numba's cache of this module is keyed on this file alone, and the loop compiles the simulator's
+kernel into itself: after editing ``doppler/simulate.py``, clear the caches (``make clean``
+removes them) or the annealer keeps the old simulator."""
 
 from __future__ import annotations
 

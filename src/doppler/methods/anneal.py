@@ -138,7 +138,7 @@ def anneal_search(
     n = graph.num_ops
     rng = np.random.default_rng(seed)
     ctx = SimContext(graph, cluster)  # every evaluation reuses it
-    start_name, walk, evals = _starting_point(ctx, seed, start, extra_starts)
+    start_name, walk = _starting_point(ctx, seed, start, extra_starts)
     start_ms = walk.cur_ms
     if cycle_evals is None:
         cycle_evals = max(5000, 1000 * n)
@@ -168,17 +168,16 @@ def anneal_search(
             on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
     if on_progress is not None:  # the last word, also when the budget ran out before the first move
         on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
-    evals = walk.evals
     return Assignment(
         devices=walk.best,
         estimated_makespan_s=walk.best_ms,
         info={
             "start_method": start_name,
             "start_makespan_s": start_ms,
-            "evals": evals,
-            "accepted": int(walk.counts[2]),
-            "improvements": int(walk.counts[3]),
-            "restarts": int(walk.counts[4]),
+            "evals": walk.evals,
+            "accepted": int(walk.counts[K.ACCEPTED]),
+            "improvements": int(walk.counts[K.IMPROVED]),
+            "restarts": int(walk.counts[K.RESTARTS]),
             "reached_lower_bound": walk.best_ms <= optimal_ms,
             "cycle_evals": cycle_evals,
             "search_time_s": time.perf_counter() - t0,
@@ -221,9 +220,9 @@ class _Walk:
 
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None,
-                    extra_starts: dict[str, np.ndarray] | None) -> tuple[str, _Walk, int]:  # fmt: skip
+                    extra_starts: dict[str, np.ndarray] | None) -> tuple[str, _Walk]:  # fmt: skip
     """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``):
-    (its name, a walk from it, the evaluations spent)."""
+    (its name, a walk from it that counts the evaluations spent)."""
     graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
@@ -234,4 +233,4 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None,
     names = list(cands)
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
-    return names[i0], _Walk(cands[names[i0]], float(ms[i0]), len(names)), len(names)
+    return names[i0], _Walk(cands[names[i0]], float(ms[i0]), len(names))
