@@ -99,11 +99,13 @@ def _usage_error(res, *words):
 
 def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
     out = tmp_path / "PT"
-    res = _run("pretrain", "-o", out, "--budget-h", "0.001", "--json")
+    res = _run("pretrain", "-o", out, "--budget-h", "0.001", "--il-lr", "5e-4", "--json")
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
     assert s["updates"] >= 1 and (out / "checkpoint.pt").is_file()
+    assert json.loads((out / "config.json").read_text())["il_lr"] == 5e-4
     _usage_error(_run("pretrain", "-o", out, "--budget-h", "0.001"), "--resume")
+    _usage_error(_run("pretrain", "-o", out, "--budget-h", "0.002", "--resume", "--il-lr", "1e-3"), "--il-lr", "--resume")
     res = _run("pretrain", "-o", out, "--budget-h", "0.002", "--resume", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["updates"] > s["updates"]
@@ -156,6 +158,9 @@ def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp
 def test_pretrain_and_init_bad_input_exit_2(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--budget-h", "0"), "--budget-h")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--resume"), "no checkpoint")
+    for bad in ("0", "-1e-3", "nan", "2"):
+        _usage_error(_run("pretrain", "-o", tmp_path / "x", "--il-lr", bad), "--il-lr")
+    assert not (tmp_path / "x").exists()
     g = tmp_path / "g.json"
     assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
     _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "-o", tmp_path / "r"), "not a readable doppler checkpoint")

@@ -137,6 +137,10 @@ class TrainConfig:
                      "lookahead_steps"):
             if int(getattr(self, name)) < 1:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "il_lr", "real_lr", "lr_final"):
+            value = float(getattr(self, name))
+            if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):
+                raise TrainError(f"--{name.replace('_', '-')} must be a learning rate in (0, 1], got {getattr(self, name)}")
         for name in ("search_every", "search_evals"):
             if int(getattr(self, name)) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

@@ -19,6 +19,7 @@ def pretrain_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) [default: heft]."),
+    il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate [default: 2e-3; 5e-4 measured steadier, docs/generalization.md]."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -33,14 +34,18 @@ def pretrain_cmd(
         ckpt = output / "checkpoint.pt"
         try:
             if resume:
+                given = [o for o, v in (("--list-schedule", list_schedule), ("--il-lr", il_lr)) if v is not None]
+                if given:
+                    raise UserError(f"{given[0]} with --resume: a resumed run keeps its own configuration")
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
                 pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
             else:
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
-                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads,
-                                                     **({"list_schedule": list_schedule} if list_schedule else {})), budget_h * 3600)
+                overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
+                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides),
+                                       budget_h * 3600)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)
