@@ -730,11 +730,14 @@ class SimContext:
             return np.empty(0)
         _jit()
         op_f, edge_f = self.noise(sigma, seed)
-        return _sim_many_kernel(
-            self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
-            self.out_bytes, self.lat, self.bw, self.streams, devs, op_f, edge_f, mode == "bsp", bool(link_contention),
-            self.copies_in, key,
-        )  # fmt: skip
+        return _sim_many_kernel(*self.static_arrays(), devs, op_f, edge_f, mode == "bsp", bool(link_contention),
+                                self.copies_in, key)  # fmt: skip
+
+    def static_arrays(self) -> tuple[np.ndarray, ...]:
+        """The batch kernel's leading arguments, in its order: the graph's and the cluster's arrays
+        (the assignments, noise factors and options follow them)."""
+        return (self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
+                self.out_bytes, self.lat, self.bw, self.streams)  # fmt: skip
 
     # ------------------------------------------------------------------ bounds
     def lower_bound(self) -> float:

@@ -33,17 +33,17 @@ def pretrain_cmd(
             raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
         ckpt = output / "checkpoint.pt"
         try:
+            overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
             if resume:
-                given = [o for o, v in (("--list-schedule", list_schedule), ("--il-lr", il_lr)) if v is not None]
-                if given:
-                    raise UserError(f"{given[0]} with --resume: a resumed run keeps its own configuration")
+                if overrides:
+                    flag = "--" + next(iter(overrides)).replace("_", "-")
+                    raise UserError(f"{flag} with --resume: a resumed run keeps its own configuration")
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
                 pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
             else:
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
-                overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
                 pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides),
                                        budget_h * 3600)
         except (TrainError, CheckpointError) as e:

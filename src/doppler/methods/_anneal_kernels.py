@@ -20,8 +20,8 @@ _simulate = importlib.import_module("doppler.simulate")  # the module (the packa
 
 _simulate._jit()  # the loop calls the simulator's kernel: compile (or load) it first
 
-# walk counters (int64[6]) and values (float64[2]): the annealer's state between calls
-EVALS, CYCLE_EVALS, ACCEPTED, IMPROVED, RESTARTS, BATCHES = range(6)
+# walk counters (int64[5]) and values (float64[2]): the annealer's state between calls
+EVALS, CYCLE_EVALS, ACCEPTED, IMPROVED, RESTARTS = range(5)
 CUR_MS, BEST_MS = range(2)
 
 
@@ -150,7 +150,6 @@ def anneal_batches(
                                           lat, bw, streams, devs, op_f, edge_f, False, False, copies_in, None)  # fmt: skip
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b
-        counts[BATCHES] += 1
         j = np.argmin(vals)
         cand_ms = vals[j]
         temp = t_start * math.exp(log_ratio * min(1.0, counts[CYCLE_EVALS] / cycle_evals))

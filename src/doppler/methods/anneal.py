@@ -47,7 +47,7 @@ import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
 from doppler.methods.registry import MethodError, assign, register
-from doppler.graph import DataflowGraph
+from doppler.graph import DataflowGraph, _csr
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.simulate import SimContext
 
@@ -75,13 +75,12 @@ class _Moves:
         self.guided_share = float(guided_share) if device_prefs is not None else 0.0
         self.graph_arrays = tuple(np.ascontiguousarray(x, dtype=np.int64)
                                   for x in (graph.succ_ptr, graph.succ_idx, graph.pred_ptr, graph.pred_idx))  # fmt: skip
-        grp = graph.group
-        order = np.argsort(grp, kind="stable")
-        order = order[grp[order] >= 0]
-        _, starts, counts = np.unique(grp[order], return_index=True, return_counts=True)
+        tiles = np.flatnonzero(graph.group >= 0)
+        ptr, members, _ = _csr(graph.group[tiles], tiles, len(graph.groups))  # each logical op's tiles
+        counts = np.diff(ptr)
         many = counts > 1  # groups of one tile are single-op moves already
         self.grp_ptr = np.concatenate([[0], np.cumsum(counts[many])]).astype(np.int64)
-        self.grp_ops = np.concatenate([order[s : s + c] for s, c in zip(starts[many], counts[many])] or [[]]).astype(np.int64)
+        self.grp_ops = members[np.repeat(many, counts)]
 
     def args(self) -> tuple:
         """The kernel arguments after the generator: device count, graph arrays, groups, preferences."""
@@ -148,8 +147,7 @@ def anneal_search(
     moves = _Moves(graph, nd, rng, device_prefs, guided_share)
     from doppler.methods import _anneal_kernels as K
 
-    sim = (ctx.succ_ptr, ctx.succ_idx, ctx.indeg, ctx.level, ctx.lvl_ptr, ctx.lvl_ops, ctx.comp, ctx.out_bytes,
-           ctx.lat, ctx.bw, ctx.streams, *ctx.noise(0.0, 0), ctx.copies_in)  # fmt: skip
+    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     log_ratio = math.log(t_end / t_start)
     optimal_ms = float(ctx.lower_bound()) * (1.0 + 1e-12)  # nothing can beat the lower bound
@@ -202,7 +200,7 @@ class _Walk:
     def __init__(self, start: np.ndarray, start_ms: float, evals: int) -> None:
         self.cur = np.ascontiguousarray(start, dtype=np.int64).copy()
         self.best = self.cur.copy()
-        self.counts = np.zeros(6, np.int64)  # evals, cycle evals, accepted, improved, restarts, batches
+        self.counts = np.zeros(5, np.int64)  # evals, cycle evals, accepted, improved, restarts
         self.counts[0] = evals
         self.values = np.array([start_ms, start_ms])  # current, best
 
