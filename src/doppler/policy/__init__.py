@@ -8,3 +8,5 @@ LEARNED_HEADS = {"both": "doppler", "sel": "doppler_sel", "plc": "doppler_plc"}
 BASELINE_METHODS = ("single_policy", "gdp", "placeto")
 #: every learned method (each trains with ``doppler train --method NAME``)
 LEARNED_METHODS = (*LEARNED_HEADS.values(), *BASELINE_METHODS)
+#: the slope of every LeakyReLU of DOPPLER's networks (here, not in ``networks``: the torch-free decoder needs it)
+LEAK = 0.01

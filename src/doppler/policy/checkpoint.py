@@ -12,13 +12,14 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import atomic_write_bytes, write_json
+
+if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written: doppler.policy.infer runs without it
+    import torch
 
 CHECKPOINT_FORMAT = "doppler-checkpoint-1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
@@ -31,6 +32,8 @@ class CheckpointError(ValueError):
 
 def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str, Any]) -> None:
     """``run_dir/checkpoint.pt`` (``state``) and ``run_dir/config.json``, each written atomically."""
+    import torch
+
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
@@ -44,6 +47,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         p = p / "checkpoint.pt"
     if not p.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
+    import torch
+
     try:
         ck = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
@@ -59,6 +64,8 @@ def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Modu
     reads a superset of them (``structural`` -> ``full``): each layer over the op features gets zero
     weights for the new ones, so the widened policy computes exactly what the old one did and
     fine-tuning can learn to use them (position features let one graph's identical tiles differ)."""
+    import torch
+
     from doppler.policy.features import OP_FEATURE_SETS
 
     old, new = OP_FEATURE_SETS[from_features], OP_FEATURE_SETS[policy.config["op_features"]]

@@ -64,34 +64,52 @@ def doppler_method(
     if samples is not None and samples < 1:
         raise MethodError(f"--samples must be >= 1, got {samples}")
     t0 = time.perf_counter()
-    import torch
-
-    from doppler.policy.checkpoint import CheckpointError, check_checkpoint_fits, load_policy, resolve_checkpoint
+    from doppler.policy.checkpoint import CheckpointError, check_checkpoint_fits, resolve_checkpoint
+    from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
-    from doppler.policy.rollout import rollout
     from doppler.simulate import simulate_many
 
+    guided = bool(budget_s) and guided_share > 0
+    fast = _shipped_without_torch() if checkpoint is None and method == "doppler" and not guided else None
     try:
         path, shipped = resolve_checkpoint(checkpoint)
-        policy, meta = load_policy(path)
+        if fast is not None:
+            meta, made_by = fast.meta, fast.method
+        else:
+            from doppler.policy.checkpoint import load_policy
+
+            policy, meta = load_policy(path)
+            made_by = policy.method
         zero_shot = check_checkpoint_fits(meta, graph, cluster, str(path))
     except CheckpointError as e:
         raise MethodError(str(e)) from None
-    made_by = policy.method
     if made_by != method:
         what = "the shipped pretrained policy" if shipped else str(path)
         raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
                           f"--checkpoint of `doppler train --method {method}`")  # fmt: skip
     gf = graph_features(graph, cluster)
     k = samples or (SEARCH_SAMPLES if budget_s else 0)
-    with torch.no_grad():
-        enc = policy.encode(gf)
-        ro = rollout(gf, enc, batch=1, mode="greedy")
+    greedy = make_plan(gf.num_ops, batch=1, mode="greedy")
+    sampled = make_plan(gf.num_ops, batch=k, mode="sample", rng=np.random.default_rng(seed)) if k else None
+    prefs = None
+    if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
+        heads = fast.heads(gf)
+        ro = fast.decode(gf, greedy, heads)
         candidates = ro.assignment
-        if k:
-            ro_s = rollout(gf, enc, batch=k, mode="sample", rng=np.random.default_rng(seed))
-            candidates = np.concatenate([candidates, ro_s.assignment])
-        prefs = device_preferences(gf, enc, ro) if budget_s and guided_share > 0 and enc.head_weights()[1] else None
+        if sampled is not None:
+            candidates = np.concatenate([candidates, fast.decode(gf, sampled, heads).assignment])
+    else:
+        import torch
+
+        from doppler.policy.rollout import run_plan
+
+        with torch.no_grad():
+            enc = policy.encode(gf)
+            ro = run_plan(gf, enc, greedy)
+            candidates = ro.assignment
+            if sampled is not None:
+                candidates = np.concatenate([candidates, run_plan(gf, enc, sampled).assignment])
+            prefs = device_preferences(gf, enc, ro) if guided and enc.head_weights()[1] else None
     makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": k, "checkpoint": str(path)}
@@ -104,6 +122,13 @@ def doppler_method(
                           extra_starts={"doppler": candidates[best]}, on_progress=on_progress)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
+
+
+def _shipped_without_torch():
+    """The shipped policy's numpy twin (:func:`doppler.policy.infer.load_shipped`), or None."""
+    from doppler.policy.infer import load_shipped
+
+    return load_shipped()
 
 
 for _heads, _name in LEARNED_HEADS.items():

@@ -39,10 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from doppler.listsched import LIST_SCHEDULES, NUM_DEVICE_FEATURES
-from doppler.policy import LEARNED_HEADS
+from doppler.policy import LEAK, LEARNED_HEADS  # noqa: F401 - LEAK re-exported
 from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeatures, op_feature_columns
 
-LEAK = 0.01
 
 
 #: largest [edges, basis + 1, H] gather the conv makes in one piece (bytes). Above it, one basis
