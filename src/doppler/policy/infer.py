@@ -15,6 +15,7 @@ A test checks that both paths compute the same heads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -77,14 +78,14 @@ class NumpyPolicy:
         meta["graphs"] = json.loads(meta["graphs"])
         return cls(meta, weights)
 
-    def _conv(self, x: np.ndarray, src: np.ndarray, dst: np.ndarray, coeff: np.ndarray) -> np.ndarray:
+    def _conv(self, x: np.ndarray, edges: "_Edges", coeff: np.ndarray) -> np.ndarray:
         """:class:`~doppler.policy.networks.EdgeConditionedConv` (mean aggregation)."""
         n, hidden = x.shape
         xw = (x @ self.w["encoder.conv.basis.weight"].T).reshape(n, -1, hidden)
+        msg = np.einsum("ekh,ek->eh", xw[edges.src], coeff)  # edges sorted by destination
         out = np.zeros((n, hidden), dtype=np.float32)
-        np.add.at(out, dst, np.einsum("ekh,ek->eh", xw[src], coeff))
-        deg = np.bincount(dst, minlength=n).astype(np.float32)
-        return out / np.maximum(deg, 1.0)[:, None] + _linear(x, self.w, "encoder.conv.root")
+        out[edges.targets] = np.add.reduceat(msg, edges.starts, axis=0)
+        return out / edges.degree[:, None] + _linear(x, self.w, "encoder.conv.root")
 
     def _gru(self, m: np.ndarray, h: np.ndarray) -> np.ndarray:
         """``torch.nn.GRUCell``."""
@@ -99,13 +100,13 @@ class NumpyPolicy:
         w_out, b_out)``, float64, as :func:`~doppler.policy.rollout.numpy_heads`)."""
         w = self.w
         op_x = np.ascontiguousarray(gf.op_x[:, self.op_columns], dtype=np.float32)
-        src, dst = gf.edge_index[0], gf.edge_index[1]
-        edge_hidden = _leaky(_linear(gf.edge_attr, w, "encoder.conv.edge_mlp.0"))
+        edges = _Edges.of(gf)
+        edge_hidden = _leaky(_linear(gf.edge_attr[edges.perm], w, "encoder.conv.edge_mlp.0"))
         coeff = np.concatenate([_linear(edge_hidden, w, "encoder.conv.edge_mlp.2"),
-                                np.ones((src.shape[0], 1), np.float32)], axis=1)  # fmt: skip
+                                np.ones((edges.src.shape[0], 1), np.float32)], axis=1)  # fmt: skip
         h = _leaky(_linear(op_x, w, "encoder.embed"))
         for _ in range(int(self.config.get("steps", 6))):
-            h = self._gru(_leaky(self._conv(h, src, dst, coeff)), h)
+            h = self._gru(_leaky(self._conv(h, edges, coeff)), h)
         emb = h
         down = _chain_sum(emb, gf.down_jumps, gf.path_scale)
         up = _chain_sum(emb, gf.up_jumps, gf.path_scale)
@@ -126,6 +127,23 @@ class NumpyPolicy:
     def decode(self, gf: GraphFeatures, plan: DecodePlan, heads: tuple | None = None) -> Rollout:
         """Decode ``plan`` (:func:`~doppler.policy.decode.make_plan`); ``heads``: this graph's, if already computed."""
         return run_heads(gf, heads if heads is not None else self.heads(gf), plan, self.learned, self.list_schedule)
+
+
+class _Edges:
+    """The message edges sorted by destination, for a segment sum per op (``np.add.reduceat``)."""
+
+    def __init__(self, perm: np.ndarray, src: np.ndarray, targets: np.ndarray, starts: np.ndarray,
+                 degree: np.ndarray) -> None:  # fmt: skip
+        self.perm, self.src, self.targets, self.starts, self.degree = perm, src, targets, starts, degree
+
+    @classmethod
+    def of(cls, gf: GraphFeatures) -> "_Edges":
+        src, dst = gf.edge_index[0], gf.edge_index[1]
+        perm = np.argsort(dst, kind="stable")
+        count = np.bincount(dst, minlength=gf.num_ops)
+        targets = np.flatnonzero(count)
+        starts = (np.cumsum(count) - count)[targets]
+        return cls(perm, src[perm], targets, starts, np.maximum(count, 1).astype(np.float32))
 
 
 def _chain_sum(emb: np.ndarray, jumps: list, scale: float) -> np.ndarray:
@@ -154,14 +172,23 @@ def export_weights(checkpoint: str | Path = PRETRAINED_CHECKPOINT, out: str | Pa
 
 def load_shipped() -> NumpyPolicy | None:
     """The shipped policy without torch, or ``None`` if ``weights.npz`` is missing, unreadable or
-    made from another checkpoint than the shipped one (then load that checkpoint with torch)."""
-    if not (INFERENCE_WEIGHTS.is_file() and PRETRAINED_CHECKPOINT.is_file()):
-        return None
+    made from another checkpoint than the shipped one (then load that checkpoint with torch).
+    Loaded once per process and version of the two files."""
     try:
-        policy = NumpyPolicy.from_npz(INFERENCE_WEIGHTS)
+        weights, checkpoint = INFERENCE_WEIGHTS.stat(), PRETRAINED_CHECKPOINT.stat()
+    except OSError:
+        return None
+    return _load_matching(str(INFERENCE_WEIGHTS), str(PRETRAINED_CHECKPOINT),
+                          (weights.st_mtime_ns, weights.st_size, checkpoint.st_mtime_ns, checkpoint.st_size))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4)
+def _load_matching(weights: str, checkpoint: str, version: tuple) -> NumpyPolicy | None:
+    try:
+        policy = NumpyPolicy.from_npz(weights)
     except (OSError, KeyError, ValueError):
         return None
-    return policy if policy.meta["checkpoint_sha256"] == _sha256(PRETRAINED_CHECKPOINT) else None
+    return policy if policy.meta["checkpoint_sha256"] == _sha256(Path(checkpoint)) else None
 
 
 if __name__ == "__main__":  # python -m doppler.policy.infer [CHECKPOINT [OUT]]
