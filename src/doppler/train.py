@@ -109,7 +109,8 @@ class TrainConfig:
     engine_device_type: str = "cpu"  # Stage III devices of the local engine: cpu | cuda
     seed: int = 0
     checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
-    torch_threads: int = 2  # intra-op threads (2 beat 1 by 1.5x on a 2-core machine, benchmarks/train_speed.py)
+    torch_threads: int = 2  # intra-op threads (2 beat 1 by 1.5x on a 2-core machine, benchmarks/train_speed.py; two
+    # processes with 2 each on 2 cores run ~17x slower than one: use 1 there)
     device: str = "cpu"  # where the networks run (cpu, cuda); rollouts and the simulator stay on the CPU
 
     def validate(self) -> None:
@@ -134,9 +135,10 @@ class TrainConfig:
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats",
-                     "lookahead_steps"):
+                     "lookahead_steps", "torch_threads"):
             if int(getattr(self, name)) < 1:
-                raise TrainError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                flag = "threads" if name == "torch_threads" else name.replace("_", "-")
+                raise TrainError(f"--{flag} must be >= 1, got {getattr(self, name)}")
         for name in ("lr", "il_lr", "real_lr", "lr_final"):
             value = float(getattr(self, name))
             if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):

@@ -55,7 +55,7 @@ def trained(tmp_path_factory):
     res = run("graph", "build", "random", "--set", "num_ops=30", "--set", "seed=7", "-o", other)
     assert res.exit_code == 0, res.output
     run_dir = d / "RUN"
-    res = run("train", g, *TRAIN_ARGS, "-o", run_dir, "--json")
+    res = run("train", g, *TRAIN_ARGS, "--threads", "1", "-o", run_dir, "--json")
     assert res.exit_code == 0, res.output
     return d, g, other, run_dir, one_json(res)
 
@@ -76,6 +76,7 @@ def test_train_json_summary_and_run_dir(trained) -> None:
     assert row["best_makespan_s"] >= row["lower_bound_s"] * (1 - 1e-9)
     assert row["critical_path_makespan_s"] >= row["lower_bound_s"] * (1 - 1e-9)
     # the run directory
+    assert json.loads((run_dir / "config.json").read_text())["torch_threads"] == 1  # --threads 1
     assert (run_dir / "checkpoint.pt").stat().st_size > 1000
     assert Path(summary["checkpoint"]) == run_dir / "checkpoint.pt"
     png = run_dir / "training_curve.png"
@@ -182,12 +183,13 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--baseline", "median"), ["median"]),
         (("--warm-start", "heft,nosuch"), ["warm start", "nosuch"]),
         (("--search-every", "-1"), ["--search-every"]),
+        (("--threads", "0"), ["--threads"]),
         (("--stages", "il,real", "--engine", "dask", "--device-type", "cuda"), ["cuda", "dask"]),
         pytest.param(("--stages", "il,real", "--device-type", "cuda"), ["no CUDA device"],
                      marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     ],
     ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "list-schedule", "list-schedule-gdp", "list-schedule-lookahead", "list-schedule-init", "episodes-0", "batch-0", "baseline",
-         "warm-start", "search-every", "dask-cuda", "cuda-without-gpu"],
+         "warm-start", "search-every", "threads-0", "dask-cuda", "cuda-without-gpu"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained
@@ -327,3 +329,11 @@ def test_a_learned_baseline_trains_and_assigns_from_the_command_line(trained, tm
         assert other_count.exit_code == 0 and "zero-shot" in other_count.stdout, other_count.output
     assert_usage_error(run("train", g, "-c", "unit:2", "--method", "doppler", "--init", ckpt, "-o", tmp_path / "I"),
                        f"this one is {method}")  # fmt: skip
+
+
+def test_train_help_shows_the_defaults() -> None:
+    """Help texts say their defaults in parentheses: in square brackets rich took them for markup and dropped them."""
+    res = run("train", "--help")
+    assert res.exit_code == 0
+    text = " ".join(res.output.replace("│", " ").split())
+    assert "(default: 1024)" in text and "--threads" in text and "(default: 2;" in text

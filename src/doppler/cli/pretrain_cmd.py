@@ -18,8 +18,8 @@ def pretrain_cmd(
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
-    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) [default: heft]."),
-    il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate [default: 2e-3; 5e-4 measured steadier, docs/generalization.md]."),
+    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
+    il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization.md)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     json_out: bool = JSON_OPT,
 ) -> None:

@@ -83,26 +83,27 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
 def train_cmd(
     graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
-    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs) [default: il,sim; with --init: sim]."),
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs) (default: il,sim; with --init: sim)."),
     episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs)."),
-    il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes [default: 1024]."),
-    batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass [default: 8]."),
+    il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes (default: 1024)."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass (default: 8)."),
     method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step)."),
     teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, enumerative, anneal."),
-    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) [default: critical_path; with --init: the checkpoint's]."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo [default: loo]."),
-    self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off [default: 1.0]."),
+    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) (default: critical_path; with --init: the checkpoint's)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo (default: loo)."),
+    self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off (default: 1.0)."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
-    warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' [default: critical_path,heft,metis,enumerative,round_robin_block]."),
-    search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off [default: 500]."),
-    search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search [default: 20000]."),
-    real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run [default: 64]."),
+    warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' (default: critical_path,heft,metis,enumerative,round_robin_block)."),
+    search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off (default: 500)."),
+    search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000)."),
+    real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run (default: 64)."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
     engine_device_type: str = typer.Option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda."),
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 2; give 1 when two trainings share a 2-core machine: with 2 each they run about 17x slower)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
-    op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions) or structural (position-free, transfers) [default: full; with --init: the checkpoint's; structural -> full widens it, the new inputs starting at zero weight]."),
+    op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions) or structural (position-free, transfers) (default: full; with --init: the checkpoint's; structural -> full widens it, the new inputs starting at zero weight)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -113,7 +114,7 @@ def train_cmd(
 
         try:
             given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
-                     "real_episodes": real_episodes, "search_every": search_every, "search_evals": search_evals,
+                     "real_episodes": real_episodes, "search_every": search_every, "search_evals": search_evals, "torch_threads": threads,
                      "sim_seed_methods": None if warm_start is None else
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             if init is not None and resume:
