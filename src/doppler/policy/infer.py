@@ -19,6 +19,7 @@ import functools
 import hashlib
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +130,15 @@ class NumpyPolicy:
         return run_heads(gf, heads if heads is not None else self.heads(gf), plan, self.learned, self.list_schedule)
 
 
+@dataclass(frozen=True)
 class _Edges:
     """The message edges sorted by destination, for a segment sum per op (``np.add.reduceat``)."""
 
-    def __init__(self, perm: np.ndarray, src: np.ndarray, targets: np.ndarray, starts: np.ndarray,
-                 degree: np.ndarray) -> None:  # fmt: skip
-        self.perm, self.src, self.targets, self.starts, self.degree = perm, src, targets, starts, degree
+    perm: np.ndarray  # int64[2E]: message edge order, by destination
+    src: np.ndarray  # int64[2E]: their sources, in that order
+    targets: np.ndarray  # int64[T]: the ops that receive messages
+    starts: np.ndarray  # int64[T]: where each target's messages begin
+    degree: np.ndarray  # float32[n]: messages per op (at least 1: the mean's divisor)
 
     @classmethod
     def of(cls, gf: GraphFeatures) -> "_Edges":

@@ -70,7 +70,11 @@ def doppler_method(
     from doppler.simulate import simulate_many
 
     guided = bool(budget_s) and guided_share > 0
-    fast = _shipped_without_torch() if checkpoint is None and method == "doppler" and not guided else None
+    fast = None
+    if checkpoint is None and method == "doppler" and not guided:
+        from doppler.policy.infer import load_shipped
+
+        fast = load_shipped()
     try:
         path, shipped = resolve_checkpoint(checkpoint)
         if fast is not None:
@@ -94,10 +98,9 @@ def doppler_method(
     prefs = None
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
         heads = fast.heads(gf)
-        ro = fast.decode(gf, greedy, heads)
-        candidates = ro.assignment
-        if sampled is not None:
-            candidates = np.concatenate([candidates, fast.decode(gf, sampled, heads).assignment])
+
+        def decode(plan):
+            return fast.decode(gf, plan, heads)
     else:
         import torch
 
@@ -105,11 +108,15 @@ def doppler_method(
 
         with torch.no_grad():
             enc = policy.encode(gf)
-            ro = run_plan(gf, enc, greedy)
-            candidates = ro.assignment
-            if sampled is not None:
-                candidates = np.concatenate([candidates, run_plan(gf, enc, sampled).assignment])
-            prefs = device_preferences(gf, enc, ro) if guided and enc.head_weights()[1] else None
+
+        def decode(plan):
+            with torch.no_grad():  # the learned baselines' decoders run torch per step
+                return run_plan(gf, enc, plan)
+    ro = decode(greedy)
+    candidates = ro.assignment if sampled is None else np.concatenate([ro.assignment, decode(sampled).assignment])
+    if fast is None and guided and enc.head_weights()[1]:
+        with torch.no_grad():
+            prefs = device_preferences(gf, enc, ro)
     makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": k, "checkpoint": str(path)}
@@ -122,13 +129,6 @@ def doppler_method(
                           extra_starts={"doppler": candidates[best]}, on_progress=on_progress)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
-
-
-def _shipped_without_torch():
-    """The shipped policy's numpy twin (:func:`doppler.policy.infer.load_shipped`), or None."""
-    from doppler.policy.infer import load_shipped
-
-    return load_shipped()
 
 
 for _heads, _name in LEARNED_HEADS.items():
