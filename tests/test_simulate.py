@@ -628,6 +628,26 @@ def test_work_bound_per_kind_is_valid_where_the_naive_one_is_not() -> None:
     assert lb == pytest.approx(1.0, rel=1e-6)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_work_bound_with_one_speed_factor_per_device_equals_the_lp_optimum(seed: int) -> None:
+    # per-kind rates r_k times a per-device factor s_d: the closed form (no solver) is the LP's optimum
+    from doppler.simulate import _dual_lp_beta
+
+    rng = np.random.default_rng(seed)
+    kinds = [OpKind.MATMUL, OpKind.ADD, OpKind.MATMUL, OpKind.ADD]
+    g = from_edges(list(rng.uniform(1.0, 100.0, 4)), [], [0, 0, 0, 0], kind=kinds)
+    speed = rng.uniform(0.5, 4.0, 3)
+    c = Cluster("r1", [Device(f"d{i}", flops_per_s=10.0 * s, flops_per_s_by_kind={"add": 2.0 * s}) for i, s in enumerate(speed)],
+                np.ones((3, 3)), np.zeros((3, 3)))  # fmt: skip
+    W = np.bincount(g.kind.astype(np.int64), weights=g.flops)
+    present = np.flatnonzero(W > 0)
+    cap = c.throughput_matrix()[present] * c.streams[None, :]
+    beta = _dual_lp_beta(W[present], 1.0 / cap)
+    lp = float((W[present] * (beta[None, :] / cap).min(axis=1)).sum())
+    assert work_bound(g, c) == pytest.approx(lp, rel=1e-7)
+    assert work_bound(g, c) == pytest.approx(float((W[present] / cap.sum(axis=1)).sum()), rel=1e-12)
+
+
 def test_lower_bound_is_max_of_critical_path_and_work() -> None:
     chain = from_edges([1.0] * 5, [(i, i + 1) for i in range(4)], [0] * 5)
     assert lower_bound(chain, unit(4)) == 5.0  # the chain

@@ -851,6 +851,32 @@ def simulate_many(graph: DataflowGraph, cluster: Cluster, assignments: np.ndarra
     return context(graph, cluster).simulate_many(assignments, **options)
 
 
+def _dual_lp_beta(W: np.ndarray, c: np.ndarray) -> np.ndarray | None:
+    """The dual LP's beta of :func:`work_bound` (scipy HiGHS), or None if the solver fails."""
+    K, D = c.shape
+    try:
+        from scipy.optimize import linprog
+
+        # variables: alpha[K] (free), beta[D] >= 0; maximise W.alpha
+        # s.t. alpha_k - c[k, d] beta_d <= 0, sum beta = 1
+        A = np.zeros((K * D, K + D))
+        for k in range(K):
+            A[k * D : (k + 1) * D, k] = 1.0
+            A[k * D : (k + 1) * D, K:] = -np.diag(c[k])
+        res = linprog(
+            np.concatenate([-W, np.zeros(D)]),
+            A_ub=A,
+            b_ub=np.zeros(K * D),
+            A_eq=np.concatenate([np.zeros(K), np.ones(D)])[None, :],
+            b_eq=[1.0],
+            bounds=[(None, None)] * K + [(0, None)] * D,
+            method="highs",
+        )
+    except Exception:  # noqa: BLE001 - the proportional beta still gives a valid bound
+        return None
+    return np.asarray(res.x[K:]) if res.status == 0 else None
+
+
 def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
     """Total-work lower bound on the makespan, valid with per-kind device rates.
 
@@ -877,32 +903,15 @@ def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
     if np.all(cap == cap[0:1]):
         return float(W.sum() / cap[0].sum())
     c = 1.0 / cap
-    K, D = c.shape
     betas = [cap.sum(axis=0) / cap.sum()]
-    try:
-        from scipy.optimize import linprog
-
-        # variables: alpha[K] (free), beta[D] >= 0; maximise W.alpha
-        # s.t. alpha_k - c[k, d] beta_d <= 0, sum beta = 1
-        A = np.zeros((K * D, K + D))
-        for k in range(K):
-            A[k * D : (k + 1) * D, k] = 1.0
-            A[k * D : (k + 1) * D, K:] = -np.diag(c[k])
-        res = linprog(
-            np.concatenate([-W, np.zeros(D)]),
-            A_ub=A,
-            b_ub=np.zeros(K * D),
-            A_eq=np.concatenate([np.zeros(K), np.ones(D)])[None, :],
-            b_eq=[1.0],
-            bounds=[(None, None)] * K + [(0, None)] * D,
-            method="highs",
-        )
-        if res.status == 0:
-            betas.append(np.asarray(res.x[K:]))
-    except Exception:  # noqa: BLE001 - the proportional beta still gives a valid bound
-        pass
+    # Devices that differ by one speed factor for every kind (cap[k, d] = r_k * s_d, rank one): the
+    # column-sum beta (proportional to s_d) is already the LP's optimum; skip the solver and scipy's import.
+    if not np.allclose(cap[:, :1] * cap[:1, :], cap[:1, :1] * cap, rtol=1e-9, atol=0.0):
+        betas.append(_dual_lp_beta(W, c))
     best = 0.0
     for beta in betas:
+        if beta is None:
+            continue
         beta = np.clip(beta, 0.0, None)
         if beta.sum() <= 0:
             continue

@@ -64,6 +64,26 @@ def test_budget_search_never_loses_to_the_policy_or_the_cheap_methods(tiny_ckpt,
     assert a.info["search"]["evals"] > 0
 
 
+def test_budget_search_samples_stop_at_the_policy_share_of_the_budget(tiny_ckpt, monkeypatch):
+    import doppler.policy.method as method
+
+    g, cl = workloads.build("random", num_ops=60, seed=3), cluster("p100x4")
+    monkeypatch.setattr(method, "SEARCH_SAMPLE_SHARE", 1.0)  # room for every sample
+    assert assign(g, cl, "doppler", checkpoint=tiny_ckpt, budget_s=2.0).info["samples"] == method.SEARCH_SAMPLES
+    monkeypatch.setattr(method, "SEARCH_SAMPLE_SHARE", 0.0)  # the greedy decode has used it all
+    assert assign(g, cl, "doppler", checkpoint=tiny_ckpt, budget_s=0.5).info["samples"] == 0
+    assert assign(g, cl, "doppler", checkpoint=tiny_ckpt, samples=5).info["samples"] == 5  # --samples K: exactly K
+
+
+def test_samples_drawn_in_chunks_are_the_samples_of_one_batch():
+    from doppler.policy.decode import make_plan
+
+    one = make_plan(30, batch=12, mode="sample", rng=np.random.default_rng(4))
+    rng = np.random.default_rng(4)
+    chunks = [make_plan(30, batch=4, mode="sample", rng=rng) for _ in range(3)]
+    np.testing.assert_array_equal(one.uniforms, np.concatenate([c.uniforms for c in chunks]))
+
+
 def test_budget_must_be_positive(tiny_ckpt):
     with pytest.raises(MethodError, match="positive"):
         assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", checkpoint=tiny_ckpt, budget_s=0)
