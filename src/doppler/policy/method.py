@@ -96,6 +96,7 @@ def doppler_method(
         what = "the shipped pretrained policy" if shipped else str(path)
         raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
                           f"--checkpoint of `doppler train --method {method}`")  # fmt: skip
+    t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
     gf = graph_features(graph, cluster)
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy")
     rng = np.random.default_rng(seed)
@@ -122,7 +123,7 @@ def doppler_method(
         decoded.append(decode(make_plan(gf.num_ops, batch=samples, mode="sample", rng=rng)).assignment)
     elif budget_s:  # up to SEARCH_SAMPLES while the policy has used less than its share of the budget
         k = 0  # (batches of SAMPLE_CHUNK draw the same uniforms, in the same order, as one batch)
-        while k < SEARCH_SAMPLES and time.perf_counter() - t0 < SEARCH_SAMPLE_SHARE * budget_s:
+        while k < SEARCH_SAMPLES and time.perf_counter() - t_policy < SEARCH_SAMPLE_SHARE * budget_s:
             chunk = min(SAMPLE_CHUNK, SEARCH_SAMPLES - k)
             decoded.append(decode(make_plan(gf.num_ops, batch=chunk, mode="sample", rng=rng)).assignment)
             k += chunk
