@@ -52,6 +52,14 @@ def test_a_corrupted_checkpoint_is_a_clear_error(tmp_path):
         assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", checkpoint=bad)
 
 
+def test_missing_checkpoint_paths_are_clear_errors(tmp_path):
+    g, cl = workloads.build("ffnn", size="tiny"), cluster("unit:2")
+    with pytest.raises(MethodError, match="gone.pt: no such checkpoint"):
+        assign(g, cl, "doppler", checkpoint=tmp_path / "gone.pt")
+    with pytest.raises(MethodError, match="a directory without checkpoint.pt"):
+        assign(g, cl, "doppler", checkpoint=tmp_path)
+
+
 @pytest.mark.parametrize("share", [0.0, 0.3])
 def test_budget_search_never_loses_to_the_policy_or_the_cheap_methods(tiny_ckpt, share):
     g, cl = workloads.build("random", num_ops=60, seed=3), cluster("p100x4")

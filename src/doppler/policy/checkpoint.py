@@ -44,6 +44,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (a file, or a run directory holding ``checkpoint.pt``) with ``weights_only=True``."""
     p = Path(path)
     if p.is_dir():
+        if not (p / "checkpoint.pt").is_file():
+            raise CheckpointError(f"{path}: a directory without checkpoint.pt (give a checkpoint file or a run directory)")
         p = p / "checkpoint.pt"
     if not p.is_file():
         raise CheckpointError(f"{path}: no such checkpoint")
