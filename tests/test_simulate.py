@@ -628,6 +628,14 @@ def test_work_bound_per_kind_is_valid_where_the_naive_one_is_not() -> None:
     assert lb == pytest.approx(1.0, rel=1e-6)
 
 
+def test_work_bound_solves_the_lp_when_devices_differ_by_kind() -> None:
+    # a is 10x faster at matmul, as fast at add: the column-sum beta gives 0.2385, the LP's beta 0.55
+    g = from_edges([1.0, 1.0], [], [0, 0], kind=[OpKind.MATMUL, OpKind.ADD])
+    c = Cluster("lp", [Device("a", flops_per_s=10.0, flops_per_s_by_kind={"add": 1.0}), Device("b", flops_per_s=1.0)],
+                np.ones((2, 2)), np.zeros((2, 2)))  # fmt: skip
+    assert work_bound(g, c) == pytest.approx(0.55, rel=1e-6)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_work_bound_with_one_speed_factor_per_device_equals_the_lp_optimum(seed: int) -> None:
     # per-kind rates r_k times a per-device factor s_d: the closed form (no solver) is the LP's optimum
