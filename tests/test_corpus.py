@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from doppler.corpus import (
-    TRAIN_DEVICES, TRAIN_OPS, CorpusError, held_out_split, make_cluster, sample_cluster, sample_graph, sample_pair,
+    SHIFTS, TOPOLOGIES, TRAIN_DEVICES, TRAIN_OPS, CorpusError, held_out_split, make_cluster, sample_cluster,
+    sample_graph, sample_pair, shifted_cluster, shifted_validation_split, validation_split,
 )  # fmt: skip
 
 
@@ -78,3 +79,31 @@ def test_sample_graph_reports_impossible_ranges():
     with pytest.raises(CorpusError, match="unknown graph family"):
         sample_graph(np.random.default_rng(0), families=("resnet",))
     assert sample_cluster(np.random.default_rng(1), devices=(3, 3)).num_devices == 3
+
+
+def test_shifted_validation_is_outside_training_and_the_held_out_split():
+    cases = shifted_validation_split(k=24)
+    assert [c.name for c in cases] == [c.name for c in shifted_validation_split(k=24)]  # seeded
+    held = {c.cluster.name for c in held_out_split()}
+    training_like = 0
+    for c in cases:
+        g, cl = c.graph, c.cluster
+        assert TRAIN_OPS[0] <= g.num_ops <= TRAIN_OPS[1] and g.name != "llama_layer"  # training graphs
+        assert cl.name not in held and cl.num_devices != 32
+        rates = {d.flops_per_s for d in cl.devices}
+        shifted = (cl.num_devices > TRAIN_DEVICES[1], cl.meta["topology"] not in TOPOLOGIES, len(rates) >= 3)
+        training_like += not any(shifted)
+        if "devices" in c.why:
+            assert 17 <= cl.num_devices <= 24 and not (cl.name.startswith("h100") and cl.meta["topology"] == "all_to_all")
+    assert training_like == 0
+    assert {c.why for c in cases} == {f"shifted validation ({s})" for s in SHIFTS}
+    assert not {c.name for c in cases} & {c.name for c in validation_split(k=40)}
+
+
+def test_four_nodes_is_never_drawn_in_training_and_shapes_the_links():
+    rng = np.random.default_rng(5)
+    assert all(sample_cluster(rng).meta["topology"] in TOPOLOGIES for _ in range(200))
+    four = make_cluster("f", [1e12] * 8, 1e11, 10e9, 1e-6, "four_nodes", rng, slow_factor=0.1)
+    assert four.bandwidth_Bps[0, 1] == pytest.approx(10e9) and four.bandwidth_Bps[1, 2] == pytest.approx(1e9)
+    with pytest.raises(CorpusError, match="unknown shift"):
+        shifted_cluster(rng, "bigger")

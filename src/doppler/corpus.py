@@ -19,6 +19,11 @@ family; every family above the training range (1,000 to 5,000 ops); the ``v100x8
 ``h100x8`` topologies; a cluster of three device speeds (training mixes at most two); and 32
 devices (training has at most 16).
 
+**Shifted validation** (:func:`shifted_validation_split`): training graphs on clusters that
+neither training nor the held-out split draws (17 to 24 devices; four nodes joined by slow links;
+three or four device speeds on 4 to 12 devices). It chooses among options that should transfer
+(checkpoints, decode rules) without looking at the held-out split.
+
 Everything is drawn from one ``numpy.random.Generator``: the same seed gives the same pairs.
 """
 
@@ -38,6 +43,8 @@ TRAIN_DEVICES = (2, 16)  #: the device counts training clusters are drawn from (
 TRAIN_FAMILIES = ("chainmm", "ffnn", "llama_block", "random")
 HELD_OUT_FAMILIES = ("llama_layer",)
 TOPOLOGIES = ("all_to_all", "ring", "two_nodes", "partial_mesh")
+SHIFTED_TOPOLOGIES = ("four_nodes",)  #: drawn only by the shifted validation split
+SHIFTS = ("devices", "four_nodes", "speeds")  #: how a shifted validation cluster differs from training ones
 
 #: (peak fp32 FLOP/s, HBM bytes/s, fast-link bytes/s, latency s) of the GPUs clusters are built from
 _GPUS = {
@@ -109,6 +116,9 @@ def _hops(topology: str, d: int, rng: np.random.Generator) -> np.ndarray:
         half = max(1, d // 2)
         same = (idx[:, None] < half) == (idx[None, :] < half)
         return np.where(same, 1.0, 0.0)  # 0 marks the slow inter-node link
+    if topology == "four_nodes":  # shifted validation only, never in training
+        node = idx * 4 // d
+        return np.where(node[:, None] == node[None, :], 1.0, 0.0)
     if topology == "partial_mesh":
         linked = np.triu(rng.random((d, d)) < rng.uniform(0.3, 0.7), 1)
         ring = np.zeros((d, d), dtype=bool)
@@ -118,7 +128,7 @@ def _hops(topology: str, d: int, rng: np.random.Generator) -> np.ndarray:
         double = np.triu(rng.random((d, d)) < rng.uniform(0.0, 0.5), 1)  # NVLink pairs joined by two links
         double = double | double.T
         return np.where(linked, np.where(double, 0.5, 1.0), 0.0)
-    raise CorpusError(f"unknown topology {topology!r} (use one of: {', '.join(TOPOLOGIES)})")
+    raise CorpusError(f"unknown topology {topology!r} (use one of: {', '.join(TOPOLOGIES + SHIFTED_TOPOLOGIES)})")
 
 
 def make_cluster(name: str, rates: list[float], mem_rate: float, fast_Bps: float, latency_s: float,
@@ -220,4 +230,46 @@ def validation_split(k: int = 12, seed: int = VALIDATION_SEED) -> list[HeldOutCa
     for i in range(k):
         g, c = sample_pair(rng)
         cases.append(HeldOutCase(f"val{i}:{g.name}/{c.name}", g, c, "validation (training distribution)"))
+    return cases
+
+
+#: the seed of the shifted validation pairs
+SHIFTED_VALIDATION_SEED = 2**21
+
+
+def shifted_cluster(rng: np.random.Generator, shift: str) -> Cluster:
+    """A cluster outside both the training distribution and the held-out split (module docstring):
+    ``devices``: 17 to 24 equal GPUs on a training topology; ``four_nodes``: 8 to 16 equal GPUs in four
+    nodes joined by slow links; ``speeds``: 4 to 12 GPUs of three or four speeds (1x to 1/4x), all-to-all
+    or a partial mesh. GPU kinds and link speeds are drawn as in training."""
+    gpu = str(rng.choice(list(_GPUS)))
+    peak, hbm, link, lat = _GPUS[gpu]
+    rate, by_kind = gpu_rates(peak, hbm)
+    if shift == "devices":  # (not h100 all-to-all: h100x8's NVSwitch topology is held out)
+        d, topology = int(rng.integers(17, 25)), str(rng.choice(TOPOLOGIES[1:] if gpu == "h100" else TOPOLOGIES))
+        rates, label = [rate] * d, topology
+    elif shift == "four_nodes":
+        d, topology = int(rng.integers(8, 17)), "four_nodes"
+        rates, label = [rate] * d, topology
+    elif shift == "speeds":
+        d, topology = int(rng.integers(4, 13)), str(rng.choice(["all_to_all", "partial_mesh"]))
+        factors = np.concatenate([[1.0], np.sort(rng.uniform(1.3, 4.0, int(rng.integers(2, 4))))])
+        rates, label = [rate / float(factors[i % len(factors)]) for i in range(d)], f"{topology}-speeds{len(factors)}"
+    else:
+        raise CorpusError(f"unknown shift {shift!r} (use one of: {', '.join(SHIFTS)})")
+    link_scale = float(10 ** rng.uniform(-1, 1))
+    name = f"{gpu}x{d}-{label}-links{link_scale:.2g}"
+    return make_cluster(name, rates, next(iter(by_kind.values())), link * link_scale, lat, topology, rng,
+                        slow_factor=float(rng.uniform(0.05, 0.3)))  # fmt: skip
+
+
+def shifted_validation_split(k: int = 24, seed: int = SHIFTED_VALIDATION_SEED) -> list[HeldOutCase]:
+    """``k`` pairs of a training graph on a :func:`shifted_cluster` (the shifts in turn): for choosing
+    among options that should transfer, without looking at the held-out split."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i in range(k):
+        shift = SHIFTS[i % len(SHIFTS)]
+        g, c = sample_graph(rng), shifted_cluster(rng, shift)
+        cases.append(HeldOutCase(f"shift{i}:{g.name}/{c.name}", g, c, f"shifted validation ({shift})"))
     return cases
