@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 
 from doppler.corpus import held_out_split
 from doppler.methods import assign
-from doppler.simulate import simulate
-
-CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
-
-
-def geomean(xs) -> float:
-    return float(np.exp(np.mean(np.log(xs)))) if len(xs) else math.nan
+from generalization import CHEAP, geomean, makespan  # same folder
 
 
 def main() -> None:
@@ -52,13 +45,13 @@ def main() -> None:
         if case.name in cache:
             ref = cache[case.name]["best_cheap_s"]
         else:
-            ref = min(simulate(g, cl, assign(g, cl, m)).makespan_s for m in CHEAP)
+            ref = min(makespan(g, cl, assign(g, cl, m)) for m in CHEAP)
         ours, blind, drawn = [], [], []
         for seed in range(args.seeds):
             a = assign(g, cl, "anneal", seed=seed, budget_s=S)
-            blind.append(simulate(g, cl, a).makespan_s / ref)
+            blind.append(makespan(g, cl, a) / ref)
             d = assign(g, cl, "doppler", seed=seed, budget_s=S)
-            ours.append(simulate(g, cl, d).makespan_s / ref)
+            ours.append(makespan(g, cl, d) / ref)
             drawn.append(d.info["samples"])
         long = cache.get(case.name, {}).get("anneal_long")
         ratios_short.append(np.mean(ours) / np.mean(blind))

@@ -147,13 +147,26 @@ def make_cluster(name: str, rates: list[float], mem_rate: float, fast_Bps: float
                    meta={"preset": "corpus", "topology": topology})  # fmt: skip
 
 
-def sample_cluster(rng: np.random.Generator, devices: tuple[int, int] = TRAIN_DEVICES) -> Cluster:
-    """A random training cluster (module docstring)."""
-    d = int(rng.integers(devices[0], devices[1] + 1))
+def _draw_gpu(rng: np.random.Generator) -> tuple[str, float, float, float, float]:
+    """A GPU kind of :data:`_GPUS`: ``(name, compute-bound FLOP/s, memory-bound FLOP/s, fast-link bytes/s, latency s)``."""
     gpu = str(rng.choice(list(_GPUS)))
     peak, hbm, link, lat = _GPUS[gpu]
     rate, by_kind = gpu_rates(peak, hbm)
-    mem_rate = next(iter(by_kind.values()))
+    return gpu, rate, next(iter(by_kind.values())), link, lat
+
+
+def _with_links(rng: np.random.Generator, label: str, rates: list[float], mem_rate: float, link: float, lat: float,
+                topology: str) -> Cluster:  # fmt: skip
+    """:func:`make_cluster` with links at 0.1x to 10x ``link`` and a slow path at 5-30% of that."""
+    link_scale = float(10 ** rng.uniform(-1, 1))
+    return make_cluster(f"{label}-links{link_scale:.2g}", rates, mem_rate, link * link_scale, lat, topology, rng,
+                        slow_factor=float(rng.uniform(0.05, 0.3)))  # fmt: skip
+
+
+def sample_cluster(rng: np.random.Generator, devices: tuple[int, int] = TRAIN_DEVICES) -> Cluster:
+    """A random training cluster (module docstring)."""
+    d = int(rng.integers(devices[0], devices[1] + 1))
+    gpu, rate, mem_rate, link, lat = _draw_gpu(rng)
     rates = [rate] * d
     mixed = bool(rng.random() < 0.35)
     if mixed:  # a mix of two speeds: a random share of the devices runs 1.5x to 4x slower
@@ -163,10 +176,7 @@ def sample_cluster(rng: np.random.Generator, devices: tuple[int, int] = TRAIN_DE
     topology = str(rng.choice(TOPOLOGIES))
     if gpu == "h100" and topology == "all_to_all":  # that is h100x8's (NVSwitch) topology: held out
         topology = str(rng.choice(TOPOLOGIES[1:]))
-    link_scale = float(10 ** rng.uniform(-1, 1))
-    name = f"{gpu}x{d}-{topology}{'-mixed' if mixed else ''}-links{link_scale:.2g}"
-    return make_cluster(name, rates, mem_rate, link * link_scale, lat, topology, rng,
-                        slow_factor=float(rng.uniform(0.05, 0.3)))  # fmt: skip
+    return _with_links(rng, f"{gpu}x{d}-{topology}{'-mixed' if mixed else ''}", rates, mem_rate, link, lat, topology)
 
 
 def sample_pair(rng: np.random.Generator) -> tuple[DataflowGraph, Cluster]:
@@ -242,9 +252,7 @@ def shifted_cluster(rng: np.random.Generator, shift: str) -> Cluster:
     ``devices``: 17 to 24 equal GPUs on a training topology; ``four_nodes``: 8 to 16 equal GPUs in four
     nodes joined by slow links; ``speeds``: 4 to 12 GPUs of three or four speeds (1x to 1/4x), all-to-all
     or a partial mesh. GPU kinds and link speeds are drawn as in training."""
-    gpu = str(rng.choice(list(_GPUS)))
-    peak, hbm, link, lat = _GPUS[gpu]
-    rate, by_kind = gpu_rates(peak, hbm)
+    gpu, rate, mem_rate, link, lat = _draw_gpu(rng)
     if shift == "devices":  # (not h100 all-to-all: h100x8's NVSwitch topology is held out)
         d, topology = int(rng.integers(17, 25)), str(rng.choice(TOPOLOGIES[1:] if gpu == "h100" else TOPOLOGIES))
         rates, label = [rate] * d, topology
@@ -257,10 +265,7 @@ def shifted_cluster(rng: np.random.Generator, shift: str) -> Cluster:
         rates, label = [rate / float(factors[i % len(factors)]) for i in range(d)], f"{topology}-speeds{len(factors)}"
     else:
         raise CorpusError(f"unknown shift {shift!r} (use one of: {', '.join(SHIFTS)})")
-    link_scale = float(10 ** rng.uniform(-1, 1))
-    name = f"{gpu}x{d}-{label}-links{link_scale:.2g}"
-    return make_cluster(name, rates, next(iter(by_kind.values())), link * link_scale, lat, topology, rng,
-                        slow_factor=float(rng.uniform(0.05, 0.3)))  # fmt: skip
+    return _with_links(rng, f"{gpu}x{d}-{label}", rates, mem_rate, link, lat, topology)
 
 
 def shifted_validation_split(k: int = 24, seed: int = SHIFTED_VALIDATION_SEED) -> list[HeldOutCase]:

@@ -907,11 +907,11 @@ def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
     # Devices that differ by one speed factor for every kind (cap[k, d] = r_k * s_d, rank one): the
     # column-sum beta (proportional to s_d) is already the LP's optimum; skip the solver and scipy's import.
     if not np.allclose(cap[:, :1] * cap[:1, :], cap[:1, :1] * cap, rtol=1e-9, atol=0.0):
-        betas.append(_dual_lp_beta(W, c))
+        beta = _dual_lp_beta(W, c)
+        if beta is not None:
+            betas.append(beta)
     best = 0.0
     for beta in betas:
-        if beta is None:
-            continue
         beta = np.clip(beta, 0.0, None)
         if beta.sum() <= 0:
             continue
