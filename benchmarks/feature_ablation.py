@@ -34,15 +34,19 @@ def references(cases) -> list[tuple]:
     return refs
 
 
-def judge(ckpt: Path, refs: list[tuple]) -> tuple[float, float]:
-    """(geomean greedy / best cheap, geomean greedy / critical_path) over the held-out rows."""
+def judge(ckpt: Path | None, refs: list[tuple], plc_ties_only: bool | None = None) -> tuple[float, float, int]:
+    """Zero-shot greedy decodes of ``ckpt`` (None: the shipped policy) on ``refs``' cases: (geomean
+    greedy / best cheap, geomean greedy / critical_path, cases not worse than critical_path).
+    ``plc_ties_only``: the method's option (None: its zero-shot default)."""
     vs_cheap, vs_cp = [], []
     for case, best_cheap, cp in refs:
-        a = assign(case.graph, case.cluster, "doppler", checkpoint=ckpt)
+        a = assign(case.graph, case.cluster, "doppler", checkpoint=ckpt, plc_ties_only=plc_ties_only)
         ms = simulate(case.graph, case.cluster, a).makespan_s
         vs_cheap.append(ms / best_cheap)
         vs_cp.append(ms / cp)
-    return float(np.exp(np.mean(np.log(vs_cheap)))), float(np.exp(np.mean(np.log(vs_cp))))
+    ratio_cp = np.asarray(vs_cp)
+    return (float(np.exp(np.mean(np.log(vs_cheap)))), float(np.exp(np.mean(np.log(ratio_cp)))),
+            int((ratio_cp <= 1.0 + 1e-9).sum()))  # fmt: skip
 
 
 def main() -> None:

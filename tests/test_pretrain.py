@@ -121,7 +121,13 @@ def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
     res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
                "-o", tmp_path / "a.json", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["zero_shot"] is True
+    row = json.loads(res.stdout)
+    assert row["zero_shot"] is True and row["plc_ties_only"] is True  # zero-shot, the device head breaks ties
+    for cl, flag, ties in (("unit:3", "--plc-free", False), ("unit:2", None, False), ("unit:2", "--plc-ties", True)):
+        res = _run("assign", g, "-c", cl, "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
+                   "-o", tmp_path / "a.json", "--json", *([flag] if flag else []))  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["plc_ties_only"] is ties, (cl, flag)
 
 
 def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp_path):

@@ -37,6 +37,26 @@ def test_the_shipped_policy_is_the_default_small_and_safe_to_load():
     assert a.devices.shape == (g.num_ops,)
 
 
+def test_zero_shot_device_choices_break_the_rules_ties_unless_told_otherwise():
+    """The shipped policy (HEFT's list schedule), zero-shot: every op's device is one HEFT's
+    earliest-finish rule ties for first at its step; ``plc_ties_only=False`` lets the head choose
+    any device (on this row it leaves the tied set); only DOPPLER's dual policy has the option."""
+    from doppler.policy.features import graph_features
+    from doppler.policy.infer import load_shipped
+    from doppler.policy.rollout import make_plan
+
+    g, cl = workloads.build("llama_block"), cluster("v100x8")
+    gf = graph_features(g, cl)
+    for ties in (True, False):
+        a = assign(g, cl, "doppler", **({} if ties else {"plc_ties_only": False}))
+        assert a.info["plc_ties_only"] is ties
+        ro = load_shipped().decode(gf, make_plan(g.num_ops, batch=1, mode="greedy", plc_ties_only=ties))
+        np.testing.assert_array_equal(ro.assignment[0], a.devices)
+        assert bool(ro.est_tied[0, np.arange(g.num_ops), ro.step_device[0]].all()) is ties
+    with pytest.raises(MethodError, match="plc-ties"):
+        assign(g, cl, "single_policy", plc_ties_only=True)
+
+
 def test_missing_shipped_policy_is_a_clear_error(monkeypatch, tmp_path):
     import doppler.policy.checkpoint
 

@@ -416,3 +416,63 @@ def test_policy_list_schedule_is_saved_and_checked():
 
     old = {k: v for k, v in DopplerPolicy(**CFG).config.items() if k != "list_schedule"}  # a checkpoint from before
     assert policy_from_config(old).list_schedule == "critical_path"
+
+
+# ============================================================================ ties-only device choice
+@pytest.mark.parametrize("list_schedule", ["critical_path", "heft"])
+@pytest.mark.parametrize("preset", ["p100x4", "v100x8"])
+def test_ties_only_decodes_choose_among_the_rules_tied_devices(list_schedule, preset):
+    """``plc_ties_only``: every learned device choice, greedy or sampled (with exploration), is one the
+    list schedule's rule ties for first; without it the same heads leave that set somewhere."""
+    g, gf, _ = make(num_ops=60, seed=4, preset=preset)
+    torch.manual_seed(1)
+    p = DopplerPolicy(**CFG, list_schedule=list_schedule)
+    with torch.no_grad():
+        enc = p.encode(gf)
+    n = g.num_ops
+    free = rollout(gf, enc, batch=8, mode="sample", rng=np.random.default_rng(0), eps=0.3)
+    assert not free.plc_ties_only
+    assert not free.est_tied[np.arange(8)[:, None], np.arange(n), free.step_device].all()
+    for mode, kw in (("greedy", {}), ("sample", {"rng": np.random.default_rng(0), "eps": 0.3})):
+        ro = rollout(gf, enc, batch=8 if mode == "sample" else 1, mode=mode, plc_ties_only=True, **kw)
+        check_structure(g, ro)
+        assert ro.plc_ties_only
+        assert ro.est_tied[np.arange(ro.batch)[:, None], np.arange(n), ro.step_device].all()
+    # a replay records what each step saw, whatever the flag: it scores given devices
+    replayed = rollout(gf, enc, batch=8, mode="teacher", order=free.order, devices_by_step=free.step_device,
+                       plc_ties_only=True)  # fmt: skip
+    assert not replayed.plc_ties_only
+    np.testing.assert_array_equal(replayed.assignment, free.assignment)
+
+
+def test_ties_only_rescoring_is_the_distribution_the_decode_drew_from():
+    """The re-scoring of a ties-only rollout renormalises PLC over the tied devices: zero probability
+    elsewhere, finite log-likelihoods, entropies and gradients; the free scores are unchanged."""
+    g, gf, policy = make(num_ops=40, seed=5, preset="v100x8")
+    enc = policy.encode(gf)
+    ro = rollout(gf, enc, batch=4, mode="sample", rng=np.random.default_rng(2), plc_ties_only=True)
+    sc = evaluate_actions(enc, ro)
+    probs = torch.exp(sc.plc_logp).detach().numpy()
+    assert (probs[~ro.est_tied] == 0.0).all()
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+    free = evaluate_actions(enc, dataclasses.replace(ro, plc_ties_only=False))
+    want = torch.log_softmax(free.plc_logp.masked_fill(~torch.from_numpy(ro.est_tied), -torch.inf), -1)
+    np.testing.assert_allclose(sc.logp_plc.detach().numpy(),
+                               want.gather(2, torch.from_numpy(ro.step_device).unsqueeze(-1)).squeeze(-1).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    assert torch.isfinite(sc.logp_plc).all() and torch.isfinite(sc.entropy_plc).all()
+    assert (sc.entropy_plc <= free.entropy_plc + 1e-5).all()
+    (sc.logp_plc.sum() + sc.entropy_plc.sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in policy.parameters() if t.grad is not None)
+
+
+def test_ties_only_is_refused_by_the_learned_baselines():
+    from doppler.policy.architectures import policy_from_config
+    from doppler.policy.rollout import make_plan, run_plan
+
+    g, gf, _ = make(num_ops=12)
+    single = policy_from_config({**CFG, "architecture": "single_policy"})
+    with torch.no_grad():
+        enc = single.encode(gf)
+    with pytest.raises(ValueError, match="plc_ties_only"):
+        run_plan(gf, enc, make_plan(g.num_ops, batch=1, mode="greedy", plc_ties_only=True))

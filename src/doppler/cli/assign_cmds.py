@@ -31,8 +31,10 @@ def _load(graph_path: Path, cluster_name: str):
     return load_graph(graph_path), cluster(cluster_name)
 
 
-def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int]) -> dict[str, Any]:
+def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int], plc_ties: Optional[bool] = None) -> dict[str, Any]:
     kw: dict[str, Any] = {}
+    if plc_ties is not None:
+        kw["plc_ties_only"] = plc_ties
     if checkpoint is not None:
         kw["checkpoint"] = checkpoint
     if samples is not None:
@@ -70,6 +72,9 @@ def assign_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Samples drawn by a learned method."),
+    plc_ties: Optional[bool] = typer.Option(None, "--plc-ties/--plc-free", help="doppler: the device head only breaks "
+                                            "the ties of the policy's list-schedule rule (default zero-shot) / "
+                                            "chooses any device (default on the graph and cluster it was trained on)."),
     init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
     strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
@@ -81,7 +86,7 @@ def assign_cmd(
 
         spec = get_method(method)
         _check_budget(budget_s)
-        kw = _method_kwargs(checkpoint, samples)
+        kw = _method_kwargs(checkpoint, samples, plc_ties)
         graph, cl = _load(graph_path, cluster_name)
         if init is not None:
             if method != "anneal":
@@ -123,6 +128,7 @@ def assign_cmd(
             row["zero_shot"] = bool(a.info["zero_shot"])
             row["pretrained"] = bool(a.info.get("pretrained"))
             row["checkpoint"] = a.info.get("checkpoint")
+            row["plc_ties_only"] = bool(a.info.get("plc_ties_only"))
         if json_out:
             emit_json(row)
         else:
@@ -138,6 +144,9 @@ def assign_cmd(
                               "and clusters than these", highlight=False)  # fmt: skip
             elif a.info.get("zero_shot"):
                 console.print("zero-shot: the policy was not trained on this graph on this cluster", highlight=False)
+            if a.info.get("plc_ties_only"):
+                console.print("the device head broke only the ties of the policy's list-schedule rule "
+                              "(--plc-free: any device)", highlight=False)  # fmt: skip
 
 
 @app.command("compare")

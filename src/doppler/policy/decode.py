@@ -140,19 +140,21 @@ def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
     mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
-    order, step_dev, assignment, enter_step, feats, est_tied,
+    plc_ties_only, order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate.
 
     ``sel_heuristic``: SEL takes the candidate with the largest ``sel_key`` (ties: lowest op id);
     ``plc_heuristic``: PLC takes the lowest device tied for the smallest EST (CRITICAL PATH's rules).
     ``heft_model``: the list schedule inserts ops into idle gaps and the rule (and ``est_tied``) is
-    the earliest finish (HEFT's model, :data:`~doppler.listsched.LIST_SCHEDULES`)."""
+    the earliest finish (HEFT's model, :data:`~doppler.listsched.LIST_SCHEDULES`).
+    ``plc_ties_only``: the learned PLC head chooses only among the devices that rule ties for first."""
     B, n = order.shape
     nd = comp.shape[1]
     m_placed = plc_placed.shape[1]
     nf = feats.shape[3]
     all_devs = np.arange(nd)
+    tied_devs = np.empty(nd, np.int64)
     busy_start = np.empty((nd, n if heft_model else 0))
     busy_end = np.empty_like(busy_start)
     busy_count = np.zeros(nd, np.int64)
@@ -197,6 +199,13 @@ def _rollout_kernel(
                 d = 0
                 while not est_tied[b, h, d]:
                     d += 1
+            elif plc_ties_only:
+                count = 0
+                for dd in range(nd):
+                    if est_tied[b, h, dd]:
+                        tied_devs[count] = dd
+                        count += 1
+                d = pick(logits, tied_devs, count, mode, u[2], u[3], eps)
             else:
                 d = pick(logits, all_devs, nd, mode, u[2], u[3], eps)
             if heft_model:
@@ -218,6 +227,7 @@ class Rollout:
     device_features: np.ndarray  # float32[B, n, D, F]: what PLC saw at each step
     est_tied: np.ndarray  # bool[B, n, D]: the devices the list schedule's rule ties for first (smallest EST;
     # with the ``heft`` list schedule, earliest finish): the PLC teacher's choices
+    plc_ties_only: bool = False  # PLC chose only among ``est_tied`` (DecodePlan.plc_ties_only)
 
     @property
     def batch(self) -> int:
@@ -241,6 +251,9 @@ class DecodePlan:
     uniforms: np.ndarray  # float64[B, n, 4]
     forced_order: np.ndarray  # int64[B, n] (teacher mode), else [1, 1]
     forced_dev: np.ndarray  # int64[B, n] (teacher mode), else [1, 1]
+    #: the learned PLC head only breaks the ties of its list schedule's rule (zero-shot decoding,
+    #: :data:`doppler.policy.method.ZERO_SHOT_PLC_TIES_ONLY`); teacher mode replays any device
+    plc_ties_only: bool = False
 
     @classmethod
     def replaying(cls, order: np.ndarray, step_device: np.ndarray) -> "DecodePlan":
@@ -297,11 +310,12 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
         plan.mode, plan.sel_mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
-        gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft",
+        gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft", plan.plc_ties_only and not plan.teacher,
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
     )  # fmt: skip
     if bad >= 0:
         raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
+    ro.plc_ties_only = plan.plc_ties_only and not plan.teacher and not plc_rule
     return ro
 
 
@@ -360,11 +374,13 @@ def make_plan(
     order: np.ndarray | None = None,
     devices_by_step: np.ndarray | None = None,
     greedy_sel: bool = False,
+    plc_ties_only: bool = False,
 ) -> DecodePlan:
     """The :class:`DecodePlan` of ``batch`` episodes of an ``n``-op graph: ``mode`` sample, greedy or
     teacher (replay ``order[B, n]`` with ``devices_by_step[B, n]``); ``eps``: epsilon-greedy exploration
     in sample mode, whose uniforms come from ``rng``; ``greedy_sel``: in sample mode, SEL decodes
-    greedily (only PLC samples)."""
+    greedily (only PLC samples); ``plc_ties_only``: the learned PLC head chooses only among the devices
+    its list schedule's rule ties for first."""
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
     if mode == "teacher":
@@ -378,7 +394,7 @@ def make_plan(
         raise ValueError("sample mode needs a random generator: pass rng=np.random.default_rng(seed)")
     uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
     return DecodePlan(batch, _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode],
-                      float(eps), uniforms, forced_order, forced_dev)  # fmt: skip
+                      float(eps), uniforms, forced_order, forced_dev, bool(plc_ties_only))  # fmt: skip
 
 
 def run_heads(gf: GraphFeatures, heads: tuple, plan: DecodePlan, learned: str = "both",

@@ -33,6 +33,11 @@ SAMPLE_CHUNK = 4
 #: the policy (encoder, greedy decode, samples) stops drawing samples once it has used this share of
 #: ``--budget-s``: on 3,000 ops 32 samples took 4.1 of 5 s, and left the annealer 0.3 s
 SEARCH_SAMPLE_SHARE = 0.1
+#: zero-shot (a graph or cluster the policy was not trained on), the learned device head only breaks
+#: the ties of its list schedule's rule (the shipped policy: HEFT's earliest finish). Chosen on the
+#: shifted validation split, the one for choices that should transfer (greedy / best cheap 1.113
+#: against 1.124 free); see docs/generalization.md. On its own graph and cluster the head chooses freely
+ZERO_SHOT_PLC_TIES_ONLY = True
 
 
 def device_preferences(gf, enc, ro) -> np.ndarray:
@@ -59,15 +64,19 @@ def doppler_method(
     checkpoint: str | Path | None = None,
     samples: int | None = None,
     guided_share: float = GUIDED_SHARE,
+    plc_ties_only: bool | None = None,
     on_progress=None,
     method: str = "doppler",
 ) -> Assignment:
     """Greedy decode of a policy; with ``samples`` K, the best of greedy and K samples; with
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
     decodes and the cheap methods (with ``guided_share`` > 0, that share of its moves is drawn
-    from the policy's device preferences)."""
+    from the policy's device preferences). ``plc_ties_only``: the device head only breaks the ties of
+    its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free)."""
     if samples is not None and samples < 1:
         raise MethodError(f"--samples must be >= 1, got {samples}")
+    if plc_ties_only and method != "doppler":
+        raise MethodError(f"--plc-ties is a decode of DOPPLER's dual policy, not of {method}")
     t0 = time.perf_counter()
     from doppler.policy.checkpoint import CheckpointError, check_checkpoint_fits, resolve_checkpoint
     from doppler.policy.decode import make_plan
@@ -96,9 +105,11 @@ def doppler_method(
         what = "the shipped pretrained policy" if shipped else str(path)
         raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
                           f"--checkpoint of `doppler train --method {method}`")  # fmt: skip
+    ties_only = (ZERO_SHOT_PLC_TIES_ONLY and zero_shot) if plc_ties_only is None else plc_ties_only
+    ties_only = bool(ties_only) and method == "doppler"  # the ablations' PLC rule is CRITICAL PATH's own
     t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
     gf = graph_features(graph, cluster)
-    greedy = make_plan(gf.num_ops, batch=1, mode="greedy")
+    greedy = make_plan(gf.num_ops, batch=1, mode="greedy", plc_ties_only=ties_only)
     rng = np.random.default_rng(seed)
     prefs = None
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
@@ -120,12 +131,14 @@ def doppler_method(
     ro = decode(greedy)
     decoded = [ro.assignment]
     if samples:  # exactly K, in one batch
-        decoded.append(decode(make_plan(gf.num_ops, batch=samples, mode="sample", rng=rng)).assignment)
+        decoded.append(decode(make_plan(gf.num_ops, batch=samples, mode="sample", rng=rng,
+                                        plc_ties_only=ties_only)).assignment)  # fmt: skip
     elif budget_s:  # up to SEARCH_SAMPLES while the policy has used less than its share of the budget
         k = 0  # (batches of SAMPLE_CHUNK draw the same uniforms, in the same order, as one batch)
         while k < SEARCH_SAMPLES and time.perf_counter() - t_policy < SEARCH_SAMPLE_SHARE * budget_s:
             chunk = min(SAMPLE_CHUNK, SEARCH_SAMPLES - k)
-            decoded.append(decode(make_plan(gf.num_ops, batch=chunk, mode="sample", rng=rng)).assignment)
+            decoded.append(decode(make_plan(gf.num_ops, batch=chunk, mode="sample", rng=rng,
+                                            plc_ties_only=ties_only)).assignment)  # fmt: skip
             k += chunk
     candidates = np.concatenate(decoded)
     if fast is None and guided and enc.head_weights()[1]:
@@ -133,7 +146,8 @@ def doppler_method(
             prefs = device_preferences(gf, enc, ro)
     makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
-    info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": len(candidates) - 1, "checkpoint": str(path)}
+    info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": len(candidates) - 1, "checkpoint": str(path),
+            "plc_ties_only": ties_only}  # fmt: skip
     if not budget_s:
         return Assignment(devices=candidates[best], estimated_makespan_s=float(makespans[best]), info=info)
     from doppler.methods.anneal import anneal_search

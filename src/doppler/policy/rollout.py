@@ -61,6 +61,8 @@ def rollout(gf: GraphFeatures, enc: Encoded | Decoder, **plan: Any) -> Rollout:
 def run_plan(gf: GraphFeatures, enc: Encoded | Decoder, plan: DecodePlan) -> Rollout:
     """Decode a :class:`DecodePlan` (:func:`~doppler.policy.decode.make_plan`) with any learned policy's encoding."""
     if not isinstance(enc, Encoded):
+        if plan.plc_ties_only:
+            raise ValueError("plc_ties_only is a decode of DOPPLER's dual policy, not of a learned baseline")
         return enc.decode(gf, plan)
     return run_heads(gf, numpy_heads(enc), plan, enc.learned, enc.list_schedule)
 
@@ -174,9 +176,13 @@ def evaluate_actions(enc: Encoded | Decoder, ro: Rollout) -> ActionScores:
 
     dev = torch.from_numpy(ro.step_device).to(device)
     logits = plc_logits(enc, order, dev, torch.from_numpy(ro.device_features).to(device))
+    if ro.plc_ties_only:  # the decode chose among the rule's tied devices: the distribution it drew from
+        tied = torch.from_numpy(ro.est_tied).to(device)
+        logits = logits.masked_fill(~tied, -torch.inf)
     plc_logp = torch.log_softmax(logits, dim=-1)
     logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
-    entropy_plc = -(torch.exp(plc_logp) * plc_logp).sum(-1)
+    finite_logp = plc_logp.masked_fill(~torch.isfinite(plc_logp), 0.0)  # 0 * log 0 is 0, with finite gradients
+    entropy_plc = -(torch.exp(plc_logp) * finite_logp).sum(-1)
     return ActionScores(logp_sel, logp_plc, entropy_sel, entropy_plc, cand_logp, plc_logp, cs)
 
 
