@@ -172,3 +172,42 @@ def test_pretrain_and_init_bad_input_exit_2(tmp_path):
     _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "-o", tmp_path / "r"), "not a readable doppler checkpoint")
     _usage_error(_run("train", g, "-c", "unit:2", "--init", tmp_path / "missing.pt", "-o", tmp_path / "r"), "no such")
     _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "--resume", "-o", tmp_path / "r"), "--init")
+
+
+def test_init_continues_a_pretrained_policy_in_the_zero_shot_action_space(tmp_path):
+    """``Pretrainer.from_init``: the checkpoint's weights and configuration, Stage II from the first
+    update, its episodes restricted to the rule's tied devices; it saves, resumes and records its origin."""
+    import torch
+
+    base = Pretrainer.create(pretrain_config(**{**TINY, "il_episodes": 4}), budget_s=3600)
+    _updates(base, 1)
+    base.save(tmp_path / "base")
+    pt = Pretrainer.from_init(tmp_path / "base", budget_s=3600, seed=5)
+    assert pt.cfg.plc_ties_only and pt.trainer.il_episode >= pt.cfg.il_episodes and pt.cfg.search_evals == 0 and pt.cfg.seed == 5
+    assert pt.cfg.hidden == 16 and pt.init["checkpoint"].endswith("checkpoint.pt") and len(pt.init["sha256"]) == 64
+    for a, b in zip(pt.trainer.policy.state_dict().values(), base.trainer.policy.state_dict().values()):
+        assert torch.equal(a, b)
+    assert [s for s, _, _ in _updates(pt, 2)] == ["sim", "sim"]
+    pt.save(tmp_path / "rl")
+    resumed = Pretrainer.resume(tmp_path / "rl")
+    assert resumed.cfg.plc_ties_only and resumed.init == pt.init and resumed.updates == 2
+    with pytest.raises(TrainError, match="pretraining checkpoint"):
+        from doppler.train import TrainConfig, Trainer
+
+        tr = Trainer.create([workloads.build("ffnn", size="tiny")], cluster("unit:2"),
+                            TrainConfig(episodes=8, il_episodes=8, hidden=16, mlp_hidden=16, mp_steps=2))  # fmt: skip
+        tr.run(tmp_path / "train")
+        Pretrainer.from_init(tmp_path / "train", budget_s=60)
+
+
+def test_pretrain_init_cli(tmp_path):
+    res = _run("pretrain", "-o", tmp_path / "RL", "--init", "pretrained", "--budget-h", "0.0005", "--seed", "3", "--json")
+    assert res.exit_code == 0, res.output
+    ck = read_checkpoint(tmp_path / "RL")
+    assert json.loads(ck["config"])["plc_ties_only"] is True and json.loads(ck["pretrain"])["init"]["sha256"]
+    assert ck["graphs"] == [] and ck["episode"] > 0
+    _usage_error(_run("pretrain", "-o", tmp_path / "RL", "--init", "pretrained", "--resume"), "--init", "--resume")
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", "pretrained", "--il-lr", "1e-3"), "--init", "--il-lr")
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", tmp_path / "missing.pt"), "no such checkpoint")
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", tmp_path), "without checkpoint.pt")
+    assert not (tmp_path / "x").exists()

@@ -16,6 +16,12 @@ policy never sees one instance twice. Per update:
    log-likelihood of the incumbent (or of a better sample). The policy learns to decode, in one
    greedy pass, what search finds on pairs it has never seen.
 
+3. From a pretrained policy (``doppler pretrain --init``, :meth:`Pretrainer.from_init`): Stage II
+   only, in the action space of zero-shot decoding (:data:`FROM_INIT`: the device head breaks only
+   the ties of HEFT's rule), with neither search nor self-imitation. Free, policy gradient on the
+   corpus was flat; restricted to the ties, it lowers greedy / best cheap on both validation splits
+   (docs/generalization.md).
+
 The policy reads only position-free op features (``op_features="structural"``): measured on
 the held-out split, see ``benchmarks/generalization.py``. Stage II's learning rate decays
 linearly over the wall-clock budget (Stage I's is constant: decaying it, measured, did not help). Checkpoints (every ``checkpoint_every_s`` seconds and at the end)
@@ -24,6 +30,8 @@ hold the corpus generator's state, so ``--resume`` continues the same stream of 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -35,7 +43,7 @@ import numpy as np
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, write_checkpoint
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.train import TrainConfig, Trainer, TrainError, config_to_json, make_task
+from doppler.train import TrainConfig, Trainer, TrainError, config_from_json, config_to_json, make_task
 
 __all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
 
@@ -54,6 +62,14 @@ def pretrain_config(**overrides: Any) -> TrainConfig:
     return TrainConfig(**base)
 
 
+#: Stage II from a pretrained policy (``doppler pretrain --init``): REINFORCE on fresh pairs where the
+#: device head only breaks the ties of the list schedule's rule, as zero-shot decoding does; no search
+#: and no self-imitation (their incumbents are other devices than the rule's); the greedy decode's
+#: progress is reported against HEFT's makespan
+FROM_INIT: dict[str, Any] = dict(il_episodes=1, search_evals=0, self_improve_coef=0.0, sim_seed_methods=("heft",),
+                                 plc_ties_only=True)  # fmt: skip
+
+
 @dataclass
 class Pretrainer:
     """A pretraining run: a :class:`Trainer` whose one task is redrawn every update."""
@@ -65,6 +81,7 @@ class Pretrainer:
     updates: int = 0
     checkpoint_every_s: float = 180.0
     history: list[dict[str, float]] = field(default_factory=list)
+    init: dict[str, Any] | None = None  # the checkpoint a ``--init`` run started from
 
     @classmethod
     def create(cls, cfg: TrainConfig, budget_s: float, checkpoint_every_s: float = 180.0) -> "Pretrainer":
@@ -73,6 +90,30 @@ class Pretrainer:
         corpus_rng = np.random.default_rng(cfg.seed + 1)  # separate from the trainer's rollout stream
         g, c = sample_pair(corpus_rng)
         return cls(Trainer.create([g], c, cfg), budget_s, corpus_rng, checkpoint_every_s=checkpoint_every_s)
+
+    @classmethod
+    def from_init(cls, init: str | Path, budget_s: float, seed: int = 0, checkpoint_every_s: float = 180.0,
+                  **overrides: Any) -> "Pretrainer":
+        """Stage II on a new stream of corpus pairs (``seed``) from the pretraining checkpoint ``init``: its
+        configuration with :data:`FROM_INIT` and ``overrides``, its weights and optimizer state."""
+        ck = read_checkpoint(init)
+        init = Path(init) / "checkpoint.pt" if Path(init).is_dir() else Path(init)
+        if "pretrain" not in ck:
+            raise TrainError(f"{init}: --init needs a pretraining checkpoint (of `doppler pretrain`), this one is "
+                             "of `doppler train`")  # fmt: skip
+        cfg = dataclasses.replace(config_from_json(json.loads(ck["config"])), seed=seed, **{**FROM_INIT, **overrides})
+        pt = cls.create(cfg, budget_s, checkpoint_every_s)
+        tr = pt.trainer
+        try:
+            tr.policy.load_state_dict(ck["state_dict"])
+            tr.optimizer.load_state_dict(ck["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise TrainError(f"{init}: weights do not match its own configuration ({str(e).splitlines()[0][:120]})") from None
+        tr.il_episode, tr.episode = max(int(ck["il_episode"]), cfg.il_episodes), int(ck["episode"])  # Stage I done
+        meta = json.loads(ck["pretrain"])
+        pt.init = {"checkpoint": str(init), "sha256": hashlib.sha256(init.read_bytes()).hexdigest(),
+                   "updates": int(meta["updates"]), "elapsed_s": float(meta["elapsed_s"])}  # fmt: skip
+        return pt
 
     @property
     def cfg(self) -> TrainConfig:
@@ -140,7 +181,7 @@ class Pretrainer:
         st["pretrain"] = json.dumps({
             "corpus_rng": self.corpus_rng.bit_generator.state, "elapsed_s": self.elapsed_s, "updates": self.updates,
             "budget_s": self.budget_s, "families": list(TRAIN_FAMILIES), "ops": list(TRAIN_OPS),
-            "devices": list(TRAIN_DEVICES),
+            "devices": list(TRAIN_DEVICES), "init": self.init,
         })  # fmt: skip
         return st
 
@@ -170,4 +211,5 @@ class Pretrainer:
         pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
         pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
         pt.history = json.loads(ck["history"])
+        pt.init = meta.get("init")
         return pt

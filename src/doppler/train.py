@@ -77,6 +77,8 @@ class TrainConfig:
     normalize_advantage: bool = True  # divide advantages by the batch's standard deviation
     self_improve_coef: float = 1.0  # weight of the log-likelihood of the best assignment so far (0: off)
     sample_sel: bool = True  # Stage II samples SEL too (False: SEL decodes greedily, only PLC explores)
+    plc_ties_only: bool = False  # Stage II's episodes and greedy decodes: the device head only breaks the ties
+    # of the list-schedule rule (the action space of zero-shot decoding; `doppler pretrain --init`)
     update_epochs: int = 1  # gradient steps per batch of episodes (> 1: PPO-style clipped reuse)
     clip_ratio: float = 0.2  # PPO's clip range for update_epochs > 1
     search_every: int = 500  # Stage II episodes between local searches from the incumbent (expert iteration; 0: off)
@@ -299,10 +301,10 @@ def imitation_loss(task: Task, ro: Rollout, enc, plc_mask: np.ndarray | None = N
     return loss, sel_agree, plc_agree
 
 
-def _greedy_makespan(task: Task, enc) -> float:
+def _greedy_makespan(task: Task, enc, plc_ties_only: bool = False) -> float:
     """Decode greedily (no gradients), score it with the task's oracle, keep it if it is the best."""
     with torch.no_grad():
-        ro = rollout(task.features, enc, batch=1, mode="greedy")
+        ro = rollout(task.features, enc, batch=1, mode="greedy", plc_ties_only=plc_ties_only)
     mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
     task.record(ro, mk)
     return float(mk[0])
@@ -495,14 +497,14 @@ class Trainer:
                 enc = self.policy.encode(task.features)
             with self._phase("rollout"):
                 ro = rollout(task.features, enc, batch=cfg.batch, mode="sample", eps=eps, rng=self.rng,
-                             greedy_sel=not cfg.sample_sel)  # fmt: skip
+                             greedy_sel=not cfg.sample_sel, plc_ties_only=cfg.plc_ties_only)  # fmt: skip
             with self._phase("oracle"):
                 mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
             cost = mk / task.lower_bound_s
             adv = torch.from_numpy(advantages(cost, task, cfg)).float().to(self.policy.device)
             task.record(ro, mk)
             with self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
-                stats["greedy_ratio"] += _greedy_makespan(task, enc) / task.lower_bound_s / k
+                stats["greedy_ratio"] += _greedy_makespan(task, enc, cfg.plc_ties_only) / task.lower_bound_s / k
             stats["mean_ratio"] += float(cost.mean()) / k
             stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
             batches.append([enc, ro, adv, None])

@@ -21,6 +21,7 @@ def pretrain_cmd(
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
     il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization.md)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
@@ -34,6 +35,10 @@ def pretrain_cmd(
         ckpt = output / "checkpoint.pt"
         try:
             overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
+            if init is not None and (resume or overrides):
+                given = "--resume" if resume else "--" + next(iter(overrides)).replace("_", "-")
+                raise UserError(f"--init with {given}: an --init run takes its configuration from the checkpoint "
+                                "(--resume continues a run in -o)")  # fmt: skip
             if resume:
                 if overrides:
                     flag = "--" + next(iter(overrides)).replace("_", "-")
@@ -44,6 +49,12 @@ def pretrain_cmd(
             else:
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
+            if init is not None:
+                from doppler.policy.checkpoint import resolve_checkpoint
+
+                path, _ = resolve_checkpoint(None if init == "pretrained" else init)
+                pt = Pretrainer.from_init(path, budget_h * 3600, seed=seed, device=device, torch_threads=threads)
+            elif not resume:
                 pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides),
                                        budget_h * 3600)
         except (TrainError, CheckpointError) as e:
@@ -52,7 +63,8 @@ def pretrain_cmd(
         t0 = time.perf_counter()
         def describe(ev) -> str:
             st = ev.stats
-            quality = (f"greedy {st['greedy_vs_cheap']:.3f}x best cheap" if "greedy_vs_cheap" in st
+            ref = "HEFT" if pt.cfg.sim_seed_methods == ("heft",) else "best cheap"
+            quality = (f"greedy {st['greedy_vs_cheap']:.3f}x {ref}" if "greedy_vs_cheap" in st
                        else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
             return f"update {st['update']}  {st['num_ops']} ops x {st['num_devices']} devices  {quality}"
 
