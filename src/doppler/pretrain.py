@@ -19,7 +19,8 @@ policy never sees one instance twice. Per update:
 3. From a pretrained policy (``doppler pretrain --init``, :meth:`Pretrainer.from_init`): Stage II
    only, in the action space of zero-shot decoding (:data:`FROM_INIT`: the device head breaks only
    the ties of HEFT's rule), with neither search nor self-imitation. Free, policy gradient on the
-   corpus was flat; restricted to the ties, it lowers greedy / best cheap on both validation splits
+   corpus was flat; restricted to the ties, two seeds of five ended about 1% better on the shifted
+   validation split, the others level; the shipped policy is the best of them
    (docs/generalization.md).
 
 The policy reads only position-free op features (``op_features="structural"``): measured on
