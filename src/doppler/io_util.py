@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -10,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, as hex (which checkpoint a derived file or run came from)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -32,7 +32,6 @@ hold the corpus generator's state, so ``--resume`` continues the same stream of 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
+from doppler.io_util import file_sha256
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, write_checkpoint
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train import TrainConfig, Trainer, TrainError, config_from_json, config_to_json, make_task
@@ -106,13 +106,12 @@ class Pretrainer:
         pt = cls.create(cfg, budget_s, checkpoint_every_s)
         tr = pt.trainer
         try:
-            tr.policy.load_state_dict(ck["state_dict"])
-            tr.optimizer.load_state_dict(ck["optimizer"])
+            _load_weights_and_counters(tr, ck)
         except (RuntimeError, ValueError, KeyError) as e:
             raise TrainError(f"{init}: weights do not match its own configuration ({str(e).splitlines()[0][:120]})") from None
-        tr.il_episode, tr.episode = max(int(ck["il_episode"]), cfg.il_episodes), int(ck["episode"])  # Stage I done
+        tr.il_episode = max(tr.il_episode, cfg.il_episodes)  # Stage I is done
         meta = json.loads(ck["pretrain"])
-        pt.init = {"checkpoint": str(init), "sha256": hashlib.sha256(init.read_bytes()).hexdigest(),
+        pt.init = {"checkpoint": str(init), "sha256": file_sha256(init),
                    "updates": int(meta["updates"]), "elapsed_s": float(meta["elapsed_s"])}  # fmt: skip
         return pt
 
@@ -204,13 +203,18 @@ class Pretrainer:
         cfg = config_from_json(json.loads(ck["config"]))
         pt = cls.create(cfg, float(budget_s or meta["budget_s"]))
         tr = pt.trainer
-        tr.policy.load_state_dict(ck["state_dict"])
-        tr.optimizer.load_state_dict(ck["optimizer"])
+        _load_weights_and_counters(tr, ck)
         torch.set_rng_state(ck["torch_rng"])
         tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
-        tr.il_episode, tr.episode = int(ck["il_episode"]), int(ck["episode"])
         pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
         pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
         pt.history = json.loads(ck["history"])
         pt.init = meta.get("init")
         return pt
+
+
+def _load_weights_and_counters(tr: Trainer, ck: dict[str, Any]) -> None:
+    """A checkpoint's policy weights, optimizer state and episode counters into trainer ``tr``."""
+    tr.policy.load_state_dict(ck["state_dict"])
+    tr.optimizer.load_state_dict(ck["optimizer"])
+    tr.il_episode, tr.episode = int(ck["il_episode"]), int(ck["episode"])

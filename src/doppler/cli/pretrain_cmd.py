@@ -35,13 +35,12 @@ def pretrain_cmd(
         ckpt = output / "checkpoint.pt"
         try:
             overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
-            if init is not None and (resume or overrides):
-                given = "--resume" if resume else "--" + next(iter(overrides)).replace("_", "-")
-                raise UserError(f"--init with {given}: an --init run takes its configuration from the checkpoint "
-                                "(--resume continues a run in -o)")  # fmt: skip
+            flag = "--" + next(iter(overrides)).replace("_", "-") if overrides else None
+            if init is not None and (resume or flag):
+                raise UserError(f"--init with {'--resume' if resume else flag}: an --init run takes its configuration "
+                                "from the checkpoint (--resume continues a run in -o)")  # fmt: skip
             if resume:
-                if overrides:
-                    flag = "--" + next(iter(overrides)).replace("_", "-")
+                if flag:
                     raise UserError(f"{flag} with --resume: a resumed run keeps its own configuration")
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
@@ -61,9 +60,10 @@ def pretrain_cmd(
             raise UserError(str(e)) from None
         output.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
+        ref = "HEFT" if pt.cfg.sim_seed_methods == ("heft",) else "best cheap"
+
         def describe(ev) -> str:
             st = ev.stats
-            ref = "HEFT" if pt.cfg.sim_seed_methods == ("heft",) else "best cheap"
             quality = (f"greedy {st['greedy_vs_cheap']:.3f}x {ref}" if "greedy_vs_cheap" in st
                        else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
             return f"update {st['update']}  {st['num_ops']} ops x {st['num_devices']} devices  {quality}"

@@ -16,7 +16,6 @@ A test checks that both paths compute the same heads.
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from doppler.io_util import atomic_write_bytes
+from doppler.io_util import atomic_write_bytes, file_sha256
 from doppler.policy import LEAK, LEARNED_HEADS
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method
 from doppler.policy.decode import DecodePlan, Rollout, run_heads
@@ -33,10 +32,6 @@ from doppler.policy.features import GraphFeatures, op_feature_columns
 
 INFERENCE_WEIGHTS = PRETRAINED_DIR / "weights.npz"
 _META_KEYS = ("policy_config", "graphs", "cluster", "checkpoint_sha256")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _linear(x: np.ndarray, w: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -167,7 +162,7 @@ def export_weights(checkpoint: str | Path = PRETRAINED_CHECKPOINT, out: str | Pa
     ck = read_checkpoint(checkpoint)
     arrays = {k: v.detach().cpu().float().numpy() for k, v in ck["state_dict"].items()}
     arrays.update(policy_config=np.array(json.dumps(ck["policy_config"])), graphs=np.array(json.dumps(ck["graphs"])),
-                  cluster=np.array(ck.get("cluster") or ""), checkpoint_sha256=np.array(_sha256(checkpoint)))  # fmt: skip
+                  cluster=np.array(ck.get("cluster") or ""), checkpoint_sha256=np.array(file_sha256(checkpoint)))  # fmt: skip
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     atomic_write_bytes(out, buf.getvalue())
@@ -192,7 +187,7 @@ def _load_matching(weights: str, checkpoint: str, version: tuple) -> NumpyPolicy
         policy = NumpyPolicy.from_npz(weights)
     except (OSError, KeyError, ValueError):
         return None
-    return policy if policy.meta["checkpoint_sha256"] == _sha256(Path(checkpoint)) else None
+    return policy if policy.meta["checkpoint_sha256"] == file_sha256(checkpoint) else None
 
 
 if __name__ == "__main__":  # python -m doppler.policy.infer [CHECKPOINT [OUT]]

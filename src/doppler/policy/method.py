@@ -105,8 +105,9 @@ def doppler_method(
         what = "the shipped pretrained policy" if shipped else str(path)
         raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
                           f"--checkpoint of `doppler train --method {method}`")  # fmt: skip
-    ties_only = (ZERO_SHOT_PLC_TIES_ONLY and zero_shot) if plc_ties_only is None else plc_ties_only
-    ties_only = bool(ties_only) and method == "doppler"  # the ablations' PLC rule is CRITICAL PATH's own
+    if plc_ties_only is None:  # (the ablations' PLC rule is CRITICAL PATH's own; True was refused above)
+        plc_ties_only = ZERO_SHOT_PLC_TIES_ONLY and zero_shot and method == "doppler"
+    ties_only = bool(plc_ties_only)
     t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
     gf = graph_features(graph, cluster)
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy", plc_ties_only=ties_only)
