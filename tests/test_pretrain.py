@@ -211,3 +211,29 @@ def test_pretrain_init_cli(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", tmp_path / "missing.pt"), "no such checkpoint")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", tmp_path), "without checkpoint.pt")
     assert not (tmp_path / "x").exists()
+
+
+def test_init_runs_decode_only_the_rules_tied_devices(tmp_path, monkeypatch):
+    """Every sampled and greedy episode of a ``from_init`` run chooses devices among the rule's ties."""
+    import numpy as np
+
+    import doppler.train as train_module
+
+    seen = []
+    real_rollout = train_module.rollout
+
+    def spy(gf, enc, **kw):
+        ro = real_rollout(gf, enc, **kw)
+        if kw.get("mode") in ("sample", "greedy"):
+            seen.append(ro)
+        return ro
+
+    base = Pretrainer.create(pretrain_config(**{**TINY, "il_episodes": 4}), budget_s=3600)
+    _updates(base, 1)
+    base.save(tmp_path)
+    monkeypatch.setattr(train_module, "rollout", spy)
+    _updates(Pretrainer.from_init(tmp_path, budget_s=3600), 2)
+    assert len(seen) >= 4
+    for ro in seen:
+        B, n = ro.order.shape
+        assert ro.plc_ties_only and ro.est_tied[np.arange(B)[:, None], np.arange(n), ro.step_device].all()
