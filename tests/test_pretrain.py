@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import doppler.train as train_module
 from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.cli import app
@@ -215,10 +217,6 @@ def test_pretrain_init_cli(tmp_path):
 
 def test_init_runs_decode_only_the_rules_tied_devices(tmp_path, monkeypatch):
     """Every sampled and greedy episode of a ``from_init`` run chooses devices among the rule's ties."""
-    import numpy as np
-
-    import doppler.train as train_module
-
     seen = []
     real_rollout = train_module.rollout
 
