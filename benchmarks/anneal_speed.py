@@ -1,12 +1,18 @@
-"""How much of ANNEAL's time is simulation: its evaluations per second beside the simulator's alone.
+"""How much of ANNEAL's time is simulation: its evaluations per second beside the simulator's alone,
+and how much more it scores on every core than on one.
 
-    python benchmarks/anneal_speed.py [--seconds S]
+    python benchmarks/anneal_speed.py [--seconds S] [--large]
 
 For each graph, in one process and one after the other: the rate of ``anneal`` for S seconds, and
 the rate of ``SimContext.simulate_many`` alone on what the annealer scores: batches of 8
 neighbours (one op moved) of the assignment it found. The ratio is the share of the annealer's
 time spent simulating; the rest is its own loop (moves, acceptance). With the loop in Python it
-was 0.29-0.52 (072e1ea); compiled, 0.74-0.98: 1.7-2.4x the evaluations per second. Run it on a quiet machine.
+was 0.29-0.52 (072e1ea); compiled, 0.74-0.98: 1.7-2.4x the evaluations per second.
+
+Then the annealer with ``threads=1`` and with every core (``threads=None``, the default), one after
+the other; the ratio is the speed-up of scoring each batch on several cores. Both runs are the
+same search (same seed, same makespans), so the faster one just gets further. ``--large`` adds
+three rows of the held-out split above 1,000 ops. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -18,10 +24,19 @@ import numpy as np
 
 from doppler import workloads
 from doppler.methods import assign
+from doppler.methods.anneal import search_threads
 from doppler.presets import cluster
 from doppler.simulate import SimContext
 
 CASES = (("llama_layer", "v100x8"), ("llama_block", "p100x4"), ("ffnn", "h100x8"), ("chainmm", "p100x4"))
+LARGE = ("llama_block-2k/v100x8", "chainmm-2k/mixed3x8", "random-3k/h100x8:16")
+
+
+def anneal_rate(g, c, seconds: float, threads: int | None) -> tuple[float, np.ndarray]:
+    """The annealer's evaluations per second (its assignment too) with ``threads`` cores."""
+    t0 = time.perf_counter()
+    a = assign(g, c, "anneal", budget_s=seconds, seed=0, threads=threads)
+    return a.info["evals"] / (time.perf_counter() - t0), a.devices
 
 
 def sim_rate(ctx: SimContext, around: np.ndarray, nd: int, seconds: float) -> float:
@@ -42,17 +57,25 @@ def sim_rate(ctx: SimContext, around: np.ndarray, nd: int, seconds: float) -> fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--large", action="store_true", help="add three held-out rows of 1,568-3,000 ops")
     args = ap.parse_args()
-    print("| graph / cluster | ops | simulator alone (evals/s) | anneal (evals/s) | anneal / simulator |")
-    print("|---|---|---|---|---|")
-    for name, preset in CASES:
-        g, c = workloads.build(name), cluster(preset)
-        assign(g, c, "anneal", max_evals=100)  # compile outside the timing
-        t0 = time.perf_counter()
-        a = assign(g, c, "anneal", budget_s=args.seconds, seed=0)
-        rate = a.info["evals"] / (time.perf_counter() - t0)
-        sim = sim_rate(SimContext(g, c), a.devices, c.num_devices, args.seconds)
-        print(f"| {name} / {preset} | {g.num_ops} | {sim:,.0f} | {rate:,.0f} | {rate / sim:.2f} |", flush=True)
+    cases = [(f"{name} / {preset}", workloads.build(name), cluster(preset)) for name, preset in CASES]
+    if args.large:
+        from doppler.corpus import held_out_split
+
+        cases += [(h.name, h.graph, h.cluster) for h in held_out_split() if h.name in LARGE]
+    cores = search_threads(None)
+    print(f"| graph / cluster | ops | simulator alone (evals/s) | anneal, 1 core (evals/s) | anneal / simulator "
+          f"| anneal, {cores} cores (evals/s) | {cores} cores / 1 |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for label, g, c in cases:
+        for threads in (1, None):  # compile outside the timing
+            assign(g, c, "anneal", max_evals=100, threads=threads)
+        rate, found = anneal_rate(g, c, args.seconds, 1)
+        sim = sim_rate(SimContext(g, c), found, c.num_devices, args.seconds)
+        par, _ = anneal_rate(g, c, args.seconds, None)
+        print(f"| {label} | {g.num_ops} | {sim:,.0f} | {rate:,.0f} | {rate / sim:.2f} | {par:,.0f} | {par / rate:.2f} |",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ numba vs pure-Python vs SimPy agreement, and input errors."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -369,6 +370,25 @@ def test_simulate_many_equals_loop(case, opts, batch, data) -> None:
     loop = np.array([simulate(g, c, a, noise_sigma=sigma, seed=3, **opts).makespan_s for a in A])
     np.testing.assert_array_equal(many, loop)
     np.testing.assert_array_equal(simulate_many_python(g, c, A, noise_sigma=sigma, seed=3, **opts), loop)
+
+
+@SETTINGS
+@given(cases(), st.integers(1, 9), st.integers(1, 5), st.data())
+def test_the_parallel_batch_kernel_gives_the_serial_numbers(case, batch, threads, data) -> None:
+    """The annealer's multi-core batch kernel splits rows over threads (any count, even more than
+    rows or cores) and returns exactly the serial kernel's makespans."""
+    S = importlib.import_module("doppler.simulate")  # the module: the package exports a function of that name
+
+    g, c, _ = case
+    ctx = SimContext(g, c)
+    A = np.array(
+        [data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=g.num_ops, max_size=g.num_ops)) for _ in range(batch)],
+        dtype=np.int64,
+    )
+    S._jit()
+    args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
+    np.testing.assert_array_equal(S._sim_many_par_kernel(*args, threads), S._sim_many_kernel(*args))
+    np.testing.assert_array_equal(S._sim_many_kernel(*args), ctx.simulate_many(A))
 
 
 @SETTINGS

@@ -77,20 +77,26 @@ from doppler.trace import Trace  # re-exported (see __all__): `from doppler.simu
 # first use, not at import time: ``import doppler`` stays fast for commands that
 # never simulate.
 COMPILED = False
+prange = range  # numba.prange once _jit() has run
 
 
 def _jit() -> None:
     """Compile (or load from cache) the kernels on first use."""
-    global COMPILED, _hpush, _hpop, _sim_kernel, _sim_many_kernel
+    global COMPILED, _hpush, _hpop, _sim_kernel, _sim_rows, _sim_many_kernel, _sim_many_par_kernel, prange
     if COMPILED:
         return
+    import numba
     from numba import njit
+
+    prange = numba.prange  # before the kernels compile: they resolve it as a global
 
     # callees first: the kernels resolve these globals when they are compiled
     _hpush = njit(cache=True)(_hpush)
     _hpop = njit(cache=True)(_hpop)
     _sim_kernel = njit(cache=True)(_sim_kernel)
+    _sim_rows = njit(cache=True)(_sim_rows)
     _sim_many_kernel = njit(cache=True)(_sim_many_kernel)
+    _sim_many_par_kernel = njit(cache=True, parallel=True)(_sim_many_par_kernel)
     COMPILED = True
 
 
@@ -508,13 +514,13 @@ def _sim_kernel(
     return makespan, ntr
 
 
-def _sim_many_kernel(
+def _sim_rows(
     succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
-    contention, copies_in, key,
+    contention, copies_in, key, first, step, out,
 ):  # pragma: no cover - compiled
+    """Makespans of rows ``first, first + step, ...`` of ``devs`` into ``out``, with one set of scratch arrays."""
     B, n = devs.shape
     E = succ_idx.shape[0]
-    out = np.empty(B, np.float64)
     op_ready = np.empty(n, np.float64)
     op_start = np.empty(n, np.float64)
     op_end = np.empty(n, np.float64)
@@ -522,12 +528,36 @@ def _sim_many_kernel(
     tr_dst = np.empty(E, np.int64)
     tr_start = np.empty(E, np.float64)
     tr_end = np.empty(E, np.float64)
-    for b in range(B):
+    for b in range(first, B, step):
         mk, _ = _sim_kernel(
             succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs[b],
             op_f, edge_f, bsp, contention, copies_in, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
         )  # fmt: skip
         out[b] = mk
+
+
+def _sim_many_kernel(
+    succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
+    contention, copies_in, key,
+):  # pragma: no cover - compiled
+    out = np.empty(devs.shape[0], np.float64)
+    _sim_rows(succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f,
+              edge_f, bsp, contention, copies_in, key, 0, 1, out)  # fmt: skip
+    return out
+
+
+def _sim_many_par_kernel(
+    succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
+    contention, copies_in, key, threads,
+):  # pragma: no cover - compiled
+    """:func:`_sim_many_kernel` on ``threads`` cores (numba ``prange``): thread ``t`` takes rows
+    ``t, t + threads, ...``. Every row is simulated exactly as by the serial kernel, so the results
+    are the same numbers."""
+    out = np.empty(devs.shape[0], np.float64)
+    chunks = min(threads, devs.shape[0])
+    for t in prange(chunks):
+        _sim_rows(succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f,
+                  edge_f, bsp, contention, copies_in, key, t, chunks, out)  # fmt: skip
     return out
 
 

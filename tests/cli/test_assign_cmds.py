@@ -61,6 +61,23 @@ def test_assign_json_with_budget_and_seed(graph_file: Path, tmp_path: Path) -> N
     assert out.exists()
 
 
+def test_assign_threads_same_search_and_bad_counts_exit_2(graph_file: Path, tmp_path: Path) -> None:
+    """--threads sets the cores of anneal's simulations (that the search stays the same is
+    tests/methods/test_anneal.py's); a count below 1, or a method that does not search, exits 2 with
+    one line and writes nothing."""
+    for threads in ("1", "2"):
+        out = tmp_path / f"a{threads}.json"
+        res = run("assign", str(graph_file), "-c", "p100x4", "-m", "anneal", "--budget-s", "0.3", "--seed", "2",
+                  "--threads", threads, "-o", str(out), "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["makespan_s"] >= json.loads(res.stdout)["lower_bound_s"] > 0
+    out = tmp_path / "bad.json"
+    for args in (["-m", "anneal", "--threads", "0"], ["-m", "heft", "--threads", "2"]):
+        res = run("assign", str(graph_file), "-c", "p100x4", *args, "-o", str(out))
+        assert res.exit_code == 2 and "threads" in res.output and len(res.output.strip().splitlines()) == 1
+        assert not out.exists()
+
+
 def test_compare_json_and_csv(graph_file: Path, tmp_path: Path) -> None:
     from doppler.presets import cluster
     from doppler.methods import assign

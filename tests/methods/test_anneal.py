@@ -77,6 +77,9 @@ def test_bad_options(setup):
         assign(g, c, "anneal", max_evals=-1)
     with pytest.raises(MethodError):
         assign(g, c, "anneal", max_evals=10, batch_size=0)
+    for threads in (0, -2, True, 1.5, "2"):
+        with pytest.raises(MethodError, match="threads"):
+            assign(g, c, "anneal", max_evals=10, threads=threads)
 
 
 def test_stops_once_the_lower_bound_is_reached():
@@ -152,6 +155,23 @@ def test_how_the_compiled_loop_is_cut_into_calls_changes_nothing(setup, monkeypa
     keys = ("evals", "accepted", "improvements", "restarts")
     assert [a.info[k] for k in keys] == [b.info[k] for k in keys]
     assert a.info["evals"] == 1500 and a.info["restarts"] >= 3
+
+
+def test_threads_change_the_speed_not_the_search(setup):
+    """Scoring each batch on several cores gives the same makespans, so the same search: same best
+    assignment, same counts, for a seed and an evaluation count (more threads than cores or than the
+    batch are capped, not refused)."""
+    from doppler.methods.anneal import search_threads
+
+    g, c = setup
+    runs = [assign(g, c, "anneal", seed=4, max_evals=1200, cycle_evals=400, threads=t) for t in (1, 2, 3, 64)]
+    keys = ("evals", "accepted", "improvements", "restarts")
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r.devices, runs[0].devices)
+        assert r.estimated_makespan_s == runs[0].estimated_makespan_s
+        assert [r.info[k] for k in keys] == [runs[0].info[k] for k in keys]
+    assert runs[0].info["threads"] == 1 and 1 <= runs[3].info["threads"] <= 8  # at most the batch of 8
+    assert search_threads(None, batch_size=3) <= 3 and search_threads(5, batch_size=1) == 1
 
 
 @pytest.mark.parametrize("name", ["llama_block", "random"])  # moves over tile groups / over neighbourhoods

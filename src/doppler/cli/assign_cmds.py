@@ -76,6 +76,8 @@ def assign_cmd(
                                             "the ties of the policy's list-schedule rule (default zero-shot) / "
                                             "chooses any device (default on the graph and cluster it was trained on)."),
     init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="anneal, doppler --budget-s: cores that simulate "
+                                          "the search's proposals (default: every core; the same search, faster)."),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
     strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
     json_out: bool = JSON_OPT,
@@ -87,6 +89,10 @@ def assign_cmd(
         spec = get_method(method)
         _check_budget(budget_s)
         kw = _method_kwargs(checkpoint, samples, plc_ties)
+        if threads is not None:
+            if threads < 1:
+                raise UserError(f"--threads must be >= 1, got {threads}")
+            kw["threads"] = threads
         graph, cl = _load(graph_path, cluster_name)
         if init is not None:
             if method != "anneal":

@@ -123,12 +123,13 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
 @numba.njit(cache=True)
 def anneal_batches(
     sim, cur, best, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio, optimal_ms,
-    rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share,
+    rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, threads,
 ):  # pragma: no cover - compiled
     """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``counts``,
-    ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate them, offer
-    the best to the Metropolis rule; restart from ``best`` after each cooling cycle. Stops early at
-    ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``."""
+    ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate them (on
+    ``threads`` cores when more than one: the same numbers), offer the best to the Metropolis rule;
+    restart from ``best`` after each cooling cycle. Stops early at ``max_evals`` (-1: none) or once
+    ``best`` reaches ``optimal_ms``."""
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, op_f, edge_f,
      copies_in) = sim  # fmt: skip
     n = cur.shape[0]
@@ -146,8 +147,14 @@ def anneal_batches(
             apply_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
                        guided_share)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
-        vals = _simulate._sim_many_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes,
-                                          lat, bw, streams, devs, op_f, edge_f, False, False, copies_in, None)  # fmt: skip
+        if threads > 1:
+            vals = _simulate._sim_many_par_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp,
+                                                  out_bytes, lat, bw, streams, devs, op_f, edge_f, False, False,
+                                                  copies_in, None, threads)  # fmt: skip
+        else:
+            vals = _simulate._sim_many_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp,
+                                              out_bytes, lat, bw, streams, devs, op_f, edge_f, False, False,
+                                              copies_in, None)  # fmt: skip
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b
         j = np.argmin(vals)

@@ -65,6 +65,7 @@ def doppler_method(
     samples: int | None = None,
     guided_share: float = GUIDED_SHARE,
     plc_ties_only: bool | None = None,
+    threads: int | None = None,
     on_progress=None,
     method: str = "doppler",
 ) -> Assignment:
@@ -72,7 +73,8 @@ def doppler_method(
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
     decodes and the cheap methods (with ``guided_share`` > 0, that share of its moves is drawn
     from the policy's device preferences). ``plc_ties_only``: the device head only breaks the ties of
-    its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free)."""
+    its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
+    ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
     if samples is not None and samples < 1:
         raise MethodError(f"--samples must be >= 1, got {samples}")
     if plc_ties_only and method != "doppler":
@@ -155,7 +157,8 @@ def doppler_method(
 
     left = max(budget_s - (time.perf_counter() - t0), 1e-3)
     found = anneal_search(graph, cluster, seed=seed, budget_s=left, device_prefs=prefs, guided_share=guided_share,
-                          extra_starts={"doppler": candidates[best]}, on_progress=on_progress)  # fmt: skip
+                          extra_starts={"doppler": candidates[best]}, threads=threads,
+                          on_progress=on_progress)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
 
