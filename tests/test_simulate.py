@@ -374,9 +374,9 @@ def test_simulate_many_equals_loop(case, opts, batch, data) -> None:
 
 @SETTINGS
 @given(cases(), st.integers(1, 9), st.integers(1, 5), st.data())
-def test_the_parallel_batch_kernel_gives_the_serial_numbers(case, batch, threads, data) -> None:
-    """The annealer's multi-core batch kernel splits rows over threads (any count, even more than
-    rows or cores) and returns exactly the serial kernel's makespans."""
+def test_rows_split_over_threads_give_the_serial_numbers(case, batch, threads, data) -> None:
+    """The annealer's multi-core batches split rows over threads (thread t: rows t, t + k, ...; any
+    k, even more than the rows); every split gives exactly the serial kernel's makespans."""
     S = importlib.import_module("doppler.simulate")  # the module: the package exports a function of that name
 
     g, c, _ = case
@@ -387,7 +387,10 @@ def test_the_parallel_batch_kernel_gives_the_serial_numbers(case, batch, threads
     )
     S._jit()
     args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
-    np.testing.assert_array_equal(S._sim_many_par_kernel(*args, threads), S._sim_many_kernel(*args))
+    split = np.full(batch, np.nan)
+    for t in range(threads):
+        S._sim_rows(*args, t, threads, split)
+    np.testing.assert_array_equal(split, S._sim_many_kernel(*args))
     np.testing.assert_array_equal(S._sim_many_kernel(*args), ctx.simulate_many(A))
 
 

@@ -77,18 +77,14 @@ from doppler.trace import Trace  # re-exported (see __all__): `from doppler.simu
 # first use, not at import time: ``import doppler`` stays fast for commands that
 # never simulate.
 COMPILED = False
-prange = range  # numba.prange once _jit() has run
 
 
 def _jit() -> None:
     """Compile (or load from cache) the kernels on first use."""
-    global COMPILED, _hpush, _hpop, _sim_kernel, _sim_rows, _sim_many_kernel, _sim_many_par_kernel, prange
+    global COMPILED, _hpush, _hpop, _sim_kernel, _sim_rows, _sim_many_kernel
     if COMPILED:
         return
-    import numba
     from numba import njit
-
-    prange = numba.prange  # before the kernels compile: they resolve it as a global
 
     # callees first: the kernels resolve these globals when they are compiled
     _hpush = njit(cache=True)(_hpush)
@@ -96,7 +92,6 @@ def _jit() -> None:
     _sim_kernel = njit(cache=True)(_sim_kernel)
     _sim_rows = njit(cache=True)(_sim_rows)
     _sim_many_kernel = njit(cache=True)(_sim_many_kernel)
-    _sim_many_par_kernel = njit(cache=True, parallel=True)(_sim_many_par_kernel)
     COMPILED = True
 
 
@@ -543,21 +538,6 @@ def _sim_many_kernel(
     out = np.empty(devs.shape[0], np.float64)
     _sim_rows(succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f,
               edge_f, bsp, contention, copies_in, key, 0, 1, out)  # fmt: skip
-    return out
-
-
-def _sim_many_par_kernel(
-    succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
-    contention, copies_in, key, threads,
-):  # pragma: no cover - compiled
-    """:func:`_sim_many_kernel` on ``threads`` cores (numba ``prange``): thread ``t`` takes rows
-    ``t, t + threads, ...``. Every row is simulated exactly as by the serial kernel, so the results
-    are the same numbers."""
-    out = np.empty(devs.shape[0], np.float64)
-    chunks = min(threads, devs.shape[0])
-    for t in prange(chunks):
-        _sim_rows(succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f,
-                  edge_f, bsp, contention, copies_in, key, t, chunks, out)  # fmt: skip
     return out
 
 

@@ -77,6 +77,9 @@ def test_bad_options(setup):
         assign(g, c, "anneal", max_evals=-1)
     with pytest.raises(MethodError):
         assign(g, c, "anneal", max_evals=10, batch_size=0)
+    for share in (-0.1, 1.5, float("nan")):
+        with pytest.raises(MethodError, match="critical_share"):
+            assign(g, c, "anneal", max_evals=10, critical_share=share)
     for threads in (0, -2, True, 1.5, "2"):
         with pytest.raises(MethodError, match="threads"):
             assign(g, c, "anneal", max_evals=10, threads=threads)
@@ -139,16 +142,17 @@ def test_progress_reports_are_progress_events_by_evaluations_or_time():
     assert best == sorted(best, reverse=True)  # the best so far never gets worse
 
 
-def test_how_the_compiled_loop_is_cut_into_calls_changes_nothing(setup, monkeypatch):
+@pytest.mark.parametrize("critical_share", [0.0, 0.5, 1.0])
+def test_how_the_compiled_loop_is_cut_into_calls_changes_nothing(monkeypatch, critical_share):
     """The clock only decides how many batches one compiled call runs: one per call, or thousands,
-    give the same search for a seed and an evaluation count."""
+    give the same search for a seed and an evaluation count (the critical chain carries over)."""
     from doppler.methods import anneal
 
-    g, c = setup
+    g, c = workloads.build("random", num_ops=80, seed=1), cluster("p100x4").scaled_links(10)  # it moves often
     runs = []
     for chunk_s in (1e-12, 10.0):  # one batch per call / calls growing 4x each time
         monkeypatch.setattr(anneal, "CHUNK_S", chunk_s)
-        runs.append(assign(g, c, "anneal", seed=3, max_evals=1500, cycle_evals=400))
+        runs.append(assign(g, c, "anneal", seed=3, max_evals=1500, cycle_evals=400, critical_share=critical_share))
     a, b = runs
     np.testing.assert_array_equal(a.devices, b.devices)
     assert a.estimated_makespan_s == b.estimated_makespan_s
@@ -188,3 +192,37 @@ def test_every_move_changes_the_assignment_and_stays_in_range(name):
             moves.apply(b)
             assert (b != a).any() and b.min() >= 0 and b.max() < nd
             a = b
+
+
+@pytest.mark.parametrize("name,preset", [("random", "p100x4"), ("llama_block", "v100x8"), ("ffnn", "h100x8")])
+def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
+    """Walked back from the op that ends last: each step is the op that freed the device (when the op
+    waited for it) or the producer of the input that arrived last, so the chain ends at the makespan
+    and starts at time 0."""
+    from doppler.methods._anneal_kernels import critical_chain, critical_move
+    from doppler.simulate import SimContext
+
+    g = workloads.build(name, size="tiny") if name != "random" else workloads.build(name, num_ops=60, seed=2)
+    c = cluster(preset)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        dev = rng.integers(0, c.num_devices, g.num_ops)
+        res = SimContext(g, c).simulate(dev, trace=True)
+        tr = res.trace
+        out = np.empty(g.num_ops, np.int64)
+        m = critical_chain(dev, tr.op_ready, tr.op_start, tr.op_end, g.pred_ptr.astype(np.int64),
+                           g.pred_idx.astype(np.int64), tr.tr_src_op, tr.tr_dst_device, tr.tr_end,
+                           len(tr.tr_src_op), c.num_devices, out)  # fmt: skip
+        chain = out[:m]
+        assert tr.op_end[chain[0]] == res.makespan_s and tr.op_start[chain[-1]] == 0.0
+        for _ in range(20):  # a critical move always changes the assignment, and stays in range
+            moved = dev.copy()
+            critical_move(moved, out, m, rng, c.num_devices, *(x.astype(np.int64) for x in (g.succ_ptr, g.succ_idx,
+                          g.pred_ptr, g.pred_idx)))  # fmt: skip
+            assert (moved != dev).any() and 0 <= moved.min() and moved.max() < c.num_devices
+        assert len(set(chain.tolist())) == m
+        for v, w in zip(chain[:-1], chain[1:]):  # w held v back
+            if tr.op_start[v] > tr.op_ready[v]:
+                assert dev[w] == dev[v] and tr.op_end[w] == tr.op_start[v]
+            else:
+                assert w in g.pred_idx[g.pred_ptr[v]:g.pred_ptr[v + 1]] and tr.op_end[w] <= tr.op_start[v]

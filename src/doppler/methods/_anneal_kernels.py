@@ -20,8 +20,16 @@ _simulate = importlib.import_module("doppler.simulate")  # the module (the packa
 
 _simulate._jit()  # the loop calls the simulator's kernel: compile (or load) it first
 
-# walk counters (int64[5]) and values (float64[2]): the annealer's state between calls
-EVALS, CYCLE_EVALS, ACCEPTED, IMPROVED, RESTARTS = range(5)
+# numba parallelises the loop over a batch's rows (``prange``) and nothing else. The prange is in this
+# function itself: a cached function that calls a cached parallel one crashed when loaded from numba's
+# cache in another process than the one that compiled it (numba 0.68, seen twice here).
+PRANGE_ONLY = {"prange": True, "comprehension": False, "numpy": False, "reduction": False, "setitem": False,
+               "stencil": False, "fusion": False, "inplace_binop": False}  # fmt: skip
+
+# walk counters (int64[8]) and values (float64[2]): the annealer's state between calls (with the
+# critical chain of the current assignment: its length, batches since it was found, whether it is stale)
+EVALS, CYCLE_EVALS, ACCEPTED, IMPROVED, RESTARTS, NCRIT, SINCE, STALE = range(8)
+NUM_COUNTS = 8
 CUR_MS, BEST_MS = range(2)
 
 
@@ -29,6 +37,23 @@ CUR_MS, BEST_MS = range(2)
 def _other_device(rng, nd, d):  # pragma: no cover - compiled
     x = rng.integers(0, nd - 1)
     return x + (x >= d)
+
+
+@numba.njit(cache=True)
+def move_op(a, v, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx):  # pragma: no cover - compiled
+    """Op ``v`` to the device of one of its neighbours (half the time, when that is another device) or
+    to a random other device."""
+    p0, p1, s0, s1 = pred_ptr[v], pred_ptr[v + 1], succ_ptr[v], succ_ptr[v + 1]
+    nnb = (p1 - p0) + (s1 - s0)
+    if nnb > 0 and rng.random() < 0.5:
+        k = rng.integers(0, nnb)
+        w = pred_idx[p0 + k] if k < p1 - p0 else succ_idx[s0 + k - (p1 - p0)]
+        d = a[w]
+        if d == a[v]:
+            d = _other_device(rng, nd, a[v])
+    else:
+        d = _other_device(rng, nd, a[v])
+    a[v] = d
 
 
 @numba.njit(cache=True)
@@ -45,18 +70,7 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
         return
     r = rng.random()
     if r < 0.35:  # single op: to a random other device, or to a neighbour's
-        v = rng.integers(0, n)
-        p0, p1, s0, s1 = pred_ptr[v], pred_ptr[v + 1], succ_ptr[v], succ_ptr[v + 1]
-        nnb = (p1 - p0) + (s1 - s0)
-        if nnb > 0 and rng.random() < 0.5:
-            k = rng.integers(0, nnb)
-            w = pred_idx[p0 + k] if k < p1 - p0 else succ_idx[s0 + k - (p1 - p0)]
-            d = a[w]
-            if d == a[v]:
-                d = _other_device(rng, nd, a[v])
-        else:
-            d = _other_device(rng, nd, a[v])
-        a[v] = d
+        move_op(a, rng.integers(0, n), rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx)
     elif r < 0.55:  # swap two ops' devices
         v = rng.integers(0, n)
         w = rng.integers(0, n)
@@ -121,19 +135,101 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
 
 
 @numba.njit(cache=True)
+def critical_chain(dev, op_ready, op_start, op_end, pred_ptr, pred_idx, tr_src, tr_dst, tr_end, ntr, nd,
+                   out):  # pragma: no cover - compiled  # fmt: skip
+    """The ops of one critical chain of a simulated schedule, last op first, into ``out``; returns
+    their count. From the op that ends last, step to what held it back: the op before it on its
+    device when it waited for the device, else the input that arrived last (the producer, whether its
+    data came by a transfer or on the device)."""
+    n = dev.shape[0]
+    by_end = np.argsort(op_end, kind="mergesort")
+    cnt = np.zeros(nd + 1, np.int64)
+    for v in range(n):
+        cnt[dev[v] + 1] += 1
+    ptr = np.cumsum(cnt)
+    fill = ptr[:-1].copy()
+    dev_ops = np.empty(n, np.int64)  # each device's ops, in order of end time
+    dev_end = np.empty(n, np.float64)
+    for i in range(n):
+        v = by_end[i]
+        dev_ops[fill[dev[v]]] = v
+        dev_end[fill[dev[v]]] = op_end[v]
+        fill[dev[v]] += 1
+    srcs = tr_src[:ntr]
+    v = by_end[n - 1]
+    m = 0
+    while m < n:
+        out[m] = v
+        m += 1
+        d = dev[v]
+        if op_start[v] > op_ready[v]:  # it waited for its device: the op that freed it
+            j = np.searchsorted(dev_end[ptr[d]:ptr[d + 1]], op_start[v], side="right") - 1
+            while j >= 0 and dev_ops[ptr[d] + j] == v:
+                j -= 1
+            if j < 0:
+                break
+            v = dev_ops[ptr[d] + j]
+            continue
+        best_u, best_t = -1, -1.0
+        for p in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[p]
+            t = op_end[u]
+            if dev[u] != d:
+                k = np.searchsorted(srcs, u)
+                while k < ntr and srcs[k] == u:
+                    if tr_dst[k] == d:
+                        t = tr_end[k]
+                        break
+                    k += 1
+            if t > best_t:
+                best_u, best_t = u, t
+        if best_u < 0:
+            break
+        v = best_u
+    return m
+
+
+@numba.njit(cache=True)
+def critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx):  # pragma: no cover - compiled
+    """A move on the critical chain ``crit[:ncrit]`` (see :func:`critical_chain`): one of its steps
+    ``w -> v`` at random. Across two devices (a transfer on the chain), one of the two joins the
+    other's device; on one device (``v`` waited for ``w`` or for the device), one of the two leaves
+    for a random other device. A chain of one op: that op moves (:func:`move_op`)."""
+    if ncrit < 2:
+        move_op(a, crit[0], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx)
+        return
+    i = rng.integers(0, ncrit - 1)
+    v, w = crit[i], crit[i + 1]
+    if a[v] != a[w]:
+        if rng.random() < 0.5:
+            a[v] = a[w]
+        else:
+            a[w] = a[v]
+    else:
+        x = v if rng.random() < 0.5 else w
+        a[x] = _other_device(rng, nd, a[x])
+
+
+@numba.njit(cache=True, parallel=PRANGE_ONLY)
 def anneal_batches(
-    sim, cur, best, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio, optimal_ms,
-    rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, threads,
+    sim, cur, best, crit, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio,
+    optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, threads,
+    critical_share, critical_refresh,
 ):  # pragma: no cover - compiled
-    """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``counts``,
-    ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate them (on
-    ``threads`` cores when more than one: the same numbers), offer the best to the Metropolis rule;
-    restart from ``best`` after each cooling cycle. Stops early at ``max_evals`` (-1: none) or once
-    ``best`` reaches ``optimal_ms``."""
+    """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``crit``,
+    ``counts``, ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate
+    them (on ``threads`` cores when more than one: the same numbers), offer the best to the Metropolis
+    rule; restart from ``best`` after each cooling cycle. A ``critical_share`` of the proposals is a
+    :func:`critical_move` on ``crit``, the critical chain of ``cur``, found again (one traced
+    simulation) when ``cur`` has changed and ``critical_refresh`` batches have passed since. Stops
+    early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``."""
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, op_f, edge_f,
      copies_in) = sim  # fmt: skip
     n = cur.shape[0]
     batch = np.empty((batch_size, n), np.int64)
+    E = max(s_succ_idx.shape[0], 1)
+    ready, start, end = np.empty(n), np.empty(n), np.empty(n)
+    tsrc, tdst, tstart, tend = np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E)
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return
@@ -142,19 +238,27 @@ def anneal_batches(
             b = min(b, max_evals - counts[EVALS])
             if b <= 0:
                 return
+        counts[SINCE] += 1
+        if critical_share > 0.0 and counts[STALE] and (counts[SINCE] >= critical_refresh or counts[NCRIT] == 0):
+            _, ntr = _simulate._sim_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes,
+                                           lat, bw, streams, cur, op_f, edge_f, False, False, copies_in, None, ready,
+                                           start, end, tsrc, tdst, tstart, tend)  # fmt: skip
+            counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
+            counts[SINCE] = 0
+            counts[STALE] = 0
         for i in range(b):
             batch[i] = cur
-            apply_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                       guided_share)  # fmt: skip
+            if critical_share > 0.0 and rng.random() < critical_share:
+                critical_move(batch[i], crit, counts[NCRIT], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx)
+            else:
+                apply_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
+                           guided_share)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
-        if threads > 1:
-            vals = _simulate._sim_many_par_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp,
-                                                  out_bytes, lat, bw, streams, devs, op_f, edge_f, False, False,
-                                                  copies_in, None, threads)  # fmt: skip
-        else:
-            vals = _simulate._sim_many_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp,
-                                              out_bytes, lat, bw, streams, devs, op_f, edge_f, False, False,
-                                              copies_in, None)  # fmt: skip
+        vals = np.empty(b, np.float64)
+        chunks = min(threads, b)
+        for t in numba.prange(chunks):  # thread t simulates rows t, t + chunks, ...: the serial numbers
+            _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw,
+                                streams, devs, op_f, edge_f, False, False, copies_in, None, t, chunks, vals)  # fmt: skip
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b
         j = np.argmin(vals)
@@ -166,6 +270,7 @@ def anneal_batches(
             cur[:] = batch[j]
             values[CUR_MS] = cand_ms
             counts[ACCEPTED] += 1
+            counts[STALE] = 1
             if cand_ms < values[BEST_MS]:
                 best[:] = batch[j]
                 values[BEST_MS] = cand_ms
@@ -175,3 +280,4 @@ def anneal_batches(
             counts[RESTARTS] += 1
             cur[:] = best
             values[CUR_MS] = values[BEST_MS]
+            counts[STALE] = 1
