@@ -197,8 +197,8 @@ def test_every_move_changes_the_assignment_and_stays_in_range(name):
 @pytest.mark.parametrize("name,preset", [("random", "p100x4"), ("llama_block", "v100x8"), ("ffnn", "h100x8")])
 def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
     """Walked back from the op that ends last: each step is the op that freed the device (when the op
-    waited for it) or the producer of the input that arrived last, so the chain ends at the makespan
-    and starts at time 0."""
+    waited for it) or the producer of the input that arrived last (checked with
+    :meth:`Trace.arrival_s`), so the chain ends at the makespan and starts at time 0."""
     from doppler.methods._anneal_kernels import critical_chain, critical_move
     from doppler.simulate import SimContext
 
@@ -214,6 +214,7 @@ def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
                            g.pred_idx.astype(np.int64), tr.tr_src_op, tr.tr_dst_device, tr.tr_end,
                            len(tr.tr_src_op), c.num_devices, out)  # fmt: skip
         chain = out[:m]
+        arrival = tr.arrival_s(g)  # (op, device) -> when its output is there
         assert tr.op_end[chain[0]] == res.makespan_s and tr.op_start[chain[-1]] == 0.0
         for _ in range(20):  # a critical move always changes the assignment, and stays in range
             moved = dev.copy()
@@ -226,3 +227,4 @@ def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
                 assert dev[w] == dev[v] and tr.op_end[w] == tr.op_start[v]
             else:
                 assert w in g.pred_idx[g.pred_ptr[v]:g.pred_ptr[v + 1]] and tr.op_end[w] <= tr.op_start[v]
+                assert arrival[(int(w), int(dev[v]))] == tr.op_ready[v]  # w's data came last
