@@ -235,3 +235,39 @@ def test_init_runs_decode_only_the_rules_tied_devices(tmp_path, monkeypatch):
     for ro in seen:
         B, n = ro.order.shape
         assert ro.plc_ties_only and ro.est_tied[np.arange(B)[:, None], np.arange(n), ro.step_device].all()
+
+
+def test_pairs_per_update_draws_that_many_fresh_pairs_from_the_same_stream():
+    """``pairs_per_update=k``: one update trains on the next k pairs of the corpus stream (those that k
+    updates of one pair each would see), in both stages, and counts k pairs' episodes."""
+    one = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    singles = _updates(one, 6)
+    three = Pretrainer.create(pretrain_config(**{**TINY, "pairs_per_update": 3}), budget_s=3600)
+    seen = []
+    for _ in range(2):
+        st = three.update()
+        seen.append((st["stage"], st["num_ops"], st["num_devices"], [t.graph.num_ops for t in three.trainer.tasks]))
+    assert three.updates == 2
+    assert [ops for *_, ops in seen] == [[n for _, n, _ in singles[:3]], [n for _, n, _ in singles[3:]]]
+    assert [s for s, *_ in seen] == ["il", "sim"]  # Stage I: 3 pairs x 8 episodes >= 16 in one update
+    assert seen[1][1] == sum(n for _, n, _ in singles[3:]) and seen[1][2] == max(d for *_, d in singles[3:])
+    assert three.trainer.episode == 3 * TINY["batch"]
+    st = three.update()
+    assert 0.5 < st["greedy_vs_cheap"] < 5 and 0.5 < st["search_vs_cheap"] <= 1.0 + 1e-9
+
+
+def test_pairs_per_update_cli(tmp_path):
+    res = _run("pretrain", "-o", tmp_path / "RL", "--init", "pretrained", "--budget-h", "0.0005",
+               "--pairs-per-update", "2", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    ck = read_checkpoint(tmp_path / "RL")
+    from doppler.policy.checkpoint import resolve_checkpoint
+
+    start = read_checkpoint(resolve_checkpoint(None)[0])["episode"]  # the shipped policy's episodes
+    assert json.loads(ck["config"])["pairs_per_update"] == 2
+    assert ck["episode"] > start and (ck["episode"] - start) % (2 * 16) == 0
+    for bad in ("0", "-2"):
+        _usage_error(_run("pretrain", "-o", tmp_path / "x", "--pairs-per-update", bad), "--pairs-per-update")
+    _usage_error(_run("pretrain", "-o", tmp_path / "RL", "--resume", "--pairs-per-update", "3"), "--pairs-per-update",
+                 "--resume")  # fmt: skip
+    assert not (tmp_path / "x").exists()

@@ -120,29 +120,32 @@ class Pretrainer:
         return self.trainer.cfg
 
     def update(self) -> dict[str, Any]:
-        """One update on a fresh pair (Stage I until ``il_episodes``, then Stage II with search)."""
+        """One update on ``pairs_per_update`` fresh pairs, their gradients averaged (Stage I until
+        ``il_episodes``, then Stage II with search)."""
         tr, cfg = self.trainer, self.cfg
-        g, c = sample_pair(self.corpus_rng)
-        task = make_task(g, c, cfg)
-        tr.tasks = [task]
+        pairs = [sample_pair(self.corpus_rng) for _ in range(cfg.pairs_per_update)]
+        tr.tasks = [make_task(g, c, cfg) for g, c in pairs]
         if tr.il_episode < cfg.il_episodes:
             stats = tr.imitation_update()
             stage = "il"
         else:
-            tr._seed_incumbent(task, cfg.sim_seed_methods)
-            best_cheap_s = task.best_makespan_s
-            if cfg.search_evals > 0:
-                tr._search_incumbent(task, seed=cfg.seed + self.updates)
-            search_s = task.best_makespan_s
+            best_cheap_s, search_s = [], []
+            for i, task in enumerate(tr.tasks):
+                tr._seed_incumbent(task, cfg.sim_seed_methods)
+                best_cheap_s.append(task.best_makespan_s)
+                if cfg.search_evals > 0:
+                    tr._search_incumbent(task, seed=cfg.seed + self.updates + i)
+                search_s.append(task.best_makespan_s)
             frac = min(self.elapsed_s / self.budget_s, 1.0)
             stats = tr._reinforce(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start)
-            tr.episode += cfg.batch
-            stats["greedy_vs_cheap"] = stats["greedy_ratio"] * task.lower_bound_s / best_cheap_s
-            stats["search_vs_cheap"] = search_s / best_cheap_s
+            tr.episode += cfg.batch * len(tr.tasks)
+            stats["greedy_vs_cheap"] = float(np.mean([r * t.lower_bound_s / b for r, t, b in
+                                                      zip(stats.pop("greedy_ratios"), tr.tasks, best_cheap_s)]))
+            stats["search_vs_cheap"] = float(np.mean(np.divide(search_s, best_cheap_s)))
             stage = "sim"
         self.updates += 1
-        stats.update(stage=stage, update=self.updates, num_ops=g.num_ops, num_devices=c.num_devices,
-                     elapsed_s=self.elapsed_s)  # fmt: skip
+        stats.update(stage=stage, update=self.updates, num_ops=sum(g.num_ops for g, _ in pairs),
+                     num_devices=max(c.num_devices for _, c in pairs), elapsed_s=self.elapsed_s)  # fmt: skip
         return stats
 
     def run(self, run_dir: str | Path | None = None, on_progress: ProgressFn | None = None) -> None:

@@ -65,6 +65,7 @@ class TrainConfig:
     episodes: int = 4000  # Stage II episodes (all graphs together)
     il_episodes: int = 1024  # Stage I episodes (all graphs together)
     batch: int = 8  # Stage II episodes per graph per update (they share one encoder pass)
+    pairs_per_update: int = 1  # pretraining: fresh (graph, cluster) pairs per update, their gradients averaged
     il_batch: int = 8  # Stage I episodes per graph per update
     lr: float = 3e-3  # Adam learning rate at the start of Stage II
     lr_final: float = 1e-6  # ... decayed linearly to this at the end
@@ -137,7 +138,7 @@ class TrainConfig:
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats",
-                     "lookahead_steps", "torch_threads"):
+                     "lookahead_steps", "torch_threads", "pairs_per_update"):
             if int(getattr(self, name)) < 1:
                 flag = "threads" if name == "torch_threads" else name.replace("_", "-")
                 raise TrainError(f"--{flag} must be >= 1, got {getattr(self, name)}")
@@ -489,7 +490,7 @@ class Trainer:
         cfg = self.cfg
         self._set_lr(lr)
         stats = {"loss_pg": 0.0, "entropy_sel": 0.0, "entropy_plc": 0.0, "loss_self": 0.0, "mean_ratio": 0.0,
-                 "greedy_ratio": 0.0, "best_ratio": 0.0}  # fmt: skip
+                 "greedy_ratio": 0.0, "best_ratio": 0.0, "greedy_ratios": []}  # fmt: skip
         k = len(self.tasks)
         batches = []
         for task in self.tasks:
@@ -504,7 +505,8 @@ class Trainer:
             adv = torch.from_numpy(advantages(cost, task, cfg)).float().to(self.policy.device)
             task.record(ro, mk)
             with self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
-                stats["greedy_ratio"] += _greedy_makespan(task, enc, cfg.plc_ties_only) / task.lower_bound_s / k
+                stats["greedy_ratios"].append(_greedy_makespan(task, enc, cfg.plc_ties_only) / task.lower_bound_s)
+                stats["greedy_ratio"] += stats["greedy_ratios"][-1] / k
             stats["mean_ratio"] += float(cost.mean()) / k
             stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
             batches.append([enc, ro, adv, None])

@@ -20,6 +20,7 @@ def pretrain_cmd(
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
     il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization.md)."),
+    pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
     json_out: bool = JSON_OPT,
@@ -39,9 +40,13 @@ def pretrain_cmd(
             if init is not None and (resume or flag):
                 raise UserError(f"--init with {'--resume' if resume else flag}: an --init run takes its configuration "
                                 "from the checkpoint (--resume continues a run in -o)")  # fmt: skip
+            if pairs_per_update is not None and pairs_per_update < 1:
+                raise UserError(f"--pairs-per-update must be >= 1, got {pairs_per_update}")
+            per_update = {} if pairs_per_update is None else {"pairs_per_update": pairs_per_update}
             if resume:
-                if flag:
-                    raise UserError(f"{flag} with --resume: a resumed run keeps its own configuration")
+                if flag or per_update:
+                    raise UserError(f"{flag or '--pairs-per-update'} with --resume: a resumed run keeps its own "
+                                    "configuration")  # fmt: skip
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
                 pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
@@ -52,9 +57,11 @@ def pretrain_cmd(
                 from doppler.policy.checkpoint import resolve_checkpoint
 
                 path, _ = resolve_checkpoint(None if init == "pretrained" else init)
-                pt = Pretrainer.from_init(path, budget_h * 3600, seed=seed, device=device, torch_threads=threads)
+                pt = Pretrainer.from_init(path, budget_h * 3600, seed=seed, device=device, torch_threads=threads,
+                                          **per_update)  # fmt: skip
             elif not resume:
-                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides),
+                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides,
+                                                       **per_update),
                                        budget_h * 3600)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
@@ -66,7 +73,8 @@ def pretrain_cmd(
             st = ev.stats
             quality = (f"greedy {st['greedy_vs_cheap']:.3f}x {ref}" if "greedy_vs_cheap" in st
                        else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
-            return f"update {st['update']}  {st['num_ops']} ops x {st['num_devices']} devices  {quality}"
+            pairs = "" if pt.cfg.pairs_per_update == 1 else f" in {pt.cfg.pairs_per_update} pairs"
+            return f"update {st['update']}  {st['num_ops']} ops{pairs} x {st['num_devices']} devices  {quality}"
 
         with live_progress(describe, labels={"pretrain": "pretraining"}, quiet=json_out, keep=True) as on_progress:
             pt.run(output, on_progress)
