@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import doppler.train as train_module
@@ -241,19 +242,48 @@ def test_pairs_per_update_draws_that_many_fresh_pairs_from_the_same_stream():
     """``pairs_per_update=k``: one update trains on the next k pairs of the corpus stream (those that k
     updates of one pair each would see), in both stages, and counts k pairs' episodes."""
     one = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
-    singles = _updates(one, 6)
+    singles = [(st, [(t.graph.num_ops, t.cluster.num_devices) for t in one.trainer.tasks])
+               for st in (one.update() for _ in range(6))]  # fmt: skip
     three = Pretrainer.create(pretrain_config(**{**TINY, "pairs_per_update": 3}), budget_s=3600)
-    seen = []
-    for _ in range(2):
+    for u in range(2):
         st = three.update()
-        seen.append((st["stage"], st["num_ops"], st["num_devices"], [t.graph.num_ops for t in three.trainer.tasks]))
-    assert three.updates == 2
-    assert [ops for *_, ops in seen] == [[n for _, n, _ in singles[:3]], [n for _, n, _ in singles[3:]]]
-    assert [s for s, *_ in seen] == ["il", "sim"]  # Stage I: 3 pairs x 8 episodes >= 16 in one update
-    assert seen[1][1] == sum(n for _, n, _ in singles[3:]) and seen[1][2] == max(d for *_, d in singles[3:])
-    assert three.trainer.episode == 3 * TINY["batch"]
-    st = three.update()
-    assert 0.5 < st["greedy_vs_cheap"] < 5 and 0.5 < st["search_vs_cheap"] <= 1.0 + 1e-9
+        pairs = [(t.graph.num_ops, t.cluster.num_devices) for t in three.trainer.tasks]
+        assert pairs == [p for _, (p,) in singles[3 * u: 3 * u + 3]]
+        assert st["stage"] == ("il", "sim")[u]  # Stage I: 3 pairs x 8 episodes >= 16 in one update
+        assert st["num_ops"] == sum(n for n, _ in pairs) and st["num_devices"] == max(d for _, d in pairs)
+    assert three.updates == 2 and three.trainer.episode == 3 * TINY["batch"]
+
+
+def _gradients_per_update(k: int, updates: int, monkeypatch, stage: str) -> tuple[list, list[dict]]:
+    """The summed-up gradient of each of ``updates`` updates with ``k`` pairs each, the weights held
+    fixed (the optimizer step is replaced by a copy of the gradients), and each update's stats."""
+    cfg = pretrain_config(**{**TINY, "pairs_per_update": k, "il_episodes": 10**6 if stage == "il" else 1,
+                             "search_evals": 0})  # fmt: skip
+    pt = Pretrainer.create(cfg, budget_s=3600)
+    if stage == "sim":
+        pt.trainer.il_episode = cfg.il_episodes
+    grads = []
+
+    def keep() -> bool:
+        grads.append(torch.cat([p.grad.flatten() for p in pt.trainer.policy.parameters() if p.grad is not None]))
+        return True
+
+    monkeypatch.setattr(pt.trainer, "_step", keep)
+    stats = [pt.update() for _ in range(updates)]
+    return grads, stats
+
+
+@pytest.mark.parametrize("stage", ["il", "sim"])
+def test_pairs_per_update_averages_the_gradients_of_its_pairs(monkeypatch, stage):
+    """Two pairs in one update: the mean of the gradients (and of the greedy and search ratios) that
+    two one-pair updates at the same weights give on the same two pairs."""
+    g1, s1 = _gradients_per_update(1, 2, monkeypatch, stage)
+    g2, s2 = _gradients_per_update(2, 1, monkeypatch, stage)
+    assert len(g1) == 2 and len(g2) == 1 and g1[0].abs().sum() > 0 and not torch.allclose(g1[0], g1[1])
+    torch.testing.assert_close(g2[0], (g1[0] + g1[1]) / 2, rtol=1e-4, atol=1e-6)
+    if stage == "sim":
+        for key in ("greedy_vs_cheap", "search_vs_cheap", "greedy_ratio"):
+            assert s2[0][key] == pytest.approx((s1[0][key] + s1[1][key]) / 2, rel=1e-9)
 
 
 def test_pairs_per_update_cli(tmp_path):
@@ -264,10 +294,12 @@ def test_pairs_per_update_cli(tmp_path):
     from doppler.policy.checkpoint import resolve_checkpoint
 
     start = read_checkpoint(resolve_checkpoint(None)[0])["episode"]  # the shipped policy's episodes
-    assert json.loads(ck["config"])["pairs_per_update"] == 2
-    assert ck["episode"] > start and (ck["episode"] - start) % (2 * 16) == 0
+    cfg, updates = json.loads(ck["config"]), json.loads(ck["pretrain"])["updates"]
+    assert cfg["pairs_per_update"] == 2 and updates >= 1
+    assert ck["episode"] - start == 2 * cfg["batch"] * updates
+    before = (tmp_path / "RL" / "checkpoint.pt").read_bytes()
     for bad in ("0", "-2"):
         _usage_error(_run("pretrain", "-o", tmp_path / "x", "--pairs-per-update", bad), "--pairs-per-update")
     _usage_error(_run("pretrain", "-o", tmp_path / "RL", "--resume", "--pairs-per-update", "3"), "--pairs-per-update",
                  "--resume")  # fmt: skip
-    assert not (tmp_path / "x").exists()
+    assert not (tmp_path / "x").exists() and (tmp_path / "RL" / "checkpoint.pt").read_bytes() == before

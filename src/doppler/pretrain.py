@@ -1,8 +1,9 @@
 """Pretraining one transferable policy on the corpus (:mod:`doppler.corpus`).
 
 Pretraining is the Stage I / Stage II loop of :mod:`doppler.train` with one change: every
-update draws a **fresh (graph, cluster) pair** and makes it the trainer's only task, so the
-policy never sees one instance twice. Per update:
+update draws a **fresh (graph, cluster) pair** (or ``pairs_per_update`` of them, their gradients
+averaged) and makes it the trainer's only task, so the policy never sees one instance twice. Per
+update:
 
 1. Stage I (the first ``il_episodes``; by default the whole budget): imitate the list-schedule
    rule on the states the policy visits (DAgger), which gives the floor "as good as its
@@ -73,7 +74,7 @@ FROM_INIT: dict[str, Any] = dict(il_episodes=1, search_evals=0, self_improve_coe
 
 @dataclass
 class Pretrainer:
-    """A pretraining run: a :class:`Trainer` whose one task is redrawn every update."""
+    """A pretraining run: a :class:`Trainer` whose tasks are redrawn every update."""
 
     trainer: Trainer
     budget_s: float
@@ -134,13 +135,13 @@ class Pretrainer:
                 tr._seed_incumbent(task, cfg.sim_seed_methods)
                 best_cheap_s.append(task.best_makespan_s)
                 if cfg.search_evals > 0:
-                    tr._search_incumbent(task, seed=cfg.seed + self.updates + i)
+                    tr._search_incumbent(task, seed=cfg.seed + self.updates * cfg.pairs_per_update + i)
                 search_s.append(task.best_makespan_s)
             frac = min(self.elapsed_s / self.budget_s, 1.0)
             stats = tr._reinforce(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start)
             tr.episode += cfg.batch * len(tr.tasks)
-            stats["greedy_vs_cheap"] = float(np.mean([r * t.lower_bound_s / b for r, t, b in
-                                                      zip(stats.pop("greedy_ratios"), tr.tasks, best_cheap_s)]))
+            stats["greedy_vs_cheap"] = float(np.mean([t.greedy_ratio * t.lower_bound_s / b
+                                                      for t, b in zip(tr.tasks, best_cheap_s)]))
             stats["search_vs_cheap"] = float(np.mean(np.divide(search_s, best_cheap_s)))
             stage = "sim"
         self.updates += 1

@@ -20,7 +20,7 @@ def pretrain_cmd(
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
     il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization.md)."),
-    pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1)."),
+    pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1; with --init, the checkpoint's)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
     json_out: bool = JSON_OPT,
@@ -73,8 +73,10 @@ def pretrain_cmd(
             st = ev.stats
             quality = (f"greedy {st['greedy_vs_cheap']:.3f}x {ref}" if "greedy_vs_cheap" in st
                        else f"imitation: PLC agreement {st.get('agree_plc', 0):.0%}")  # fmt: skip
-            pairs = "" if pt.cfg.pairs_per_update == 1 else f" in {pt.cfg.pairs_per_update} pairs"
-            return f"update {st['update']}  {st['num_ops']} ops{pairs} x {st['num_devices']} devices  {quality}"
+            k = pt.cfg.pairs_per_update
+            pairs = f"{st['num_ops']} ops x {st['num_devices']} devices" if k == 1 else \
+                f"{k} pairs: {st['num_ops']} ops, up to {st['num_devices']} devices"
+            return f"update {st['update']}  {pairs}  {quality}"
 
         with live_progress(describe, labels={"pretrain": "pretraining"}, quiet=json_out, keep=True) as on_progress:
             pt.run(output, on_progress)
