@@ -70,9 +70,10 @@ def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: in
     import torch
 
     from doppler.cli.train_cmd import _init_config
-    from doppler.train import Trainer, TrainConfig
+    from doppler.train import INIT_SEARCH_EVALS, Trainer, TrainConfig
 
-    cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9)
+    cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9,
+                      search_evals=INIT_SEARCH_EVALS if init else TrainConfig.search_evals)  # as `doppler train --init`
     weights = None
     if init:
         cfg, weights, _ = _init_config(cfg, init, op_features)

@@ -120,6 +120,11 @@ def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
     ck = read_checkpoint(tmp_path / "FT")
     assert ck["il_episode"] == 0 and ck["episode"] == 16  # fine-tuning skips Stage I
     assert ck["policy_config"]["op_features"] == "structural"
+    assert json.loads(ck["config"])["search_evals"] == train_module.INIT_SEARCH_EVALS  # fine-tuning searches more
+    res = _run("train", g, "-c", "unit:2", "--init", out / "checkpoint.pt", "--episodes", "8", "--batch", "8",
+               "--search-evals", "300", "-o", tmp_path / "FT2", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(read_checkpoint(tmp_path / "FT2")["config"])["search_evals"] == 300  # unless told otherwise
     # a fine-tuned structural policy transfers to another cluster (zero-shot), not refused
     res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
                "-o", tmp_path / "a.json", "--json")  # fmt: skip

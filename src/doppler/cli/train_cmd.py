@@ -95,7 +95,7 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' (default: critical_path,heft,metis,enumerative,round_robin_block)."),
     search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off (default: 500)."),
-    search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000)."),
+    search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000; with --init: 100000)."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run (default: 64)."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
     engine_device_type: str = typer.Option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda."),
@@ -110,11 +110,12 @@ def train_cmd(
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
     with handle_errors():
         from doppler.policy.checkpoint import CheckpointError
-        from doppler.train import TrainConfig, TrainError
+        from doppler.train import INIT_SEARCH_EVALS, TrainConfig, TrainError
 
         try:
             given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
-                     "real_episodes": real_episodes, "search_every": search_every, "search_evals": search_evals, "torch_threads": threads,
+                     "real_episodes": real_episodes, "search_every": search_every, "torch_threads": threads,
+                     "search_evals": search_evals if search_evals is not None or init is None else INIT_SEARCH_EVALS,
                      "sim_seed_methods": None if warm_start is None else
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             if init is not None and resume:
