@@ -40,8 +40,6 @@ def pretrain_cmd(
             if init is not None and (resume or flag):
                 raise UserError(f"--init with {'--resume' if resume else flag}: an --init run takes its configuration "
                                 "from the checkpoint (--resume continues a run in -o)")  # fmt: skip
-            if pairs_per_update is not None and pairs_per_update < 1:
-                raise UserError(f"--pairs-per-update must be >= 1, got {pairs_per_update}")
             per_update = {} if pairs_per_update is None else {"pairs_per_update": pairs_per_update}
             if resume:
                 if flag or per_update:
