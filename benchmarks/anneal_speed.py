@@ -5,14 +5,22 @@ and how much more it scores on every core than on one.
 
 For each graph, in one process and one after the other: the rate of ``anneal`` for S seconds, and
 the rate of ``SimContext.simulate_many`` alone on what the annealer scores: batches of 8
-neighbours (one op moved) of the assignment it found. The ratio is the share of the annealer's
-time spent simulating; the rest is its own loop (moves, acceptance). With the loop in Python it
-was 0.29-0.52 (072e1ea); compiled, 0.74-0.98: 1.7-2.4x the evaluations per second.
+neighbours (one op moved) of the assignment it found, each simulated to the end. Without pruning
+(below) the ratio is the share of the annealer's time spent simulating; the rest is its own loop
+(moves, acceptance). With the loop in Python it was 0.29-0.52 (072e1ea); compiled, 0.74-0.98:
+1.7-2.4x the evaluations per second. With pruning the annealer cuts most proposals short, so the
+ratio can pass 1.
 
 Then the annealer with ``threads=1`` and with every core (``threads=None``, the default), one after
 the other; the ratio is the speed-up of scoring each batch on several cores. Both runs are the
-same search (same seed, same makespans), so the faster one just gets further. ``--large`` adds
-three rows of the held-out split above 1,000 ops. Run it on a quiet machine.
+same search (same seed, same makespans), so the faster one just gets further.
+
+Last, pruning (``prune``, on by default): the same number of evaluations on one core with and
+without it, twice each, alternating; the ratio of the faster times. A proposal is simulated only
+until it is sure to lose to an earlier one of its batch or to be refused by the Metropolis rule,
+so both runs are the same search, which the script checks (same best assignment, same counts).
+
+``--large`` adds three rows of the held-out split above 1,000 ops. Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -37,6 +45,22 @@ def anneal_rate(g, c, seconds: float, threads: int | None) -> tuple[float, np.nd
     t0 = time.perf_counter()
     a = assign(g, c, "anneal", budget_s=seconds, seed=0, threads=threads)
     return a.info["evals"] / (time.perf_counter() - t0), a.devices
+
+
+def pruning_speedup(g, c, evals: int) -> tuple[float, float]:
+    """Seconds of ``evals`` evaluations on one core without and with pruning (best of two each,
+    alternating), after checking that both are the same search."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    runs = {}
+    for prune in (False, True, False, True):
+        t0 = time.perf_counter()
+        runs[prune] = assign(g, c, "anneal", max_evals=evals, seed=0, threads=1, prune=prune)
+        times[prune].append(time.perf_counter() - t0)
+    a, b = runs[False], runs[True]
+    keys = ("evals", "accepted", "improvements", "restarts")
+    if not (np.array_equal(a.devices, b.devices) and [a.info[k] for k in keys] == [b.info[k] for k in keys]):
+        raise SystemExit(f"{g.name}: pruning changed the search")
+    return min(times[False]), min(times[True])
 
 
 def sim_rate(ctx: SimContext, around: np.ndarray, nd: int, seconds: float) -> float:
@@ -66,16 +90,18 @@ def main() -> None:
         cases += [(h.name, h.graph, h.cluster) for h in held_out_split() if h.name in LARGE]
     cores = search_threads(None)
     print(f"| graph / cluster | ops | simulator alone (evals/s) | anneal, 1 core (evals/s) | anneal / simulator "
-          f"| anneal, {cores} cores (evals/s) | {cores} cores / 1 |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          f"| anneal, {cores} cores (evals/s) | {cores} cores / 1 | 1 core without pruning (s) | with pruning (s) "
+          f"| x |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, g, c in cases:
         for threads in (1, None):  # compile outside the timing
             assign(g, c, "anneal", max_evals=100, threads=threads)
         rate, found = anneal_rate(g, c, args.seconds, 1)
         sim = sim_rate(SimContext(g, c), found, c.num_devices, args.seconds)
         par, _ = anneal_rate(g, c, args.seconds, None)
-        print(f"| {label} | {g.num_ops} | {sim:,.0f} | {rate:,.0f} | {rate / sim:.2f} | {par:,.0f} | {par / rate:.2f} |",
-              flush=True)  # fmt: skip
+        off, on = pruning_speedup(g, c, max(1000, int(rate * args.seconds)))
+        print(f"| {label} | {g.num_ops} | {sim:,.0f} | {rate:,.0f} | {rate / sim:.2f} | {par:,.0f} | {par / rate:.2f} "
+              f"| {off:.2f} | {on:.2f} | {off / on:.2f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -389,9 +389,65 @@ def test_rows_split_over_threads_give_the_serial_numbers(case, batch, threads, d
     args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
     split = np.full(batch, np.nan)
     for t in range(threads):
-        S._sim_rows(*args, t, threads, split)
+        S._sim_rows(*args, t, threads, split, False, np.inf)
     np.testing.assert_array_equal(split, S._sim_many_kernel(*args))
     np.testing.assert_array_equal(S._sim_many_kernel(*args), ctx.simulate_many(A))
+
+
+@SETTINGS
+@given(cases(), st.integers(1, 9), st.integers(1, 3), st.booleans(), st.booleans(), st.data())
+def test_pruned_rows_keep_the_best_row_exact(case, batch, threads, bsp, contention, data) -> None:
+    """With the annealer's pruning, each thread's rows keep their least makespan and the first row
+    that reaches it exactly when it is at most the cap; a row comes back as inf only when it is worse
+    than the cap or than a row before it in the same thread, and every other row is its exact
+    makespan. Noise, BSP and link contention too."""
+    S = importlib.import_module("doppler.simulate")
+
+    g, c, _ = case
+    ctx = SimContext(g, c)
+    A = np.array(
+        [data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=g.num_ops, max_size=g.num_ops)) for _ in range(batch)],
+        dtype=np.int64,
+    )
+    if data.draw(st.booleans()) and batch > 1:
+        A[1] = A[0]  # a tie: the first of the two must stay
+    S._jit()
+    op_f, edge_f = ctx.noise(data.draw(st.sampled_from([0.0, 0.3])), 1)
+    copies_in = ctx.copies_in & (not bsp)  # BSP has no devices that copy
+    args = (*ctx.static_arrays(), A, op_f, edge_f, bsp, contention and not bsp, copies_in, None)
+    full = S._sim_many_kernel(*args)
+    cap = data.draw(st.sampled_from([np.inf, float(np.median(full)), float(full.min()) * 0.9]))
+    pruned = np.full(batch, np.nan)
+    for t in range(threads):
+        S._sim_rows(*args, t, threads, pruned, True, cap)
+        rows = np.arange(t, batch, threads)
+        if rows.size == 0:
+            continue
+        if full[rows].min() <= cap:
+            assert pruned[rows].min() == full[rows].min()
+            assert rows[np.argmin(pruned[rows])] == rows[np.argmin(full[rows])]
+        for i, b in enumerate(rows):
+            if np.isinf(pruned[b]):
+                assert full[b] > min(cap, full[rows[:i]].min(initial=np.inf))
+            else:
+                assert pruned[b] == full[b]
+
+
+def test_pruning_cuts_a_row_whose_critical_path_exceeds_the_cap() -> None:
+    """A chain a -> b across two devices: the assignment's critical path (1 + 2 bytes/1 B/s + 1 = 4 s)
+    is known before any event, so a cap of 3.5 s cuts it; a cap of 4 s does not, and gives 4 s."""
+    S = importlib.import_module("doppler.simulate")
+    g = from_edges([1, 1], [(0, 1)], [2, 0])
+    ctx = SimContext(g, unit(2))
+    S._jit()
+    A = np.array([[0, 1], [0, 0]], dtype=np.int64)
+    args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
+    out = np.full(2, np.nan)
+    S._sim_rows(*args, 0, 2, out, True, 3.5)
+    S._sim_rows(*args, 1, 2, out, True, 3.5)
+    assert out[0] == np.inf and out[1] == 2.0
+    S._sim_rows(*args, 0, 1, out, True, 4.0)
+    np.testing.assert_array_equal(out, [4.0, 2.0])  # row 1 is better than row 0: not cut
 
 
 @SETTINGS

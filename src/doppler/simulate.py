@@ -109,6 +109,9 @@ __all__ = [
 ]
 
 
+#: relative margin of the annealer's pruning (_sim_rows): far above float rounding, far below any real difference
+PRUNE_SLACK = 1e-9
+
 #: largest accepted lognormal noise sigma (see check_options)
 MAX_NOISE_SIGMA = 3.0
 
@@ -205,8 +208,17 @@ def _sim_kernel(
     tr_dst,
     tr_start,
     tr_end,
+    prune_at,
 ):  # pragma: no cover - compiled
     """One simulation; fills the trace arrays and returns (makespan, number of transfers).
+
+    ``prune_at < inf`` (the annealer's batches): stop as soon as a lower bound on the makespan
+    exceeds ``prune_at`` and return ``(inf, 0)``; the trace arrays are then partial. The bounds:
+    before the loop, this assignment's critical path (durations and transfer times, no waiting) and
+    each device's work over its streams; at each op's dispatch at time ``t``, the op's end plus
+    ``tail[v]``, the longest such path after it, and ``t`` plus the work its device has left over
+    its streams. Waiting for a device or a link only adds to these. ``prune_at = inf`` never
+    stops early and costs nothing.
 
     Events (heap keyed by (time, id)): ``id < n`` op ``id`` completes;
     ``n <= id < 2n`` op ``id - n`` becomes ready (its last input arrives);
@@ -226,13 +238,21 @@ def _sim_kernel(
     n = dev.shape[0]
     D = streams.shape[0]
     E = succ_idx.shape[0]
+    pruning = prune_at < np.inf
 
     cnt = np.zeros(D, np.int64)
+    work_left = np.zeros(D, np.float64)  # pruning: the durations of the ops not yet started, per device
     for v in range(n):
         dv = dev[v]
         if dv < 0 or dv >= D:
             return -1.0, -1
         cnt[dv] += 1
+        if pruning:
+            work_left[dv] += comp[v, dv] * op_f[v]
+    if pruning:
+        for d in range(D):
+            if work_left[d] / streams[d] > prune_at:
+                return np.inf, 0
 
     # ---- transfers: one per (producer, destination device), in producer order
     tr_ptr = np.empty(n + 1, np.int64)
@@ -259,6 +279,26 @@ def _sim_kernel(
             else:
                 slot_tr[sl] = mark_k[dv]
     tr_ptr[n] = ntr
+
+    # ---- pruning: tail[v], the longest path of durations and transfer times after v (levels backwards)
+    tail = np.empty(n if pruning else 0, np.float64)
+    if pruning:
+        for q in range(lvl_ops.shape[0] - 1, -1, -1):
+            v = lvl_ops[q]
+            dv = dev[v]
+            x = 0.0
+            for sl in range(succ_ptr[v], succ_ptr[v + 1]):
+                w = succ_idx[sl]
+                dw = dev[w]
+                y = comp[w, dw] * op_f[w] + tail[w]
+                k = slot_tr[sl]
+                if k >= 0:
+                    y += (lat[dv, dw] + out_bytes[v] / bw[dv, dw]) * edge_f[tr_slot[k]]
+                if y > x:
+                    x = y
+            tail[v] = x
+            if indeg[v] == 0 and comp[v, dv] * op_f[v] + x > prune_at:
+                return np.inf, 0
 
     # ---- ready heaps: one segment of rt/ri per device (ops, and copies made by the device)
     for k in range(ntr):
@@ -361,9 +401,14 @@ def _sim_kernel(
                     esize = _hpush(et, ei, 0, esize, e, ev_tr + k)
                     continue
                 op_start[v] = t
-                e = t + comp[v, d] * op_f[v]
+                dur = comp[v, d] * op_f[v]
+                e = t + dur
                 op_end[v] = e
                 esize = _hpush(et, ei, 0, esize, e, v)
+                if pruning:
+                    work_left[d] -= dur
+                    if e + tail[v] > prune_at or t + (dur + work_left[d]) / streams[d] > prune_at:
+                        return np.inf, 0
         nddirty = 0
         for q in range(nldirty):
             l = ldirty_list[q]
@@ -511,9 +556,15 @@ def _sim_kernel(
 
 def _sim_rows(
     succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
-    contention, copies_in, key, first, step, out,
+    contention, copies_in, key, first, step, out, prune, cap,
 ):  # pragma: no cover - compiled
-    """Makespans of rows ``first, first + step, ...`` of ``devs`` into ``out``, with one set of scratch arrays."""
+    """Makespans of rows ``first, first + step, ...`` of ``devs`` into ``out``, with one set of scratch arrays.
+
+    With ``prune``, a row is abandoned as ``inf`` once it
+    is sure to end later than ``cap`` or than the best of the rows before it here. So if the least
+    makespan of these rows is at most ``cap``, it and the first row that reaches it are exact; if
+    not, every row is ``inf`` or within float rounding of ``cap`` or above it. Only that is kept
+    (the annealer's use: only its batch's best row matters, and only if its rule may accept it)."""
     B, n = devs.shape
     E = succ_idx.shape[0]
     op_ready = np.empty(n, np.float64)
@@ -523,12 +574,18 @@ def _sim_rows(
     tr_dst = np.empty(E, np.int64)
     tr_start = np.empty(E, np.float64)
     tr_end = np.empty(E, np.float64)
+    best = np.inf
     for b in range(first, B, step):
+        # PRUNE_SLACK: a bound within float rounding of the best must not cut a row that ties it
+        prune_at = min(best, cap) * (1.0 + PRUNE_SLACK) if prune else np.inf
         mk, _ = _sim_kernel(
             succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs[b],
             op_f, edge_f, bsp, contention, copies_in, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
+            prune_at,
         )  # fmt: skip
         out[b] = mk
+        if mk < best:
+            best = mk
 
 
 def _sim_many_kernel(
@@ -537,7 +594,7 @@ def _sim_many_kernel(
 ):  # pragma: no cover - compiled
     out = np.empty(devs.shape[0], np.float64)
     _sim_rows(succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f,
-              edge_f, bsp, contention, copies_in, key, 0, 1, out)  # fmt: skip
+              edge_f, bsp, contention, copies_in, key, 0, 1, out, False, np.inf)  # fmt: skip
     return out
 
 
@@ -654,7 +711,7 @@ class SimContext:
         mk, ntr = _sim_kernel(
             self.succ_ptr, self.succ_idx, self.indeg, self.level, self.lvl_ptr, self.lvl_ops, self.comp,
             self.out_bytes, self.lat, self.bw, self.streams, dev, op_f, edge_f, mode == "bsp", contention,
-            self.copies_in, key, ready, start, end, tsrc, tdst, tstart, tend,
+            self.copies_in, key, ready, start, end, tsrc, tdst, tstart, tend, np.inf,
         )  # fmt: skip
         if ntr < 0:  # a device index out of range: let check_assignment word the error
             check_assignment(self.graph, dev, self.num_devices)

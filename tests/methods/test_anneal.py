@@ -178,6 +178,23 @@ def test_threads_change_the_speed_not_the_search(setup):
     assert search_threads(None, batch_size=3) <= 3 and search_threads(5, batch_size=1) == 1
 
 
+@pytest.mark.parametrize("graph, preset", [("llama_block", "p100x4"), ("ffnn", "v100x8"), ("chainmm", "v100x8")])
+def test_pruning_changes_the_speed_not_the_search(graph, preset):
+    """Proposals cut short once they are sure to lose (to an earlier proposal, or to the Metropolis
+    rule's draw) leave the search as it was: same best assignment, same counts, on 1 and 2 cores."""
+    from doppler.methods.anneal import anneal_search
+
+    g, c = workloads.build(graph, size="tiny"), cluster(preset)
+    keys = ("evals", "accepted", "improvements", "restarts")
+    for seed, threads in ((0, 1), (1, 2)):
+        a, b = (anneal_search(g, c, seed=seed, max_evals=3000, cycle_evals=1000, threads=threads, prune=p)
+                for p in (False, True))  # fmt: skip
+        np.testing.assert_array_equal(a.devices, b.devices)
+        assert a.estimated_makespan_s == b.estimated_makespan_s
+        assert [a.info[k] for k in keys] == [b.info[k] for k in keys]
+        assert a.info["accepted"] > 0
+
+
 @pytest.mark.parametrize("name", ["llama_block", "random"])  # moves over tile groups / over neighbourhoods
 def test_every_move_changes_the_assignment_and_stays_in_range(name):
     from doppler.methods.anneal import _Moves

@@ -220,7 +220,7 @@ def critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_id
 def anneal_batches(
     sim, cur, best, crit, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio,
     optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, threads,
-    critical_share, critical_refresh,
+    critical_share, critical_refresh, prune,
 ):  # pragma: no cover - compiled
     """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``crit``,
     ``counts``, ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate
@@ -228,7 +228,8 @@ def anneal_batches(
     rule; restart from ``best`` after each cooling cycle. A ``critical_share`` of the proposals is a
     :func:`critical_move` on ``crit``, the critical chain of ``cur``, found again (one traced
     simulation) when ``cur`` has changed and ``critical_refresh`` batches have passed since. Stops
-    early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``."""
+    early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``. ``prune``: simulate a
+    proposal only until it is sure to lose to an earlier one of its thread's rows (the same search)."""
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, op_f, edge_f,
      copies_in) = sim  # fmt: skip
     n = cur.shape[0]
@@ -236,6 +237,8 @@ def anneal_batches(
     E = max(s_succ_idx.shape[0], 1)
     ready, start, end = np.empty(n), np.empty(n), np.empty(n)
     tsrc, tdst, tstart, tend = np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E)
+    # only the best row of a batch matters here, so the batch's other rows may stop as soon as they
+    # are sure to end later than a row before them (_sim_rows): the same search, fewer events
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return
@@ -248,7 +251,7 @@ def anneal_batches(
         if critical_share > 0.0 and counts[STALE] and (counts[SINCE] >= critical_refresh or counts[NCRIT] == 0):
             _, ntr = _simulate._sim_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes,
                                            lat, bw, streams, cur, op_f, edge_f, False, False, copies_in, None, ready,
-                                           start, end, tsrc, tdst, tstart, tend)  # fmt: skip
+                                           start, end, tsrc, tdst, tstart, tend, np.inf)  # fmt: skip
             counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
             counts[SINCE] = 0
             counts[STALE] = 0
@@ -260,18 +263,23 @@ def anneal_batches(
                 apply_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
                            guided_share)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
+        counts[EVALS] += b
+        counts[CYCLE_EVALS] += b
+        temp = t_start * math.exp(log_ratio * min(1.0, counts[CYCLE_EVALS] / cycle_evals))
+        u = rng.random()  # always drawn, and before the simulations use no randomness: one stream for every branch
+        cur_ms = max(values[CUR_MS], 1e-300)
+        # the Metropolis rule below accepts the batch's best only at or under this makespan, so a proposal
+        # sure to end above it may stop early (with ``prune``), like one sure to lose to an earlier row
+        accept_below = cur_ms * (1.0 - temp * math.log(u)) if u > 0.0 else np.inf
         vals = np.empty(b, np.float64)
         chunks = min(threads, b)
         for t in numba.prange(chunks):  # thread t simulates rows t, t + chunks, ...: the serial numbers
             _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw,
-                                streams, devs, op_f, edge_f, False, False, copies_in, None, t, chunks, vals)  # fmt: skip
-        counts[EVALS] += b
-        counts[CYCLE_EVALS] += b
+                                streams, devs, op_f, edge_f, False, False, copies_in, None, t, chunks, vals, prune,
+                                accept_below)  # fmt: skip
         j = np.argmin(vals)
         cand_ms = vals[j]
-        temp = t_start * math.exp(log_ratio * min(1.0, counts[CYCLE_EVALS] / cycle_evals))
-        u = rng.random()  # always drawn: one stream for every branch
-        delta = (cand_ms - values[CUR_MS]) / max(values[CUR_MS], 1e-300)
+        delta = (cand_ms - values[CUR_MS]) / cur_ms
         if delta <= 0 or u < math.exp(-delta / temp):
             cur[:] = batch[j]
             values[CUR_MS] = cand_ms
