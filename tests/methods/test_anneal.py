@@ -83,6 +83,11 @@ def test_bad_options(setup):
     for threads in (0, -2, True, 1.5, "2"):
         with pytest.raises(MethodError, match="threads"):
             assign(g, c, "anneal", max_evals=10, threads=threads)
+    for temp in (0.0, -0.02, float("inf"), float("nan"), "0.02"):  # a negative one would accept every move
+        with pytest.raises(MethodError, match="t_start"):
+            assign(g, c, "anneal", max_evals=10, t_start=temp)
+        with pytest.raises(MethodError, match="t_end"):
+            assign(g, c, "anneal", max_evals=10, t_end=temp)
 
 
 def test_stops_once_the_lower_bound_is_reached():

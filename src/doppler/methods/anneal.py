@@ -48,7 +48,8 @@ stops once a lower bound on its makespan (its critical path after the ops alread
 each device's work left) is above the best proposal before it on its core, or above the makespan
 under which the Metropolis rule would accept it (its uniform is drawn before the batch is
 simulated). Only the batch's best proposal, and only if it may be accepted, enters the search, so
-the search is the same, with 1.0-3x fewer events (``benchmarks/anneal_speed.py``).
+the search is the same, 1.2-3.3x faster on one core on six of the seven rows of
+``benchmarks/anneal_speed.py`` (0.97x on random-3k, where the bounds come late).
 
 Each batch is simulated on ``threads`` cores (default: every core the process may use, at most
 ``batch_size``), one row per core at a time. The makespans are the same numbers as on one core, so
@@ -174,6 +175,9 @@ def anneal_search(
     critical_share = CRITICAL_SHARE if critical_share is None else float(critical_share)
     if not 0.0 <= critical_share <= 1.0:
         raise MethodError(f"critical_share must be in [0, 1], got {critical_share}")
+    for name, temp in (("t_start", t_start), ("t_end", t_end)):
+        if not (isinstance(temp, (int, float, np.floating, np.integer)) and 0.0 < float(temp) < math.inf):
+            raise MethodError(f"{name} must be a finite temperature > 0, got {temp!r}")
     if budget_s is None and max_evals is None:
         budget_s = DEFAULT_BUDGET_S
     deadline = math.inf if budget_s is None else t0 + float(budget_s)
