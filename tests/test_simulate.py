@@ -435,7 +435,7 @@ def test_pruned_rows_keep_the_best_row_exact(case, batch, threads, bsp, contenti
 
 def test_pruning_cuts_a_row_whose_critical_path_exceeds_the_cap() -> None:
     """A chain a -> b across two devices: the assignment's critical path (1 + 2 bytes/1 B/s + 1 = 4 s)
-    is known before any event, so a cap of 3.5 s cuts it; a cap of 4 s does not, and gives 4 s."""
+    exceeds a cap of 3.5 s, which cuts it; a cap of 4 s does not, and the row gives 4 s."""
     S = importlib.import_module("doppler.simulate")
     g = from_edges([1, 1], [(0, 1)], [2, 0])
     ctx = SimContext(g, unit(2))

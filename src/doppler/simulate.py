@@ -560,11 +560,11 @@ def _sim_rows(
 ):  # pragma: no cover - compiled
     """Makespans of rows ``first, first + step, ...`` of ``devs`` into ``out``, with one set of scratch arrays.
 
-    With ``prune``, a row is abandoned as ``inf`` once it
-    is sure to end later than ``cap`` or than the best of the rows before it here. So if the least
-    makespan of these rows is at most ``cap``, it and the first row that reaches it are exact; if
-    not, every row is ``inf`` or within float rounding of ``cap`` or above it. Only that is kept
-    (the annealer's use: only its batch's best row matters, and only if its rule may accept it)."""
+    With ``prune``, a row is abandoned as ``inf`` once it is sure to end later than ``cap`` or than
+    the best of the rows before it here. So if the least makespan of these rows is at most ``cap``,
+    it and the first row that reaches it are exact; if not, every row is ``inf`` or within float
+    rounding of ``cap`` or above it. Only that is kept (the annealer's use: only its batch's best row
+    matters, and only if its rule may accept it)."""
     B, n = devs.shape
     E = succ_idx.shape[0]
     op_ready = np.empty(n, np.float64)

@@ -229,7 +229,8 @@ def anneal_batches(
     :func:`critical_move` on ``crit``, the critical chain of ``cur``, found again (one traced
     simulation) when ``cur`` has changed and ``critical_refresh`` batches have passed since. Stops
     early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``. ``prune``: simulate a
-    proposal only until it is sure to lose to an earlier one of its thread's rows (the same search)."""
+    proposal only until it is sure to lose to an earlier one of its thread's rows or to be refused by
+    the Metropolis rule (``_simulate._sim_rows``; the same search)."""
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, op_f, edge_f,
      copies_in) = sim  # fmt: skip
     n = cur.shape[0]
@@ -237,8 +238,6 @@ def anneal_batches(
     E = max(s_succ_idx.shape[0], 1)
     ready, start, end = np.empty(n), np.empty(n), np.empty(n)
     tsrc, tdst, tstart, tend = np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E)
-    # only the best row of a batch matters here, so the batch's other rows may stop as soon as they
-    # are sure to end later than a row before them (_sim_rows): the same search, fewer events
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return

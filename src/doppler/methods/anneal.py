@@ -155,9 +155,9 @@ def anneal_search(
     ``threads``: cores that simulate each batch of proposals (default: every core this process may
     use, at most ``batch_size``). It changes the speed only: the batch's makespans, and so the
     search for a given seed and evaluation count, are the same numbers with any count.
-    ``prune`` (default on) stops simulating a proposal once it is sure to lose to an earlier one of
-    its batch (a lower bound on its makespan: :func:`doppler.simulate._sim_rows`); it too changes the
-    speed only.
+    ``prune`` (default on) stops simulating a proposal once a lower bound on its makespan shows it
+    loses to an earlier one of its batch or would be refused (:func:`doppler.simulate._sim_rows`); it
+    too changes the speed only.
 
     ``extra_starts`` join the start set (e.g. a policy's decodes); with ``device_prefs[n, D]``
     (a learned preference of each op for each device) a share ``guided_share`` of the moves
