@@ -64,22 +64,27 @@ def seeded(fn, seeds: int) -> tuple[float, float]:
     return float(np.mean(vals)), float(np.max(vals) - np.min(vals))
 
 
-def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None):
+def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None,
+             device_identity: bool = False):  # fmt: skip
     """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch;
-    ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``)."""
+    ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``),
+    ``device_identity`` adds a learned state per device (``--device-identity``)."""
     import torch
 
     from doppler.cli.train_cmd import _init_config
     from doppler.train import INIT_SEARCH_EVALS, Trainer, TrainConfig
 
     cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9,
-                      search_evals=INIT_SEARCH_EVALS if init else TrainConfig.search_evals)  # as `doppler train --init`
+                      search_evals=INIT_SEARCH_EVALS if init else TrainConfig.search_evals,
+                      device_identity=device_identity)  # as `doppler train --init`
     weights = None
     if init:
         cfg, weights, _ = _init_config(cfg, init, op_features)
     tr = Trainer.create([graph], cl, cfg)
     if weights is not None:
-        tr.policy.load_state_dict(weights)
+        from doppler.policy.checkpoint import add_device_identity
+
+        tr.policy.load_state_dict(add_device_identity(weights, tr.policy))
     t0 = time.perf_counter()
     tr.run(run_dir)
     with torch.no_grad():

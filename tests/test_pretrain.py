@@ -169,6 +169,54 @@ def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp
                  "ids")
 
 
+def test_device_identity_starts_at_zero_trains_and_serves_its_device_count_only(tmp_path):
+    """``train --init pretrained --op-features full --device-identity``: each device's learned state
+    starts at zero, so the policy decodes exactly as the shipped one did; after training the
+    state is not zero, resume and a second --init keep it, and the checkpoint refuses a cluster of
+    another device count (exit 2, one line), as does --device-identity with a learned baseline."""
+    import numpy as np
+    import torch
+
+    from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, add_device_identity, load_policy
+    from doppler.policy.features import graph_features
+    from doppler.policy.networks import DopplerPolicy
+    from doppler.policy.rollout import rollout
+
+    shipped, _ = load_policy(PRETRAINED_CHECKPOINT)
+    gf = graph_features(workloads.build("llama_block", size="tiny"), cluster("v100x8"))
+    ident = DopplerPolicy(**{**shipped.config, "device_identity": 8})
+    ident.load_state_dict(add_device_identity(shipped.state_dict(), ident))
+    with torch.no_grad():
+        a, b = shipped.encode(gf), ident.encode(gf)
+        ra, rb = (rollout(gf, e, batch=1, mode="greedy") for e in (a, b))
+    np.testing.assert_array_equal(ra.assignment, rb.assignment)
+    np.testing.assert_array_equal(ra.order, rb.order)
+    with pytest.raises(ValueError, match="8 devices by identity"):
+        ident.encode(graph_features(workloads.build("llama_block", size="tiny"), cluster("p100x4")))
+    g = tmp_path / "g.json"
+    assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
+    res = _run("train", g, "-c", "unit:3", "--init", "pretrained", "--op-features", "full", "--device-identity",
+               "--episodes", "16", "--batch", "8", "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    ck = read_checkpoint(tmp_path / "FT")
+    assert ck["policy_config"]["device_identity"] == 3
+    assert float(ck["state_dict"]["plc.device_init"].abs().max()) > 0  # it learned something
+    res = _run("train", g, "-c", "unit:3", "--episodes", "24", "-o", tmp_path / "FT", "--resume", "--json")
+    assert res.exit_code == 0, res.output
+    res = _run("train", g, "-c", "unit:3", "--init", tmp_path / "FT" / "checkpoint.pt", "--episodes", "8", "--batch",
+               "8", "--search-every", "0", "-o", tmp_path / "FT2", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert read_checkpoint(tmp_path / "FT2")["policy_config"]["device_identity"] == 3
+    res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
+               "-o", tmp_path / "a.json", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    _usage_error(_run("assign", g, "-c", "unit:2", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
+                      "-o", tmp_path / "b.json"), "3 devices by identity", "2 devices")  # fmt: skip
+    assert not (tmp_path / "b.json").exists()
+    _usage_error(_run("train", g, "-c", "unit:2", "--method", "gdp", "--device-identity", "-o", tmp_path / "r"),
+                 "--device-identity", "gdp")
+
+
 def test_pretrain_and_init_bad_input_exit_2(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--budget-h", "0"), "--budget-h")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--resume"), "no checkpoint")

@@ -100,6 +100,8 @@ class TrainConfig:
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
     op_features: str = "full"  # static op features: full | structural (position-free, for transfer)
+    device_identity: bool = False  # DOPPLER's device head learns a state per device of the training cluster: it
+    # tells apart devices that differ only by their links (v100x8), and serves that device count only
     list_schedule: str = "critical_path"  # DOPPLER's PLC: the list-schedule model of its device features and
     # its Stage I rule: critical_path (append, earliest start) | heft (insert into idle gaps, earliest finish)
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
@@ -139,6 +141,8 @@ class TrainConfig:
                              "critical_path")  # fmt: skip
         if self.list_schedule != "critical_path" and self.method in BASELINE_METHODS:
             raise TrainError(f"--list-schedule {self.list_schedule} is for DOPPLER's policies, not {self.method}")
+        if self.device_identity and self.method in BASELINE_METHODS:
+            raise TrainError(f"--device-identity is for DOPPLER's policies, not {self.method}")
         if self.baseline not in BASELINES:
             raise TrainError(f"unknown baseline {self.baseline!r} (use one of: {', '.join(BASELINES)})")
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats",
@@ -387,7 +391,8 @@ class Trainer:
         try:
             policy = build_policy(cfg.method, num_devices=cluster.num_devices, hidden=cfg.hidden, steps=cfg.mp_steps,
                                   mlp_hidden=cfg.mlp_hidden, op_features=cfg.op_features,
-                                  list_schedule=cfg.list_schedule).to(cfg.device)  # fmt: skip
+                                  list_schedule=cfg.list_schedule,
+                                  device_identity=cfg.device_identity).to(cfg.device)  # fmt: skip
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)

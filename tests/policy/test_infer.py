@@ -27,25 +27,35 @@ def twin(policy: DopplerPolicy) -> infer.NumpyPolicy:
     return infer.NumpyPolicy({"policy_config": policy.config, "graphs": []}, weights)
 
 
-@pytest.mark.parametrize("op_features,learned,list_schedule", [("full", "both", "critical_path"),
-                                                                ("structural", "both", "heft"),
-                                                                ("full", "sel", "heft")])  # fmt: skip
+@pytest.mark.parametrize("op_features,learned,list_schedule,identity", [("full", "both", "critical_path", False),
+                                                                         ("structural", "both", "heft", False),
+                                                                         ("full", "sel", "heft", False),
+                                                                         ("full", "both", "heft", True)])  # fmt: skip
 @pytest.mark.parametrize("family,preset", [("random", "p100x4"), ("llama_block", "v100x8"), ("chainmm", "unit:3")])
-def test_numpy_heads_match_the_torch_policy(op_features, learned, list_schedule, family, preset):
+def test_numpy_heads_match_the_torch_policy(op_features, learned, list_schedule, identity, family, preset):
     g = workloads.build(family, num_ops=60, seed=2) if family == "random" else workloads.build(family)
     gf = graph_features(g, cluster(preset))
     torch.manual_seed(3)
-    policy = DopplerPolicy(**CFG, op_features=op_features, learned=learned, list_schedule=list_schedule)
+    policy = DopplerPolicy(**CFG, op_features=op_features, learned=learned, list_schedule=list_schedule,
+                           device_identity=gf.num_devices if identity else 0)  # fmt: skip
+    if identity:
+        with torch.no_grad():
+            policy.plc.device_init.normal_(0.0, 0.5)
     with torch.no_grad():
         enc = policy.encode(gf)
         want = numpy_heads(enc)
         want_ro = rollout(gf, enc, batch=3, mode="sample", rng=np.random.default_rng(5))
         want_greedy = rollout(gf, enc, batch=1, mode="greedy")
     got = twin(policy).heads(gf)
-    for name, a, b in zip(("sel", "plc_op", "plc_placed", "plc_query", "plc_dev", "w_out"), got[:-1], want[:-1]):
+    arrays = ("sel", "plc_op", "plc_placed", "plc_query", "plc_dev", "w_out", None, "plc_init")
+    assert len(got) == len(want) == len(arrays)
+    for name, a, b in zip(arrays, got, want):
+        if name is None:  # b_out
+            assert a == pytest.approx(b, rel=1e-6)
+            continue
         assert a.shape == b.shape and a.dtype == np.float64, name
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())), err_msg=name)
-    assert got[-1] == pytest.approx(want[-1], rel=1e-6)
+    assert bool(np.abs(got[-1]).max() > 0) == identity
     tw = twin(policy)
     ro = tw.decode(gf, make_plan(gf.num_ops, batch=3, mode="sample", rng=np.random.default_rng(5)))
     greedy = tw.decode(gf, make_plan(gf.num_ops, batch=1, mode="greedy"))

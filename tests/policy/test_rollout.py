@@ -21,11 +21,15 @@ from doppler.policy.rollout import RolloutError, candidate_steps, evaluate_actio
 CFG = {"hidden": 16, "steps": 2, "mlp_hidden": 12, "basis": 3}
 
 
-def make(num_ops=40, seed=1, preset="p100x4", policy_seed=0):
+def make(num_ops=40, seed=1, preset="p100x4", policy_seed=0, identity=False):
+    """A graph, its features and a fresh policy; ``identity``: with a random learned state per device."""
     g = workloads.build("random", num_ops=num_ops, seed=seed)
     gf = graph_features(g, cluster(preset))
     torch.manual_seed(policy_seed)
-    policy = DopplerPolicy(**CFG)
+    policy = DopplerPolicy(**CFG, device_identity=gf.num_devices if identity else 0)
+    if identity:
+        with torch.no_grad():
+            policy.plc.device_init.normal_(0.0, 0.5)
     return g, gf, policy
 
 
@@ -226,6 +230,10 @@ def reference_scores(g, gf, policy, ro):
                 placed[int(ro.step_device[b, hh])] = placed[int(ro.step_device[b, hh])] + H[int(ro.order[b, hh])]
             pre = plc.w_dev(plc.dev_lin(f)) + plc.w_op(plc.op_lin(op_x[v])) + plc.w_emb(H[v]) + plc.w_placed(placed) / n
             affinity = (plc.aff_k(placed) / n) @ plc.aff_q(H[v])  # bilinear: (Q H[v]) . K sum_{u on d} H[u] / n
+            if plc.device_init is not None:  # each device's learned state, in the units of the placed sums
+                m = pre.shape[1]
+                pre = pre + plc.device_init[:, :m]
+                affinity = affinity + plc.device_init[:, m:] @ plc.aff_q(H[v])
             logits = plc.out(torch.nn.functional.leaky_relu(pre, LEAK)).squeeze(-1) + affinity
             lp = torch.log_softmax(logits, dim=0)
             out["lp_plc"][b][h] = lp[d]
@@ -241,10 +249,16 @@ def _members(pairs, v):
     return [int(c) for r, c in zip(rows.tolist(), cols.tolist()) if r == v]
 
 
-@pytest.mark.parametrize("preset,mode,chunked", [("p100x4", "sample", False), ("unit:3", "greedy", False),
-                                                 ("p100x4", "sample", True)])  # fmt: skip
-def test_evaluate_actions_matches_per_step_reference(preset, mode, chunked, monkeypatch):
-    g, gf, policy = make(num_ops=14, seed=3, preset=preset, policy_seed=4)
+@pytest.mark.parametrize("preset,mode,chunked,identity", [("p100x4", "sample", False, False),
+                                                          ("unit:3", "greedy", False, False),
+                                                          ("p100x4", "sample", True, False),
+                                                          ("v100x8", "greedy", True, True),
+                                                          ("unit:3", "sample", False, True)])  # fmt: skip
+def test_evaluate_actions_matches_per_step_reference(preset, mode, chunked, identity, monkeypatch):
+    """The batched re-scoring equals a per-step one built from the modules, and the compiled greedy
+    decode takes the arg max of it (with device identity too: the kernel and torch start every
+    device from its learned state)."""
+    g, gf, policy = make(num_ops=14, seed=3, preset=preset, policy_seed=4, identity=identity)
     enc = policy.encode(gf)
     if chunked:  # PLC re-scoring in chunks of 3 steps, carrying the per-device sums across chunks
         import doppler.policy.rollout as rollout_module
@@ -260,6 +274,9 @@ def test_evaluate_actions_matches_per_step_reference(preset, mode, chunked, monk
         got = getattr(sc, name)
         assert got.shape == ref[key].shape, name
         torch.testing.assert_close(got, ref[key], rtol=1e-4, atol=1e-5, msg=name)
+    if mode == "greedy":
+        taken = sc.plc_logp.gather(2, torch.from_numpy(ro.step_device).unsqueeze(2)).squeeze(2)
+        assert bool((taken >= sc.plc_logp.max(dim=2).values - 1e-5).all())
     # cand_logp: log SEL(candidate) for every pair, normalised per step
     per_step = torch.zeros(2 * n).index_add_(0, torch.from_numpy(sc.cands.seg), sc.cand_logp.exp())
     torch.testing.assert_close(per_step, torch.ones(2 * n), rtol=1e-5, atol=1e-5)
@@ -393,8 +410,8 @@ def test_heft_list_schedule_fills_idle_gaps():
     gf = graph_features(g, unit(2))
     est = DEVICE_FEATURES.index("est")
     plan = DecodePlan.replaying(np.array([[0, 1, 2]]), np.array([[0, 1, 1]]))
-    append = _run_kernel(gf, _no_heads(3), plan, False, False, "critical_path")
-    heft = _run_kernel(gf, _no_heads(3), plan, False, False, "heft")
+    append = _run_kernel(gf, _no_heads(3, gf.num_devices), plan, False, False, "critical_path")
+    heft = _run_kernel(gf, _no_heads(3, gf.num_devices), plan, False, False, "heft")
     assert append.device_features[0, 2, 1, est] > 0.0
     assert heft.device_features[0, 2, 1, est] == 0.0
     # everything else about op 2's view is the same in both models

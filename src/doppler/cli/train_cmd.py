@@ -37,7 +37,8 @@ def _init_config(cfg, init: str, op_features: str | None = None):
                               f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
                                  op_features=op_features or pc.get("op_features", "full"),
-                                 list_schedule=pc.get("list_schedule", "critical_path"))  # fmt: skip
+                                 list_schedule=pc.get("list_schedule", "critical_path"),
+                                 device_identity=cfg.device_identity or bool(pc.get("device_identity")))  # fmt: skip
     shaped.validate()
     weights = ck["state_dict"]
     if shaped.op_features != pc.get("op_features", "full"):
@@ -59,6 +60,7 @@ def _init_config(cfg, init: str, op_features: str | None = None):
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
              op_features: str | None = None):  # fmt: skip
     from doppler.formats import load_graph
+    from doppler.policy.checkpoint import add_device_identity
     from doppler.presets import cluster
     from doppler.train import Trainer, TrainError
 
@@ -73,7 +75,7 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
     cfg, weights, path = _init_config(cfg, init, op_features)
     trainer = Trainer.create(graphs, cl, cfg)
     try:
-        trainer.policy.load_state_dict(weights)
+        trainer.policy.load_state_dict(add_device_identity(weights, trainer.policy))
     except RuntimeError as e:
         raise TrainError(f"{path}: --init weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
     return trainer
@@ -105,6 +107,7 @@ def train_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
     op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions) or structural (position-free, transfers) (default: full; with --init: the checkpoint's; structural -> full widens it, the new inputs starting at zero weight)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
+    device_identity: bool = typer.Option(False, "--device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; the policy then serves this device count only."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
@@ -123,7 +126,7 @@ def train_cmd(
             stages = stages or ("sim" if init is not None else "il,sim")
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
                               list_schedule=list_schedule or "critical_path",
-                              engine_device_type=engine_device_type, device=device,
+                              engine_device_type=engine_device_type, device=device, device_identity=device_identity,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg.validate()
             if init is not None and list_schedule is not None:

@@ -24,14 +24,18 @@ FIXED_DEVICE_COUNT = ("gdp", "placeto")
 
 
 def build_policy(method: str, *, num_devices: int, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128,
-                 op_features: str = "full", list_schedule: str = "critical_path") -> nn.Module:  # fmt: skip
+                 op_features: str = "full", list_schedule: str = "critical_path",
+                 device_identity: bool = False) -> nn.Module:  # fmt: skip
     """A fresh policy of ``method`` (DOPPLER's sizes; PLACETO and GDP take at most 3 message-passing
     rounds and PLACETO half the width, since they embed far more often or run a transformer after).
-    ``list_schedule`` (DOPPLER's policies only): the list-schedule model of PLC's features and rule."""
+    ``list_schedule`` (DOPPLER's policies only): the list-schedule model of PLC's features and rule.
+    ``device_identity`` (DOPPLER's policies only): a learned state for each of the ``num_devices``."""
     heads = {m: h for h, m in LEARNED_HEADS.items()}
+    if device_identity and method not in heads:
+        raise ValueError(f"device identity is an input of DOPPLER's device head, not of {method}")
     if method in heads:
         return DopplerPolicy(hidden, steps, mlp_hidden, op_features=op_features, learned=heads[method],
-                             list_schedule=list_schedule)  # fmt: skip
+                             list_schedule=list_schedule, device_identity=num_devices if device_identity else 0)  # fmt: skip
     if method == "single_policy":
         return SinglePolicy(hidden, steps, mlp_hidden, op_features=op_features)
     if method == "gdp":

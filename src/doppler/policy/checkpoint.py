@@ -86,6 +86,16 @@ def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Modu
     return out
 
 
+def add_device_identity(state_dict: dict[str, torch.Tensor], policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``state_dict`` of a policy without device identity, for ``policy``, which has it
+    (``--device-identity`` from a checkpoint without): each device's learned state starts at zero, so
+    the policy decodes exactly as the checkpoint did."""
+    own = policy.state_dict()
+    if "plc.device_init" not in own or "plc.device_init" in state_dict:
+        return state_dict
+    return {**state_dict, "plc.device_init": own["plc.device_init"].new_zeros(own["plc.device_init"].shape)}
+
+
 def load_policy(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata."""
     from doppler.policy.architectures import policy_from_config
@@ -125,7 +135,8 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
     from the pretrained one) serves any graph and cluster zero-shot too. One with the ``full``
     features (op ids, block coordinates: positions within its graph) serves only its own graph,
     on any cluster: on another one zero-shot (the paper's hardware transfer; positions are of the
-    graph, and the device head reads each device's features, not its index)."""
+    graph, and the device head reads each device's features, not its index). One trained with
+    device identity serves clusters of its device count only."""
     graphs = meta["graphs"]
     config = meta.get("policy_config", {})
     trained_devices = config.get("num_devices")
@@ -134,6 +145,13 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
             f"{where}: a {config.get('architecture')} policy with {trained_devices} device outputs cannot serve "
             f"cluster {cluster.name!r} ({cluster.num_devices} devices): its output layer has one unit per device; "
             f"train one on a {cluster.num_devices}-device cluster"
+        )
+    known = config.get("device_identity")
+    if known and known != cluster.num_devices:
+        raise CheckpointError(
+            f"{where}: this policy knows its {known} devices by identity (trained with --device-identity) and cannot "
+            f"serve cluster {cluster.name!r} ({cluster.num_devices} devices); train without --device-identity to "
+            "serve other device counts"
         )
     transferable = config.get("op_features", "full") != "full"
     if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):

@@ -95,14 +95,15 @@ def plc_logit(v, x_d, placed_d, plc_op, plc_query, plc_dev, w_out, b_out, leak):
 
 
 @numba.njit(cache=True, inline="always")
-def begin_episode(b, indeg0, nd, m_placed, dev, enter_step):  # pragma: no cover - compiled
+def begin_episode(b, indeg0, nd, placed_init, dev, enter_step):  # pragma: no cover - compiled
     """A fresh episode ``b``: nothing placed (``dev`` all -1), the roots as candidates (entered at step 0),
-    no placed-op contributions. Returns ``(start, finish, free, assigned, indeg, cand, pos, ncand, placed)``."""
+    the per-device sums at ``placed_init[D, M + A]`` (zero, or the devices' learned identity). Returns
+    ``(start, finish, free, assigned, indeg, cand, pos, ncand, placed)``."""
     dev[:] = -1
     _, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(indeg0, nd)
     for k in range(ncand):
         enter_step[b, cand[k]] = 0
-    return start, finish, free, assigned, indeg, cand, pos, ncand, np.zeros((nd, m_placed))
+    return start, finish, free, assigned, indeg, cand, pos, ncand, placed_init.copy()
 
 
 @numba.njit(cache=True, inline="always")
@@ -138,7 +139,7 @@ def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, pla
 @numba.njit(cache=True)
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
-    sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
+    sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
     plc_ties_only, order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -151,7 +152,6 @@ def _rollout_kernel(
     ``plc_ties_only``: the learned PLC head chooses only among the devices that rule ties for first."""
     B, n = order.shape
     nd = comp.shape[1]
-    m_placed = plc_placed.shape[1]
     nf = feats.shape[3]
     all_devs = np.arange(nd)
     tied_devs = np.empty(nd, np.int64)
@@ -161,7 +161,7 @@ def _rollout_kernel(
     never_free = np.zeros(nd)
     for b in range(B):
         dev = assignment[b]
-        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, m_placed, dev,
+        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, plc_init, dev,
                                                                                        enter_step)  # fmt: skip
         busy_count[:] = 0
         raw = np.empty((nd, nf))
@@ -304,11 +304,13 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
         raise ValueError(f"list_schedule must be one of {', '.join(LIST_SCHEDULES)}, got {list_schedule!r}")
     cm = gf.costs
     ro = empty_rollout(plan.batch, gf.num_ops, gf.num_devices)
-    sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out = heads
+    sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init = heads
+    if plc_init.shape != (gf.num_devices, plc_placed.shape[1]):
+        raise ValueError(f"the policy's device identity has {plc_init.shape[0]} devices; the cluster has {gf.num_devices}")
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
-        sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
+        sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
         plan.mode, plan.sel_mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
         gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft", plan.plc_ties_only and not plan.teacher,
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
@@ -319,17 +321,18 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
     return ro
 
 
-def _no_heads(n: int) -> tuple:
-    """Heads of width 0: the kernel then only list-schedules (teacher mode, or both rules)."""
+def _no_heads(n: int, nd: int) -> tuple:
+    """Heads of width 0 for ``n`` ops on ``nd`` devices: the kernel then only list-schedules (teacher
+    mode, or both rules)."""
     z = np.zeros((n, 0))
-    return np.zeros(n), z, z, z, np.zeros((NUM_DEVICE_FEATURES, 0)), np.zeros(0), 0.0
+    return np.zeros(n), z, z, z, np.zeros((NUM_DEVICE_FEATURES, 0)), np.zeros(0), 0.0, np.zeros((nd, 0))
 
 
 def replay(gf: GraphFeatures, order: np.ndarray, step_device: np.ndarray) -> Rollout:
     """The list schedule of given trajectories (``order[B, n]``, ``step_device[B, n]``) with what each
     step saw (device features, EST ties, when each op became a candidate): the :class:`Rollout` of any
     policy that made those choices. Raises :class:`RolloutError` if they are not valid ASSIGN steps."""
-    return _run_kernel(gf, _no_heads(gf.num_ops), DecodePlan.replaying(order, step_device), False, False)
+    return _run_kernel(gf, _no_heads(gf.num_ops, gf.num_devices), DecodePlan.replaying(order, step_device), False, False)
 
 
 def rule_decode(gf: GraphFeatures, list_schedule: str = "critical_path") -> Rollout:
@@ -339,7 +342,7 @@ def rule_decode(gf: GraphFeatures, list_schedule: str = "critical_path") -> Roll
     n = gf.num_ops
     plan = DecodePlan(1, _MODE_CODE["greedy"], _MODE_CODE["greedy"], 0.0, np.zeros((1, n, 4)),
                       np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64))  # fmt: skip
-    return _run_kernel(gf, _no_heads(n), plan, True, True, list_schedule)
+    return _run_kernel(gf, _no_heads(n, gf.num_devices), plan, True, True, list_schedule)
 
 
 def rule_order(gf: GraphFeatures) -> np.ndarray:

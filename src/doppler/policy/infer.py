@@ -93,7 +93,7 @@ class NumpyPolicy:
 
     def heads(self, gf: GraphFeatures) -> tuple:
         """The head inputs of one encoder pass (``(sel_score, plc_op, plc_placed, plc_query, plc_dev,
-        w_out, b_out)``, float64, as :func:`~doppler.policy.rollout.numpy_heads`)."""
+        w_out, b_out, plc_init)``, float64, as :func:`~doppler.policy.rollout.numpy_heads`)."""
         w = self.w
         op_x = np.ascontiguousarray(gf.op_x[:, self.op_columns], dtype=np.float32)
         edges = _Edges.of(gf)
@@ -117,8 +117,14 @@ class NumpyPolicy:
         def f64(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a, dtype=np.float64)
 
+        init = w.get("plc.device_init")
+        if init is None:
+            init = np.zeros((gf.num_devices, placed.shape[1]))
+        elif init.shape[0] != gf.num_devices:
+            raise ValueError(f"this policy knows its {init.shape[0]} devices by identity (trained with "
+                             f"--device-identity); the cluster has {gf.num_devices}")  # fmt: skip
         return (f64(sel), f64(plc_op), f64(placed), f64(query), f64(dev), f64(w["plc.out.weight"][0]),
-                float(w["plc.out.bias"][0]))  # fmt: skip
+                float(w["plc.out.bias"][0]), f64(init))  # fmt: skip
 
     def decode(self, gf: GraphFeatures, plan: DecodePlan, heads: tuple | None = None) -> Rollout:
         """Decode ``plan`` (:func:`~doppler.policy.decode.make_plan`); ``heads``: this graph's, if already computed."""

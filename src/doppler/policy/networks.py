@@ -108,7 +108,8 @@ class SelHead(nn.Module):
 
 
 class PlcHead(nn.Module):
-    def __init__(self, hidden: int, mlp_hidden: int, affinity: int = 32, op_dim: int = len(OP_FEATURES)) -> None:
+    def __init__(self, hidden: int, mlp_hidden: int, affinity: int = 32, op_dim: int = len(OP_FEATURES),
+                 device_identity: int = 0) -> None:  # fmt: skip
         super().__init__()
         self.affinity = affinity
         self.dev_lin = nn.Linear(NUM_DEVICE_FEATURES, hidden)
@@ -122,6 +123,22 @@ class PlcHead(nn.Module):
         # bilinear affinity of v with the ops already on d: (Q H[v]) . sum_{u on d} K H[u] / n
         self.aff_q = nn.Linear(hidden, affinity, bias=False)
         self.aff_k = nn.Linear(hidden, affinity, bias=False)
+        # device identity (fine-tuning on one cluster): a learned state per device before anything is
+        # placed, in the same units as the placed-op sums; zero at first, so the head starts as without it
+        if device_identity:
+            self.device_init = nn.Parameter(torch.zeros(device_identity, mlp_hidden + affinity))
+        else:
+            self.register_parameter("device_init", None)
+
+    def initial_placed(self, num_devices: int, like: torch.Tensor) -> torch.Tensor:
+        """``[D, M + A]``: what each device holds before anything is placed: zero, or with device
+        identity its learned state (that policy serves its own device count only)."""
+        if self.device_init is None:
+            return like.new_zeros((num_devices, self.out.in_features + self.affinity))
+        if self.device_init.shape[0] != num_devices:
+            raise ValueError(f"this policy knows its {self.device_init.shape[0]} devices by identity "
+                             f"(trained with --device-identity); the cluster has {num_devices}")  # fmt: skip
+        return self.device_init
 
     def op_part(self, op_x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """``[n, M]``: the first layer's op-dependent part, plus both first-layer biases."""
@@ -148,6 +165,7 @@ class Encoded:
     plc_dev: torch.Tensor  # [F, M]
     plc_w_out: torch.Tensor  # [M]: the PLC head's output layer
     plc_b_out: torch.Tensor  # []
+    plc_init: torch.Tensor  # [D, M + A]: each device's placed-op sums before the first step (PlcHead.initial_placed)
     learned: str = "both"  # which heads decide: "both", or "sel"/"plc" (the other follows CRITICAL PATH's rule)
     list_schedule: str = "critical_path"  # the list-schedule model of PLC's features and rule (rollout.LIST_SCHEDULES)
 
@@ -171,10 +189,13 @@ class DopplerPolicy(nn.Module):
     ``op_features`` names the static op features it reads (``"full"``: all of
     :data:`~doppler.policy.features.OP_FEATURES`; ``"structural"``: the position-free ones a
     transferable policy uses). ``learned`` says which heads decide (:data:`LEARNED_HEADS`): both (DOPPLER),
-    or only SEL or only PLC, the other following CRITICAL PATH's rule (the paper's single-head ablations)."""
+    or only SEL or only PLC, the other following CRITICAL PATH's rule (the paper's single-head ablations).
+    ``device_identity``: the device count of the one cluster it is trained for, whose devices the PLC
+    head then tells apart by a learned state each (0: none; it serves any cluster)."""
 
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
-                 op_features: str = "full", learned: str = "both", list_schedule: str = "critical_path") -> None:  # fmt: skip
+                 op_features: str = "full", learned: str = "both", list_schedule: str = "critical_path",
+                 device_identity: int = 0) -> None:  # fmt: skip
         super().__init__()
         self.op_columns = op_feature_columns(op_features)
         if learned not in LEARNED_HEADS:
@@ -185,9 +206,11 @@ class DopplerPolicy(nn.Module):
         self.list_schedule = list_schedule
         self.config = {"hidden": hidden, "steps": steps, "mlp_hidden": mlp_hidden, "basis": basis,
                        "op_features": op_features, "learned": learned, "list_schedule": list_schedule}  # fmt: skip
+        if device_identity:
+            self.config["device_identity"] = int(device_identity)
         self.encoder = GraphEncoder(hidden, steps, basis, len(self.op_columns))
         self.sel = SelHead(hidden, mlp_hidden, len(self.op_columns))
-        self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(self.op_columns))
+        self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(self.op_columns), device_identity=device_identity)
 
     @property
     def method(self) -> str:
@@ -213,6 +236,7 @@ class DopplerPolicy(nn.Module):
             plc_dev=self.plc.device_matrix(),
             plc_w_out=self.plc.out.weight.squeeze(0),
             plc_b_out=self.plc.out.bias.squeeze(0),
+            plc_init=self.plc.initial_placed(gf.num_devices, emb),
             learned=self.learned,
             list_schedule=self.list_schedule,
         )

@@ -43,7 +43,7 @@ def numpy_heads(enc: Encoded) -> tuple[np.ndarray, ...]:
         return np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy())
 
     return (arr(enc.sel_score), arr(enc.plc_op), arr(enc.plc_placed), arr(enc.plc_query), arr(enc.plc_dev),
-            arr(enc.plc_w_out), float(enc.plc_b_out.detach()))  # fmt: skip
+            arr(enc.plc_w_out), float(enc.plc_b_out.detach()), arr(enc.plc_init))  # fmt: skip
 
 
 def rollout(gf: GraphFeatures, enc: Encoded | Decoder, **plan: Any) -> Rollout:
@@ -136,7 +136,7 @@ def plc_logits(enc: Encoded, order: torch.Tensor, dev: torch.Tensor, device_feat
     # slice of a tensor would allocate and fill a full-size zero gradient
     per_step = [t.split(chunk, dim=1) for t in (enc.plc_placed[order], enc.plc_op[order], enc.plc_query[order],
                                                  device_features, dev)]  # fmt: skip
-    carry = enc.plc_placed.new_zeros((B, 1, D, width))
+    carry = enc.plc_init.to(enc.plc_placed.dtype).expand(B, 1, D, width)
     out = []
     for contrib, op_part, query, feats, devs in zip(*per_step):
         before, total = placed_sums(contrib, devs, D)

@@ -31,7 +31,7 @@ from doppler.policy.rollout import (
 @numba.njit(cache=True)
 def _pair_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
-    op_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, leak,
+    op_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, eps, uniforms, forced_order, forced_dev, pair_first, pair_feats,
     order, step_dev, assignment, enter_step, feats, est_tied,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -41,13 +41,12 @@ def _pair_kernel(
     ``pair_first[b, c] + h - enter_step[b, c]`` (the order of :func:`candidate_steps`)."""
     B, n = order.shape
     nd = comp.shape[1]
-    m_placed = plc_placed.shape[1]
     nf = feats.shape[3]
     record = pair_feats.shape[0] > 0
     all_pairs = np.arange(n * nd)
     for b in range(B):
         dev = assignment[b]
-        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, m_placed, dev,
+        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, plc_init, dev,
                                                                                        enter_step)  # fmt: skip
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
@@ -117,11 +116,11 @@ class PairDecoder:
     def _run(self, plan: DecodePlan, pair_first: np.ndarray, pair_feats: np.ndarray) -> Rollout:
         gf, cm = self.gf, self.gf.costs
         ro = empty_rollout(plan.batch, gf.num_ops, gf.num_devices)
-        sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out = numpy_heads(self.enc)
+        sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init = numpy_heads(self.enc)
         inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
         bad = _pair_kernel(
             *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
-            sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, LEAK,
+            sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
             plan.mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev, pair_first, pair_feats,
             ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
         )  # fmt: skip
@@ -146,7 +145,7 @@ class PairDecoder:
         op = torch.from_numpy(cs.op).to(device)
         order = torch.from_numpy(ro.order).to(device)
         placed, _ = placed_sums(enc.plc_placed[order], torch.from_numpy(ro.step_device).to(device), nd)
-        before = placed.reshape(B * n, nd, -1).index_select(0, seg)  # [T, D, M + A]: what each device held at that step
+        before = placed.reshape(B * n, nd, -1).index_select(0, seg) + enc.plc_init  # [T, D, M + A]: what each device held
         m = enc.plc_op.shape[1]
         pre = torch.from_numpy(feats).to(device) @ enc.plc_dev + enc.plc_op.index_select(0, op).unsqueeze(1) + before[..., :m]
         affinity = (before[..., m:] * enc.plc_query.index_select(0, op).unsqueeze(1)).sum(-1)
