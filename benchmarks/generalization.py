@@ -79,7 +79,7 @@ def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: in
                       device_identity=device_identity)  # as `doppler train --init`
     weights = None
     if init:
-        cfg, weights, _ = _init_config(cfg, init, op_features)
+        cfg, weights, _ = _init_config(cfg, init, op_features, cl.num_devices)
     tr = Trainer.create([graph], cl, cfg)
     if weights is not None:
         from doppler.policy.checkpoint import add_device_identity

@@ -46,7 +46,7 @@ def per_step_autograd_update(tr: Trainer, batch: int) -> None:
     state = PlacementState(g, gf.costs, batch=batch)
     indeg = np.tile(np.diff(g.pred_ptr), (batch, 1))
     ready = indeg == 0
-    placed = torch.zeros(batch, nd, enc.plc_placed.shape[1], device=device)
+    placed = enc.plc_init.unsqueeze(0).repeat(batch, 1, 1).to(device)  # zeros, or each device's learned state
     m = enc.plc_op.shape[1]
     logp = torch.zeros(batch, device=device)
     rows = np.arange(batch)

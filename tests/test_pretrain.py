@@ -195,18 +195,26 @@ def test_device_identity_starts_at_zero_trains_and_serves_its_device_count_only(
         ident.encode(graph_features(workloads.build("llama_block", size="tiny"), cluster("p100x4")))
     g = tmp_path / "g.json"
     assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
-    res = _run("train", g, "-c", "unit:3", "--init", "pretrained", "--op-features", "full", "--device-identity",
+    res = _run("train", g, "-c", "unit:3", "--init", "pretrained", "--device-identity",
                "--episodes", "16", "--batch", "8", "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     ck = read_checkpoint(tmp_path / "FT")
-    assert ck["policy_config"]["device_identity"] == 3
+    assert ck["policy_config"]["device_identity"] == 3 and ck["policy_config"]["op_features"] == "structural"
     assert float(ck["state_dict"]["plc.device_init"].abs().max()) > 0  # it learned something
+    from doppler.cli.train_cmd import _init_config
+    from doppler.train import TrainConfig
+
+    cfg, weights, _ = _init_config(TrainConfig(stages=("sim",)), str(tmp_path / "FT" / "checkpoint.pt"), "full", 3)
+    assert cfg.device_identity and cfg.op_features == "full"  # widening the op features keeps the learned state
+    torch.testing.assert_close(weights["plc.device_init"], ck["state_dict"]["plc.device_init"])
     res = _run("train", g, "-c", "unit:3", "--episodes", "24", "-o", tmp_path / "FT", "--resume", "--json")
     assert res.exit_code == 0, res.output
     res = _run("train", g, "-c", "unit:3", "--init", tmp_path / "FT" / "checkpoint.pt", "--episodes", "8", "--batch",
                "8", "--search-every", "0", "-o", tmp_path / "FT2", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert read_checkpoint(tmp_path / "FT2")["policy_config"]["device_identity"] == 3
+    _usage_error(_run("train", g, "-c", "unit:2", "--init", tmp_path / "FT" / "checkpoint.pt", "-o", tmp_path / "r"),
+                 "3 devices by identity", "has 2")
     res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
                "-o", tmp_path / "a.json", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output

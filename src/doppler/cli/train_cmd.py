@@ -21,10 +21,11 @@ def _parse_stages(stages: str) -> tuple[str, ...]:
     return out
 
 
-def _init_config(cfg, init: str, op_features: str | None = None):
+def _init_config(cfg, init: str, op_features: str | None = None, num_devices: int | None = None):
     """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights.
     ``op_features``: read these op features instead of the checkpoint's (a superset: the new inputs'
-    weights start at zero, :func:`~doppler.policy.checkpoint.widen_op_features`)."""
+    weights start at zero, :func:`~doppler.policy.checkpoint.widen_op_features`). ``num_devices``: the
+    training cluster's, which a checkpoint with device identity must have."""
     import dataclasses
 
     from doppler.policy.checkpoint import CheckpointError, checkpoint_method, read_checkpoint, resolve_checkpoint
@@ -35,6 +36,11 @@ def _init_config(cfg, init: str, op_features: str | None = None):
     if checkpoint_method(pc) != cfg.method:
         raise CheckpointError(f"{path}: --init needs a {cfg.method} checkpoint, this one is {checkpoint_method(pc)} "
                               f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
+    known = pc.get("device_identity")
+    if known and num_devices is not None and known != num_devices:
+        raise CheckpointError(f"{path}: this policy knows its {known} devices by identity (trained with "
+                              f"--device-identity); the cluster has {num_devices}: fine-tune it on a {known}-device "
+                              "cluster, or start from a checkpoint without device identity")  # fmt: skip
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
                                  op_features=op_features or pc.get("op_features", "full"),
                                  list_schedule=pc.get("list_schedule", "critical_path"),
@@ -72,7 +78,7 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
     if init is None:
         return Trainer.create(graphs, cl, cfg)
-    cfg, weights, path = _init_config(cfg, init, op_features)
+    cfg, weights, path = _init_config(cfg, init, op_features, cl.num_devices)
     trainer = Trainer.create(graphs, cl, cfg)
     try:
         trainer.policy.load_state_dict(add_device_identity(weights, trainer.policy))

@@ -83,6 +83,8 @@ def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Modu
             widened[:, cols] = w
             w = widened
         out[key] = w
+    for key, w in state_dict.items():  # inputs the op features do not shape (a device identity) stay as they are
+        out.setdefault(key, w)
     return out
 
 
