@@ -28,7 +28,9 @@ def _init_config(cfg, init: str, op_features: str | None = None, num_devices: in
     training cluster's, which a checkpoint with device identity must have."""
     import dataclasses
 
-    from doppler.policy.checkpoint import CheckpointError, checkpoint_method, read_checkpoint, resolve_checkpoint
+    from doppler.policy.checkpoint import (
+        CheckpointError, checkpoint_method, device_identity_mismatch, read_checkpoint, resolve_checkpoint,
+    )  # fmt: skip
 
     path, _ = resolve_checkpoint(None if init == "pretrained" else init)  # CheckpointError: exit 2
     ck = read_checkpoint(path)
@@ -38,8 +40,7 @@ def _init_config(cfg, init: str, op_features: str | None = None, num_devices: in
                               f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
     known = pc.get("device_identity")
     if known and num_devices is not None and known != num_devices:
-        raise CheckpointError(f"{path}: this policy knows its {known} devices by identity (trained with "
-                              f"--device-identity); the cluster has {num_devices}: fine-tune it on a {known}-device "
+        raise CheckpointError(f"{path}: {device_identity_mismatch(known, num_devices)}: fine-tune it on a {known}-device "
                               "cluster, or start from a checkpoint without device identity")  # fmt: skip
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
                                  op_features=op_features or pc.get("op_features", "full"),

@@ -88,6 +88,12 @@ def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Modu
     return out
 
 
+def device_identity_mismatch(known: int, num_devices: int) -> str:
+    """The one line that says a policy with device identity cannot serve this device count."""
+    return (f"this policy knows its {known} devices by identity (trained with --device-identity); the cluster has "
+            f"{num_devices} devices")  # fmt: skip
+
+
 def add_device_identity(state_dict: dict[str, torch.Tensor], policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``state_dict`` of a policy without device identity, for ``policy``, which has it
     (``--device-identity`` from a checkpoint without): each device's learned state starts at zero, so
@@ -150,11 +156,8 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
         )
     known = config.get("device_identity")
     if known and known != cluster.num_devices:
-        raise CheckpointError(
-            f"{where}: this policy knows its {known} devices by identity (trained with --device-identity) and cannot "
-            f"serve cluster {cluster.name!r} ({cluster.num_devices} devices); train without --device-identity to "
-            "serve other device counts"
-        )
+        raise CheckpointError(f"{where}: {device_identity_mismatch(known, cluster.num_devices)} (cluster {cluster.name!r}); "
+                              "train without --device-identity to serve other device counts")  # fmt: skip
     transferable = config.get("op_features", "full") != "full"
     if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
         return json.loads(meta["cluster"]) != cluster.to_json()

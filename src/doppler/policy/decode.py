@@ -306,7 +306,9 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
     ro = empty_rollout(plan.batch, gf.num_ops, gf.num_devices)
     sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init = heads
     if plc_init.shape != (gf.num_devices, plc_placed.shape[1]):
-        raise ValueError(f"the policy's device identity has {plc_init.shape[0]} devices; the cluster has {gf.num_devices}")
+        from doppler.policy.checkpoint import device_identity_mismatch  # (a guard: numba does not check bounds)
+
+        raise ValueError(device_identity_mismatch(plc_init.shape[0], gf.num_devices))
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,

@@ -26,7 +26,7 @@ import numpy as np
 
 from doppler.io_util import atomic_write_bytes, file_sha256
 from doppler.policy import LEAK, LEARNED_HEADS
-from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method, device_identity_mismatch
 from doppler.policy.decode import DecodePlan, Rollout, run_heads
 from doppler.policy.features import GraphFeatures, op_feature_columns
 
@@ -121,8 +121,7 @@ class NumpyPolicy:
         if init is None:
             init = np.zeros((gf.num_devices, placed.shape[1]))
         elif init.shape[0] != gf.num_devices:
-            raise ValueError(f"this policy knows its {init.shape[0]} devices by identity (trained with "
-                             f"--device-identity); the cluster has {gf.num_devices}")  # fmt: skip
+            raise ValueError(device_identity_mismatch(init.shape[0], gf.num_devices))
         return (f64(sel), f64(plc_op), f64(placed), f64(query), f64(dev), f64(w["plc.out.weight"][0]),
                 float(w["plc.out.bias"][0]), f64(init))  # fmt: skip
 

@@ -136,8 +136,9 @@ class PlcHead(nn.Module):
         if self.device_init is None:
             return like.new_zeros((num_devices, self.out.in_features + self.affinity))
         if self.device_init.shape[0] != num_devices:
-            raise ValueError(f"this policy knows its {self.device_init.shape[0]} devices by identity "
-                             f"(trained with --device-identity); the cluster has {num_devices}")  # fmt: skip
+            from doppler.policy.checkpoint import device_identity_mismatch
+
+            raise ValueError(device_identity_mismatch(self.device_init.shape[0], num_devices))
         return self.device_init
 
     def op_part(self, op_x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
