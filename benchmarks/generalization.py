@@ -1,7 +1,8 @@
 """Does one pretrained policy place graphs and clusters it has never seen? The held-out table.
 
     python benchmarks/generalization.py [--checkpoint CKPT] [--quick] [--seeds 3] [--budget-s 5]
-        [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--out F.json]
+        [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--device-identity]
+        [--out F.json]
 
 One row per held-out (graph, cluster) of :func:`doppler.corpus.held_out_split`. Makespans are
 simulated and divided by the row's best cheap method (the best of critical_path, heft,
@@ -12,13 +13,15 @@ DOPPLER zero-shot greedy, best of 64 samples, and ``--budget-s`` of search from 
 decode (the default, ``guided_share=0``; and with a share of moves drawn from the policy's device
 preferences, ``MEASURED_GUIDED_SHARE``); fine-tuned for
 ``--finetune-episodes`` from the pretrained policy on the first ``--finetune-rows`` rows, with its
-``structural`` op features / widened to ``full`` ones (``--op-features full``); and the
-zero-shot greedy assignment time (warm: the policy loaded and compiled once per process).
+``structural`` op features / widened to ``full`` ones (``--op-features full``), each with a
+learned state per device (``doppler train --device-identity``) if ``--device-identity`` is given;
+and the zero-shot greedy assignment time (warm: the policy loaded and compiled once per process).
 Search columns give the mean over ``--seeds`` seeds and the spread (max - min).
 
 Then the hardware transfer (the paper's Section 5): the pretrained policy fine-tuned on
 llama_layer / p100x4, applied to v100x8 zero-shot and after ``--transfer-episodes`` episodes
-there, with the share of transferred bytes that stay on NVLink-connected GPU pairs; and the
+there (with ``--device-identity``, the state per device is added at the v100x8 stage), with the
+share of transferred bytes that stay on NVLink-connected GPU pairs; and the
 fine-tuning curve of llama_layer / p100x4 from the pretrained policy next to a from-scratch run
 (``--curve PNG``).
 
@@ -115,6 +118,9 @@ def main() -> None:
     ap.add_argument("--finetune-rows", type=int, default=1)
     ap.add_argument("--finetune-episodes", type=int, default=500)
     ap.add_argument("--transfer-episodes", type=int, default=2000)
+    ap.add_argument("--device-identity", action="store_true",
+                    help="fine-tune with a learned state per device (doppler train --device-identity): the "
+                    "fine-tuned column and the transfer's v100x8 stage")
     ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
     ap.add_argument("--out", default=None, help="write every number as JSON")
     ap.add_argument("--baselines-only", action="store_true", help="fill the --baselines cache and stop")
@@ -134,21 +140,23 @@ def main() -> None:
     atexit.register(shutil.rmtree, work, True)
     tuned: dict[tuple, tuple] = {}
 
-    def tune(g, cl, episodes: int, init: str | None, op_features: str | None = None):
+    def tune(g, cl, episodes: int, init: str | None, op_features: str | None = None, device_identity: bool = False):
         """``finetune`` once per setting (the first row and the transfer section share llama_layer / p100x4):
         (trainer, devices, seconds, run directory)."""
-        key = (g.fingerprint(), json.dumps(cl.to_json(), sort_keys=True), episodes, init, op_features)
+        key = (g.fingerprint(), json.dumps(cl.to_json(), sort_keys=True), episodes, init, op_features, device_identity)
         if key not in tuned:
             run_dir = work / f"run{len(tuned)}"
-            tuned[key] = (*finetune(g, cl, episodes, init, run_dir, op_features=op_features), run_dir)
+            tuned[key] = (*finetune(g, cl, episodes, init, run_dir, op_features=op_features,
+                                    device_identity=device_identity), run_dir)  # fmt: skip
         return tuned[key]
 
     if not args.baselines_only:
         assign(cases[0].graph, cases[0].cluster, "doppler", **kw)  # load and compile once (warm timings)
     rows = []
+    ident = ", device identity" if args.device_identity else ""
     header = (f"| graph / cluster | ops | dev | {' | '.join(CHEAP)} | best cheap (ms) | anneal {args.budget_s:g}s | "
               f"anneal {args.anneal_long_s:g}s | zero-shot greedy | best of 64 | doppler {args.budget_s:g}s guided moves | "
-              f"doppler {args.budget_s:g}s (default) | fine-tuned (structural / full) | greedy time (s) |")
+              f"doppler {args.budget_s:g}s (default) | fine-tuned (structural / full{ident}) | greedy time (s) |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1), flush=True)
     settings = {"seeds": args.seeds, "budget_s": args.budget_s, "anneal_long_s": args.anneal_long_s}
@@ -189,8 +197,9 @@ def main() -> None:
                              args.seeds)  # fmt: skip
         r["finetuned"] = r["finetuned_full"] = None
         if i < args.finetune_rows:
-            _, dev, r["finetune_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt))
-            _, dev_full, r["finetune_full_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt), "full")
+            _, dev, r["finetune_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt), None, args.device_identity)
+            _, dev_full, r["finetune_full_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt), "full",
+                                                        args.device_identity)
             r["finetuned"] = makespan(g, cl, dev) / ref
             r["finetuned_full"] = makespan(g, cl, dev_full) / ref
         rows.append(r)
@@ -239,10 +248,11 @@ def main() -> None:
         "finetune_s": ft_s, "finetune_full_s": wide_s, "scratch_s": sc_s,
     }  # fmt: skip
     zs = assign(g, v100, "doppler", checkpoint=ft_dir / "checkpoint.pt")
-    _, dev_v, _, _ = tune(g, v100, args.transfer_episodes, str(ft_dir / "checkpoint.pt"))
+    _, dev_v, _, _ = tune(g, v100, args.transfer_episodes, str(ft_dir / "checkpoint.pt"), None, args.device_identity)
     # the full-feature policy serves its own graph on another cluster too (positions are of the graph)
     zs_wide = assign(g, v100, "doppler", checkpoint=wide_dir / "checkpoint.pt")
-    _, dev_vw, _, _ = tune(g, v100, args.transfer_episodes, str(wide_dir / "checkpoint.pt"))
+    _, dev_vw, _, _ = tune(g, v100, args.transfer_episodes, str(wide_dir / "checkpoint.pt"), None,
+                           args.device_identity)
     annealed_v100 = assign(g, v100, "anneal", budget_s=args.anneal_long_s)
     anneal_v100 = makespan(g, v100, annealed_v100)
     transfer.update(
