@@ -397,6 +397,7 @@ def comparison_table(rows: list[Any], title: str, cluster: "Cluster | None" = No
     """A rich table of :func:`doppler.methods.compare` rows (``CompareRow``); the best makespan in
     bold green, peak memory (largest over devices) in red where some device's peak exceeds its memory."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title)
     table.add_column("method")
@@ -410,7 +411,7 @@ def comparison_table(rows: list[Any], title: str, cluster: "Cluster | None" = No
             format_time(r.makespan_s, cluster),
             f"{r.ratio_to_lower_bound:.3f}" if r.ratio_to_lower_bound is not None else "-",
             f"{r.ratio_to_critical_path:.3f}" if r.ratio_to_critical_path is not None else "-",
-            f"[red]{format_bytes(peak)} (over)[/]" if r.memory_overruns else format_bytes(peak),
+            Text(f"{format_bytes(peak)} (over)", style="red") if r.memory_overruns else format_bytes(peak),
             f"{r.assign_time_s:.3f}",
             style="bold green" if r.makespan_s == best else None,
         )

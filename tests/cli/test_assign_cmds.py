@@ -290,3 +290,24 @@ def test_anneal_init_can_ignore_the_fingerprint(graph_file: Path, tmp_path: Path
             "-o", str(tmp_path / "a.json")]  # fmt: skip
     assert run(*args).exit_code == 2
     assert run(*args, "--ignore-fingerprint").exit_code == 0
+
+
+def test_paths_with_square_brackets_are_printed_as_given(graph_file: Path, tmp_path: Path) -> None:
+    """rich reads "[b]" or "[red]" as markup and drops it: each line must name the path the user gave."""
+    d = tmp_path / "runs[b]" / "x[red]"
+    d.mkdir(parents=True)
+    g = d / "g[0].json"
+    g.write_bytes(graph_file.read_bytes())
+    out = d / "a[1].json"
+    res = run("assign", str(g), "--cluster", "p100x4", "--method", "critical_path", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.is_file() and f"-> {out}\n" in res.stdout
+    res = run("simulate", str(g), "-a", str(out), "--cluster", "p100x4")
+    assert res.exit_code == 0, res.output
+    txt = d / "g[3].txt"
+    res = run("graph", "convert", str(g), str(txt))  # a line without any markup of its own
+    assert res.exit_code == 0 and f"{g} -> {txt} (" in res.stdout, res.output
+    missing = d / "missing[2].json"
+    res = run("assign", str(missing), "--cluster", "p100x4", "--method", "critical_path", "-o", str(out))
+    assert res.exit_code == 2
+    assert f"error: {missing}: no such graph file" in res.output

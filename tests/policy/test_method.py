@@ -155,3 +155,21 @@ def test_structural_policies_ignore_position_features():
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="op_features"):
         DopplerPolicy(op_features="ids")
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (b"not a checkpoint", "not a file of plain tensors"),  # pickle opcodes torch's weights-only loader refuses
+        (b"", "the file ends early"),
+        (b"PK\x03\x04 cut short", "RuntimeError: PytorchStreamReader failed reading zip archive"),
+    ],
+)
+def test_an_unreadable_checkpoint_is_named_in_one_short_line(tmp_path, content, reason):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(content)
+    with pytest.raises(MethodError) as e:
+        assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", checkpoint=bad)
+    msg = str(e.value)
+    assert msg.startswith(f"{bad}: not a readable doppler checkpoint (") and reason in msg, msg
+    assert "\n" not in msg and "weights_only" not in msg and len(msg) < len(str(bad)) + 200, msg

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from doppler.io_util import to_jsonable
 
@@ -32,8 +33,10 @@ graph_app = typer.Typer(help="Build, inspect, convert and draw dataflow graphs."
 app.add_typer(graph_app, name="graph")
 
 # piped (not a terminal): no wrapping at 80 columns inside file names, no truncated table cells
-console = Console() if sys.stdout.isatty() else Console(width=1000)
-err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=1000)
+# Markup only where a line asks for it (``markup=True``, each name, path or message in it through
+# ``escape``): paths and names may hold square brackets, which rich would read as markup and drop.
+console = Console(markup=False) if sys.stdout.isatty() else Console(width=1000, markup=False)
+err_console = Console(stderr=True, markup=False) if sys.stderr.isatty() else Console(stderr=True, width=1000, markup=False)
 
 
 class UserError(Exception):
@@ -75,7 +78,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     """Warnings as one clean line on stderr (no source file, no code line)."""
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]warning:[/] {escape(str(message))}", markup=True, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -94,13 +97,14 @@ def handle_errors() -> Iterator[None]:
             msg = f"{e.filename}: {e.strerror}" if e.filename else str(e)
         else:
             msg = str(e)
-        err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+        err_console.print("[bold red]interrupted[/]", markup=True)
         raise typer.Exit(130) from None
     except Exception as e:  # noqa: BLE001 - last-resort report of a bug
-        err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}", markup=True,
+                          highlight=False, soft_wrap=True)  # fmt: skip
         raise typer.Exit(1) from None
 
 

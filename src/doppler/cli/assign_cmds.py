@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from doppler.cli._common import (
     JSON_OPT,
@@ -139,10 +140,11 @@ def assign_cmd(
             emit_json(row)
         else:
             console.print(
-                f"[bold]{method}[/]: {graph.num_ops} ops on {cl.num_devices} devices of {cl.name} "
-                f"(ops per device {counts}) in {a.assign_time_s:.3f} s -> {output}\n"
+                f"[bold]{method}[/]: {graph.num_ops} ops on {cl.num_devices} devices of {escape(cl.name)} "
+                f"(ops per device {counts}) in {a.assign_time_s:.3f} s -> {escape(str(output))}\n"
                 f"simulated makespan {format_time(makespan, cl)}, {makespan / lb:.3f}x the lower bound "
                 f"({format_time(lb, cl)})",
+                markup=True,
                 highlight=False,
             )
             if a.info.get("pretrained"):
@@ -217,7 +219,7 @@ def compare_cmd(
         console.print(comparison_table(rows, title, cl))
         over = [f"{r.method} ({'; '.join(r.memory_overruns)})" for r in rows if r.memory_overruns]
         if over:
-            console.print(f"[red]over device memory:[/] {', '.join(over)}", highlight=False)
+            console.print(f"[red]over device memory:[/] {escape(', '.join(over))}", markup=True, highlight=False)
         console.print(f"lower bound {format_time(rows[0].lower_bound_s, cl)}", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}", highlight=False)

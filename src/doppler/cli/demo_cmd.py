@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, live_progress
 
@@ -117,7 +118,7 @@ def _demo_table(results: list[dict], methods: tuple[str, ...], cl, trained: bool
         cells = []
         for r in results:
             v, best = r["makespan_s"][m], min(r["makespan_s"].values())
-            cells.append(f"[bold green]{v * scale:.2f}[/]" if v == best else f"{v * scale:.2f}")
+            cells.append(Text(f"{v * scale:.2f}", style="bold green" if v == best else ""))
         table.add_row(m, *cells)
     table.add_row("best / critical_path",
                   *(f"{min(r['makespan_s'].values()) / r['makespan_s']['critical_path']:.3f}" for r in results),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress, write_trace_files
 
@@ -142,17 +143,18 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
 
     reps = ", ".join(format_time(m) for m in res.makespans_s)
     console.print(
-        f"[bold]{graph.name}[/] on the {engine} engine ({out['num_devices']} {device_type} devices): "
+        f"[bold]{escape(graph.name)}[/] on the {engine} engine ({out['num_devices']} {device_type} devices): "
         f"measured makespan [bold]{format_time(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
-        f"{cl.name}{f' x {time_scale:g}' if time_scale is not None else ''}: {format_time(out['simulated_makespan_s'])} "
+        f"{escape(cl.name)}{f' x {time_scale:g}' if time_scale is not None else ''}: {format_time(out['simulated_makespan_s'])} "
         f"({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
         f"{format_bytes(res.trace.tr_bytes.sum())} moved",
+        markup=True,
         highlight=False,
     )
     if "outputs_match" in out:
         verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
         console.print(f"outputs {verdict} the numpy reference (max relative error "
-                      f"{max(out['max_rel_error'].values()):.2g})")  # fmt: skip
+                      f"{max(out['max_rel_error'].values()):.2g})", markup=True)  # fmt: skip
     for label, p in written:
         if p is not None:
             console.print(f"{label} -> {p}", highlight=False)
@@ -280,10 +282,11 @@ def validate_cmd(
             return
         rt = "n/a" if res.retest_spearman is None else f"{res.retest_spearman:.3f}"
         console.print(
-            f"[bold]{graph.name}[/] on {cl.name} ({engine} engine), {res.n} assignments x {repeats} runs:\n"
+            f"[bold]{escape(graph.name)}[/] on {escape(cl.name)} ({engine} engine), {res.n} assignments x {repeats} runs:\n"
             f"  Spearman rank correlation [bold]{res.spearman:.3f}[/] (the engine against itself: {rt})\n"
             f"  mean |error| [bold]{res.mean_abs_pct_error:.1f}%[/], max {res.max_abs_pct_error:.1f}%, "
             f"bias {res.bias_pct:+.1f}% (positive: the simulator overestimates)",
+            markup=True,
             highlight=False,
         )
         if plot is not None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from doppler.cli._common import JSON_OPT, UserError, console, emit_json, err_console, graph_app, handle_errors
@@ -54,7 +55,8 @@ def build_cmd(
         else:
             console.print(
                 f"built [bold]{workload}[/]: {stats['num_ops']} ops, {stats['num_edges']} edges, "
-                f"depth {stats['depth']}, {stats['total_flops']:.3g} FLOPs -> {output} ({elapsed:.2f} s)"
+                f"depth {stats['depth']}, {stats['total_flops']:.3g} FLOPs -> {escape(str(output))} ({elapsed:.2f} s)",
+                markup=True,
             )
 
 
@@ -93,8 +95,9 @@ def import_cmd(
             emit_json({**stats, "path": str(output), "elapsed_s": elapsed, "blocks": graph.meta["params"]["blocks"]})
         else:
             tiling = ", ".join(f"{k}={v}" for k, v in graph.meta["params"]["blocks"].items()) or "untiled"
-            console.print(f"imported [bold]{source}[/]: {stats['num_ops']} ops, {stats['num_edges']} edges, "
-                          f"{stats['total_flops']:.3g} FLOPs ({tiling}) -> {output} ({elapsed:.2f} s)", highlight=False)
+            console.print(f"imported [bold]{escape(str(source))}[/]: {stats['num_ops']} ops, {stats['num_edges']} edges, "
+                          f"{stats['total_flops']:.3g} FLOPs ({escape(tiling)}) -> {escape(str(output))} ({elapsed:.2f} s)",
+                          markup=True, highlight=False)  # fmt: skip
 
 
 @graph_app.command("params")

@@ -8,7 +8,9 @@ from typing import Optional
 
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from doppler.cli._common import JSON_OPT, STRICT_MEMORY_HELP, app, check_memory, console, emit_json, handle_errors, write_trace_files
 
@@ -114,9 +116,10 @@ def _report(graph, cl, result, lb: float, *, mode: str, dispatch: str, noise: fl
         ratio += " (with noise, durations are random: the noise-free lower bound does not bind)"
     how = mode.upper() if dispatch == "fifo" else f"{mode.upper()}, {dispatch} dispatch"
     console.print(
-        f"[bold]{graph.name}[/] on [bold]{cl.name}[/] ({how}): makespan "
+        f"[bold]{escape(graph.name)}[/] on [bold]{escape(cl.name)}[/] ({how}): makespan "
         f"[bold]{format_time(result.makespan_s, cl)}[/], lower bound {format_time(lb, cl)}{ratio}; "
         f"{tr.num_transfers} transfers, {format_bytes(tr.tr_bytes.sum())} moved",
+        markup=True,
         highlight=False,
     )
     util, busy = tr.utilisation(cl), tr.busy_s(cl.num_devices, cl.copies_inbound)
@@ -128,7 +131,7 @@ def _report(graph, cl, result, lb: float, *, mode: str, dispatch: str, noise: fl
     for d, dev in enumerate(cl.devices):
         over = peak[d] > dev.memory_bytes
         table.add_row(dev.name, str(int(ops_per_dev[d])), format_time(float(busy[d]), cl), f"{100 * util[d]:.1f}%",
-                      f"[red]{format_bytes(peak[d])}[/]" if over else format_bytes(peak[d]),
+                      Text(format_bytes(peak[d]), style="red") if over else format_bytes(peak[d]),
                       format_bytes(dev.memory_bytes))  # fmt: skip
     console.print(table)
 

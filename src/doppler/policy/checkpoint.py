@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,23 @@ def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str
     write_json(run_dir / "config.json", config_json, indent=2)
 
 
+def _load_error(e: Exception) -> str:
+    """``torch.load``'s failure in one short phrase. A weights-only refusal gives the unpickler's reason
+    (for a file that is not a torch file at all, or one that pickles code), not torch's advice to load
+    the file unsafely, which doppler never does."""
+    def first_sentence(text: str) -> str:
+        text = re.sub(r"^\s*\[enforce fail at [^\]]*\]", "", text)  # torch's C++ source location
+        return " ".join(text.split()).lstrip(" .:").split(". ", 1)[0][:120]
+
+    text = str(e)
+    if "Weights only load failed" in text:
+        reason = first_sentence(text.split("WeightsUnpickler error:", 1)[-1].split("Check the documentation", 1)[0])
+        return "not a file of plain tensors: " + (reason or "refused by the weights-only loader")
+    if isinstance(e, EOFError):
+        return "the file ends early: empty or cut short"
+    return f"{type(e).__name__}: {first_sentence(text) or 'no message'}"
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (a file, or a run directory holding ``checkpoint.pt``) with ``weights_only=True``."""
     p = Path(path)
@@ -54,7 +72,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         ck = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"{p}: not a readable doppler checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        raise CheckpointError(f"{p}: not a readable doppler checkpoint ({_load_error(e)})") from None
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
     return ck
