@@ -74,20 +74,13 @@ def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: in
     ``device_identity`` adds a learned state per device (``--device-identity``)."""
     import torch
 
-    from doppler.cli.train_cmd import _init_config
+    from doppler.cli.train_cmd import trainer_from_init
     from doppler.train import INIT_SEARCH_EVALS, Trainer, TrainConfig
 
     cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9,
                       search_evals=INIT_SEARCH_EVALS if init else TrainConfig.search_evals,
                       device_identity=device_identity)  # as `doppler train --init`
-    weights = None
-    if init:
-        cfg, weights, _ = _init_config(cfg, init, op_features, cl.num_devices)
-    tr = Trainer.create([graph], cl, cfg)
-    if weights is not None:
-        from doppler.policy.checkpoint import add_device_identity
-
-        tr.policy.load_state_dict(add_device_identity(weights, tr.policy))
+    tr = trainer_from_init([graph], cl, cfg, init, op_features) if init else Trainer.create([graph], cl, cfg)
     t0 = time.perf_counter()
     tr.run(run_dir)
     with torch.no_grad():

@@ -64,12 +64,26 @@ def _init_config(cfg, init: str, op_features: str | None = None, num_devices: in
     return shaped, weights, path
 
 
+def trainer_from_init(graphs: list, cl, cfg, init: str, op_features: str | None = None):
+    """A :class:`~doppler.train.Trainer` whose policy starts from ``init`` (``pretrained`` or a checkpoint),
+    as ``doppler train --init``: shaped by :func:`_init_config`, a device identity added at zero."""
+    from doppler.policy.checkpoint import add_device_identity
+    from doppler.train import Trainer, TrainError
+
+    cfg, weights, path = _init_config(cfg, init, op_features, cl.num_devices)
+    trainer = Trainer.create(graphs, cl, cfg)
+    try:
+        trainer.policy.load_state_dict(add_device_identity(weights, trainer.policy))
+    except RuntimeError as e:
+        raise TrainError(f"{path}: --init weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
+    return trainer
+
+
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
              op_features: str | None = None):  # fmt: skip
     from doppler.formats import load_graph
-    from doppler.policy.checkpoint import add_device_identity
     from doppler.presets import cluster
-    from doppler.train import Trainer, TrainError
+    from doppler.train import Trainer
 
     graphs = [load_graph(p) for p in graph_paths]
     cl = cluster(cluster_name)
@@ -79,13 +93,7 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
     if init is None:
         return Trainer.create(graphs, cl, cfg)
-    cfg, weights, path = _init_config(cfg, init, op_features, cl.num_devices)
-    trainer = Trainer.create(graphs, cl, cfg)
-    try:
-        trainer.policy.load_state_dict(add_device_identity(weights, trainer.policy))
-    except RuntimeError as e:
-        raise TrainError(f"{path}: --init weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
-    return trainer
+    return trainer_from_init(graphs, cl, cfg, init, op_features)
 
 
 @app.command("train")

@@ -26,7 +26,7 @@ import numpy as np
 
 from doppler.io_util import atomic_write_bytes, file_sha256
 from doppler.policy import LEAK, LEARNED_HEADS
-from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method, device_identity_mismatch
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method
 from doppler.policy.decode import DecodePlan, Rollout, run_heads
 from doppler.policy.features import GraphFeatures, op_feature_columns
 
@@ -117,11 +117,8 @@ class NumpyPolicy:
         def f64(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a, dtype=np.float64)
 
-        init = w.get("plc.device_init")
-        if init is None:
-            init = np.zeros((gf.num_devices, placed.shape[1]))
-        elif init.shape[0] != gf.num_devices:
-            raise ValueError(device_identity_mismatch(init.shape[0], gf.num_devices))
+        # each device's starting sums: zero, or its learned identity (run_heads refuses another device count)
+        init = w.get("plc.device_init", np.zeros((gf.num_devices, placed.shape[1])))
         return (f64(sel), f64(plc_op), f64(placed), f64(query), f64(dev), f64(w["plc.out.weight"][0]),
                 float(w["plc.out.bias"][0]), f64(init))  # fmt: skip
 
