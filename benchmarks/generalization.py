@@ -2,7 +2,7 @@
 
     python benchmarks/generalization.py [--checkpoint CKPT] [--quick] [--seeds 3] [--budget-s 5]
         [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--device-identity]
-        [--out F.json]
+        [--distill-on-policy W] [--out F.json]
 
 One row per held-out (graph, cluster) of :func:`doppler.corpus.held_out_split`. Makespans are
 simulated and divided by the row's best cheap method (the best of critical_path, heft,
@@ -68,10 +68,11 @@ def seeded(fn, seeds: int) -> tuple[float, float]:
 
 
 def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None,
-             device_identity: bool = False):  # fmt: skip
+             device_identity: bool = False, distill_on_policy: float = 0.0):  # fmt: skip
     """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch;
     ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``),
-    ``device_identity`` adds a learned state per device (``--device-identity``)."""
+    ``device_identity`` adds a learned state per device (``--device-identity``), ``distill_on_policy``
+    weighs distillation's labels in the greedy decode's own states (``--distill-on-policy``)."""
     import torch
 
     from doppler.cli.train_cmd import trainer_from_init
@@ -79,7 +80,7 @@ def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: in
 
     cfg = TrainConfig(stages=("sim",) if init else ("il", "sim"), episodes=episodes, seed=seed, checkpoint_every=10**9,
                       search_evals=INIT_SEARCH_EVALS if init else TrainConfig.search_evals,
-                      device_identity=device_identity)  # as `doppler train --init`
+                      device_identity=device_identity, distill_on_policy=distill_on_policy)  # as `doppler train --init`
     tr = trainer_from_init([graph], cl, cfg, init, op_features) if init else Trainer.create([graph], cl, cfg)
     t0 = time.perf_counter()
     tr.run(run_dir)
@@ -114,6 +115,9 @@ def main() -> None:
     ap.add_argument("--device-identity", action="store_true",
                     help="fine-tune with a learned state per device (doppler train --device-identity): the "
                     "fine-tuned column and the transfer's v100x8 stage")
+    ap.add_argument("--distill-on-policy", type=float, default=0.0,
+                    help="weight of distillation's labels in the greedy decode's own states, in every fine-tuning "
+                    "run (doppler train --distill-on-policy)")
     ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
     ap.add_argument("--out", default=None, help="write every number as JSON")
     ap.add_argument("--baselines-only", action="store_true", help="fill the --baselines cache and stop")
@@ -136,11 +140,13 @@ def main() -> None:
     def tune(g, cl, episodes: int, init: str | None, op_features: str | None = None, device_identity: bool = False):
         """``finetune`` once per setting (the first row and the transfer section share llama_layer / p100x4):
         (trainer, devices, seconds, run directory)."""
-        key = (g.fingerprint(), json.dumps(cl.to_json(), sort_keys=True), episodes, init, op_features, device_identity)
+        key = (g.fingerprint(), json.dumps(cl.to_json(), sort_keys=True), episodes, init, op_features, device_identity,
+               args.distill_on_policy)
         if key not in tuned:
             run_dir = work / f"run{len(tuned)}"
             tuned[key] = (*finetune(g, cl, episodes, init, run_dir, op_features=op_features,
-                                    device_identity=device_identity), run_dir)  # fmt: skip
+                                    device_identity=device_identity, distill_on_policy=args.distill_on_policy),
+                           run_dir)  # fmt: skip
         return tuned[key]
 
     if not args.baselines_only:

@@ -87,6 +87,36 @@ def test_distillation_ends_on_the_best_greedy_decode_it_passed_through():
         assert tr.distill_best is None
 
 
+def test_on_policy_distillation_labels_each_visited_op_with_its_best_device():
+    """DAgger for distillation: in the states the greedy decode visits, the label of the op at hand
+    is its device in the best assignment. Where the greedy decode is the best trajectory, that is
+    the device head's part of the teacher-forced replay; a small step on it raises the labels'
+    likelihood in the greedy decode's states (first order: any seed, any CPU)."""
+    from doppler.train import _greedy_rollout, _on_policy_nll
+
+    g = workloads.build("random", num_ops=40, seed=5)
+    for seed in (0, 1, 2):
+        tr = Trainer.create([g], cluster("p100x4"), TrainConfig(stages=("sim",), seed=seed, **SMALL))
+        task = tr.tasks[0]
+        enc = tr.policy.encode(task.features)
+        ro, _ = _greedy_rollout(task, enc)
+        task.best_order, task.best_step_device = ro.order[0].copy(), ro.step_device[0].copy()
+        task.best_assignment = ro.assignment[0].copy()
+        replay = rollout(task.features, enc, batch=1, mode="teacher", order=task.best_order,
+                         devices_by_step=task.best_step_device)  # fmt: skip
+        want = -evaluate_actions(enc, replay).logp_plc.mean()
+        assert torch.allclose(_on_policy_nll(task, enc, ro), want, rtol=1e-5)
+
+        rng = np.random.default_rng(seed)  # a best assignment that the greedy decode does not reach
+        task.best_assignment = (ro.assignment[0] + rng.integers(1, 4, g.num_ops)) % 4
+        before = float(_on_policy_nll(task, enc, ro))
+        tr._set_lr(1e-4)
+        tr.optimizer.zero_grad()
+        _on_policy_nll(task, enc, ro).backward()
+        tr.optimizer.step()
+        assert float(_on_policy_nll(task, tr.policy.encode(task.features), ro)) < before, seed
+
+
 class Interrupt(Exception):
     pass
 

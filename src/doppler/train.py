@@ -90,6 +90,7 @@ class TrainConfig:
     search_evals: int = 20_000  # simulator evaluations of each such search (simulated annealing, deterministic)
     distill_updates: int = 1000  # after Stage II, at most this many updates that teach the policy to decode
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
+    distill_on_policy: float = 0.0  # distillation also imitates the best device in the greedy decode's own states (DAgger)
     max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
     method: str = "doppler"  # doppler (both heads learned), doppler_sel or doppler_plc (one head; the other
@@ -154,6 +155,10 @@ class TrainConfig:
             value = float(getattr(self, name))
             if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):
                 raise TrainError(f"--{name.replace('_', '-')} must be a learning rate in (0, 1], got {getattr(self, name)}")
+        for name, flag in (("self_improve_coef", "self-improve"), ("distill_on_policy", "distill-on-policy")):
+            value = float(getattr(self, name))
+            if not (math.isfinite(value) and 0 <= value <= 100):
+                raise TrainError(f"--{flag} must be a weight in [0, 100], got {getattr(self, name)}")
         for name in ("search_every", "search_evals"):
             if int(getattr(self, name)) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -311,13 +316,17 @@ def imitation_loss(task: Task, ro: Rollout, enc, plc_mask: np.ndarray | None = N
     return loss, sel_agree, plc_agree
 
 
-def _greedy_makespan(task: Task, enc, plc_ties_only: bool = False) -> float:
+def _greedy_rollout(task: Task, enc, plc_ties_only: bool = False) -> tuple[Rollout, float]:
     """Decode greedily (no gradients), score it with the task's oracle, keep it if it is the best."""
     with torch.no_grad():
         ro = rollout(task.features, enc, batch=1, mode="greedy", plc_ties_only=plc_ties_only)
     mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
     task.record(ro, mk)
-    return float(mk[0])
+    return ro, float(mk[0])
+
+
+def _greedy_makespan(task: Task, enc, plc_ties_only: bool = False) -> float:
+    return _greedy_rollout(task, enc, plc_ties_only)[1]
 
 
 def _best_nll(task: Task, enc) -> torch.Tensor:
@@ -327,6 +336,17 @@ def _best_nll(task: Task, enc) -> torch.Tensor:
     sb = evaluate_actions(enc, best)
     w_sel, w_plc = enc.head_weights()
     return -(w_sel * sb.logp_sel + w_plc * sb.logp_plc).mean()
+
+
+def _on_policy_nll(task: Task, enc, ro: Rollout) -> torch.Tensor:
+    """Per-step negative log-likelihood of the best assignment's device for each op, in the states the
+    greedy decode ``ro`` visited (DAgger for distillation): where the decode has left the best
+    trajectory, the teacher-forced replay no longer shows the device head the states it meets. A
+    makespan depends only on the assignment, so the best device of the op at hand is the label in
+    any state."""
+    sb = evaluate_actions(enc, ro)
+    label = torch.from_numpy(task.best_assignment[ro.order[0]]).to(sb.plc_logp.device)
+    return -sb.plc_logp[0].gather(1, label.unsqueeze(1)).mean()
 
 
 def advantages(cost: np.ndarray, task: Task, cfg: TrainConfig) -> np.ndarray:
@@ -576,9 +596,11 @@ class Trainer:
         k = len(self.tasks)
         for task in self.tasks:
             enc = self.policy.encode(task.features)
-            mk_greedy = _greedy_makespan(task, enc)
+            ro, mk_greedy = _greedy_rollout(task, enc)
             matched &= mk_greedy <= task.best_makespan_s * (1 + 1e-9)
             loss = _best_nll(task, enc)
+            if self.cfg.distill_on_policy > 0:
+                loss = loss + self.cfg.distill_on_policy * _on_policy_nll(task, enc, ro)
             (loss / k).backward()
             stats["loss_distill"] += float(loss.detach()) / k
             stats["greedy_ratio"] += mk_greedy / task.lower_bound_s / k

@@ -102,10 +102,11 @@ def test_warm_start_none_turns_it_off(tmp_path: Path, trained) -> None:
 def test_local_search_options_reach_the_config(tmp_path: Path, trained) -> None:
     _, g, _, _, _ = trained
     res = run("train", g, "-c", "unit:2", "--stages", "il,sim", "--il-episodes", "8", "--episodes", "8", "--batch", "4",
-              "--search-every", "4", "--search-evals", "200", "-o", tmp_path / "R", "--json")  # fmt: skip
+              "--search-every", "4", "--search-evals", "200", "--distill-on-policy", "0.5", "-o", tmp_path / "R",
+              "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     cfg = json.loads((tmp_path / "R" / "config.json").read_text())
-    assert (cfg["search_every"], cfg["search_evals"]) == (4, 200)
+    assert (cfg["search_every"], cfg["search_evals"], cfg["distill_on_policy"]) == (4, 200, 0.5)
 
 
 def test_train_human_summary(tmp_path: Path, trained) -> None:
@@ -184,12 +185,14 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--warm-start", "heft,nosuch"), ["warm start", "nosuch"]),
         (("--search-every", "-1"), ["--search-every"]),
         (("--threads", "0"), ["--threads"]),
+        (("--distill-on-policy", "nan"), ["--distill-on-policy"]),
+        (("--self-improve", "-1"), ["--self-improve"]),
         (("--stages", "il,real", "--engine", "dask", "--device-type", "cuda"), ["cuda", "dask"]),
         pytest.param(("--stages", "il,real", "--device-type", "cuda"), ["no CUDA device"],
                      marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     ],
     ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "list-schedule", "list-schedule-gdp", "list-schedule-lookahead", "list-schedule-init", "episodes-0", "batch-0", "baseline",
-         "warm-start", "search-every", "threads-0", "dask-cuda", "cuda-without-gpu"],
+         "warm-start", "search-every", "threads-0", "distill-on-policy-nan", "self-improve-negative", "dask-cuda", "cuda-without-gpu"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained

@@ -112,6 +112,7 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' (default: critical_path,heft,metis,enumerative,round_robin_block)."),
     search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off (default: 500)."),
+    distill_on_policy: Optional[float] = typer.Option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 0). Measured on a 973-op graph, docs/generalization.md."),
     search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000; with --init: 100000)."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run (default: 64)."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
@@ -132,6 +133,7 @@ def train_cmd(
 
         try:
             given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
+                     "distill_on_policy": distill_on_policy,
                      "real_episodes": real_episodes, "search_every": search_every, "torch_threads": threads,
                      "search_evals": search_evals if search_evals is not None or init is None else INIT_SEARCH_EVALS,
                      "sim_seed_methods": None if warm_start is None else
