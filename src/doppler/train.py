@@ -325,10 +325,6 @@ def _greedy_rollout(task: Task, enc, plc_ties_only: bool = False) -> tuple[Rollo
     return ro, float(mk[0])
 
 
-def _greedy_makespan(task: Task, enc, plc_ties_only: bool = False) -> float:
-    return _greedy_rollout(task, enc, plc_ties_only)[1]
-
-
 def _best_nll(task: Task, enc) -> torch.Tensor:
     """Per-step negative log-likelihood of the best trajectory so far (the self-improvement term)."""
     best = rollout(task.features, enc, batch=1, mode="teacher", order=task.best_order,
@@ -535,7 +531,7 @@ class Trainer:
             adv = torch.from_numpy(advantages(cost, task, cfg)).float().to(self.policy.device)
             task.record(ro, mk)
             with self._phase("greedy"):  # the same encoder pass: one cheap greedy decode
-                task.greedy_ratio = _greedy_makespan(task, enc, cfg.plc_ties_only) / task.lower_bound_s
+                task.greedy_ratio = _greedy_rollout(task, enc, cfg.plc_ties_only)[1] / task.lower_bound_s
                 stats["greedy_ratio"] += task.greedy_ratio / k
             stats["mean_ratio"] += float(cost.mean()) / k
             stats["best_ratio"] += task.best_makespan_s / task.lower_bound_s / k
