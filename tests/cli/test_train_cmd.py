@@ -236,6 +236,7 @@ def test_assign_bad_inputs_exit_2(tmp_path: Path, trained) -> None:
     ckpt = run_dir / "checkpoint.pt"
     out = tmp_path / "a.json"
     assert_usage_error(_assign(g, out, "--checkpoint", ckpt, "--samples", "0"), "--samples")
+    assert_usage_error(_assign(g, out, "--samples", "100000000"), "--samples", "1,000,000")  # not 715 GiB of uniforms
     res = _assign(g, tmp_path / "shipped.json")  # no --checkpoint: the shipped pretrained policy, and it says so
     assert res.exit_code == 0 and "zero-shot" in res.stdout and "pretrained" in res.stdout, res.output
     assert_usage_error(_assign(g, out, "--checkpoint", tmp_path / "nope.pt"), "nope.pt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from doppler import cluster, workloads
 from doppler.methods import MethodError, assign
@@ -110,6 +111,35 @@ def test_samples_drawn_in_chunks_are_the_samples_of_one_batch():
     rng = np.random.default_rng(4)
     chunks = [make_plan(30, batch=4, mode="sample", rng=rng) for _ in range(3)]
     np.testing.assert_array_equal(one.uniforms, np.concatenate([c.uniforms for c in chunks]))
+
+
+def test_samples_in_batches_keep_the_best_of_greedy_and_every_sample(tiny_ckpt, monkeypatch):
+    import doppler.policy.method as method
+    from doppler.policy.checkpoint import load_policy
+    from doppler.policy.decode import make_plan
+    from doppler.policy.features import graph_features
+    from doppler.policy.rollout import run_plan
+    from doppler.simulate import simulate_many
+
+    g, cl = workloads.build("random", num_ops=40, seed=2), cluster("p100x4")
+    policy, _ = load_policy(tiny_ckpt)
+    gf = graph_features(g, cl)
+    with torch.no_grad():
+        enc = policy.encode(gf)
+        greedy = run_plan(gf, enc, make_plan(gf.num_ops, batch=1, mode="greedy")).assignment
+        drawn = run_plan(gf, enc, make_plan(gf.num_ops, batch=7, mode="sample", rng=np.random.default_rng(5))).assignment
+    every = simulate_many(g, cl, np.concatenate([greedy, drawn]))
+    for batch in (1, 3, 7):  # batches of 1, a remainder, and one batch
+        monkeypatch.setattr(method, "SAMPLES_BATCH", batch)
+        a = assign(g, cl, "doppler", checkpoint=tiny_ckpt, samples=7, seed=5, plc_ties_only=False)
+        assert a.info["samples"] == 7
+        assert a.estimated_makespan_s == pytest.approx(every.min(), rel=1e-12)
+
+
+@pytest.mark.parametrize("k", [0, -2, 1_000_001])
+def test_samples_out_of_range_are_refused(tiny_ckpt, k):
+    with pytest.raises(MethodError, match="--samples"):
+        assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", checkpoint=tiny_ckpt, samples=k)
 
 
 def test_budget_must_be_positive(tiny_ckpt):

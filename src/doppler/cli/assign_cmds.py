@@ -38,9 +38,7 @@ def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int], plc_ties:
         kw["plc_ties_only"] = plc_ties
     if checkpoint is not None:
         kw["checkpoint"] = checkpoint
-    if samples is not None:
-        if samples < 1:
-            raise UserError(f"--samples must be >= 1, got {samples}")
+    if samples is not None:  # (the method checks its range)
         kw["samples"] = samples
     return kw
 

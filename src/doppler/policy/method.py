@@ -30,6 +30,10 @@ MEASURED_GUIDED_SHARE = 0.3
 #: samples drawn for the start set of ``--budget-s`` search (one encoder pass, batches of SAMPLE_CHUNK)
 SEARCH_SAMPLES = 32
 SAMPLE_CHUNK = 4
+#: ``--samples K`` is drawn and simulated in batches of this many, keeping the best, so that memory
+#: stays bounded (one batch of 10^8 asked for 715 GiB); K may not exceed MAX_SAMPLES
+SAMPLES_BATCH = 256
+MAX_SAMPLES = 1_000_000
 #: the policy (encoder, greedy decode, samples) stops drawing samples once it has used this share of
 #: ``--budget-s``: on 3,000 ops 32 samples took 4.1 of 5 s, and left the annealer 0.3 s
 SEARCH_SAMPLE_SHARE = 0.1
@@ -75,8 +79,9 @@ def doppler_method(
     from the policy's device preferences). ``plc_ties_only``: the device head only breaks the ties of
     its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
     ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
-    if samples is not None and samples < 1:
-        raise MethodError(f"--samples must be >= 1, got {samples}")
+    if samples is not None and not 1 <= samples <= MAX_SAMPLES:
+        raise MethodError(f"--samples must be between 1 and {MAX_SAMPLES:,}, got {samples} (for a longer search give "
+                          "--budget-s)")  # fmt: skip
     if plc_ties_only and method != "doppler":
         raise MethodError(f"--plc-ties is a decode of DOPPLER's dual policy, not of {method}")
     t0 = time.perf_counter()
@@ -133,9 +138,12 @@ def doppler_method(
                 return run_plan(gf, enc, plan)
     ro = decode(greedy)
     decoded = [ro.assignment]
-    if samples:  # exactly K, in one batch
-        decoded.append(decode(make_plan(gf.num_ops, batch=samples, mode="sample", rng=rng,
-                                        plc_ties_only=ties_only)).assignment)  # fmt: skip
+    if samples:  # exactly K, in batches (the same uniforms as one batch), keeping the best so far
+        for start in range(0, samples, SAMPLES_BATCH):
+            batch = np.concatenate([decoded[0], decode(make_plan(
+                gf.num_ops, batch=min(SAMPLES_BATCH, samples - start), mode="sample", rng=rng,
+                plc_ties_only=ties_only)).assignment])  # fmt: skip
+            decoded[0] = batch[[int(np.argmin(simulate_many(graph, cluster, batch)))]]
     elif budget_s:  # up to SEARCH_SAMPLES while the policy has used less than its share of the budget
         k = 0  # (batches of SAMPLE_CHUNK draw the same uniforms, in the same order, as one batch)
         while k < SEARCH_SAMPLES and time.perf_counter() - t_policy < SEARCH_SAMPLE_SHARE * budget_s:
@@ -149,7 +157,8 @@ def doppler_method(
             prefs = device_preferences(gf, enc, ro)
     makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
-    info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": len(candidates) - 1, "checkpoint": str(path),
+    drawn = samples or len(candidates) - 1
+    info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": drawn, "checkpoint": str(path),
             "plc_ties_only": ties_only}  # fmt: skip
     if not budget_s:
         return Assignment(devices=candidates[best], estimated_makespan_s=float(makespans[best]), info=info)
