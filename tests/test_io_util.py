@@ -57,6 +57,19 @@ def test_writing_to_a_directory_or_an_unwritable_place_names_the_given_path(tmp_
     assert not list(tmp_path.iterdir())  # no temporary file left behind
 
 
+def test_a_run_directory_is_created_or_refused_with_its_path(tmp_path) -> None:
+    from doppler.io_util import OutputPathError, make_run_dir
+
+    assert make_run_dir(tmp_path / "a" / "b").is_dir()
+    assert make_run_dir(tmp_path / "a" / "b").is_dir()  # an existing directory is fine
+    (tmp_path / "f").write_text("x")
+    for given in (tmp_path / "f", tmp_path / "f" / "run"):
+        with pytest.raises(OutputPathError, match=rf"^{given}: cannot hold a run \({tmp_path / 'f'} is a file"):
+            make_run_dir(given)
+    with pytest.raises(OutputPathError, match=r"^/proc/doppler-run: cannot create"):
+        make_run_dir("/proc/doppler-run")
+
+
 def test_write_json_writes_numpy_values_atomically(tmp_path):
     p = tmp_path / "sub" / "x.json"
     write_json(p, {"a": np.arange(3), 4: np.float32(0.5), "b": (np.int64(2),)}, indent=1)

@@ -230,12 +230,17 @@ def test_pretrain_and_init_bad_input_exit_2(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--resume"), "no checkpoint")
     for bad in ("0", "-1e-3", "nan", "2"):
         _usage_error(_run("pretrain", "-o", tmp_path / "x", "--il-lr", bad), "--il-lr")
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--seed", "-5"), "--seed")
     assert not (tmp_path / "x").exists()
+    (tmp_path / "file").write_text("")
+    _usage_error(_run("pretrain", "-o", tmp_path / "file", "--budget-h", "0.001"), "file", "not a directory")
     g = tmp_path / "g.json"
     assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
     _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "-o", tmp_path / "r"), "not a readable doppler checkpoint")
     _usage_error(_run("train", g, "-c", "unit:2", "--init", tmp_path / "missing.pt", "-o", tmp_path / "r"), "no such")
     _usage_error(_run("train", g, "-c", "unit:2", "--init", g, "--resume", "-o", tmp_path / "r"), "--init")
+    _usage_error(_run("train", g, "-c", "unit:2", "--episodes", "4", "--il-episodes", "2", "-o", tmp_path / "file"),
+                 "file", "not a directory")  # fmt: skip
 
 
 def test_init_continues_a_pretrained_policy_in_the_zero_shot_action_space(tmp_path):

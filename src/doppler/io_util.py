@@ -81,6 +81,23 @@ class OutputPathError(ValueError):
     """An output path cannot be written; the message names the path the user gave and why."""
 
 
+def make_run_dir(path: str | Path) -> Path:
+    """Create a run directory (and its parents) before a run starts, or raise an
+    :class:`OutputPathError` that names it: a file in its place, or a directory that cannot be
+    created or written."""
+    p = Path(path)
+    blocking = next((a for a in (p, *p.parents) if a.exists() and not a.is_dir()), None)
+    if blocking is not None:
+        raise OutputPathError(f"{path}: cannot hold a run ({blocking} is a file, not a directory)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputPathError(f"{path}: cannot create the run directory ({e.strerror or e})") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{path}: the run directory is not writable")
+    return p
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one.
 

@@ -89,6 +89,7 @@ class Pretrainer:
     def create(cls, cfg: TrainConfig, budget_s: float, checkpoint_every_s: float = 180.0) -> "Pretrainer":
         if not budget_s > 0:
             raise TrainError(f"--budget-h must be > 0, got {budget_s / 3600:g}")
+        cfg.validate()  # before the corpus stream is seeded from it
         corpus_rng = np.random.default_rng(cfg.seed + 1)  # separate from the trainer's rollout stream
         g, c = sample_pair(corpus_rng)
         return cls(Trainer.create([g], c, cfg), budget_s, corpus_rng, checkpoint_every_s=checkpoint_every_s)

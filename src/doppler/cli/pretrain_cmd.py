@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from doppler.io_util import make_run_dir
 from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress
 
 
@@ -63,7 +64,7 @@ def pretrain_cmd(
                                        budget_h * 3600)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
-        output.mkdir(parents=True, exist_ok=True)
+        make_run_dir(output)
         t0 = time.perf_counter()
         ref = "HEFT" if pt.cfg.sim_seed_methods == ("heft",) else "best cheap"
 

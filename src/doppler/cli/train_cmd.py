@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 
+from doppler.io_util import make_run_dir
 from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress
 
 
@@ -152,7 +153,7 @@ def train_cmd(
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
-        output.mkdir(parents=True, exist_ok=True)
+        make_run_dir(output)
         t0 = time.perf_counter()
         _run_with_progress(trainer, output, quiet=json_out)
         elapsed = time.perf_counter() - t0
