@@ -64,7 +64,7 @@ def test_a_run_directory_is_created_or_refused_with_its_path(tmp_path) -> None:
     assert make_run_dir(tmp_path / "a" / "b").is_dir()  # an existing directory is fine
     (tmp_path / "f").write_text("x")
     for given in (tmp_path / "f", tmp_path / "f" / "run"):
-        with pytest.raises(OutputPathError, match=rf"^{given}: cannot hold a run \({tmp_path / 'f'} is a file"):
+        with pytest.raises(OutputPathError, match=rf"^{given}: cannot be an output directory \({tmp_path / 'f'} is a file"):
             make_run_dir(given)
     with pytest.raises(OutputPathError, match=r"^/proc/doppler-run: cannot create"):
         make_run_dir("/proc/doppler-run")

@@ -88,13 +88,13 @@ def make_run_dir(path: str | Path) -> Path:
     p = Path(path)
     blocking = next((a for a in (p, *p.parents) if a.exists() and not a.is_dir()), None)
     if blocking is not None:
-        raise OutputPathError(f"{path}: cannot hold a run ({blocking} is a file, not a directory)")
+        raise OutputPathError(f"{path}: cannot be an output directory ({blocking} is a file, not a directory)")
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OutputPathError(f"{path}: cannot create the run directory ({e.strerror or e})") from None
+        raise OutputPathError(f"{path}: cannot create the directory ({e.strerror or e})") from None
     if not os.access(p, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{path}: the run directory is not writable")
+        raise OutputPathError(f"{path}: the directory is not writable")
     return p
 
 

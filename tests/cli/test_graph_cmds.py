@@ -125,6 +125,12 @@ def test_demo_rejects_bad_budget() -> None:
     assert res.exit_code == 2 and "--budget-s" in res.stderr
 
 
+def test_demo_refuses_an_output_directory_that_is_a_file_before_any_work(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    res = run("demo", "--out", str(tmp_path / "f" / "demo"))
+    assert res.exit_code == 2 and "is a file, not a directory" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
 def test_convert_to_text_needs_integer_costs_or_round(tmp_path: Path) -> None:
     from doppler import workloads
     from doppler.formats import load_graph, save_graph

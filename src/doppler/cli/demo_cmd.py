@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from doppler.io_util import make_run_dir
 from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, live_progress
 
 DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal")
@@ -39,6 +40,7 @@ def demo_cmd(
             raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
         methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
+        make_run_dir(out_dir)  # before minutes of work, not when the first picture is written
         with live_progress(lambda ev: ev.stats["step"]) as on_progress:
             steps = [0]
 
