@@ -97,8 +97,13 @@ def test_every_kind_of_bad_input_path_is_one_clear_error(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "gone.json")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
     (tmp_path / "bad.json").write_text('{\n  "a": [1,\n}')
+    os.mkfifo(tmp_path / "fifo.json")  # opening it would block until a writer comes: never
+    (tmp_path / "zero.json").symlink_to("/dev/zero")  # reading it would never end
+    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
     cases = [(tmp_path / "missing.json", "no such graph file$"), (tmp_path / "dir", "is a directory, not a graph file"),
-             (tmp_path / "link", r"no such graph file \(a broken link\)"), (tmp_path / "bin.json", "not a text file")]
+             (tmp_path / "link", r"no such graph file \(a broken link\)"), (tmp_path / "bin.json", "not a text file"),
+             (tmp_path / "fifo.json", "fifo.json: not a regular file"), (tmp_path / "zero.json", "zero.json: not a regular file"),
+             (tmp_path / "loop.json", "loop.json: cannot read")]
     for path, msg in cases:
         with pytest.raises(Bad, match=msg):
             read_text(path, "graph file", Bad)

@@ -42,8 +42,11 @@ def check_seed(seed: Any, error: type[Exception] = ValueError, name: str = "the 
 
 def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
     """The text of an input file, or ``error`` naming the path and why not (missing, a directory,
-    unreadable, not text). ``what`` names the kind of file in the message ("graph file", ...)."""
+    unreadable, not text, not a regular file: a FIFO or a device would block or never end).
+    ``what`` names the kind of file in the message ("graph file", ...)."""
     p = Path(path)
+    if p.exists() and not p.is_dir() and not p.is_file():
+        raise error(f"{p}: not a regular file (a pipe, socket or device), not a {what}")
     try:
         return p.read_text()
     except FileNotFoundError:

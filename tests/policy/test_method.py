@@ -79,6 +79,11 @@ def test_missing_checkpoint_paths_are_clear_errors(tmp_path):
         assign(g, cl, "doppler", checkpoint=tmp_path / "gone.pt")
     with pytest.raises(MethodError, match="a directory without checkpoint.pt"):
         assign(g, cl, "doppler", checkpoint=tmp_path)
+    import os
+
+    os.mkfifo(tmp_path / "pipe.pt")  # torch.load would block on it
+    with pytest.raises(MethodError, match="pipe.pt: not a regular file"):
+        assign(g, cl, "doppler", checkpoint=tmp_path / "pipe.pt")
 
 
 @pytest.mark.parametrize("share", [0.0, 0.3])

@@ -66,7 +66,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"{path}: a directory without checkpoint.pt (give a checkpoint file or a run directory)")
         p = p / "checkpoint.pt"
     if not p.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint")
+        what = "not a regular file (a pipe, socket or device)" if p.exists() else "no such checkpoint"
+        raise CheckpointError(f"{path}: {what}")
     import torch
 
     try:
