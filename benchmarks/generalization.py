@@ -68,7 +68,7 @@ def seeded(fn, seeds: int) -> tuple[float, float]:
 
 
 def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None,
-             device_identity: bool = False, distill_on_policy: float = 0.0):  # fmt: skip
+             device_identity: bool = False, distill_on_policy: float | None = None):  # fmt: skip
     """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch;
     ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``),
     ``device_identity`` adds a learned state per device (``--device-identity``), ``distill_on_policy``
@@ -115,9 +115,9 @@ def main() -> None:
     ap.add_argument("--device-identity", action="store_true",
                     help="fine-tune with a learned state per device (doppler train --device-identity): the "
                     "fine-tuned column and the transfer's v100x8 stage")
-    ap.add_argument("--distill-on-policy", type=float, default=0.0,
+    ap.add_argument("--distill-on-policy", type=float, default=None,
                     help="weight of distillation's labels in the greedy decode's own states, in every fine-tuning "
-                    "run (doppler train --distill-on-policy)")
+                    "run (doppler train --distill-on-policy; default: 1 with --device-identity, else 0)")
     ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
     ap.add_argument("--out", default=None, help="write every number as JSON")
     ap.add_argument("--baselines-only", action="store_true", help="fill the --baselines cache and stop")

@@ -109,12 +109,34 @@ def test_on_policy_distillation_labels_each_visited_op_with_its_best_device():
 
         rng = np.random.default_rng(seed)  # a best assignment that the greedy decode does not reach
         task.best_assignment = (ro.assignment[0] + rng.integers(1, 4, g.num_ops)) % 4
-        before = float(_on_policy_nll(task, enc, ro))
+        before = float(_on_policy_nll(task, enc, ro).detach())
         tr._set_lr(1e-4)
         tr.optimizer.zero_grad()
         _on_policy_nll(task, enc, ro).backward()
         tr.optimizer.step()
-        assert float(_on_policy_nll(task, tr.policy.encode(task.features), ro)) < before, seed
+        assert float(_on_policy_nll(task, tr.policy.encode(task.features), ro).detach()) < before, seed
+
+
+def test_the_on_policy_term_is_on_by_default_only_with_device_identity(monkeypatch):
+    """Without device identity the term's labels name devices the head cannot tell from their renamed
+    copies (measured: it slowed or stopped distillation); with it, it is on unless set."""
+    import doppler.train as train
+
+    assert TrainConfig().on_policy_weight == 0.0 and TrainConfig(device_identity=True).on_policy_weight == 1.0
+    assert TrainConfig(device_identity=True, distill_on_policy=0.0).on_policy_weight == 0.0
+    assert TrainConfig(distill_on_policy=0.5).on_policy_weight == 0.5
+    calls = []
+    real = train._on_policy_nll
+    monkeypatch.setattr(train, "_on_policy_nll", lambda *a: calls.append(1) or real(*a))
+    g = workloads.build("random", num_ops=24, seed=1)
+    for identity, want in ((False, 0), (True, 1)):
+        calls.clear()
+        tr = Trainer.create([g], cluster("p100x4"), TrainConfig(stages=("sim",), device_identity=identity, **SMALL))
+        task = tr.tasks[0]
+        train._greedy_rollout(task, tr.policy.encode(task.features))  # a best trajectory to distil
+        task.best_makespan_s *= 0.5  # that the greedy decode does not match yet
+        tr.distill_update()
+        assert len(calls) == want, identity
 
 
 class Interrupt(Exception):

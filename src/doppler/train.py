@@ -90,7 +90,9 @@ class TrainConfig:
     search_evals: int = 20_000  # simulator evaluations of each such search (simulated annealing, deterministic)
     distill_updates: int = 1000  # after Stage II, at most this many updates that teach the policy to decode
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
-    distill_on_policy: float = 0.0  # distillation also imitates the best device in the greedy decode's own states (DAgger)
+    # distillation also imitates the best device in the greedy decode's own states (DAgger), with this
+    # weight; None: 1 with device_identity, else 0 (see on_policy_weight)
+    distill_on_policy: float | None = None
     max_grad_norm: float = 5.0  # gradient clipping
     teacher: str = "critical_path"  # Stage I teacher of PLC (SEL always imitates b-level order)
     method: str = "doppler"  # doppler (both heads learned), doppler_sel or doppler_plc (one head; the other
@@ -122,6 +124,18 @@ class TrainConfig:
     torch_threads: int = 2  # intra-op threads (2 beat 1 by 1.5x on a 2-core machine, benchmarks/train_speed.py; two
     # processes with 2 each on 2 cores run ~17x slower than one: use 1 there)
     device: str = "cpu"  # where the networks run (cpu, cuda); rollouts and the simulator stay on the CPU
+
+    @property
+    def on_policy_weight(self) -> float:
+        """Weight of distillation's on-policy term. By default it is on only where the device head can
+        tell devices apart (``device_identity``): the term names the best assignment's devices, and
+        without identity the head cannot keep them apart from their renamed copies, so the labels fight
+        the replay. On the paper graphs (p100x4) without identity the term made distillation take
+        1.4-7x the updates, or not match in 1,000; with identity it matched in fewer updates, and at
+        973 ops it took the decode from 1.25x to 1.01x its best (docs/generalization.md)."""
+        if self.distill_on_policy is not None:
+            return float(self.distill_on_policy)
+        return 1.0 if self.device_identity else 0.0
 
     def validate(self) -> None:
         unknown = [s for s in self.stages if s not in STAGES]
@@ -156,6 +170,8 @@ class TrainConfig:
             if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):
                 raise TrainError(f"--{name.replace('_', '-')} must be a learning rate in (0, 1], got {getattr(self, name)}")
         for name, flag in (("self_improve_coef", "self-improve"), ("distill_on_policy", "distill-on-policy")):
+            if getattr(self, name) is None:
+                continue
             value = float(getattr(self, name))
             if not (math.isfinite(value) and 0 <= value <= 100):
                 raise TrainError(f"--{flag} must be a weight in [0, 100], got {getattr(self, name)}")
@@ -595,8 +611,8 @@ class Trainer:
             ro, mk_greedy = _greedy_rollout(task, enc)
             matched &= mk_greedy <= task.best_makespan_s * (1 + 1e-9)
             loss = _best_nll(task, enc)
-            if self.cfg.distill_on_policy > 0:
-                loss = loss + self.cfg.distill_on_policy * _on_policy_nll(task, enc, ro)
+            if self.cfg.on_policy_weight > 0:
+                loss = loss + self.cfg.on_policy_weight * _on_policy_nll(task, enc, ro)
             (loss / k).backward()
             stats["loss_distill"] += float(loss.detach()) / k
             stats["greedy_ratio"] += mk_greedy / task.lower_bound_s / k
