@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -258,6 +259,28 @@ class Task:
             self.best_assignment = ro.assignment[b].copy()
 
 
+def _reproducible(update):
+    """Run a training update with torch's deterministic CPU kernels, then restore the flag. With two
+    or more threads a parallel reduction in a CPU kernel otherwise adds in another order from run to
+    run: same-seed runs differed in the seventh digit of their first losses, then took different
+    trajectories. The flag is process-wide (and on CUDA it makes cuBLAS raise), so it is held only
+    for the update and only on the CPU."""
+
+    @functools.wraps(update)
+    def run(self, *args, **kwargs):
+        if torch.device(self.cfg.device).type != "cpu":
+            return update(self, *args, **kwargs)
+        before = torch.are_deterministic_algorithms_enabled()
+        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            return update(self, *args, **kwargs)
+        finally:
+            torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+    return run
+
+
 def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: CostOracle | None = None) -> Task:
     """A training graph. With a teacher other than critical_path, that method's assignment
     (along the b-level order) is the Stage I target and the first best-so-far."""
@@ -433,6 +456,7 @@ class Trainer:
         return trainer
 
     # ------------------------------------------------------------------ stage I
+    @_reproducible
     def imitation_update(self) -> dict[str, float]:
         cfg = self.cfg
         self._set_lr(cfg.il_lr)
@@ -526,6 +550,7 @@ class Trainer:
             task.best_makespan_s, task.best_assignment = float(makespans_s[b]), cands[b].copy()
             task.best_order, task.best_step_device = order, cands[b][order]
 
+    @_reproducible
     def _reinforce(self, lr: float, eps: float) -> dict[str, float]:
         """Sample ``batch`` episodes per graph, score them, then ``update_epochs`` gradient steps
         on them (the first is plain REINFORCE; later ones use PPO's clipped per-step ratio)."""
@@ -598,6 +623,7 @@ class Trainer:
                 "old_logp": logp.detach() if old_logp is None else old_logp}  # fmt: skip
 
     # ------------------------------------------------------------------ distillation
+    @_reproducible
     def distill_update(self) -> dict[str, float]:
         """One step of imitating each graph's best assignment so far (replayed in teacher mode);
         stops the stage once the greedy decode is as good as that assignment on every graph."""
