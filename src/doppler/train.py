@@ -264,11 +264,12 @@ def _reproducible(update):
     or more threads a parallel reduction in a CPU kernel otherwise adds in another order from run to
     run: same-seed runs differed in the seventh digit of their first losses, then took different
     trajectories. The flag is process-wide (and on CUDA it makes cuBLAS raise), so it is held only
-    for the update and only on the CPU."""
+    for the update, and only where both the policy and Stage III's engine devices are CPUs (the
+    engine runs its kernels in this process, inside the update)."""
 
     @functools.wraps(update)
     def run(self, *args, **kwargs):
-        if torch.device(self.cfg.device).type != "cpu":
+        if torch.device(self.cfg.device).type != "cpu" or self.cfg.engine_device_type != "cpu":
             return update(self, *args, **kwargs)
         before = torch.are_deterministic_algorithms_enabled()
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
