@@ -84,12 +84,17 @@ class OutputPathError(ValueError):
     """An output path cannot be written; the message names the path the user gave and why."""
 
 
+def _file_in_the_way(paths) -> Path | None:
+    """The first of ``paths`` that exists and is not a directory (a file where a directory must go)."""
+    return next((a for a in paths if a.exists() and not a.is_dir()), None)
+
+
 def make_run_dir(path: str | Path) -> Path:
     """Create a run directory (and its parents) before a run starts, or raise an
     :class:`OutputPathError` that names it: a file in its place, or a directory that cannot be
     created or written."""
     p = Path(path)
-    blocking = next((a for a in (p, *p.parents) if a.exists() and not a.is_dir()), None)
+    blocking = _file_in_the_way((p, *p.parents))
     if blocking is not None:
         raise OutputPathError(f"{path}: cannot be an output directory ({blocking} is a file, not a directory)")
     try:
@@ -109,7 +114,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     p = Path(path)
     if p.is_dir():
         raise OutputPathError(f"{path}: is a directory (give a file name)")
-    blocking = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+    blocking = _file_in_the_way(p.parents)
     if blocking is not None:
         raise OutputPathError(f"{path}: cannot write here ({blocking} is a file, not a directory)")
     try:

@@ -132,7 +132,7 @@ class TrainConfig:
         tell devices apart (``device_identity``): the term names the best assignment's devices, and
         without identity the head cannot keep them apart from their renamed copies, so the labels fight
         the replay. On the paper graphs (p100x4) without identity the term made distillation take
-        1.4-7x the updates, or not match in 1,000; with identity it matched in fewer updates, and at
+        1.5-7x the updates, or not match in 1,000; with identity it matched in fewer updates, and at
         973 ops it took the decode from 1.25x to 1.01x its best (docs/generalization.md)."""
         if self.distill_on_policy is not None:
             return float(self.distill_on_policy)
