@@ -1,13 +1,22 @@
 """A new user's first call: ``doppler assign G -c C --method doppler`` in a fresh process.
 
-    python benchmarks/cold_assign.py [--repeats 5] [--graphs llama_layer,ffnn] [--cluster v100x8]
+    python benchmarks/cold_assign.py [--repeats 5] [--cases llama_layer,ffnn,llama_block,llama_layer-973/h100x8]
 
-With the shipped policy and no ``--checkpoint``, ``assign`` decodes with the policy's numpy twin
-(:mod:`doppler.policy.infer`) and never imports torch. Passing the same shipped checkpoint as
-``--checkpoint`` takes the torch path. Both are run in turn, in fresh processes, on the same
-graphs; the script prints the median wall time of the whole command and the ``assign`` time it
-reports (which leaves out the CLI's own imports), and the ratio torch / numpy. Both paths give the
-same assignment (checked here too).
+Three ways of running the same command, each in fresh processes, interleaved (a noisy machine slows
+all three alike):
+
+* ``python``: the command as a user runs it. With the shipped policy and no ``--checkpoint``, the
+  encoder runs in numpy (:mod:`doppler.policy.infer`, no torch) and, for one greedy decode of up to
+  ``PYTHON_DECODE_MAX_OPS`` ops, the kernels run as Python with their numpy twins (no numba:
+  :mod:`doppler._jit`);
+* ``numba``: the same command after ``doppler._jit.start()``, i.e. compiled kernels loaded from
+  numba's on-disk cache (what the command did before the kernels could run as Python);
+* ``torch``: the same shipped checkpoint given as ``--checkpoint``, loaded with torch.
+
+It prints, per case, the median wall time of the whole process and the ``assign`` time the command
+reports (which leaves out Python's start and the imports), and whether all three wrote the same
+assignment. A case is a workload name (on ``--cluster``) or a held-out case name
+(``doppler.corpus.held_out_split``), e.g. ``llama_layer-973/h100x8``.
 """
 
 from __future__ import annotations
@@ -23,19 +32,25 @@ import time
 from pathlib import Path
 
 from doppler import workloads
+from doppler.corpus import held_out_split
 from doppler.formats import save_graph
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT
 
+#: the command after numba has started: what ``doppler assign`` did before its kernels could run as Python
+NUMBA_FIRST = "import sys; from doppler._jit import start; start(); from doppler.cli import main; sys.argv[0] = 'doppler'; main()"
+WAYS = ("python", "numba", "torch")
 
-def run_once(graph: Path, cluster: str, out: Path, checkpoint: Path | None) -> tuple[float, float, list[int]]:
-    cmd = [sys.executable, "-m", "doppler", "assign", str(graph), "-c", cluster, "--method", "doppler", "-o", str(out)]
-    if checkpoint is not None:
-        cmd += ["--checkpoint", str(checkpoint)]
+
+def run_once(way: str, graph: Path, cluster: str, out: Path) -> tuple[float, float, list[int]]:
+    args = ["assign", str(graph), "-c", cluster, "--method", "doppler", "-o", str(out)]
+    if way == "torch":
+        args += ["--checkpoint", str(PRETRAINED_CHECKPOINT)]
+    head = [sys.executable, "-c", NUMBA_FIRST] if way == "numba" else [sys.executable, "-m", "doppler"]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(head + args, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-300:]}")
+        raise SystemExit(f"{' '.join(head + args)} failed: {done.stderr.strip()[-300:]}")
     reported = float(re.search(r" in ([0-9.]+) s", done.stdout + done.stderr).group(1))
     return wall, reported, json.loads(out.read_text())["assignment"]
 
@@ -43,28 +58,33 @@ def run_once(graph: Path, cluster: str, out: Path, checkpoint: Path | None) -> t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--graphs", default="llama_layer,ffnn,llama_block")
-    ap.add_argument("--cluster", default="v100x8")
+    ap.add_argument("--cases", default="llama_layer,ffnn,llama_block,llama_layer-973/h100x8")
+    ap.add_argument("--cluster", default="v100x8", help="the cluster of the workload cases")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    print("| graph | ops | torch path: wall / assign (s) | numpy path: wall / assign (s) | wall x | assign x | same assignment |")
+    held_out = {c.name: c for c in held_out_split()}
+    print("| case | ops | python: wall / assign (s) | numba: wall / assign (s) | torch: wall / assign (s) | "
+          "numba / python (wall) | same assignment |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    for name in args.graphs.split(","):
-        g = workloads.build(name)
-        path = tmp / f"{name}.json"
+    for name in args.cases.split(","):
+        if name in held_out:
+            g, cluster = held_out[name].graph, held_out[name].cluster.name
+        else:
+            g, cluster = workloads.build(name), args.cluster
+        path = tmp / f"{name.replace('/', '_')}.json"
         save_graph(g, path)
-        run_once(path, args.cluster, tmp / "warm.json", None)  # numba's on-disk caches, for both paths
-        times = {"torch": [], "numpy": []}
+        run_once("numba", path, cluster, tmp / "warm.json")  # numba's on-disk caches, for every way
+        times: dict[str, list[tuple[float, float]]] = {w: [] for w in WAYS}
         devices = {}
-        for _ in range(args.repeats):  # interleaved: a noisy machine slows both alike
-            for label, ck in (("torch", PRETRAINED_CHECKPOINT), ("numpy", None)):
-                wall, reported, devs = run_once(path, args.cluster, tmp / f"{label}.json", ck)
-                times[label].append((wall, reported))
-                devices[label] = devs
-        med = {k: (statistics.median(w for w, _ in v), statistics.median(r for _, r in v)) for k, v in times.items()}
-        t, n = med["torch"], med["numpy"]
-        print(f"| {name} | {g.num_ops} | {t[0]:.2f} / {t[1]:.2f} | {n[0]:.2f} / {n[1]:.2f} | {t[0] / n[0]:.2f} | "
-              f"{t[1] / n[1]:.2f} | {devices['torch'] == devices['numpy']} |", flush=True)
+        for _ in range(args.repeats):
+            for way in WAYS:
+                wall, reported, devs = run_once(way, path, cluster, tmp / f"{way}.json")
+                times[way].append((wall, reported))
+                devices[way] = devs
+        med = {w: (statistics.median(t for t, _ in v), statistics.median(r for _, r in v)) for w, v in times.items()}
+        cells = " | ".join(f"{med[w][0]:.2f} / {med[w][1]:.2f}" for w in WAYS)
+        same = devices["python"] == devices["numba"] == devices["torch"]
+        print(f"| {name} | {g.num_ops} | {cells} | {med['numba'][0] / med['python'][0]:.2f} | {same} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 
 #: lowest first; a module may import its own layer and the layers below it
 LAYERS = [
-    {"graph", "io_util", "kernels", "malloc", "progress"},
+    {"_jit", "graph", "io_util", "kernels", "malloc", "progress"},
     {"hardware", "cluster_file", "presets", "costs"},
     {"tiling", "references", "workloads", "formats", "assignment", "corpus", "torch_import"},
     {"listsched", "trace"},

@@ -385,7 +385,6 @@ def test_rows_split_over_threads_give_the_serial_numbers(case, batch, threads, d
         [data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=g.num_ops, max_size=g.num_ops)) for _ in range(batch)],
         dtype=np.int64,
     )
-    S._jit()
     args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
     split = np.full(batch, np.nan)
     for t in range(threads):
@@ -411,7 +410,6 @@ def test_pruned_rows_keep_the_best_row_exact(case, batch, threads, bsp, contenti
     )
     if data.draw(st.booleans()) and batch > 1:
         A[1] = A[0]  # a tie: the first of the two must stay
-    S._jit()
     op_f, edge_f = ctx.noise(data.draw(st.sampled_from([0.0, 0.3])), 1)
     copies_in = ctx.copies_in & (not bsp)  # BSP has no devices that copy
     args = (*ctx.static_arrays(), A, op_f, edge_f, bsp, contention and not bsp, copies_in, None)
@@ -439,7 +437,6 @@ def test_pruning_cuts_a_row_whose_critical_path_exceeds_the_cap() -> None:
     S = importlib.import_module("doppler.simulate")
     g = from_edges([1, 1], [(0, 1)], [2, 0])
     ctx = SimContext(g, unit(2))
-    S._jit()
     A = np.array([[0, 1], [0, 0]], dtype=np.int64)
     args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
     out = np.full(2, np.nan)

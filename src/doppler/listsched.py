@@ -43,9 +43,11 @@ device ``d`` (:data:`DEVICE_FEATURES`), all in seconds before normalisation:
 
 from __future__ import annotations
 
-import numba
+import bisect
+
 import numpy as np
 
+from doppler._jit import jit
 from doppler.costs import CostModel
 
 DEVICE_FEATURES = (
@@ -72,7 +74,7 @@ NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
 LIST_SCHEDULES = ("critical_path", "heft")
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out):  # pragma: no cover - compiled
     """EST(v, d) for every device d into ``out[D]`` (one state: 1-D ``dev``/``finish``/``free``)."""
     nd = free.shape[0]
@@ -89,7 +91,33 @@ def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out
                 out[d] = t
 
 
-@numba.njit(cache=True)
+def _features_into_numpy(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
+                        out):  # fmt: skip
+    """:func:`features_into` in numpy (``doppler._jit.as_python``): the same values, bit for bit
+    (each time is the same expression; sums run in the same order, ``np.add.at``)."""
+    k0, k1 = pred_ptr[v], pred_ptr[v + 1]
+    p = pred_idx[k0:k1]
+    dp = dev[p]
+    fp = finish[p]
+    out[:, 0] = assigned
+    out[:, 1] = 0.0
+    out[:, 2] = np.inf
+    out[:, 3] = 0.0
+    out[:, 6] = 0.0
+    out[:, 8] = comp[v]
+    out[:, 10] = 0.0
+    np.add.at(out[:, 1], dp, comp[p, dp])
+    np.minimum.at(out[:, 2], dp, start[p])
+    np.maximum.at(out[:, 3], dp, fp)
+    np.add.at(out[:, 6], dp, pred_comm[k0:k1])
+    out[dp, 10] = 1.0
+    arrive = fp[:, None] + lat[dp] + pred_bytes[k0:k1, None] * inv[dp]
+    out[:, 4] = np.maximum(free, arrive.max(axis=0)) if k1 > k0 else free
+    out[out[:, 2] == np.inf, 2] = 0.0
+    gaps_into(out)
+
+
+@jit(cache=True, python=_features_into_numpy)
 def features_into(
     v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, out
 ):  # pragma: no cover - compiled
@@ -126,7 +154,15 @@ def features_into(
     gaps_into(out)
 
 
-@numba.njit(cache=True)
+def _gaps_into_numpy(out):
+    """:func:`gaps_into` in numpy (``doppler._jit.as_python``)."""
+    est, eft = out[:, 4], out[:, 4] + out[:, 8]
+    out[:, 5] = est - np.minimum.reduce(est)
+    out[:, 7] = out[:, 0] - np.minimum.reduce(out[:, 0])
+    out[:, 9] = eft - np.minimum.reduce(eft)
+
+
+@jit(cache=True, python=_gaps_into_numpy)
 def gaps_into(out):  # pragma: no cover - compiled
     """The gap features of ``out[D, F]`` (``est_gap``, ``assigned_gap``, ``eft_gap``) from its other columns."""
     nd = out.shape[0]
@@ -143,7 +179,20 @@ def gaps_into(out):  # pragma: no cover - compiled
         out[d, 9] = out[d, 4] + out[d, 8] - best_eft
 
 
-@numba.njit(cache=True)
+def _earliest_gap_lists(ready_s, length_s, starts, ends, count):
+    """:func:`earliest_gap` on Python floats (``doppler._jit.as_python``): the same search and
+    comparisons, without numpy's cost per element."""
+    e = ends[:count].tolist()
+    t, length_s = float(ready_s), float(length_s)
+    lo = bisect.bisect_right(e, t)
+    for j, s in enumerate(starts[lo:count].tolist(), lo):
+        if t + length_s <= s:
+            return t, j
+        t = max(t, e[j])
+    return t, count
+
+
+@jit(cache=True, python=_earliest_gap_lists)
 def earliest_gap(ready_s, length_s, starts, ends, count):  # pragma: no cover - compiled
     """HEFT's insertion on one device whose busy intervals are ``starts[:count]`` / ``ends[:count]``
     (sorted, disjoint): ``(start, slot)`` of the earliest idle gap from ``ready_s`` on that is
@@ -165,7 +214,7 @@ def earliest_gap(ready_s, length_s, starts, ends, count):  # pragma: no cover - 
     return t, j
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no cover - compiled
     """Put ``[start_s, finish_s)`` at index ``slot`` of one device's ``count`` busy intervals."""
     for j in range(count, slot, -1):
@@ -175,7 +224,7 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
     ends[slot] = finish_s
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pragma: no cover - compiled
     """HEFT's insertion model. ``out[d, 4]`` holds op ``v``'s data-ready time on ``d`` (its features
     computed with ``free`` all 0); replace it with the start of the earliest idle gap on ``d``, from
@@ -185,7 +234,7 @@ def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pr
     gaps_into(out)
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def insert_busy(d, start_s, finish_s, busy_start, busy_end, busy_count):  # pragma: no cover - compiled
     """Occupy ``[start_s, finish_s)`` on device ``d``: a gap :func:`insertion_starts_into` found; it goes
     where HEFT's scan puts it, so the busy intervals stay sorted (zero-length ops included)."""
@@ -194,7 +243,7 @@ def insert_busy(d, start_s, finish_s, busy_start, busy_end, busy_count):  # prag
     busy_count[d] += 1
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def place(v, d, est_d, comp, dev, start, finish, free, assigned):  # pragma: no cover - compiled
     """Put op ``v`` on device ``d`` starting at ``est_d`` (one state)."""
     c = comp[v, d]
@@ -205,14 +254,14 @@ def place(v, d, est_d, comp, dev, start, finish, free, assigned):  # pragma: no 
     assigned[d] += c
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _push(v, cand, pos, k):  # pragma: no cover - compiled
     cand[k] = v
     pos[v] = k
     return k + 1
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def init_candidates(indeg, cand, pos):  # pragma: no cover - compiled
     """Fill the candidate set (``cand[:k]``, ``pos[v]`` = index or -1) with the ops of in-degree 0; returns k."""
     k = 0
@@ -223,7 +272,7 @@ def init_candidates(indeg, cand, pos):  # pragma: no cover - compiled
     return k
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand):  # pragma: no cover - compiled
     """Remove placed candidate ``v`` and append the successors it frees (at ``cand[old size - 1:]``);
     returns the new size."""
@@ -238,7 +287,7 @@ def take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand):  # pragma: n
     return ncand
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def empty_state(indeg0, nd):  # pragma: no cover - compiled
     """A fresh list-schedule state of one episode: ``(dev, start, finish, free, assigned, indeg, cand, pos,
     ncand)`` with nothing placed and the roots as candidates."""
@@ -250,13 +299,13 @@ def empty_state(indeg0, nd):  # pragma: no cover - compiled
     return np.full(n, -1, np.int64), np.zeros(n), np.zeros(n), np.zeros(nd), np.zeros(nd), indeg, cand, pos, ncand
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _est_batch(ops, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out):  # pragma: no cover
     for b in range(ops.shape[0]):
         est_into(ops[b], pred_ptr, pred_idx, pred_bytes, lat, inv, dev[b], finish[b], free[b], out[b])
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _features_batch(
     ops, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, out
 ):  # pragma: no cover
@@ -267,7 +316,7 @@ def _features_batch(
         )  # fmt: skip
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _place_batch(ops, devs, est, comp, dev, start, finish, free, assigned):  # pragma: no cover
     for b in range(ops.shape[0]):
         place(ops[b], devs[b], est[b], comp, dev[b], start[b], finish[b], free[b], assigned[b])

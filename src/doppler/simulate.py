@@ -71,29 +71,8 @@ from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import check_seed
+from doppler._jit import jit
 from doppler.trace import Trace  # re-exported (see __all__): `from doppler.simulate import Trace` still works
-
-# numba is imported (and the kernels compiled or loaded from the on-disk cache) on
-# first use, not at import time: ``import doppler`` stays fast for commands that
-# never simulate.
-COMPILED = False
-
-
-def _jit() -> None:
-    """Compile (or load from cache) the kernels on first use."""
-    global COMPILED, _hpush, _hpop, _sim_kernel, _sim_rows, _sim_many_kernel
-    if COMPILED:
-        return
-    from numba import njit
-
-    # callees first: the kernels resolve these globals when they are compiled
-    _hpush = njit(cache=True)(_hpush)
-    _hpop = njit(cache=True)(_hpop)
-    _sim_kernel = njit(cache=True)(_sim_kernel)
-    _sim_rows = njit(cache=True)(_sim_rows)
-    _sim_many_kernel = njit(cache=True)(_sim_many_kernel)
-    COMPILED = True
-
 
 MODES = ("wc", "bsp")
 DISPATCHES = ("fifo", "priority")
@@ -133,7 +112,8 @@ class SimResult:
 
 
 # =========================================================================== numba kernel
-# (plain functions here; _jit() wraps them with numba.njit(cache=True) on first use)
+# (numba is imported, and the kernels compiled or loaded from its cache, on first use: doppler._jit)
+@jit(cache=True)
 def _hpush(ht, hi, base, size, t, i):  # pragma: no cover - compiled
     """Push key (t, i) into the binary min-heap stored in ht/hi[base : base + size]."""
     pos = size
@@ -152,6 +132,7 @@ def _hpush(ht, hi, base, size, t, i):  # pragma: no cover - compiled
     return size + 1
 
 
+@jit(cache=True)
 def _hpop(ht, hi, base, size):  # pragma: no cover - compiled
     """Remove the minimum of the heap in ht/hi[base : base + size]; returns the new size."""
     size -= 1
@@ -182,6 +163,7 @@ def _hpop(ht, hi, base, size):  # pragma: no cover - compiled
     return size
 
 
+@jit(cache=True)
 def _sim_kernel(
     succ_ptr,
     succ_idx,
@@ -554,6 +536,7 @@ def _sim_kernel(
     return makespan, ntr
 
 
+@jit(cache=True)
 def _sim_rows(
     succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
     contention, copies_in, key, first, step, out, prune, cap,
@@ -588,6 +571,7 @@ def _sim_rows(
             best = mk
 
 
+@jit(cache=True)
 def _sim_many_kernel(
     succ_ptr, succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, devs, op_f, edge_f, bsp,
     contention, copies_in, key,
@@ -700,7 +684,6 @@ class SimContext:
         key: np.ndarray | None = None,
     ) -> SimResult:
         op_f, edge_f = self.noise(sigma, seed)
-        _jit()
         if trace:
             n, E = self.num_ops, max(self.num_edges, 1)
             ready, start, end = np.empty(n), np.empty(n), np.empty(n)
@@ -795,7 +778,6 @@ class SimContext:
         devs = _check_batch(self.graph, assignments, self.num_devices)
         if devs.shape[0] == 0:
             return np.empty(0)
-        _jit()
         op_f, edge_f = self.noise(sigma, seed)
         return _sim_many_kernel(*self.static_arrays(), devs, op_f, edge_f, mode == "bsp", bool(link_contention),
                                 self.copies_in, key)  # fmt: skip

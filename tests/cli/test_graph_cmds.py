@@ -128,7 +128,9 @@ def test_demo_rejects_bad_budget() -> None:
 def test_demo_refuses_an_output_directory_that_is_a_file_before_any_work(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     res = run("demo", "--out", str(tmp_path / "f" / "demo"))
-    assert res.exit_code == 2 and "is a file, not a directory" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    # make_run_dir's own wording: the demo's first step, before it writes or trains anything
+    assert res.exit_code == 2 and "cannot be an output directory" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "is a file, not a directory" in res.stderr and res.stdout == ""
 
 
 def test_convert_to_text_needs_integer_costs_or_round(tmp_path: Path) -> None:

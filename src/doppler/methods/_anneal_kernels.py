@@ -16,9 +16,11 @@ import math
 import numba
 import numpy as np
 
+from doppler._jit import start
+
 _simulate = importlib.import_module("doppler.simulate")  # the module (the package exports a function of that name)
 
-_simulate._jit()  # the loop calls the simulator's kernel: compile (or load) it first
+start()  # the loop calls the simulator's kernel: numba must have started (doppler._jit), so this module's kernels are compiled at once
 
 # numba parallelises the loop over a batch's rows (``prange``) and nothing else. The prange is in this
 # function itself: a cached function that calls a cached parallel one crashed when loaded from numba's

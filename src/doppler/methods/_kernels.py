@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from doppler._jit import jit
 from doppler.listsched import earliest_gap, est_into, insert_interval
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cover - compiled
     n, nd = comp.shape
     cap = 16

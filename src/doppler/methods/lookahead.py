@@ -20,9 +20,9 @@ it is the PLC teacher of pretraining with ``teacher="lookahead"`` (:mod:`doppler
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from doppler._jit import jit
 from doppler.assignment import Assignment
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
@@ -34,7 +34,7 @@ from doppler.simulate import SimContext
 LABEL_RTOL = 1e-6
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _earliest_device(est):  # pragma: no cover - compiled
     """The lowest device id whose EST is within 1e-9 (relative) of the smallest: CRITICAL PATH's PLC."""
     best = est.min()
@@ -44,7 +44,7 @@ def _earliest_device(est):  # pragma: no cover - compiled
     return 0
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _branch(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
             dev, start, finish, free, assigned, indeg, cand, pos, ncand, out):  # pragma: no cover  # fmt: skip
     """From a copy of the state: put candidate ``v`` on ``d``, finish as CRITICAL PATH; device per op into ``out``."""
@@ -73,7 +73,7 @@ def _branch(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp,
     out[:] = dev
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _labelled_branches(order, step_dev, label_steps, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx,
                        indeg0, comp, lat, inv, out):  # pragma: no cover  # fmt: skip
     """Replay one trajectory; at each step of ``label_steps`` (ascending) write every device's

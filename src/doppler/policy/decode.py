@@ -7,6 +7,9 @@ update) is a few hundred flops, so the whole |V|-step loop for all B episodes ru
 compiled call (:func:`_rollout_kernel`) on plain arrays (the heads, :func:`run_heads`), recording
 the actions, the device features each PLC decision saw, and when each op became a candidate.
 
+The kernels can also run as Python, with numpy twins of their hot loops, which is faster than
+starting numba for one greedy decode (:mod:`doppler._jit`; ``doppler assign --method doppler``).
+
 This module imports no torch: the heads may come from the torch policy
 (:func:`doppler.policy.rollout.rollout`) or from its numpy twin (:mod:`doppler.policy.infer`),
 which places a graph with the shipped policy without paying torch's import.
@@ -23,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-import numba
 import numpy as np
 
+from doppler._jit import jit
 from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import (
     LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, insert_busy, insertion_starts_into, place, take_candidate,
@@ -47,7 +50,17 @@ GREEDY_TIE_RTOL = 1e-6
 _MODE_CODE = {"sample": 0, "greedy": 1, "teacher": 2}
 
 
-@numba.njit(cache=True)
+def _pick_numpy(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):
+    """:func:`pick` with a numpy greedy arg-max (``doppler._jit.as_python``); sampling runs :func:`pick` itself."""
+    if mode == 0:
+        return pick.py_func(weights_or_scores, idx, count, mode, u_coin, u_draw, eps)
+    ids = idx[:count]
+    w = weights_or_scores[ids]
+    top = w.max()
+    return int(ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)].min())
+
+
+@jit(cache=True, python=_pick_numpy)
 def pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: no cover - compiled
     """Choose one of ``idx[:count]`` by ``scores``: softmax sample / eps-uniform / greedy arg-max
     (scores within :data:`GREEDY_TIE_RTOL` of the best tie; the lowest id wins)."""
@@ -76,7 +89,7 @@ def pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: n
     return idx[count - 1]
 
 
-@numba.njit(cache=True, inline="always")
+@jit(cache=True, inline="always")
 def plc_logit(v, x_d, placed_d, plc_op, plc_query, plc_dev, w_out, b_out, leak):  # pragma: no cover - compiled
     """The PLC head's logit of device d for op ``v``: its device features ``x_d[F]`` and the summed
     contributions ``placed_d[M + A]`` of the ops already on it (see :class:`~doppler.policy.networks.PlcHead`)."""
@@ -94,7 +107,23 @@ def plc_logit(v, x_d, placed_d, plc_op, plc_query, plc_dev, w_out, b_out, leak):
     return z
 
 
-@numba.njit(cache=True, inline="always")
+def _plc_logits_into_numpy(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits):
+    """:func:`plc_logits_into` in numpy (``doppler._jit.as_python``): the same logits up to rounding
+    (its sums run in numpy's order), which greedy decoding's tie tolerance absorbs."""
+    m_hidden = plc_op.shape[1]
+    a = plc_op[v] + placed[:, :m_hidden] + x @ plc_dev
+    a = np.where(a < 0.0, a * leak, a)
+    logits[:] = b_out + a @ w_out + placed[:, m_hidden:] @ plc_query[v]
+
+
+@jit(cache=True, inline="always", python=_plc_logits_into_numpy)
+def plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits):  # pragma: no cover - compiled
+    """The PLC head's logit of every device for op ``v`` into ``logits[D]`` (:func:`plc_logit`)."""
+    for d in range(x.shape[0]):
+        logits[d] = plc_logit(v, x[d], placed[d], plc_op, plc_query, plc_dev, w_out, b_out, leak)
+
+
+@jit(cache=True, inline="always")
 def begin_episode(b, indeg0, nd, placed_init, dev, enter_step):  # pragma: no cover - compiled
     """A fresh episode ``b``: nothing placed (``dev`` all -1), the roots as candidates (entered at step 0),
     the per-device sums at ``placed_init[D, M + A]`` (zero, or the devices' learned identity). Returns
@@ -106,7 +135,26 @@ def begin_episode(b, indeg0, nd, placed_init, dev, enter_step):  # pragma: no co
     return start, finish, free, assigned, indeg, cand, pos, ncand, placed_init.copy()
 
 
-@numba.njit(cache=True, inline="always")
+def _record_view_numpy(b, h, raw, x, feats, est_tied, by_finish):
+    """:func:`record_view` in numpy (``doppler._jit.as_python``)."""
+    gap = 9 if by_finish else 5
+    best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
+    feats[b, h] = x
+    est_tied[b, h] = raw[:, gap] <= TIE_RTOL * abs(best)
+
+
+def _add_row_numpy(dst, i, src, j):
+    dst[i] += src[j]
+
+
+@jit(cache=True, inline="always", python=_add_row_numpy)
+def add_row(dst, i, src, j):  # pragma: no cover - compiled
+    """``dst[i] += src[j]``, element by element."""
+    for k in range(dst.shape[1]):
+        dst[i, k] += src[j, k]
+
+
+@jit(cache=True, inline="always", python=_record_view_numpy)
 def record_view(b, h, raw, x, feats, est_tied, by_finish):  # pragma: no cover - compiled
     """Record what step ``h`` of episode ``b`` saw: the normalised device features ``x`` and which
     devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices),
@@ -119,14 +167,13 @@ def record_view(b, h, raw, x, feats, est_tied, by_finish):  # pragma: no cover -
         est_tied[b, h, d] = raw[d, gap] <= TIE_RTOL * abs(best)
 
 
-@numba.njit(cache=True, inline="always")
+@jit(cache=True, inline="always")
 def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, placed, plc_placed,
                 succ_ptr, succ_idx, indeg, cand, pos, ncand, order, step_dev, enter_step):  # pragma: no cover - compiled  # fmt: skip
     """Put op ``v`` on device ``d`` at step ``h`` of episode ``b``: the list-schedule state, the per-device
     sums of placed-op contributions, the recorded actions and the new candidates; returns their count."""
     place(v, d, est_d, comp, dev, start, finish, free, assigned)
-    for j in range(plc_placed.shape[1]):
-        placed[d, j] += plc_placed[v, j]
+    add_row(placed, d, plc_placed, v)
     order[b, h] = v
     step_dev[b, h] = d
     freed = ncand - 1
@@ -136,7 +183,7 @@ def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, pla
     return ncand
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
@@ -189,8 +236,7 @@ def _rollout_kernel(
                 insertion_starts_into(v, comp, busy_start, busy_end, busy_count, raw)
             normalise_device_features(raw, inv_time_scale, x)
             record_view(b, h, raw, x, feats, est_tied, heft_model)
-            for d in range(nd):
-                logits[d] = plc_logit(v, x[d], placed[d], plc_op, plc_query, plc_dev, w_out, b_out, leak)
+            plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
             if mode == 2:
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from doppler._jit import jit
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import pred_comm_s
@@ -218,7 +218,13 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
     )
 
 
-@numba.njit(cache=True)
+def _normalise_device_features_numpy(raw, inv_time_scale, out):
+    """:func:`normalise_device_features` in numpy (``doppler._jit.as_python``)."""
+    out[:, :-1] = raw[:, :-1] * inv_time_scale
+    out[:, -1] = raw[:, -1]
+
+
+@jit(cache=True, python=_normalise_device_features_numpy)
 def normalise_device_features(raw, inv_time_scale, out):  # pragma: no cover - compiled
     """Raw device features ``raw[D, F]`` (seconds; the last one a 0/1 flag) into policy inputs ``out[D, F]``."""
     nd, nf = raw.shape

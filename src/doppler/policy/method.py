@@ -44,6 +44,22 @@ SEARCH_SAMPLE_SHARE = 0.1
 ZERO_SHOT_PLC_TIES_ONLY = True
 
 
+#: a process that has not started numba (doppler._jit) decodes graphs of up to this many ops as Python
+#: in ``doppler assign``: numba's import and start-up take about 1 s on 2 cores, and the whole decode of
+#: a 973-op graph as Python about 0.5 s (docs/generalization.md, "... without numba either")
+PYTHON_DECODE_MAX_OPS = 1000
+
+
+def decodes_as_python(graph: DataflowGraph, method: str, budget_s: float | None = None, *, checkpoint=None,
+                      samples: int | None = None, **_: object) -> bool:  # fmt: skip
+    """Whether one ``doppler assign`` of ``method`` is one greedy decode by the shipped policy's numpy
+    twin of a graph small enough that running its kernels as Python beats starting numba."""
+    from doppler._jit import started
+
+    return (method == "doppler" and checkpoint is None and not samples and not budget_s
+            and graph.num_ops <= PYTHON_DECODE_MAX_OPS and not started())  # fmt: skip
+
+
 def device_preferences(gf, enc, ro) -> np.ndarray:
     """``[n, D]``: the PLC head's probabilities of each device for each op, at the step it was placed in ``ro[0]``."""
     import torch

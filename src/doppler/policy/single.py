@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
 
+from doppler._jit import jit
 from doppler.listsched import features_into
 from doppler.policy.features import GraphFeatures, normalise_device_features
 from doppler.policy.networks import LEAK, DopplerPolicy, Encoded
@@ -28,7 +28,7 @@ from doppler.policy.rollout import (
 )  # fmt: skip
 
 
-@numba.njit(cache=True)
+@jit(cache=True)
 def _pair_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     op_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,

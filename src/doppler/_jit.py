@@ -1,0 +1,106 @@
+"""numba kernels that import numba only when first called, and that can run as plain Python.
+
+Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take about
+1 s, more than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
+declares its kernels with :func:`jit` instead of ``numba.njit``:
+
+* ``import doppler`` imports no numba: a kernel is a :class:`Kernel` that holds the plain function;
+* the first call of any kernel outside :func:`as_python` starts numba (:func:`start`): every kernel
+  becomes a ``numba.njit`` dispatcher, and the dispatchers replace the kernels wherever a module of
+  the package holds one, so compiled kernels call compiled kernels, as before;
+* inside :func:`as_python` (before numba has started) a kernel runs as Python, or as its numpy twin
+  where ``jit(python=...)`` names one: the scalar loops that numba makes fast and Python makes slow
+  (``tests/test_jit.py`` checks each twin against its kernel).
+
+A command that does one small job (``doppler assign --method doppler``, zero-shot greedy) runs it
+inside :func:`as_python` and never starts numba; everything else compiles, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+_KERNELS: list["Kernel"] = []
+_LOCK = threading.Lock()
+_STARTED = False
+_LOCAL = threading.local()  # .python: as_python's depth in this thread
+
+
+class Kernel:
+    """A kernel before numba has started: calls run its Python function (or twin) inside
+    :func:`as_python`, else start numba and run the compiled function."""
+
+    def __init__(self, py_func: Callable, options: dict[str, Any], python: Callable | None) -> None:
+        functools.update_wrapper(self, py_func)
+        self.py_func = py_func
+        self.options = options
+        self.python = python or py_func
+        self.dispatcher: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if getattr(_LOCAL, "python", 0):
+            return self.python(*args)
+        if self.dispatcher is None:
+            start()
+        return self.dispatcher(*args)
+
+    def __repr__(self) -> str:
+        return f"<doppler kernel {self.__module__}.{self.__qualname__}>"
+
+
+def jit(*, python: Callable | None = None, **options: Any) -> Callable[[Callable], Any]:
+    """``numba.njit(**options)``, started on first use (module docstring). ``python``: a numpy twin
+    that :func:`as_python` runs instead of the function itself (same arguments, same results)."""
+
+    def wrap(py_func: Callable) -> Any:
+        with _LOCK:
+            if not _STARTED:
+                kernel = Kernel(py_func, options, python)
+                _KERNELS.append(kernel)
+                return kernel
+        import numba
+
+        return numba.njit(**options)(py_func)
+
+    return wrap
+
+
+def start() -> None:
+    """Import numba and compile (or load from its cache, on first call) every kernel: each
+    :class:`Kernel` held in a module of the package is replaced by its dispatcher."""
+    global _STARTED
+    with _LOCK:
+        if _STARTED:
+            return
+        import numba
+
+        for kernel in _KERNELS:
+            kernel.dispatcher = numba.njit(**kernel.options)(kernel.py_func)
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").partition(".")[0] != "doppler":
+                continue
+            for name, value in list(vars(module).items()):
+                if isinstance(value, Kernel):
+                    setattr(module, name, value.dispatcher)
+        _STARTED = True
+
+
+def started() -> bool:
+    """Whether numba has started in this process (its kernels are compiled dispatchers)."""
+    return _STARTED
+
+
+@contextlib.contextmanager
+def as_python(enabled: bool = True) -> Iterator[bool]:
+    """Inside, this thread's kernel calls run as Python (twins where given), unless numba has
+    already started, whose compiled kernels are faster. Yields whether they run as Python."""
+    on = bool(enabled) and not _STARTED
+    _LOCAL.python = getattr(_LOCAL, "python", 0) + on
+    try:
+        yield on
+    finally:
+        _LOCAL.python -= on

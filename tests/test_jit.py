@@ -1,0 +1,146 @@
+"""doppler._jit: kernels that start numba on first use and can run as Python with numpy twins.
+
+What runs before numba starts can only be seen in a fresh process, so those tests run a script in
+a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from doppler import _jit
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip()
+
+
+def test_importing_the_package_and_its_cli_does_not_import_numba():
+    assert _run("""
+        import sys
+        import doppler, doppler.cli, doppler.policy.method, doppler.policy.decode, doppler.listsched
+        print('numba' in sys.modules)
+    """) == "False"
+
+
+def test_only_one_small_greedy_decode_runs_as_python():
+    assert _run("""
+        from doppler import workloads
+        from doppler.policy.method import PYTHON_DECODE_MAX_OPS, decodes_as_python
+        g = workloads.build("llama_block")
+        big = workloads.build("random", num_ops=PYTHON_DECODE_MAX_OPS + 1)
+        assert g.num_ops <= PYTHON_DECODE_MAX_OPS and big.num_ops > PYTHON_DECODE_MAX_OPS
+        print(decodes_as_python(g, "doppler"), decodes_as_python(g, "doppler", checkpoint="c.pt"),
+              decodes_as_python(g, "doppler", samples=4), decodes_as_python(g, "doppler", 5.0),
+              decodes_as_python(g, "heft"), decodes_as_python(big, "doppler"))
+    """) == "True False False False False False"
+
+
+DECODE_BOTH_WAYS = """
+    import sys
+    import numpy as np
+    from doppler._jit import as_python, started
+    from doppler.corpus import sample_pair
+    from doppler.policy.decode import make_plan, run_heads
+    from doppler.policy.features import graph_features
+    from doppler.policy.infer import load_shipped
+    from doppler.simulate import simulate, simulate_many
+
+    policy = load_shipped()
+    rng = np.random.default_rng(SEED)
+    cases = []
+    while len(cases) < 6:  # training pairs: 2-16 devices, mixed speeds, every topology
+        g, c = sample_pair(rng)
+        if g.num_ops <= 160:
+            cases.append((g, c))
+
+    def decode_all():
+        out = []
+        for i, (g, c) in enumerate(cases):
+            gf = graph_features(g, c)
+            heads = policy.heads(gf)
+            for list_schedule in ("critical_path", "heft"):
+                for ties in (False, True):
+                    for mode, batch in (("greedy", 1), ("sample", 3)):
+                        plan = make_plan(gf.num_ops, batch=batch, mode=mode, rng=np.random.default_rng(i),
+                                         eps=0.1, plc_ties_only=ties)
+                        ro = run_heads(gf, heads, plan, "both", list_schedule)
+                        out.append([ro.order, ro.assignment, ro.enter_step, ro.est_tied, ro.device_features,
+                                    simulate_many(g, c, ro.assignment),
+                                    simulate(g, c, ro.assignment[0], trace=True).trace.op_end])
+        return out
+
+    with as_python() as on:
+        assert on
+        python = decode_all()
+    assert "numba" not in sys.modules and not started()
+    compiled = decode_all()
+    assert started()
+    for a, b in zip(python, compiled):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    print(len(python))
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_python_and_compiled_kernels_decode_and_simulate_alike(seed):
+    """Every decode mode, both list schedules, with and without PLC ties: the same actions, what each
+    step saw, and the same simulated makespans and op end times, as Python (with the numpy twins)
+    and compiled."""
+    assert _run(DECODE_BOTH_WAYS.replace("SEED", str(seed))) == str(6 * 8)
+
+
+def test_assign_cmd_decodes_as_python_and_never_starts_numba(tmp_path):
+    """`doppler assign --method doppler` (zero-shot greedy) runs as Python: numba is never imported,
+    and the assignment is the compiled decode's."""
+    from doppler import cluster, workloads
+    from doppler.formats import save_graph
+    from doppler.methods import assign
+
+    g = workloads.build("llama_block")
+    save_graph(g, tmp_path / "g.json")
+    out = _run(f"""
+        import json, sys
+        from doppler.cli import app
+        try:
+            app(["assign", {str(tmp_path / 'g.json')!r}, "-c", "v100x8", "-m", "doppler", "-o",
+                 {str(tmp_path / 'a.json')!r}])
+        except SystemExit as e:
+            assert e.code in (0, None), e.code
+        print("numba" in sys.modules)
+    """)
+    assert out.splitlines()[-1] == "False"
+    import json
+
+    written = json.loads((tmp_path / "a.json").read_text())["assignment"]
+    np.testing.assert_array_equal(written, assign(g, cluster("v100x8"), "doppler").devices)
+
+
+def test_nothing_runs_as_python_once_numba_has_started():
+    from doppler import workloads
+    from doppler.policy.method import PYTHON_DECODE_MAX_OPS, decodes_as_python
+
+    g = workloads.build("llama_block")
+    assert g.num_ops <= PYTHON_DECODE_MAX_OPS
+    _jit.start()  # (this process: numba has started, so nothing runs as Python)
+    assert not decodes_as_python(g, "doppler")
+    with _jit.as_python() as on:
+        assert not on
+
+
+def test_a_kernel_is_replaced_by_its_dispatcher_where_modules_hold_it():
+    import importlib
+
+    _jit.start()
+    listsched = importlib.import_module("doppler.listsched")
+    decode = importlib.import_module("doppler.policy.decode")
+    assert decode.features_into is listsched.features_into
+    assert not isinstance(listsched.features_into, _jit.Kernel)
+    assert all(k.dispatcher is not None for k in _jit._KERNELS)
