@@ -28,6 +28,7 @@ _KERNELS: list["Kernel"] = []
 _LOCK = threading.Lock()
 _STARTED = False
 _LOCAL = threading.local()  # .python: as_python's depth in this thread
+_PYTHON_CALLS = 0  # as_python's depth over all threads (a cheap first test in Kernel.__call__)
 
 
 class Kernel:
@@ -42,7 +43,7 @@ class Kernel:
         self.dispatcher: Any = None
 
     def __call__(self, *args: Any) -> Any:
-        if getattr(_LOCAL, "python", 0):
+        if _PYTHON_CALLS and getattr(_LOCAL, "python", 0):
             return self.python(*args)
         if self.dispatcher is None:
             start()
@@ -98,9 +99,14 @@ def started() -> bool:
 def as_python(enabled: bool = True) -> Iterator[bool]:
     """Inside, this thread's kernel calls run as Python (twins where given), unless numba has
     already started, whose compiled kernels are faster. Yields whether they run as Python."""
+    global _PYTHON_CALLS
     on = bool(enabled) and not _STARTED
+    with _LOCK:
+        _PYTHON_CALLS += on
     _LOCAL.python = getattr(_LOCAL, "python", 0) + on
     try:
         yield on
     finally:
         _LOCAL.python -= on
+        with _LOCK:
+            _PYTHON_CALLS -= on

@@ -224,7 +224,15 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
     ends[slot] = finish_s
 
 
-@jit(cache=True)
+def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
+    """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``)."""
+    ready, length, count = out[:, 4].tolist(), comp[v].tolist(), busy_count.tolist()
+    out[:, 4] = [_earliest_gap_lists(ready[d], length[d], busy_start[d], busy_end[d], count[d])[0]
+                 for d in range(len(ready))]  # fmt: skip
+    _gaps_into_numpy(out)
+
+
+@jit(cache=True, python=_insertion_starts_into_lists)
 def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pragma: no cover - compiled
     """HEFT's insertion model. ``out[d, 4]`` holds op ``v``'s data-ready time on ``d`` (its features
     computed with ``free`` all 0); replace it with the start of the earliest idle gap on ``d``, from
