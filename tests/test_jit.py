@@ -144,3 +144,77 @@ def test_a_kernel_is_replaced_by_its_dispatcher_where_modules_hold_it():
     assert decode.features_into is listsched.features_into
     assert not isinstance(listsched.features_into, _jit.Kernel)
     assert all(k.dispatcher is not None for k in _jit._KERNELS)
+
+
+SIMULATE_BOTH_WAYS = """
+    import sys
+    import numpy as np
+    from doppler._jit import as_python
+    from doppler.corpus import sample_pair
+    from doppler.simulate import lower_bound, simulate
+
+    rng = np.random.default_rng(7)
+    runs = []
+    while len(runs) < 24:
+        g, c = sample_pair(rng)
+        if g.num_ops > 300:
+            continue
+        a = rng.integers(0, c.num_devices, g.num_ops)
+        mode = ("wc", "bsp")[len(runs) % 2]
+        options = dict(mode=mode, noise_sigma=(0.0, 0.3)[len(runs) // 2 % 2], seed=len(runs),
+                       link_contention=bool(len(runs) // 4 % 2),
+                       dispatch="priority" if mode == "wc" and len(runs) // 8 % 2 else "fifo")
+        runs.append((g, c, a, options))
+
+    def simulate_all():
+        out = []
+        for g, c, a, options in runs:
+            r = simulate(g, c, a, trace=True, **options)
+            t = r.trace
+            out.append([np.array([r.makespan_s, lower_bound(g, c)]), r.peak_memory_bytes, t.op_ready, t.op_start,
+                        t.op_end, t.tr_src_op, t.tr_dst_device, t.tr_start, t.tr_end])
+        return out
+
+    with as_python() as on:
+        assert on
+        python = simulate_all()
+    assert "numba" not in sys.modules
+    compiled = simulate_all()
+    for a, b in zip(python, compiled):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    print(len(python))
+"""
+
+
+def test_python_and_compiled_simulations_agree_with_every_option():
+    """WC and BSP, noise, link contention and priority dispatch: the same makespans, peak memory and
+    trace, bit for bit, as Python and compiled."""
+    assert _run(SIMULATE_BOTH_WAYS) == "24"
+
+
+def test_simulate_cmd_never_starts_numba(tmp_path):
+    from doppler import workloads
+    from doppler.formats import save_graph
+    from doppler.simulate import simulate
+
+    g = workloads.build("llama_block")
+    save_graph(g, tmp_path / "g.json")
+    a = np.arange(g.num_ops) % 8
+    (tmp_path / "a.json").write_text(__import__("json").dumps({"assignment": a.tolist()}))
+    out = _run(f"""
+        import json, sys
+        from doppler.cli import app
+        try:
+            app(["simulate", {str(tmp_path / 'g.json')!r}, "-a", {str(tmp_path / 'a.json')!r}, "-c", "v100x8",
+                 "--json"])
+        except SystemExit as e:
+            assert e.code in (0, None), e.code
+        print("numba" in sys.modules)
+    """)
+    lines = out.splitlines()
+    assert lines[-1] == "False"
+    from doppler import cluster
+
+    record = __import__("json").loads("\n".join(lines[:-1]))
+    assert record["makespan_s"] == simulate(g, cluster("v100x8"), a).makespan_s
