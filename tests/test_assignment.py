@@ -63,7 +63,7 @@ def test_saved_file_is_plain_json(tmp_path: Path) -> None:
 
 
 def test_readme_python_api() -> None:
-    """The Python API exactly as the README shows it."""
+    """The Python API exactly as docs/overview.md shows it."""
     import doppler
 
     g = doppler.workloads.build("ffnn", size="tiny")
@@ -75,7 +75,7 @@ def test_readme_python_api() -> None:
 
 
 def test_readme_training_api(tmp_path) -> None:
-    """The DOPPLER lines of the README's Python API (smaller budgets)."""
+    """The DOPPLER lines of the Python API in docs/overview.md (smaller budgets)."""
     import doppler
     from doppler.train import Trainer, TrainConfig
 
