@@ -29,17 +29,19 @@ def test_importing_the_package_and_its_cli_does_not_import_numba():
     """) == "False"
 
 
-def test_only_one_small_greedy_decode_runs_as_python():
+def test_small_cheap_methods_and_one_greedy_decode_run_as_python():
     assert _run("""
         from doppler import workloads
-        from doppler.policy.method import PYTHON_DECODE_MAX_OPS, decodes_as_python
+        from doppler.methods.registry import PYTHON_ASSIGN_MAX_OPS, runs_as_python
         g = workloads.build("llama_block")
-        big = workloads.build("random", num_ops=PYTHON_DECODE_MAX_OPS + 1)
-        assert g.num_ops <= PYTHON_DECODE_MAX_OPS and big.num_ops > PYTHON_DECODE_MAX_OPS
-        print(decodes_as_python(g, "doppler"), decodes_as_python(g, "doppler", checkpoint="c.pt"),
-              decodes_as_python(g, "doppler", samples=4), decodes_as_python(g, "doppler", 5.0),
-              decodes_as_python(g, "heft"), decodes_as_python(big, "doppler"))
-    """) == "True False False False False False"
+        big = workloads.build("random", num_ops=PYTHON_ASSIGN_MAX_OPS + 1)
+        assert g.num_ops <= PYTHON_ASSIGN_MAX_OPS and big.num_ops > PYTHON_ASSIGN_MAX_OPS
+        print(runs_as_python(g, "doppler"), runs_as_python(g, "heft"), runs_as_python(g, "enumerative"),
+              runs_as_python(g, "doppler", checkpoint="c.pt"), runs_as_python(g, "doppler", samples=4),
+              runs_as_python(g, "doppler", 5.0), runs_as_python(g, "anneal"), runs_as_python(g, "lookahead"),
+              runs_as_python(g, "doppler_sel", checkpoint="c.pt"), runs_as_python(big, "doppler"),
+              runs_as_python(big, "heft"))
+    """) == "True True True False False False False False False False False"
 
 
 DECODE_BOTH_WAYS = """
@@ -97,9 +99,10 @@ def test_python_and_compiled_kernels_decode_and_simulate_alike(seed):
     assert _run(DECODE_BOTH_WAYS.replace("SEED", str(seed))) == str(6 * 8)
 
 
-def test_assign_cmd_decodes_as_python_and_never_starts_numba(tmp_path):
-    """`doppler assign --method doppler` (zero-shot greedy) runs as Python: numba is never imported,
-    and the assignment is the compiled decode's."""
+@pytest.mark.parametrize("method", ["doppler", "heft"])
+def test_assign_cmd_runs_as_python_and_never_starts_numba(tmp_path, method):
+    """`doppler assign --method doppler` (zero-shot greedy) and a cheap method run as Python: numba is
+    never imported, and the assignment is the compiled one."""
     from doppler import cluster, workloads
     from doppler.formats import save_graph
     from doppler.methods import assign
@@ -110,7 +113,7 @@ def test_assign_cmd_decodes_as_python_and_never_starts_numba(tmp_path):
         import json, sys
         from doppler.cli import app
         try:
-            app(["assign", {str(tmp_path / 'g.json')!r}, "-c", "v100x8", "-m", "doppler", "-o",
+            app(["assign", {str(tmp_path / 'g.json')!r}, "-c", "v100x8", "-m", {method!r}, "-o",
                  {str(tmp_path / 'a.json')!r}])
         except SystemExit as e:
             assert e.code in (0, None), e.code
@@ -120,17 +123,17 @@ def test_assign_cmd_decodes_as_python_and_never_starts_numba(tmp_path):
     import json
 
     written = json.loads((tmp_path / "a.json").read_text())["assignment"]
-    np.testing.assert_array_equal(written, assign(g, cluster("v100x8"), "doppler").devices)
+    np.testing.assert_array_equal(written, assign(g, cluster("v100x8"), method).devices)
 
 
 def test_nothing_runs_as_python_once_numba_has_started():
     from doppler import workloads
-    from doppler.policy.method import PYTHON_DECODE_MAX_OPS, decodes_as_python
+    from doppler.methods.registry import PYTHON_ASSIGN_MAX_OPS, runs_as_python
 
     g = workloads.build("llama_block")
-    assert g.num_ops <= PYTHON_DECODE_MAX_OPS
+    assert g.num_ops <= PYTHON_ASSIGN_MAX_OPS
     _jit.start()  # (this process: numba has started, so nothing runs as Python)
-    assert not decodes_as_python(g, "doppler")
+    assert not runs_as_python(g, "doppler") and not runs_as_python(g, "heft")
     with _jit.as_python() as on:
         assert not on
 
@@ -144,6 +147,44 @@ def test_a_kernel_is_replaced_by_its_dispatcher_where_modules_hold_it():
     assert decode.features_into is listsched.features_into
     assert not isinstance(listsched.features_into, _jit.Kernel)
     assert all(k.dispatcher is not None for k in _jit._KERNELS)
+
+
+METHODS_BOTH_WAYS = """
+    import sys
+    import numpy as np
+    from doppler import presets, workloads
+    from doppler._jit import as_python, started
+    from doppler.corpus import sample_pair
+    from doppler.methods import assign, get_method, list_methods
+
+    rng = np.random.default_rng(3)
+    cases = [(workloads.build(name), presets.cluster(c))
+             for name, c in (("llama_block", "v100x8"), ("ffnn", "h100x8"), ("chainmm", "p100x4"))]
+    while len(cases) < 8:  # training pairs: 2-16 devices, mixed speeds, every topology
+        g, c = sample_pair(rng)
+        if g.num_ops <= 300:
+            cases.append((g, c))
+    methods = [m for m in list_methods() if get_method(m).as_python is True]
+
+    def assign_all():
+        return [assign(g, c, m, seed=i).devices for i, (g, c) in enumerate(cases) for m in methods]
+
+    with as_python() as on:
+        assert on
+        python = assign_all()
+    assert "numba" not in sys.modules and not started()
+    compiled = assign_all()
+    assert started()
+    for a, b in zip(python, compiled):
+        np.testing.assert_array_equal(a, b)
+    print(sorted(methods), len(python))
+"""
+
+
+def test_python_and_compiled_cheap_methods_assign_alike():
+    """Every method that may run as Python gives the same assignment as Python and compiled."""
+    methods = ["critical_path", "enumerative", "heft", "metis", "random", "round_robin", "round_robin_block", "single"]
+    assert _run(METHODS_BOTH_WAYS) == f"{methods} {8 * len(methods)}"
 
 
 SIMULATE_BOTH_WAYS = """

@@ -91,33 +91,49 @@ def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out
                 out[d] = t
 
 
-def _features_into_numpy(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
-                        out):  # fmt: skip
-    """:func:`features_into` in numpy (``doppler._jit.as_python``): the same values, bit for bit
-    (each time is the same expression; sums run in the same order, ``np.add.at``)."""
-    k0, k1 = pred_ptr[v], pred_ptr[v + 1]
-    p = pred_idx[k0:k1]
-    dp = dev[p]
-    fp = finish[p]
-    out[:, 0] = assigned
-    out[:, 1] = 0.0
-    out[:, 2] = np.inf
-    out[:, 3] = 0.0
-    out[:, 6] = 0.0
-    out[:, 8] = comp[v]
-    out[:, 10] = 0.0
-    np.add.at(out[:, 1], dp, comp[p, dp])
-    np.minimum.at(out[:, 2], dp, start[p])
-    np.maximum.at(out[:, 3], dp, fp)
-    np.add.at(out[:, 6], dp, pred_comm[k0:k1])
-    out[dp, 10] = 1.0
-    arrive = fp[:, None] + lat[dp] + pred_bytes[k0:k1, None] * inv[dp]
-    out[:, 4] = np.maximum(free, arrive.max(axis=0)) if k1 > k0 else free
-    out[out[:, 2] == np.inf, 2] = 0.0
-    gaps_into(out)
+def _write_columns(out, assigned, est, comp_v, input_compute, first_start, last_finish, input_comm, has_input):
+    """Fill ``out[D, F]`` from per-device Python lists, with the gap columns :func:`gaps_into` computes
+    (the same expressions, so the same floats)."""
+    least_est, least_assigned = min(est), min(assigned)
+    eft = [e + c for e, c in zip(est, comp_v)]
+    least_eft = min(eft)
+    out[:] = list(zip(assigned, input_compute, first_start, last_finish, est, [e - least_est for e in est], input_comm,
+                      [a - least_assigned for a in assigned], comp_v, [f - least_eft for f in eft], has_input))  # fmt: skip
 
 
-@jit(cache=True, python=_features_into_numpy)
+def _features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
+                         out):  # fmt: skip
+    """:func:`features_into` on Python floats (``doppler._jit.as_python``): the same values, bit for bit
+    (each time is the same expression; sums run in the same order, input by input)."""
+    nd = free.shape[0]
+    k0, k1 = int(pred_ptr[v]), int(pred_ptr[v + 1])
+    est = free.tolist()
+    input_compute, first_start, last_finish = [0.0] * nd, [np.inf] * nd, [0.0] * nd
+    input_comm, has_input = [0.0] * nd, [0.0] * nd
+    if k1 > k0:
+        preds = pred_idx[k0:k1]
+        pred_dev = dev[preds]
+        lat_rows, inv_rows = lat.tolist(), inv.tolist()
+        for dp, fp, sp, cp, b, pc in zip(pred_dev.tolist(), finish[preds].tolist(), start[preds].tolist(),
+                                         comp[preds, pred_dev].tolist(), pred_bytes[k0:k1].tolist(),
+                                         pred_comm[k0:k1].tolist()):  # fmt: skip
+            input_compute[dp] += cp
+            if sp < first_start[dp]:
+                first_start[dp] = sp
+            if fp > last_finish[dp]:
+                last_finish[dp] = fp
+            input_comm[dp] += pc
+            has_input[dp] = 1.0
+            for d, (la, iv) in enumerate(zip(lat_rows[dp], inv_rows[dp])):
+                t = fp + la + b * iv
+                if t > est[d]:
+                    est[d] = t
+    first_start = [0.0 if s == np.inf else s for s in first_start]
+    _write_columns(out, assigned.tolist(), est, comp[v].tolist(), input_compute, first_start, last_finish, input_comm,
+                   has_input)  # fmt: skip
+
+
+@jit(cache=True, python=_features_into_lists)
 def features_into(
     v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, out
 ):  # pragma: no cover - compiled
@@ -154,15 +170,7 @@ def features_into(
     gaps_into(out)
 
 
-def _gaps_into_numpy(out):
-    """:func:`gaps_into` in numpy (``doppler._jit.as_python``)."""
-    est, eft = out[:, 4], out[:, 4] + out[:, 8]
-    out[:, 5] = est - np.minimum.reduce(est)
-    out[:, 7] = out[:, 0] - np.minimum.reduce(out[:, 0])
-    out[:, 9] = eft - np.minimum.reduce(eft)
-
-
-@jit(cache=True, python=_gaps_into_numpy)
+@jit(cache=True)
 def gaps_into(out):  # pragma: no cover - compiled
     """The gap features of ``out[D, F]`` (``est_gap``, ``assigned_gap``, ``eft_gap``) from its other columns."""
     nd = out.shape[0]
@@ -225,11 +233,23 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
 
 
 def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
-    """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``)."""
-    ready, length, count = out[:, 4].tolist(), comp[v].tolist(), busy_count.tolist()
-    out[:, 4] = [_earliest_gap_lists(ready[d], length[d], busy_start[d], busy_end[d], count[d])[0]
-                 for d in range(len(ready))]  # fmt: skip
-    _gaps_into_numpy(out)
+    """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``): the same search
+    and comparisons per device (a device whose intervals all end by the ready time needs none)."""
+    rows = out.tolist()
+    length = comp[v].tolist()
+    est = []
+    for d, (row, count) in enumerate(zip(rows, busy_count.tolist())):
+        t = row[4]
+        ends = busy_end[d]
+        if count and ends[count - 1] > t:
+            lo, need = bisect.bisect_right(ends, t, 0, count), length[d]  # earliest_gap's search, then its scan
+            for s, e in zip(busy_start[d, lo:count].tolist(), ends[lo:count].tolist()):
+                if t + need <= s:
+                    break
+                t = e if e > t else t
+        est.append(t)
+    columns = list(zip(*rows))
+    _write_columns(out, list(columns[0]), est, length, *(list(columns[f]) for f in (1, 2, 3, 6, 10)))
 
 
 @jit(cache=True, python=_insertion_starts_into_lists)

@@ -109,6 +109,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         assert set(w["makespan_s"]) == {"round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal",
                                         "doppler zero-shot", "doppler"}
         assert Path(w["doppler_training_curve_png"]).is_file() and w["doppler_train_s"] > 0
+        # one graph on one cluster: the demo's policy tells the devices apart
+        assert json.loads((tmp_path / f"doppler_{w['name']}" / "config.json").read_text())["device_identity"] is True
         assert min(w["makespan_s"].values()) >= w["lower_bound_s"] * (1 - 1e-9)
         # anneal starts from the best of critical_path/heft/enumerative and never gets worse
         assert w["makespan_s"]["anneal"] <= min(w["makespan_s"][m] for m in ("critical_path", "heft", "enumerative"))

@@ -100,11 +100,11 @@ def assign_cmd(
 
             kw["start"] = load_assignment(init, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint).devices
         from doppler._jit import as_python
-        from doppler.policy.method import decodes_as_python
+        from doppler.methods.registry import runs_as_python
         from doppler.report import format_time, memory_overruns
         from doppler.simulate import lower_bound, simulate
 
-        with as_python(decodes_as_python(graph, method, budget_s, **kw)):  # one small decode: no numba start-up
+        with as_python(runs_as_python(graph, method, budget_s, **kw)):  # one small job: no numba start-up
             if spec.uses_budget:
                 a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
             else:

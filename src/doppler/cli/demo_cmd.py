@@ -88,8 +88,10 @@ def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episo
         def on_train(ev) -> None:
             say(f"{name}: [bold]doppler[/] training, {ev.task} episode {ev.done:g}/{ev.total:g}")
 
-        train = train_and_assign(graph, cl, out_dir / f"doppler_{name}",
-                                 TrainConfig(episodes=train_episodes, il_episodes=il_episodes), on_train)  # fmt: skip
+        # one graph on one cluster: the device head may learn each device's identity, which lets
+        # distillation make the greedy decode reproduce the run's best (`doppler train --device-identity`)
+        config = TrainConfig(episodes=train_episodes, il_episodes=il_episodes, device_identity=True)
+        train = train_and_assign(graph, cl, out_dir / f"doppler_{name}", config, on_train)
         rows.append(score(graph, cl, train["assignment"], rows[0].lower_bound_s))
         say(f"{name}: [bold]doppler[/] trained", 1)
     best = min(rows, key=lambda r: r.makespan_s)

@@ -196,7 +196,8 @@ def critical_path_schedule(
     return _schedule(graph, cm, record=False)
 
 
-@register("critical_path", description="list scheduling: largest b-level first, earliest-start device")
+@register("critical_path", description="list scheduling: largest b-level first, earliest-start device",
+          as_python=True)
 def critical_path(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """DOPPLER's CRITICAL PATH teacher (deterministic; ``seed``/``budget_s`` unused)."""
     res = critical_path_schedule(graph, cluster)

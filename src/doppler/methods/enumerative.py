@@ -224,7 +224,8 @@ def enumerative_assign(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float
     return placer.dev, float(placer.load.max())
 
 
-@register("enumerative", description="structure-aware: enumerate tile placements per logical op, min max device cost")
+@register("enumerative", description="structure-aware: enumerate tile placements per logical op, min max device cost",
+          as_python=True)
 def enumerative(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """Structure-aware enumerative heuristic (deterministic; see the module docstring)."""
     dev, max_cost = enumerative_assign(graph, cluster)

@@ -65,7 +65,7 @@ def heft_schedule(
     return HeftSchedule(dev, order, rank, start, finish, float(finish.max()))
 
 
-@register("heft", description="HEFT: upward rank order, earliest finish time with insertion")
+@register("heft", description="HEFT: upward rank order, earliest finish time with insertion", as_python=True)
 def heft(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """HEFT (deterministic; ``seed``/``budget_s`` unused)."""
     s = heft_schedule(graph, cluster)

@@ -107,7 +107,8 @@ def _c_stdout_silenced() -> Iterator[None]:
         os.close(saved)
 
 
-@register("metis", description="balanced k-way min-cut partition (pymetis); ignores time", deterministic=False)
+@register("metis", description="balanced k-way min-cut partition (pymetis); ignores time", deterministic=False,
+          as_python=True)
 def metis(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """Balanced min-cut partition, one part per device (``seed`` seeds METIS)."""
     return Assignment(devices=metis_partition(graph, cluster, seed=seed))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -29,6 +29,16 @@ class MethodError(ValueError):
 MethodFn = Callable[..., "Assignment | np.ndarray"]
 
 
+#: a process that has not started numba (:mod:`doppler._jit`) runs one assignment of a graph of up to this
+#: many ops as Python, by a method that allows it (``register(..., as_python=...)``): numba's import and
+#: start-up take about 1 s on 2 cores, HEFT on 973 ops as Python 0.15 s, DOPPLER's greedy decode 0.4 s
+PYTHON_ASSIGN_MAX_OPS = 1000
+
+#: ``as_python`` of a method: never, always (up to PYTHON_ASSIGN_MAX_OPS ops), or when a predicate of the
+#: call's ``budget_s`` and keyword arguments holds
+AsPython = Union[bool, Callable[..., bool]]
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
@@ -37,6 +47,7 @@ class MethodSpec:
     min_devices: int = 1
     uses_budget: bool = False  # True: honours budget_s (others ignore it)
     deterministic: bool = True  # same inputs -> same assignment, whatever the seed
+    as_python: AsPython = False  # one small call may run its kernels as Python (runs_as_python)
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -50,15 +61,29 @@ def register(
     min_devices: int = 1,
     uses_budget: bool = False,
     deterministic: bool = True,
+    as_python: AsPython = False,
 ) -> Callable[[MethodFn], MethodFn]:
-    """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``."""
+    """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``. ``as_python``:
+    whether one call on a small graph may run as Python (:func:`runs_as_python`)."""
 
     def deco(fn: MethodFn) -> MethodFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic)
+        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python)
         return fn
 
     return deco
+
+
+def runs_as_python(graph: DataflowGraph, method: str, budget_s: float | None = None, **kw: Any) -> bool:
+    """Whether one call of ``method`` on ``graph`` should run its kernels as Python
+    (:func:`doppler._jit.as_python`) rather than start numba: the method allows it for this call, the
+    graph has at most :data:`PYTHON_ASSIGN_MAX_OPS` ops, and numba has not started in this process."""
+    from doppler._jit import started
+
+    rule = get_method(method).as_python
+    if rule is False or graph.num_ops > PYTHON_ASSIGN_MAX_OPS or started():
+        return False
+    return rule is True or bool(rule(budget_s=budget_s, **kw))
 
 
 def list_methods() -> list[str]:

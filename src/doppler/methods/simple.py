@@ -9,26 +9,27 @@ from doppler.methods.registry import register
 from doppler.graph import DataflowGraph
 
 
-@register("single", description="every op on device 0")
+@register("single", description="every op on device 0", as_python=True)
 def single(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """Every op on device 0 (no transfers, no parallelism)."""
     return Assignment(devices=np.zeros(graph.num_ops, dtype=np.int64))
 
 
-@register("round_robin", description="op id modulo the number of devices")
+@register("round_robin", description="op id modulo the number of devices", as_python=True)
 def round_robin(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """Op ``i`` on device ``i mod D``."""
     return Assignment(devices=np.arange(graph.num_ops, dtype=np.int64) % cluster.num_devices)
 
 
-@register("random", description="uniformly random device per op (seeded)", deterministic=False)
+@register("random", description="uniformly random device per op (seeded)", deterministic=False, as_python=True)
 def random_assignment(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """Each op on a uniformly random device, from ``numpy.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     return Assignment(devices=rng.integers(0, cluster.num_devices, size=graph.num_ops, dtype=np.int64))
 
 
-@register("round_robin_block", description="tiles of each logical op spread over devices by block index")
+@register("round_robin_block", description="tiles of each logical op spread over devices by block index",
+          as_python=True)
 def round_robin_block(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
     """Tile ops on device ``flattened block index mod D`` inside their logical op (the
     placement a sharded-tensor engine uses by default); ops without tile structure

@@ -236,7 +236,6 @@ def _rollout_kernel(
                 insertion_starts_into(v, comp, busy_start, busy_end, busy_count, raw)
             normalise_device_features(raw, inv_time_scale, x)
             record_view(b, h, raw, x, feats, est_tied, heft_model)
-            plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
             if mode == 2:
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:
@@ -251,8 +250,13 @@ def _rollout_kernel(
                     if est_tied[b, h, dd]:
                         tied_devs[count] = dd
                         count += 1
-                d = pick(logits, tied_devs, count, mode, u[2], u[3], eps)
+                if count == 1:  # nothing to choose: any pick of one device returns it
+                    d = tied_devs[0]
+                else:
+                    plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
+                    d = pick(logits, tied_devs, count, mode, u[2], u[3], eps)
             else:
+                plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
                 d = pick(logits, all_devs, nd, mode, u[2], u[3], eps)
             if heft_model:
                 insert_busy(d, raw[d, 4], raw[d, 4] + comp[v, d], busy_start, busy_end, busy_count)

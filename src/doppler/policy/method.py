@@ -44,20 +44,10 @@ SEARCH_SAMPLE_SHARE = 0.1
 ZERO_SHOT_PLC_TIES_ONLY = True
 
 
-#: a process that has not started numba (doppler._jit) decodes graphs of up to this many ops as Python
-#: in ``doppler assign``: numba's import and start-up take about 1 s on 2 cores, and the whole decode of
-#: a 973-op graph as Python about 0.5 s (docs/generalization.md, "... without numba either")
-PYTHON_DECODE_MAX_OPS = 1000
-
-
-def decodes_as_python(graph: DataflowGraph, method: str, budget_s: float | None = None, *, checkpoint=None,
-                      samples: int | None = None, **_: object) -> bool:  # fmt: skip
-    """Whether one ``doppler assign`` of ``method`` is one greedy decode by the shipped policy's numpy
-    twin of a graph small enough that running its kernels as Python beats starting numba."""
-    from doppler._jit import started
-
-    return (method == "doppler" and checkpoint is None and not samples and not budget_s
-            and graph.num_ops <= PYTHON_DECODE_MAX_OPS and not started())  # fmt: skip
+def _greedy_only(budget_s: float | None = None, *, checkpoint=None, samples: int | None = None, **_: object) -> bool:
+    """One greedy decode by the shipped policy (its numpy twin, :mod:`doppler.policy.infer`): small enough
+    to run as Python (:func:`~doppler.methods.registry.runs_as_python`); samples and search compile."""
+    return checkpoint is None and not samples and not budget_s
 
 
 def device_preferences(gf, enc, ro) -> np.ndarray:
@@ -74,7 +64,7 @@ def device_preferences(gf, enc, ro) -> np.ndarray:
 
 @register("doppler", description="learned SEL + PLC policy (default: the shipped pretrained policy, zero-shot; "
           "--checkpoint: a trained one; --samples K: best of K; --budget-s S: search from the policy's best sample)",
-          deterministic=False, uses_budget=True)  # fmt: skip
+          deterministic=False, uses_budget=True, as_python=_greedy_only)  # fmt: skip
 def doppler_method(
     graph: DataflowGraph,
     cluster: Cluster,
