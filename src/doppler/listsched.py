@@ -91,14 +91,19 @@ def est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, out
                 out[d] = t
 
 
+def _gaps(values: list, plus: list | None = None) -> list:
+    """Each of ``values`` (plus ``plus``) less their minimum: :func:`gaps_into`'s expressions on Python floats."""
+    if plus is not None:
+        values = [a + b for a, b in zip(values, plus)]
+    least = min(values)
+    return [a - least for a in values]
+
+
 def _write_columns(out, assigned, est, comp_v, input_compute, first_start, last_finish, input_comm, has_input):
     """Fill ``out[D, F]`` from per-device Python lists, with the gap columns :func:`gaps_into` computes
     (the same expressions, so the same floats)."""
-    least_est, least_assigned = min(est), min(assigned)
-    eft = [e + c for e, c in zip(est, comp_v)]
-    least_eft = min(eft)
-    out[:] = list(zip(assigned, input_compute, first_start, last_finish, est, [e - least_est for e in est], input_comm,
-                      [a - least_assigned for a in assigned], comp_v, [f - least_eft for f in eft], has_input))  # fmt: skip
+    out[:] = list(zip(assigned, input_compute, first_start, last_finish, est, _gaps(est), input_comm, _gaps(assigned),
+                      comp_v, _gaps(est, comp_v), has_input))  # fmt: skip
 
 
 def _features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
@@ -234,12 +239,11 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
 
 def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
     """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``): the same search
-    and comparisons per device (a device whose intervals all end by the ready time needs none)."""
-    rows = out.tolist()
+    and comparisons per device (a device whose intervals all end by the ready time needs none), and
+    only the columns it changes written back (``est``, ``est_gap``, ``eft_gap``)."""
     length = comp[v].tolist()
     est = []
-    for d, (row, count) in enumerate(zip(rows, busy_count.tolist())):
-        t = row[4]
+    for d, (t, count) in enumerate(zip(out[:, 4].tolist(), busy_count.tolist())):
         ends = busy_end[d]
         if count and ends[count - 1] > t:
             lo, need = bisect.bisect_right(ends, t, 0, count), length[d]  # earliest_gap's search, then its scan
@@ -248,8 +252,9 @@ def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out)
                     break
                 t = e if e > t else t
         est.append(t)
-    columns = list(zip(*rows))
-    _write_columns(out, list(columns[0]), est, length, *(list(columns[f]) for f in (1, 2, 3, 6, 10)))
+    out[:, 4] = est
+    out[:, 5] = _gaps(est)
+    out[:, 9] = _gaps(est, length)
 
 
 @jit(cache=True, python=_insertion_starts_into_lists)
