@@ -73,3 +73,56 @@ def test_insertion_keeps_busy_intervals_sorted_with_zero_length_ops():
     assert np.all(np.diff(end[0, : count[0]]) >= 0)
     assert place(7.0, 2.0) == 10.0
     assert place(0.0, 2.0) == 20.0  # [10, 12) is taken now; no earlier gap fits
+
+
+@pytest.mark.parametrize("cluster_name", ["p100x4", "v100x8", "unit:3"])
+def test_python_twins_of_the_device_features_equal_the_kernels_bit_for_bit(cluster_name):
+    """The Python-float twins that a fresh `doppler assign` runs (`doppler._jit.as_python`) against the
+    compiled kernels, step by step along random schedules of a graph with zero-length ops and
+    zero-byte edges, under both list-schedule models: every raw feature column, float64. HEFT's
+    insertion is also compared on rows it did not compute itself."""
+    from doppler.graph import from_edges
+    from doppler.listsched import (
+        _features_into_lists,
+        _insertion_starts_into_lists,
+        features_into,
+        insert_busy,
+        insertion_starts_into,
+        place,
+        pred_comm_s,
+    )
+
+    rng = np.random.default_rng(len(cluster_name))
+    n = 60
+    edges = [(i, j) for j in range(1, n) for i in rng.choice(j, size=min(j, 3), replace=False) if rng.random() < 0.7]
+    flops = np.where(rng.random(n) < 0.2, 0.0, rng.uniform(1e9, 1e11, n))
+    g = from_edges(flops, edges, output_bytes=np.where(rng.random(n) < 0.2, 0.0, rng.uniform(1e3, 1e8, n)))
+    cl = cluster(cluster_name)
+    cm = CostModel.build(g, cl)
+    nd = cl.num_devices
+    arrays = (np.ascontiguousarray(g.pred_ptr, dtype=np.int64), np.ascontiguousarray(g.pred_idx, dtype=np.int64),
+              np.ascontiguousarray(cm.pred_bytes(g), dtype=np.float64), pred_comm_s(g, cm))  # fmt: skip
+    comp, lat, inv = cm.compute_s, cm.latency_s, cm.inv_bw
+    for heft_model in (False, True):
+        dev, start, finish = np.full(n, -1, np.int64), np.zeros(n), np.zeros(n)
+        free, assigned, never_free = np.zeros(nd), np.zeros(nd), np.zeros(nd)
+        busy_start, busy_end, busy_count = np.zeros((nd, n)), np.zeros((nd, n)), np.zeros(nd, np.int64)
+        for v in g.topo_order:
+            state = (*arrays, comp, lat, inv, dev, start, finish, never_free if heft_model else free, assigned)
+            compiled, python = np.zeros((nd, NUM_DEVICE_FEATURES)), np.full((nd, NUM_DEVICE_FEATURES), np.nan)
+            features_into(v, *state, compiled)
+            _features_into_lists(v, *state, python)
+            np.testing.assert_array_equal(python, compiled)
+            if heft_model:
+                other = rng.random((nd, NUM_DEVICE_FEATURES))  # any rows, not only features_into's
+                for raw in (compiled, other):
+                    twin = raw.copy()
+                    insertion_starts_into(v, comp, busy_start, busy_end, busy_count, raw)
+                    _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, twin)
+                    np.testing.assert_array_equal(twin, raw)
+            d = int(rng.integers(nd))
+            est_d = compiled[d, 4]
+            place(v, d, est_d, comp, dev, start, finish, free, assigned)
+            if heft_model:
+                insert_busy(d, est_d, est_d + comp[v, d], busy_start, busy_end, busy_count)
+        assert (busy_count.sum() == n) if heft_model else (dev >= 0).all()

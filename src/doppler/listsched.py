@@ -240,10 +240,12 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
 def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
     """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``): the same search
     and comparisons per device (a device whose intervals all end by the ready time needs none), and
-    only the columns it changes written back (``est``, ``est_gap``, ``eft_gap``)."""
+    only the columns it changes written back (``est`` and the gaps)."""
+    rows = out.tolist()
     length = comp[v].tolist()
     est = []
-    for d, (t, count) in enumerate(zip(out[:, 4].tolist(), busy_count.tolist())):
+    for d, (row, count) in enumerate(zip(rows, busy_count.tolist())):
+        t = row[4]
         ends = busy_end[d]
         if count and ends[count - 1] > t:
             lo, need = bisect.bisect_right(ends, t, 0, count), length[d]  # earliest_gap's search, then its scan
@@ -254,7 +256,8 @@ def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out)
         est.append(t)
     out[:, 4] = est
     out[:, 5] = _gaps(est)
-    out[:, 9] = _gaps(est, length)
+    out[:, 7] = _gaps([row[0] for row in rows])
+    out[:, 9] = _gaps(est, [row[8] for row in rows])
 
 
 @jit(cache=True, python=_insertion_starts_into_lists)
