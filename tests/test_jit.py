@@ -44,10 +44,28 @@ def test_small_cheap_methods_and_one_greedy_decode_run_as_python():
     """) == "True True True False False False False False False False False"
 
 
-DECODE_BOTH_WAYS = """
+#: the start of a script that runs ``run()`` as Python (numba never imported), then compiled, and
+#: asserts the two results equal, array by array (each a list of results, or of lists of arrays)
+BOTH_WAYS = """
     import sys
     import numpy as np
     from doppler._jit import as_python, started
+
+    def both_ways(run):
+        with as_python() as on:
+            assert on
+            python = run()
+        assert "numba" not in sys.modules and not started()
+        compiled = run()
+        assert started()
+        for a, b in zip(python, compiled, strict=True):
+            for x, y in zip(a, b, strict=True) if isinstance(a, list) else [(a, b)]:
+                np.testing.assert_array_equal(x, y)
+        return python
+"""
+
+
+DECODE_BOTH_WAYS = BOTH_WAYS + """
     from doppler.corpus import sample_pair
     from doppler.policy.decode import make_plan, run_heads
     from doppler.policy.features import graph_features
@@ -78,16 +96,7 @@ DECODE_BOTH_WAYS = """
                                     simulate(g, c, ro.assignment[0], trace=True).trace.op_end])
         return out
 
-    with as_python() as on:
-        assert on
-        python = decode_all()
-    assert "numba" not in sys.modules and not started()
-    compiled = decode_all()
-    assert started()
-    for a, b in zip(python, compiled):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
-    print(len(python))
+    print(len(both_ways(decode_all)))
 """
 
 
@@ -149,11 +158,8 @@ def test_a_kernel_is_replaced_by_its_dispatcher_where_modules_hold_it():
     assert all(k.dispatcher is not None for k in _jit._KERNELS)
 
 
-METHODS_BOTH_WAYS = """
-    import sys
-    import numpy as np
+METHODS_BOTH_WAYS = BOTH_WAYS + """
     from doppler import presets, workloads
-    from doppler._jit import as_python, started
     from doppler.corpus import sample_pair
     from doppler.methods import assign, get_method, list_methods
 
@@ -169,15 +175,7 @@ METHODS_BOTH_WAYS = """
     def assign_all():
         return [assign(g, c, m, seed=i).devices for i, (g, c) in enumerate(cases) for m in methods]
 
-    with as_python() as on:
-        assert on
-        python = assign_all()
-    assert "numba" not in sys.modules and not started()
-    compiled = assign_all()
-    assert started()
-    for a, b in zip(python, compiled):
-        np.testing.assert_array_equal(a, b)
-    print(sorted(methods), len(python))
+    print(sorted(methods), len(both_ways(assign_all)))
 """
 
 
@@ -187,10 +185,7 @@ def test_python_and_compiled_cheap_methods_assign_alike():
     assert _run(METHODS_BOTH_WAYS) == f"{methods} {8 * len(methods)}"
 
 
-SIMULATE_BOTH_WAYS = """
-    import sys
-    import numpy as np
-    from doppler._jit import as_python
+SIMULATE_BOTH_WAYS = BOTH_WAYS + """
     from doppler.corpus import sample_pair
     from doppler.simulate import lower_bound, simulate
 
@@ -216,15 +211,7 @@ SIMULATE_BOTH_WAYS = """
                         t.op_end, t.tr_src_op, t.tr_dst_device, t.tr_start, t.tr_end])
         return out
 
-    with as_python() as on:
-        assert on
-        python = simulate_all()
-    assert "numba" not in sys.modules
-    compiled = simulate_all()
-    for a, b in zip(python, compiled):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)
-    print(len(python))
+    print(len(both_ways(simulate_all)))
 """
 
 

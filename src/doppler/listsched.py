@@ -194,14 +194,17 @@ def gaps_into(out):  # pragma: no cover - compiled
 
 def _earliest_gap_lists(ready_s, length_s, starts, ends, count):
     """:func:`earliest_gap` on Python floats (``doppler._jit.as_python``): the same search and
-    comparisons, without numpy's cost per element."""
-    e = ends[:count].tolist()
+    comparisons, without numpy's cost per element (a device whose intervals all end by the ready
+    time needs neither)."""
     t, length_s = float(ready_s), float(length_s)
-    lo = bisect.bisect_right(e, t)
-    for j, s in enumerate(starts[lo:count].tolist(), lo):
+    if count == 0 or ends[count - 1] <= t:
+        return t, count
+    j = bisect.bisect_right(ends, t, 0, count)
+    for s, e in zip(starts[j:count].tolist(), ends[j:count].tolist()):
         if t + length_s <= s:
             return t, j
-        t = max(t, e[j])
+        t = e if e > t else t  # max(t, e)
+        j += 1
     return t, count
 
 
@@ -239,21 +242,10 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
 
 def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
     """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``): the same search
-    and comparisons per device (a device whose intervals all end by the ready time needs none), and
-    only the columns it changes written back (``est`` and the gaps)."""
+    per device, and only the columns it changes written back (``est`` and the gaps)."""
     rows = out.tolist()
-    length = comp[v].tolist()
-    est = []
-    for d, (row, count) in enumerate(zip(rows, busy_count.tolist())):
-        t = row[4]
-        ends = busy_end[d]
-        if count and ends[count - 1] > t:
-            lo, need = bisect.bisect_right(ends, t, 0, count), length[d]  # earliest_gap's search, then its scan
-            for s, e in zip(busy_start[d, lo:count].tolist(), ends[lo:count].tolist()):
-                if t + need <= s:
-                    break
-                t = e if e > t else t
-        est.append(t)
+    est = [_earliest_gap_lists(row[4], need, busy_start[d], busy_end[d], count)[0]
+           for d, (row, need, count) in enumerate(zip(rows, comp[v].tolist(), busy_count.tolist()))]  # fmt: skip
     out[:, 4] = est
     out[:, 5] = _gaps(est)
     out[:, 7] = _gaps([row[0] for row in rows])
