@@ -136,6 +136,39 @@ def test_json_errors(mutate, pattern) -> None:
         graph_from_json(doc, source="g.json")
 
 
+_ENTRIES = st.one_of(
+    st.integers(-(2**70), 2**70), st.sampled_from([2**62, 2**62 - 1, -(2**62), -(2**62) + 1, -(2**63), 10**301]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([True, False, None, "1", 1.5, 2.0, 1e301]),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_ENTRIES, max_size=6), as_int=st.booleans())
+def test_number_columns_checked_in_bulk_as_entry_by_entry(values, as_int) -> None:
+    """A column read in bulk (the common case) gives the array, or the error, that the per-entry checks give."""
+    from doppler import formats
+
+    dtype = np.int64 if as_int else np.float64
+
+    def read(bulk: bool):
+        original = formats._checked_in_bulk
+        if not bulk:
+            formats._checked_in_bulk = lambda values, dtype: None
+        try:
+            return formats._number_column(values, "ops.flops", None, "g.json", dtype)
+        except (GraphError, OverflowError, ValueError, TypeError) as e:
+            return f"{type(e).__name__}: {e}"
+        finally:
+            formats._checked_in_bulk = original
+
+    bulk, each = read(True), read(False)
+    if isinstance(each, str):
+        assert bulk == each
+    else:
+        np.testing.assert_array_equal(bulk, each)
+        assert bulk.dtype == each.dtype == dtype
+
+
 def test_json_syntax_error_names_line(tmp_path: Path) -> None:
     p = tmp_path / "g.json"
     p.write_text('{\n  "format": "doppler-graph",\n  "version": 1,\n  oops\n}')

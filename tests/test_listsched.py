@@ -84,8 +84,10 @@ def test_python_twins_of_the_device_features_equal_the_kernels_bit_for_bit(clust
     from doppler.graph import from_edges
     from doppler.listsched import (
         _features_into_lists,
+        _heft_features_into_lists,
         _insertion_starts_into_lists,
         features_into,
+        heft_features_into,
         insert_busy,
         insertion_starts_into,
         place,
@@ -120,6 +122,11 @@ def test_python_twins_of_the_device_features_equal_the_kernels_bit_for_bit(clust
                     insertion_starts_into(v, comp, busy_start, busy_end, busy_count, raw)
                     _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, twin)
                     np.testing.assert_array_equal(twin, raw)
+                fused, fused_twin = np.zeros_like(compiled), np.full_like(compiled, np.nan)
+                heft_features_into(v, *state, busy_start, busy_end, busy_count, fused)
+                _heft_features_into_lists(v, *state, busy_start, busy_end, busy_count, fused_twin)
+                np.testing.assert_array_equal(fused, compiled)  # (now with the insertion applied)
+                np.testing.assert_array_equal(fused_twin, compiled)
             d = int(rng.integers(nd))
             est_d = compiled[d, 4]
             place(v, d, est_d, comp, dev, start, finish, free, assigned)

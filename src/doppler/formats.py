@@ -121,12 +121,31 @@ def graph_from_json_text(text: str, source: str = "<json>") -> DataflowGraph:
     return graph_from_json(doc, source=source)
 
 
+def _checked_in_bulk(values: list, dtype: Any) -> np.ndarray | None:
+    """The column if it plainly passes :func:`_number_column`'s checks (Python ints, and floats where
+    the column holds floats, all in range), else ``None``: then the per-entry checks find what is wrong."""
+    types = set(map(type, values))
+    try:
+        if dtype is np.int64 and types <= {int}:
+            arr = np.asarray(values, dtype=np.int64)
+            return arr if not arr.size or -(2**62) < int(arr.min()) and int(arr.max()) < 2**62 else None
+        if dtype is np.float64 and types <= {int, float}:
+            arr = np.asarray(values, dtype=np.float64)
+            return arr if int not in types or not arr.size or float(np.abs(arr).max()) <= 1e300 else None
+    except OverflowError:
+        pass
+    return None
+
+
 def _number_column(values: Any, key: str, n: int | None, source: str, dtype: Any, per: str = "op") -> np.ndarray:
     if not isinstance(values, list):
         raise GraphError(f"{source}: {key} must be a list, got {type(values).__name__}")
     if n is not None and len(values) != n:
         raise GraphError(f"{source}: {key} has {len(values)} entries, expected {n} (one per {per})")
-    for i, v in enumerate(values):
+    arr = _checked_in_bulk(values, dtype)
+    if arr is not None:
+        return arr
+    for i, v in enumerate(values):  # something is wrong (or unusual): find it and name it
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise GraphError(f"{source}: {key}[{i}] is {v!r}, not a number")
         if dtype is np.int64 and not (isinstance(v, int) or (math.isfinite(v) and v == int(v))):

@@ -106,10 +106,9 @@ def _write_columns(out, assigned, est, comp_v, input_compute, first_start, last_
                       comp_v, _gaps(est, comp_v), has_input))  # fmt: skip
 
 
-def _features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
-                         out):  # fmt: skip
-    """:func:`features_into` on Python floats (``doppler._jit.as_python``): the same values, bit for bit
-    (each time is the same expression; sums run in the same order, input by input)."""
+def _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned):
+    """:func:`features_into`'s per-device values on Python floats, as :func:`_write_columns`' arguments
+    (each time is the same expression as the kernel's; sums run in the same order, input by input)."""
     nd = free.shape[0]
     k0, k1 = int(pred_ptr[v]), int(pred_ptr[v + 1])
     est = free.tolist()
@@ -134,8 +133,14 @@ def _features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat
                 if t > est[d]:
                     est[d] = t
     first_start = [0.0 if s == np.inf else s for s in first_start]
-    _write_columns(out, assigned.tolist(), est, comp[v].tolist(), input_compute, first_start, last_finish, input_comm,
-                   has_input)  # fmt: skip
+    return assigned.tolist(), est, comp[v].tolist(), input_compute, first_start, last_finish, input_comm, has_input
+
+
+def _features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
+                         out):  # fmt: skip
+    """:func:`features_into` on Python floats (``doppler._jit.as_python``): the same values, bit for bit."""
+    _write_columns(out, *_feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
+                                        free, assigned))  # fmt: skip
 
 
 @jit(cache=True, python=_features_into_lists)
@@ -260,6 +265,26 @@ def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pr
     for d in range(out.shape[0]):
         out[d, 4] = earliest_gap(out[d, 4], comp[v, d], busy_start[d], busy_end[d], busy_count[d])[0]
     gaps_into(out)
+
+
+def _heft_features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free,
+                              assigned, busy_start, busy_end, busy_count, out):  # fmt: skip
+    """:func:`heft_features_into` on Python floats (``doppler._jit.as_python``): the insertion search on the
+    data-ready times as computed, and ``out`` written once (bit for bit the kernel's values)."""
+    assigned_s, ready, comp_v, *rest = _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev,
+                                                      start, finish, free, assigned)  # fmt: skip
+    est = [_earliest_gap_lists(t, need, busy_start[d], busy_end[d], count)[0]
+           for d, (t, need, count) in enumerate(zip(ready, comp_v, busy_count.tolist()))]  # fmt: skip
+    _write_columns(out, assigned_s, est, comp_v, *rest)
+
+
+@jit(cache=True, python=_heft_features_into_lists)
+def heft_features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
+                       busy_start, busy_end, busy_count, out):  # pragma: no cover - compiled  # fmt: skip
+    """The device features of op ``v`` under HEFT's model: :func:`features_into` with ``free`` (all 0: ops
+    do not append to their device), then :func:`insertion_starts_into`."""
+    features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned, out)
+    insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out)
 
 
 @jit(cache=True)

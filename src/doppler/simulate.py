@@ -85,6 +85,7 @@ __all__ = [
     "lower_bound",
     "simulate",
     "simulate_many",
+    "traced",
 ]
 
 
@@ -891,6 +892,14 @@ def simulate(graph: DataflowGraph, cluster: Cluster, assignment: "Assignment | S
     """Simulate ``graph`` on ``cluster`` under ``assignment`` (device index per op):
     :meth:`SimContext.simulate`, with its options, on a context built for this call."""
     return context(graph, cluster).simulate(assignment, **options)
+
+
+def traced(graph: DataflowGraph, cluster: Cluster, assignment: Assignment) -> SimResult:
+    """The traced WC run of a method's ``assignment``: the method's own (:attr:`Assignment.simulation`)
+    where it made one, else a new one."""
+    if assignment.simulation is not None:
+        return assignment.simulation
+    return simulate(graph, cluster, assignment, trace=True)
 
 
 def simulate_many(graph: DataflowGraph, cluster: Cluster, assignments: np.ndarray | Sequence[Sequence[int]],

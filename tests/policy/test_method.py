@@ -12,7 +12,7 @@ from doppler.methods import MethodError, assign
 from doppler.methods.anneal import _Moves
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR
 from doppler.pretrain import Pretrainer, pretrain_config
-from doppler.simulate import simulate
+from doppler.simulate import simulate, traced
 from doppler.policy.checkpoint import read_checkpoint
 
 
@@ -84,6 +84,21 @@ def test_missing_checkpoint_paths_are_clear_errors(tmp_path):
     os.mkfifo(tmp_path / "pipe.pt")  # torch.load would block on it
     with pytest.raises(MethodError, match="pipe.pt: not a regular file"):
         assign(g, cl, "doppler", checkpoint=tmp_path / "pipe.pt")
+
+
+def test_one_decode_hands_its_traced_run_to_the_caller(tiny_ckpt):
+    g, cl = workloads.build("random", num_ops=60, seed=3), cluster("p100x4")
+    one = assign(g, cl, "doppler", checkpoint=tiny_ckpt)
+    fresh = simulate(g, cl, one, trace=True)
+    assert one.simulation is not None and one.simulation.makespan_s == fresh.makespan_s == one.estimated_makespan_s
+    np.testing.assert_array_equal(one.simulation.trace.op_end, fresh.trace.op_end)
+    np.testing.assert_array_equal(one.simulation.peak_memory_bytes, fresh.peak_memory_bytes)
+    assert traced(g, cl, one) is one.simulation
+    best_of = assign(g, cl, "doppler", checkpoint=tiny_ckpt, samples=4)
+    assert traced(g, cl, best_of).makespan_s == best_of.estimated_makespan_s
+    searched = assign(g, cl, "doppler", checkpoint=tiny_ckpt, budget_s=0.2)  # the search's best: not simulated here
+    assert searched.simulation is None
+    assert traced(g, cl, searched).makespan_s == pytest.approx(searched.estimated_makespan_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.3])

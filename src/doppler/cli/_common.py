@@ -35,8 +35,10 @@ app.add_typer(graph_app, name="graph")
 # piped (not a terminal): no wrapping at 80 columns inside file names, no truncated table cells
 # Markup only where a line asks for it (``markup=True``, each name, path or message in it through
 # ``escape``): paths and names may hold square brackets, which rich would read as markup and drop.
-console = Console(markup=False) if sys.stdout.isatty() else Console(width=1000, markup=False)
-err_console = Console(stderr=True, markup=False) if sys.stderr.isatty() else Console(stderr=True, width=1000, markup=False)
+# No emoji codes either: rich would print the file "a:fire:b.json" as "a🔥b.json".
+_PLAIN = {"markup": False, "emoji": False}
+console = Console(**_PLAIN) if sys.stdout.isatty() else Console(width=1000, **_PLAIN)
+err_console = Console(stderr=True, **_PLAIN) if sys.stderr.isatty() else Console(stderr=True, width=1000, **_PLAIN)
 
 
 class UserError(Exception):

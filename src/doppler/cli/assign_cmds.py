@@ -1,8 +1,6 @@
 """``doppler assign`` (run one method, write the assignment file) and ``doppler
 compare`` (run several methods and tabulate their simulated makespans)."""
 
-from __future__ import annotations
-
 import csv
 import io
 from pathlib import Path
@@ -102,14 +100,15 @@ def assign_cmd(
         from doppler._jit import as_python
         from doppler.methods.registry import runs_as_python
         from doppler.report import format_time, memory_overruns
-        from doppler.simulate import lower_bound, simulate
+        from doppler.simulate import lower_bound, traced
 
-        with as_python(runs_as_python(graph, method, budget_s, **kw)):  # one small job: no numba start-up
-            if spec.uses_budget:
+        small_job = runs_as_python(graph, method, budget_s, **kw)
+        with as_python(small_job):  # one small job: no numba start-up, and no live progress
+            if spec.uses_budget and not small_job:
                 a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
             else:
                 a = assign(graph, cl, method, seed=seed, budget_s=budget_s, **kw)
-            result = simulate(graph, cl, a, trace=True)
+            result = traced(graph, cl, a)
             lb = float(lower_bound(graph, cl))
         makespan = float(result.makespan_s)
         peak = result.peak_memory_bytes

@@ -1,16 +1,16 @@
 """``doppler demo``: every method on the four paper workloads, the pretrained and a trained
 DOPPLER policy, pictures of the best schedules, and the real engine on a small graph."""
 
-from __future__ import annotations
-
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from doppler.io_util import make_run_dir
 from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, live_progress
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 DEMO_METHODS = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal")
 ZERO_SHOT = "doppler zero-shot"
@@ -108,8 +108,11 @@ def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episo
             "doppler_training_curve_png": str(train["training_curve"]) if train else None}  # fmt: skip
 
 
-def _demo_table(results: list[dict], methods: tuple[str, ...], cl, trained: bool) -> Table:
+def _demo_table(results: list[dict], methods: tuple[str, ...], cl, trained: bool) -> "Table":
     """Makespan per method (rows) and workload (columns), the best per workload in green."""
+    from rich.table import Table
+    from rich.text import Text
+
     from doppler.report import time_unit
 
     scale, unit = time_unit(min(r["lower_bound_s"] for r in results), cl)
@@ -168,6 +171,8 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
 
 
 def _print_engine_demo(real: dict) -> None:
+    from rich.table import Table
+
     from doppler.report import format_time
 
     table = Table(title=f"Real engine: {real['graph']} on 2 local CPU devices (median of 3 runs)")

@@ -2,8 +2,6 @@
 engine's devices and links into a cluster file) and ``doppler validate`` (simulator
 versus engine on many assignments)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any, Optional
 

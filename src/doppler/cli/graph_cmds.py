@@ -1,14 +1,11 @@
 """``doppler graph build|info|convert|draw`` and ``doppler demo``."""
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from doppler.cli._common import JSON_OPT, UserError, console, emit_json, err_console, graph_app, handle_errors
 from doppler.formats import load_graph, save_graph
@@ -106,6 +103,8 @@ def params_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """List the --set keys a workload accepts, with their value at each size."""
+    from rich.table import Table
+
     with handle_errors():
         from doppler import workloads
 
@@ -132,6 +131,8 @@ def info_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Size, depth, total work, critical path and makespan lower bound of a graph."""
+    from rich.table import Table
+
     with handle_errors():
         from doppler.simulate import lower_bound
 

@@ -1,11 +1,8 @@
 """``doppler methods`` and ``doppler clusters`` (what exists), and ``doppler --version``."""
 
-from __future__ import annotations
-
 from typing import Any, Optional
 
 import typer
-from rich.table import Table
 
 from doppler.cli._common import JSON_OPT, app, console, emit_json, handle_errors
 
@@ -31,6 +28,8 @@ def main_options(
 @app.command("methods")
 def methods_cmd(json_out: bool = JSON_OPT) -> None:
     """List the placement methods: name, what it does, whether it uses a search budget."""
+    from rich.table import Table
+
     with handle_errors():
         from doppler.methods import get_method, list_methods
 
@@ -74,6 +73,8 @@ def _cluster_row(name: str, scalable: bool) -> dict[str, Any]:
 @app.command("clusters")
 def clusters_cmd(json_out: bool = JSON_OPT) -> None:
     """List the cluster presets: device count, FLOP/s per device, link bandwidths and latencies."""
+    from rich.table import Table
+
     with handle_errors():
         from doppler.presets import PRESETS
         from doppler.report import format_time

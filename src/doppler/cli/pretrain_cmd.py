@@ -1,7 +1,5 @@
 """``doppler pretrain``: train one transferable policy on the corpus of (graph, cluster) pairs."""
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 from typing import Optional

@@ -1,7 +1,5 @@
 """``doppler simulate G --cluster C --assignment A.json [...]``: makespan of one assignment."""
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 from typing import Optional
@@ -9,8 +7,6 @@ from typing import Optional
 import numpy as np
 import typer
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from doppler.cli._common import JSON_OPT, STRICT_MEMORY_HELP, app, check_memory, console, emit_json, handle_errors, write_trace_files
 
@@ -116,6 +112,9 @@ def _record(graph, cl, result, lb: float, overruns, elapsed_s: float, **options)
 
 def _report(graph, cl, result, lb: float, *, mode: str, dispatch: str, noise: float) -> None:
     """The human summary: one line, then one row per device (ops, busy time, utilisation, memory)."""
+    from rich.table import Table
+    from rich.text import Text
+
     from doppler.report import format_bytes, format_time
 
     tr = result.trace
@@ -154,6 +153,8 @@ def diff_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Two assignments side by side: simulated makespan, ops per device, transfers, and the ops that moved."""
+    from rich.table import Table
+
     with handle_errors():
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph

@@ -1,7 +1,5 @@
 """``doppler train``: Stage I (imitation) and Stage II (simulator RL) of DOPPLER."""
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 from typing import Any, Optional

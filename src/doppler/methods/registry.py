@@ -188,9 +188,9 @@ class CompareRow:
 def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None) -> CompareRow:
     """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated."""
     from doppler.report import memory_overruns
-    from doppler.simulate import simulate
+    from doppler.simulate import traced
 
-    result = simulate(graph, cluster, a, trace=True)
+    result = traced(graph, cluster, a)
     peak = result.peak_memory_bytes
     return CompareRow(method=method or a.method, makespan_s=float(result.makespan_s), lower_bound_s=lower_bound_s,
                       peak_memory_bytes=peak.tolist(), memory_overruns=memory_overruns(peak, cluster),

@@ -31,7 +31,7 @@ import numpy as np
 from doppler._jit import jit
 from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import (
-    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, insert_busy, insertion_starts_into, place, take_candidate,
+    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy, place, take_candidate,
 )  # fmt: skip
 from doppler.policy import LEAK
 from doppler.policy.features import GraphFeatures, normalise_device_features
@@ -230,10 +230,12 @@ def _rollout_kernel(
             else:
                 v = pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
             # ---- PLC
-            features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
-                          never_free if heft_model else free, assigned, raw)  # fmt: skip
             if heft_model:
-                insertion_starts_into(v, comp, busy_start, busy_end, busy_count, raw)
+                heft_features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
+                                   never_free, assigned, busy_start, busy_end, busy_count, raw)  # fmt: skip
+            else:
+                features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free,
+                              assigned, raw)  # fmt: skip
             normalise_device_features(raw, inv_time_scale, x)
             record_view(b, h, raw, x, feats, est_tied, heft_model)
             if mode == 2:

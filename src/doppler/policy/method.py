@@ -94,7 +94,7 @@ def doppler_method(
     from doppler.policy.checkpoint import CheckpointError, check_checkpoint_fits, resolve_checkpoint
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
-    from doppler.simulate import simulate_many
+    from doppler.simulate import context, simulate_many
 
     guided = bool(budget_s) and guided_share > 0
     fast = None
@@ -124,7 +124,7 @@ def doppler_method(
     t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
     gf = graph_features(graph, cluster)
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy", plc_ties_only=ties_only)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed) if samples or budget_s else None  # (greedy alone: no numpy.random import)
     prefs = None
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
         heads = fast.heads(gf)
@@ -161,13 +161,19 @@ def doppler_method(
     if fast is None and guided and enc.head_weights()[1]:
         with torch.no_grad():
             prefs = device_preferences(gf, enc, ro)
-    makespans = simulate_many(graph, cluster, candidates)
+    simulation = None
+    if len(candidates) == 1 and not budget_s:  # one decode: its traced run also serves the caller's report
+        simulation = context(graph, cluster).simulate(candidates[0], trace=True)
+        makespans = np.array([simulation.makespan_s])
+    else:
+        makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
     drawn = samples or len(candidates) - 1
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": drawn, "checkpoint": str(path),
             "plc_ties_only": ties_only}  # fmt: skip
     if not budget_s:
-        return Assignment(devices=candidates[best], estimated_makespan_s=float(makespans[best]), info=info)
+        return Assignment(devices=candidates[best], estimated_makespan_s=float(makespans[best]), info=info,
+                          simulation=simulation)  # fmt: skip
     from doppler.methods.anneal import anneal_search
 
     left = max(budget_s - (time.perf_counter() - t0), 1e-3)
