@@ -137,7 +137,8 @@ def test_json_errors(mutate, pattern) -> None:
 
 
 _ENTRIES = st.one_of(
-    st.integers(-(2**70), 2**70), st.sampled_from([2**62, 2**62 - 1, -(2**62), -(2**62) + 1, -(2**63), 10**301]),
+    st.integers(-(2**70), 2**70), st.sampled_from([2**62, 2**62 - 1, -(2**62), -(2**62) + 1, -(2**63), 10**301, int(1e300), int(1e300) + 1,
+                                                        -int(1e300) - 1]),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([True, False, None, "1", 1.5, 2.0, 1e301]),
 )  # fmt: skip
 

@@ -131,7 +131,8 @@ def _checked_in_bulk(values: list, dtype: Any) -> np.ndarray | None:
             return arr if not arr.size or -(2**62) < int(arr.min()) and int(arr.max()) < 2**62 else None
         if dtype is np.float64 and types <= {int, float}:
             arr = np.asarray(values, dtype=np.float64)
-            return arr if int not in types or not arr.size or float(np.abs(arr).max()) <= 1e300 else None
+            # (an int above 1e300 may round down to 1e300: from 1e300 on, the per-entry check decides exactly)
+            return arr if int not in types or not arr.size or float(np.abs(arr).max()) < 1e300 else None
     except OverflowError:
         pass
     return None

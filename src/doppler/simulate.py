@@ -896,9 +896,11 @@ def simulate(graph: DataflowGraph, cluster: Cluster, assignment: "Assignment | S
 
 def traced(graph: DataflowGraph, cluster: Cluster, assignment: Assignment) -> SimResult:
     """The traced WC run of a method's ``assignment``: the method's own (:attr:`Assignment.simulation`)
-    where it made one, else a new one."""
+    where it made one of these devices on this very graph and cluster, else a new one."""
     if assignment.simulation is not None:
-        return assignment.simulation
+        g, c, result = assignment.simulation
+        if g is graph and c is cluster and np.array_equal(result.trace.op_device, assignment.devices):
+            return result
     return simulate(graph, cluster, assignment, trace=True)
 
 

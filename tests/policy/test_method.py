@@ -90,10 +90,16 @@ def test_one_decode_hands_its_traced_run_to_the_caller(tiny_ckpt):
     g, cl = workloads.build("random", num_ops=60, seed=3), cluster("p100x4")
     one = assign(g, cl, "doppler", checkpoint=tiny_ckpt)
     fresh = simulate(g, cl, one, trace=True)
-    assert one.simulation is not None and one.simulation.makespan_s == fresh.makespan_s == one.estimated_makespan_s
-    np.testing.assert_array_equal(one.simulation.trace.op_end, fresh.trace.op_end)
-    np.testing.assert_array_equal(one.simulation.peak_memory_bytes, fresh.peak_memory_bytes)
-    assert traced(g, cl, one) is one.simulation
+    kept = traced(g, cl, one)
+    assert kept is one.simulation[2] and kept.makespan_s == fresh.makespan_s == one.estimated_makespan_s
+    np.testing.assert_array_equal(kept.trace.op_end, fresh.trace.op_end)
+    np.testing.assert_array_equal(kept.peak_memory_bytes, fresh.peak_memory_bytes)
+    other = cluster("p100x4")  # an equal cluster, but not the one it ran on: simulated anew
+    assert traced(g, other, one) is not kept and traced(g, other, one).makespan_s == kept.makespan_s
+    one.devices = (one.devices + 1) % cl.num_devices  # devices changed since: simulated anew
+    again = traced(g, cl, one)
+    assert again is not kept and again.makespan_s == simulate(g, cl, one).makespan_s
+    np.testing.assert_array_equal(again.trace.op_device, one.devices)
     best_of = assign(g, cl, "doppler", checkpoint=tiny_ckpt, samples=4)
     assert traced(g, cl, best_of).makespan_s == best_of.estimated_makespan_s
     searched = assign(g, cl, "doppler", checkpoint=tiny_ckpt, budget_s=0.2)  # the search's best: not simulated here

@@ -163,8 +163,8 @@ def doppler_method(
             prefs = device_preferences(gf, enc, ro)
     simulation = None
     if len(candidates) == 1 and not budget_s:  # one decode: its traced run also serves the caller's report
-        simulation = context(graph, cluster).simulate(candidates[0], trace=True)
-        makespans = np.array([simulation.makespan_s])
+        simulation = (graph, cluster, context(graph, cluster).simulate(candidates[0], trace=True))
+        makespans = np.array([simulation[2].makespan_s])
     else:
         makespans = simulate_many(graph, cluster, candidates)
     best = int(np.argmin(makespans))
