@@ -32,16 +32,20 @@ def test_importing_the_package_and_its_cli_does_not_import_numba():
 def test_small_cheap_methods_and_one_greedy_decode_run_as_python():
     assert _run("""
         from doppler import workloads
-        from doppler.methods.registry import PYTHON_ASSIGN_MAX_OPS, runs_as_python
+        from doppler.methods.registry import PYTHON_ASSIGN_MAX_OPS, get_method, runs_as_python
         g = workloads.build("llama_block")
         big = workloads.build("random", num_ops=PYTHON_ASSIGN_MAX_OPS + 1)
         assert g.num_ops <= PYTHON_ASSIGN_MAX_OPS and big.num_ops > PYTHON_ASSIGN_MAX_OPS
-        print(runs_as_python(g, "doppler"), runs_as_python(g, "heft"), runs_as_python(g, "enumerative"),
-              runs_as_python(g, "doppler", checkpoint="c.pt"), runs_as_python(g, "doppler", samples=4),
-              runs_as_python(g, "doppler", 5.0), runs_as_python(g, "anneal"), runs_as_python(g, "lookahead"),
-              runs_as_python(g, "doppler_sel", checkpoint="c.pt"), runs_as_python(big, "doppler"),
-              runs_as_python(big, "heft"))
-    """) == "True True True False False False False False False False False"
+        print(runs_as_python(g, 8, "doppler"), runs_as_python(g, 8, "heft"), runs_as_python(g, 8, "enumerative"),
+              runs_as_python(g, 8, "doppler", checkpoint="c.pt"), runs_as_python(g, 8, "doppler", samples=4),
+              runs_as_python(g, 8, "doppler", 5.0), runs_as_python(g, 8, "anneal"), runs_as_python(g, 8, "lookahead"),
+              runs_as_python(g, 8, "doppler_sel", checkpoint="c.pt"), runs_as_python(big, 8, "doppler"),
+              runs_as_python(big, 8, "heft"))
+        for m in ("doppler", "heft"):  # their Python cost grows with ops x devices: a limit of their own
+            most = get_method(m).python_max_work
+            print(runs_as_python(g, most // g.num_ops, m), runs_as_python(g, most // g.num_ops + 1, m),
+                  runs_as_python(g, most // g.num_ops + 1, "critical_path"))
+    """) == "True True True False False False False False False False False\nTrue False True\nTrue False True"
 
 
 #: the start of a script that runs ``run()`` as Python (numba never imported), then compiled, and
@@ -142,7 +146,7 @@ def test_nothing_runs_as_python_once_numba_has_started():
     g = workloads.build("llama_block")
     assert g.num_ops <= PYTHON_ASSIGN_MAX_OPS
     _jit.start()  # (this process: numba has started, so nothing runs as Python)
-    assert not runs_as_python(g, "doppler") and not runs_as_python(g, "heft")
+    assert not runs_as_python(g, 8, "doppler") and not runs_as_python(g, 8, "heft")
     with _jit.as_python() as on:
         assert not on
 

@@ -102,7 +102,7 @@ def assign_cmd(
         from doppler.report import format_time, memory_overruns
         from doppler.simulate import lower_bound, traced
 
-        small_job = runs_as_python(graph, method, budget_s, **kw)
+        small_job = runs_as_python(graph, cl.num_devices, method, budget_s, **kw)
         with as_python(small_job):  # one small job: no numba start-up, and no live progress
             if spec.uses_budget and not small_job:
                 a = _assign_with_progress(graph, cl, method, seed=seed, budget_s=budget_s, **kw)

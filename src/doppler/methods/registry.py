@@ -31,8 +31,9 @@ MethodFn = Callable[..., "Assignment | np.ndarray"]
 
 #: a process that has not started numba (:mod:`doppler._jit`) runs one assignment of a graph of up to this
 #: many ops as Python, by a method that allows it (``register(..., as_python=...)``): numba's import and
-#: start-up take about 1 s on 2 cores, HEFT on 973 ops as Python 0.15 s, DOPPLER's greedy decode 0.4 s
-PYTHON_ASSIGN_MAX_OPS = 1000
+#: start-up take about 1.2 s on 2 cores. Measured in fresh processes (docs/generalization.md): every
+#: cheap method as Python took 0.6-1.3 s in all at 1,360-3,000 ops against 1.7-2.4 s compiled
+PYTHON_ASSIGN_MAX_OPS = 3000
 
 #: ``as_python`` of a method: never, always (up to PYTHON_ASSIGN_MAX_OPS ops), or when a predicate of the
 #: call's ``budget_s`` and keyword arguments holds
@@ -48,6 +49,7 @@ class MethodSpec:
     uses_budget: bool = False  # True: honours budget_s (others ignore it)
     deterministic: bool = True  # same inputs -> same assignment, whatever the seed
     as_python: AsPython = False  # one small call may run its kernels as Python (runs_as_python)
+    python_max_work: int | None = None  # ... and only up to this many ops x devices (None: no limit of its own)
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -62,26 +64,33 @@ def register(
     uses_budget: bool = False,
     deterministic: bool = True,
     as_python: AsPython = False,
+    python_max_work: int | None = None,
 ) -> Callable[[MethodFn], MethodFn]:
     """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``. ``as_python``:
-    whether one call on a small graph may run as Python (:func:`runs_as_python`)."""
+    whether one call on a small graph may run as Python (:func:`runs_as_python`); ``python_max_work``:
+    the most ops x devices for which it may (for a method whose Python cost grows with both)."""
 
     def deco(fn: MethodFn) -> MethodFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python)
+        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python, python_max_work)
         return fn
 
     return deco
 
 
-def runs_as_python(graph: DataflowGraph, method: str, budget_s: float | None = None, **kw: Any) -> bool:
-    """Whether one call of ``method`` on ``graph`` should run its kernels as Python
-    (:func:`doppler._jit.as_python`) rather than start numba: the method allows it for this call, the
-    graph has at most :data:`PYTHON_ASSIGN_MAX_OPS` ops, and numba has not started in this process."""
+def runs_as_python(graph: DataflowGraph, num_devices: int, method: str, budget_s: float | None = None,
+                   **kw: Any) -> bool:  # fmt: skip
+    """Whether one call of ``method`` on ``graph`` and a cluster of ``num_devices`` should run its kernels
+    as Python (:func:`doppler._jit.as_python`) rather than start numba: the method allows it for this
+    call, the graph has at most :data:`PYTHON_ASSIGN_MAX_OPS` ops (and ops x devices within the method's
+    ``python_max_work``), and numba has not started in this process."""
     from doppler._jit import started
 
-    rule = get_method(method).as_python
+    spec = get_method(method)
+    rule, max_work = spec.as_python, spec.python_max_work
     if rule is False or graph.num_ops > PYTHON_ASSIGN_MAX_OPS or started():
+        return False
+    if max_work is not None and graph.num_ops * num_devices > max_work:
         return False
     return rule is True or bool(rule(budget_s=budget_s, **kw))
 
