@@ -245,12 +245,18 @@ def insert_interval(starts, ends, count, slot, start_s, finish_s):  # pragma: no
     ends[slot] = finish_s
 
 
+def _insertion_starts(ready, comp_v, busy_start, busy_end, busy_count) -> list:
+    """Per device, the start of the earliest idle gap from ``ready[d]`` on that fits ``comp_v[d]``
+    (:func:`insertion_starts_into`'s search, on Python floats)."""
+    return [_earliest_gap_lists(t, need, busy_start[d], busy_end[d], count)[0]
+            for d, (t, need, count) in enumerate(zip(ready, comp_v, busy_count.tolist()))]  # fmt: skip
+
+
 def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
     """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``): the same search
     per device, and only the columns it changes written back (``est`` and the gaps)."""
     rows = out.tolist()
-    est = [_earliest_gap_lists(row[4], need, busy_start[d], busy_end[d], count)[0]
-           for d, (row, need, count) in enumerate(zip(rows, comp[v].tolist(), busy_count.tolist()))]  # fmt: skip
+    est = _insertion_starts([row[4] for row in rows], comp[v].tolist(), busy_start, busy_end, busy_count)
     out[:, 4] = est
     out[:, 5] = _gaps(est)
     out[:, 7] = _gaps([row[0] for row in rows])
@@ -273,9 +279,7 @@ def _heft_features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp
     data-ready times as computed, and ``out`` written once (bit for bit the kernel's values)."""
     assigned_s, ready, comp_v, *rest = _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev,
                                                       start, finish, free, assigned)  # fmt: skip
-    est = [_earliest_gap_lists(t, need, busy_start[d], busy_end[d], count)[0]
-           for d, (t, need, count) in enumerate(zip(ready, comp_v, busy_count.tolist()))]  # fmt: skip
-    _write_columns(out, assigned_s, est, comp_v, *rest)
+    _write_columns(out, assigned_s, _insertion_starts(ready, comp_v, busy_start, busy_end, busy_count), comp_v, *rest)
 
 
 @jit(cache=True, python=_heft_features_into_lists)

@@ -65,8 +65,8 @@ def heft_schedule(
     return HeftSchedule(dev, order, rank, start, finish, float(finish.max()))
 
 
-#: (``python_max_work``: as Python, a fresh `doppler assign -m heft` took 1.01-1.21 s at 1,360 x 32 to 2,280 x 8
-#: ops x devices against 1.8-2.1 s compiled, and 1.93 s at 3,000 x 16 against 1.75 s)
+# (python_max_work: as Python, a fresh `doppler assign -m heft` took 1.01-1.21 s at 1,360 x 32 to 2,280 x 8
+# ops x devices against 1.8-2.1 s compiled, and 1.93 s at 3,000 x 16 against 1.75 s)
 @register("heft", description="HEFT: upward rank order, earliest finish time with insertion", as_python=True,
           python_max_work=45_000)  # fmt: skip
 def heft(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:

@@ -88,9 +88,8 @@ def runs_as_python(graph: DataflowGraph, num_devices: int, method: str, budget_s
 
     spec = get_method(method)
     rule, max_work = spec.as_python, spec.python_max_work
-    if rule is False or graph.num_ops > PYTHON_ASSIGN_MAX_OPS or started():
-        return False
-    if max_work is not None and graph.num_ops * num_devices > max_work:
+    too_big = graph.num_ops > PYTHON_ASSIGN_MAX_OPS or (max_work is not None and graph.num_ops * num_devices > max_work)
+    if rule is False or too_big or started():
         return False
     return rule is True or bool(rule(budget_s=budget_s, **kw))
 

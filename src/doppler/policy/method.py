@@ -44,8 +44,6 @@ SEARCH_SAMPLE_SHARE = 0.1
 ZERO_SHOT_PLC_TIES_ONLY = True
 
 
-#: (``python_max_work=40_000`` below: as Python, a fresh greedy `doppler assign` took 0.94 s at 973 x 8
-#: ops x devices and 1.66 s at 2,280 x 8, against 1.8-2.0 s compiled, but 2.98 s at 3,000 x 16 against 2.05)
 def _greedy_only(budget_s: float | None = None, *, checkpoint=None, samples: int | None = None, **_: object) -> bool:
     """One greedy decode by the shipped policy (its numpy twin, :mod:`doppler.policy.infer`): small enough
     to run as Python (:func:`~doppler.methods.registry.runs_as_python`); samples and search compile."""
@@ -64,6 +62,8 @@ def device_preferences(gf, enc, ro) -> np.ndarray:
     return prefs
 
 
+# (python_max_work: as Python, a fresh greedy `doppler assign` took 0.94 s at 973 x 8 ops x devices and
+# 1.66 s at 2,280 x 8, against 1.8-2.0 s compiled, but 2.98 s at 3,000 x 16 against 2.05 s)
 @register("doppler", description="learned SEL + PLC policy (default: the shipped pretrained policy, zero-shot; "
           "--checkpoint: a trained one; --samples K: best of K; --budget-s S: search from the policy's best sample)",
           deterministic=False, uses_budget=True, as_python=_greedy_only, python_max_work=40_000)  # fmt: skip
