@@ -1,12 +1,12 @@
 """Distillation with and without ``--distill-on-policy``, from the same Stage II run, side by side.
 
     python benchmarks/distill_on_policy.py [--graphs chainmm,ffnn,llama_block,llama_layer] [--seeds 3]
-                                           [--cluster p100x4] [--episodes 1000] [--weights 0,1] [--device-identity]
+                                           [--cluster p100x4] [--episodes 1000] [--weights 0,1] [--no-device-identity]
                                            [--out DIR]
 
 For each graph and seed, Stage II runs once (the demo's settings: 512 imitation episodes, then
-``--episodes`` simulator episodes, no distillation; with ``--device-identity``, a learned state
-per device, so the device head can tell alike devices apart) and is saved. Distillation then starts from
+``--episodes`` simulator episodes, no distillation; a learned state per device, as ``doppler train``
+has by default, so the device head can tell alike devices apart; ``--no-device-identity``: without) and is saved. Distillation then starts from
 that same saved state once per weight W of the on-policy term (``TrainConfig.distill_on_policy``;
 0 is plain replay of the best trajectory), for up to ``--distill-updates`` updates. The stage
 stops as soon as the greedy decode is as good as the best assignment Stage II found ("matched").
@@ -31,7 +31,8 @@ from doppler import cluster, workloads
 from doppler.train import TrainConfig, Trainer
 
 
-def stage_two(graph, cl, seed: int, episodes: int, il_episodes: int, device_identity: bool, run_dir: Path) -> float:
+def stage_two(graph, cl, seed: int, episodes: int, il_episodes: int, device_identity: bool | None,
+              run_dir: Path) -> float:  # fmt: skip
     """Imitation and Stage II with the demo's settings, saved in ``run_dir``; returns its seconds."""
     tr = Trainer.create([graph], cl, TrainConfig(episodes=episodes, il_episodes=il_episodes, seed=seed,
                                                  distill_updates=0, device_identity=device_identity))  # fmt: skip
@@ -66,7 +67,8 @@ def main() -> None:
     ap.add_argument("--il-episodes", type=int, default=512, help="Stage I episodes (the demo's 512)")
     ap.add_argument("--distill-updates", type=int, default=1000)
     ap.add_argument("--weights", default="0,1", help="comma list of on-policy weights W to compare")
-    ap.add_argument("--device-identity", action="store_true", help="train with a learned state per device")
+    ap.add_argument("--device-identity", action=argparse.BooleanOptionalAction, default=None,
+                    help="train with a learned state per device (doppler train's default: on), or without")
     ap.add_argument("--out", default=None, help="keep the runs here (default: a temporary directory)")
     args = ap.parse_args()
     cl = cluster(args.cluster)
@@ -78,7 +80,7 @@ def main() -> None:
     for seed in range(args.seeds):
         for name in args.graphs.split(","):
             g = workloads.build(name)
-            saved = root / f"{name}_{seed}{'_identity' if args.device_identity else ''}" / "stage2"
+            saved = root / f"{name}_{seed}{'' if args.device_identity is False else '_identity'}" / "stage2"
             if not (saved / "checkpoint.pt").is_file():
                 stage_two(g, cl, seed, args.episodes, args.il_episodes, args.device_identity, saved)
             for w in weights:

@@ -1,7 +1,7 @@
 """Does one pretrained policy place graphs and clusters it has never seen? The held-out table.
 
     python benchmarks/generalization.py [--checkpoint CKPT] [--quick] [--seeds 3] [--budget-s 5]
-        [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--device-identity]
+        [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--no-device-identity]
         [--distill-on-policy W] [--out F.json]
 
 One row per held-out (graph, cluster) of :func:`doppler.corpus.held_out_split`. Makespans are
@@ -14,13 +14,13 @@ decode (the default, ``guided_share=0``; and with a share of moves drawn from th
 preferences, ``MEASURED_GUIDED_SHARE``); fine-tuned for
 ``--finetune-episodes`` from the pretrained policy on the first ``--finetune-rows`` rows, with its
 ``structural`` op features / widened to ``full`` ones (``--op-features full``), each with a
-learned state per device (``doppler train --device-identity``) if ``--device-identity`` is given;
+learned state per device as ``doppler train`` has by default (``--no-device-identity``: without);
 and the zero-shot greedy assignment time (warm: the policy loaded and compiled once per process).
 Search columns give the mean over ``--seeds`` seeds and the spread (max - min).
 
 Then the hardware transfer (the paper's Section 5): the pretrained policy fine-tuned on
 llama_layer / p100x4, applied to v100x8 zero-shot and after ``--transfer-episodes`` episodes
-there (with ``--device-identity``, the state per device is added at the v100x8 stage), with the
+there (the p100x4 stage's state per device is left out on v100x8, and a new one starts at zero), with the
 share of transferred bytes that stay on NVLink-connected GPU pairs; and the
 fine-tuning curve of llama_layer / p100x4 from the pretrained policy next to a from-scratch run
 (``--curve PNG``).
@@ -68,10 +68,10 @@ def seeded(fn, seeds: int) -> tuple[float, float]:
 
 
 def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None,
-             device_identity: bool = False, distill_on_policy: float | None = None):  # fmt: skip
+             device_identity: bool | None = None, distill_on_policy: float | None = None):  # fmt: skip
     """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch;
     ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``),
-    ``device_identity`` adds a learned state per device (``--device-identity``), ``distill_on_policy``
+    ``device_identity``: a learned state per device (None: as ``doppler train``, on), ``distill_on_policy``
     weighs distillation's labels in the greedy decode's own states (``--distill-on-policy``)."""
     import torch
 
@@ -112,12 +112,12 @@ def main() -> None:
     ap.add_argument("--finetune-rows", type=int, default=1)
     ap.add_argument("--finetune-episodes", type=int, default=500)
     ap.add_argument("--transfer-episodes", type=int, default=2000)
-    ap.add_argument("--device-identity", action="store_true",
-                    help="fine-tune with a learned state per device (doppler train --device-identity): the "
-                    "fine-tuned column and the transfer's v100x8 stage")
+    ap.add_argument("--device-identity", action=argparse.BooleanOptionalAction, default=None,
+                    help="fine-tune with a learned state per device (doppler train's default: on), or "
+                    "without: the fine-tuned column and the transfer")
     ap.add_argument("--distill-on-policy", type=float, default=None,
                     help="weight of distillation's labels in the greedy decode's own states, in every fine-tuning "
-                    "run (doppler train --distill-on-policy; default: 1 with --device-identity, else 0)")
+                    "run (doppler train --distill-on-policy; default: 1 with device identity, else 0)")
     ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
     ap.add_argument("--out", default=None, help="write every number as JSON")
     ap.add_argument("--baselines-only", action="store_true", help="fill the --baselines cache and stop")
@@ -137,7 +137,8 @@ def main() -> None:
     atexit.register(shutil.rmtree, work, True)
     tuned: dict[tuple, tuple] = {}
 
-    def tune(g, cl, episodes: int, init: str | None, op_features: str | None = None, device_identity: bool = False):
+    def tune(g, cl, episodes: int, init: str | None, op_features: str | None = None,
+             device_identity: bool | None = None):  # fmt: skip
         """``finetune`` once per setting (the first row and the transfer section share llama_layer / p100x4):
         (trainer, devices, seconds, run directory)."""
         key = (g.fingerprint(), json.dumps(cl.to_json(), sort_keys=True), episodes, init, op_features, device_identity,
@@ -152,7 +153,7 @@ def main() -> None:
     if not args.baselines_only:
         assign(cases[0].graph, cases[0].cluster, "doppler", **kw)  # load and compile once (warm timings)
     rows = []
-    ident = ", device identity" if args.device_identity else ""
+    ident = ", no device identity" if args.device_identity is False else ""
     header = (f"| graph / cluster | ops | dev | {' | '.join(CHEAP)} | best cheap (ms) | anneal {args.budget_s:g}s | "
               f"anneal {args.anneal_long_s:g}s | zero-shot greedy | best of 64 | doppler {args.budget_s:g}s guided moves | "
               f"doppler {args.budget_s:g}s (default) | fine-tuned (structural / full{ident}) | greedy time (s) |")

@@ -89,7 +89,8 @@ def run_job(job: Job) -> dict:
     from doppler.train import TrainConfig, Trainer
 
     cfg = TrainConfig(method=job.method, episodes=job.episodes, il_episodes=job.il_episodes, seed=job.seed,
-                      torch_threads=1, checkpoint_every=10**9, device=job.device)  # fmt: skip
+                      torch_threads=1, checkpoint_every=10**9, device=job.device,
+                      device_identity=False)  # as measured (docs/learned_baselines.md): before identity was the default
     if job.regime == "alone":
         cfg.sim_seed_methods, cfg.search_every, cfg.distill_updates = (), 0, 0
     tr = Trainer.create([g], cl, cfg)
@@ -161,7 +162,8 @@ def zero_shot_job(method: str, seed: int, episodes: int, il_episodes: int) -> di
     from doppler.train import TrainConfig, Trainer
 
     cfg = TrainConfig(method=method, episodes=episodes, il_episodes=il_episodes, seed=seed, op_features="structural",
-                      sim_seed_methods=(), search_every=0, distill_updates=0, torch_threads=1, checkpoint_every=10**9)  # fmt: skip
+                      sim_seed_methods=(), search_every=0, distill_updates=0, torch_threads=1, checkpoint_every=10**9,
+                      device_identity=False)  # the policy is applied to other clusters: no per-device states  # fmt: skip
     t0 = time.perf_counter()
     tr = Trainer.create([workloads.build(w) for w in ZERO_SHOT_TRAIN], make_cluster("p100x4"), cfg)
     tr.run(None)

@@ -14,6 +14,7 @@ import doppler.train as train_module
 from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.cli import app
+from doppler.io_util import write_json
 from doppler.pretrain import Pretrainer, pretrain_config
 from doppler.policy.checkpoint import read_checkpoint
 from doppler.train import TrainError
@@ -115,11 +116,11 @@ def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
     g = tmp_path / "g.json"
     assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
     res = _run("train", g, "-c", "unit:2", "--init", out / "checkpoint.pt", "--episodes", "16", "--batch", "8",
-               "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
+               "--search-every", "0", "--op-features", "structural", "-o", tmp_path / "FT", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     ck = read_checkpoint(tmp_path / "FT")
     assert ck["il_episode"] == 0 and ck["episode"] == 16  # fine-tuning skips Stage I
-    assert ck["policy_config"]["op_features"] == "structural"
+    assert ck["policy_config"]["op_features"] == "structural"  # kept as asked (by default: widened to full)
     assert json.loads(ck["config"])["search_evals"] == train_module.INIT_SEARCH_EVALS  # fine-tuning searches more
     res = _run("train", g, "-c", "unit:2", "--init", out / "checkpoint.pt", "--episodes", "8", "--batch", "8",
                "--search-evals", "300", "-o", tmp_path / "FT2", "--json")  # fmt: skip
@@ -139,8 +140,9 @@ def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
 
 
 def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp_path):
-    """``train --init pretrained --op-features full``: the new inputs start at zero weight, so the
-    widened policy decodes exactly as the shipped one did; it then trains and serves its graph."""
+    """``train --init pretrained`` widens the shipped policy to ``full`` op features by default: the new
+    inputs start at zero weight, so the widened policy decodes exactly as the shipped one did; it then
+    trains and serves its graph."""
     import numpy as np
     import torch
 
@@ -158,7 +160,7 @@ def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp
         np.testing.assert_allclose(getattr(a, name).numpy(), getattr(b, name).numpy(), rtol=1e-5, atol=1e-6)
     g = tmp_path / "g.json"
     assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
-    res = _run("train", g, "-c", "unit:2", "--init", "pretrained", "--op-features", "full", "--episodes", "16",
+    res = _run("train", g, "-c", "unit:2", "--init", "pretrained", "--episodes", "16",
                "--batch", "8", "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     ck = read_checkpoint(tmp_path / "FT")
@@ -169,11 +171,13 @@ def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp
                  "ids")
 
 
-def test_device_identity_starts_at_zero_trains_and_serves_its_device_count_only(tmp_path):
-    """``train --init pretrained --op-features full --device-identity``: each device's learned state
+def test_device_identity_starts_at_zero_trains_and_applies_on_its_own_cluster_only(tmp_path):
+    """``train --init pretrained`` (device identity: the default): each device's learned state
     starts at zero, so the policy decodes exactly as the shipped one did; after training the
-    state is not zero, resume and a second --init keep it, and the checkpoint refuses a cluster of
-    another device count (exit 2, one line), as does --device-identity with a learned baseline."""
+    state is not zero, resume and a second --init keep it. On another cluster (another device count,
+    or the same count with other devices) the states are left out, by ``assign`` (which says so) and
+    by ``train --init`` (which starts them again at zero), as by ``--no-device-identity``.
+    ``--device-identity`` with a learned baseline exits 2."""
     import numpy as np
     import torch
 
@@ -195,7 +199,7 @@ def test_device_identity_starts_at_zero_trains_and_serves_its_device_count_only(
         ident.encode(graph_features(workloads.build("llama_block", size="tiny"), cluster("p100x4")))
     g = tmp_path / "g.json"
     assert _run("graph", "build", "random", "--set", "num_ops=24", "-o", g).exit_code == 0
-    res = _run("train", g, "-c", "unit:3", "--init", "pretrained", "--device-identity",
+    res = _run("train", g, "-c", "unit:3", "--init", "pretrained", "--op-features", "structural",
                "--episodes", "16", "--batch", "8", "--search-every", "0", "-o", tmp_path / "FT", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     ck = read_checkpoint(tmp_path / "FT")
@@ -204,23 +208,44 @@ def test_device_identity_starts_at_zero_trains_and_serves_its_device_count_only(
     from doppler.cli.train_cmd import _init_config
     from doppler.train import TrainConfig
 
-    cfg, weights, _ = _init_config(TrainConfig(stages=("sim",)), str(tmp_path / "FT" / "checkpoint.pt"), "full", 3)
-    assert cfg.device_identity and cfg.op_features == "full"  # widening the op features keeps the learned state
+    ft = str(tmp_path / "FT" / "checkpoint.pt")
+    cfg, weights, _, left_out = _init_config(TrainConfig(stages=("sim",)), ft, "full", cluster("unit:3"))
+    assert cfg.device_identity and cfg.op_features == "full" and left_out is None  # widening keeps the learned state
     torch.testing.assert_close(weights["plc.device_init"], ck["state_dict"]["plc.device_init"])
+    slower = cluster("unit:3").scaled_links(2.0)  # the same devices, slower links
+    for cl, want in ((cluster("unit:3"), None), (slower, None), (cluster("unit:3"), False), (cluster("unit:2"), None)):
+        cfg, weights, _, left_out = _init_config(TrainConfig(stages=("sim",), device_identity=want), ft, None, cl)
+        kept = cl.to_json() == cluster("unit:3").to_json() and want is not False
+        assert ("plc.device_init" in weights) == kept and left_out == (None if kept else 3), (cl.name, want)
+        assert cfg.device_identity is (True if kept else want)  # None: on by default for a new identity
     res = _run("train", g, "-c", "unit:3", "--episodes", "24", "-o", tmp_path / "FT", "--resume", "--json")
     assert res.exit_code == 0, res.output
     res = _run("train", g, "-c", "unit:3", "--init", tmp_path / "FT" / "checkpoint.pt", "--episodes", "8", "--batch",
                "8", "--search-every", "0", "-o", tmp_path / "FT2", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert read_checkpoint(tmp_path / "FT2")["policy_config"]["device_identity"] == 3
-    _usage_error(_run("train", g, "-c", "unit:2", "--init", tmp_path / "FT" / "checkpoint.pt", "-o", tmp_path / "r"),
-                 "3 devices by identity", "has 2")
-    res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
-               "-o", tmp_path / "a.json", "--json")  # fmt: skip
+    res = _run("train", g, "-c", "unit:2", "--init", ft, "--episodes", "8", "--batch", "8", "--search-every", "0",
+               "--distill-on-policy", "0", "-o", tmp_path / "FT3")  # fmt: skip
     assert res.exit_code == 0, res.output
-    _usage_error(_run("assign", g, "-c", "unit:2", "-m", "doppler", "--checkpoint", tmp_path / "FT" / "checkpoint.pt",
-                      "-o", tmp_path / "b.json"), "3 devices by identity", "2 devices")  # fmt: skip
-    assert not (tmp_path / "b.json").exists()
+    assert "device identity (3 devices) was learned on another cluster; it starts again at zero" in res.output
+    assert read_checkpoint(tmp_path / "FT3")["policy_config"]["device_identity"] == 2
+    res = _run("train", g, "-c", "unit:3", "--init", ft, "--no-device-identity", "--episodes", "8", "--batch", "8",
+               "--search-every", "0", "-o", tmp_path / "FT4")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "device identity (3 devices) is left out" in res.output
+    assert "device_identity" not in read_checkpoint(tmp_path / "FT4")["policy_config"]
+    res = _run("assign", g, "-c", "unit:3", "-m", "doppler", "--checkpoint", ft, "-o", tmp_path / "a.json", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["device_identity_left_out"] is False
+    write_json(tmp_path / "slow3.json", slower.to_json())
+    for cl in ("unit:2", str(tmp_path / "slow3.json")):
+        res = _run("assign", g, "-c", cl, "-m", "doppler", "--checkpoint", ft, "-o", tmp_path / "b.json")
+        assert res.exit_code == 0, res.output
+        assert "device identity left out" in res.output and "3 devices of the cluster it was trained on" in res.output
+    from doppler.policy.checkpoint import identity_serves
+
+    assert identity_serves(ck, cluster("unit:3")) and not identity_serves(ck, slower)
+    assert not identity_serves(read_checkpoint(PRETRAINED_CHECKPOINT), cluster("unit:3"))  # it has none
     _usage_error(_run("train", g, "-c", "unit:2", "--method", "gdp", "--device-identity", "-o", tmp_path / "r"),
                  "--device-identity", "gdp")
 

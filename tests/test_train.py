@@ -20,13 +20,20 @@ SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)
 
 
 def test_imitation_reaches_ninety_percent_agreement_with_the_teacher():
+    """The mean over three seeds: one run's final agreement is one draw (measured over 3 graphs x 3
+    seeds: 0.88-0.97, mean 0.92 with device identity and 0.93 without)."""
     g = workloads.build("random", num_ops=30, seed=1)
-    tr = Trainer.create([g], cluster("unit:3"), TrainConfig(stages=("il",), il_episodes=480, il_batch=8, **SMALL))
-    first = tr.imitation_update()
-    tr.run()
-    last = tr.history[-1]
-    assert first["agree_plc"] < 0.9  # it had something to learn
-    assert last["agree_sel"] > 0.9 and last["agree_plc"] > 0.9
+    final_plc = []
+    for seed in range(3):
+        tr = Trainer.create([g], cluster("unit:3"), TrainConfig(stages=("il",), il_episodes=480, il_batch=8, seed=seed,
+                                                                 **SMALL))  # fmt: skip
+        first = tr.imitation_update()
+        tr.run()
+        last = tr.history[-1]
+        assert first["agree_plc"] < 0.9 and last["agree_plc"] > 0.8, seed  # it had something to learn, and learnt it
+        assert last["agree_sel"] > 0.9, seed
+        final_plc.append(last["agree_plc"])
+    assert np.mean(final_plc) > 0.9, final_plc
 
 
 def test_a_reinforce_step_raises_the_likelihood_of_better_than_average_episodes():
@@ -117,12 +124,26 @@ def test_on_policy_distillation_labels_each_visited_op_with_its_best_device():
         assert float(_on_policy_nll(task, tr.policy.encode(task.features), ro).detach()) < before, seed
 
 
+def test_device_identity_is_on_by_default_only_for_a_learned_device_head():
+    """DOPPLER's device head learns each device's state unless told not to; a policy whose device
+    head follows a rule, or a learned baseline, has none; the checkpoint's config says which."""
+    assert TrainConfig().learns_device_identity and TrainConfig(method="doppler_plc").learns_device_identity
+    assert not TrainConfig(device_identity=False).learns_device_identity
+    for method in ("doppler_sel", "gdp", "placeto", "single_policy"):
+        assert not TrainConfig(method=method).learns_device_identity, method
+    g = workloads.build("random", num_ops=12, seed=1)
+    for identity, want in ((None, 4), (False, 0)):
+        tr = Trainer.create([g], cluster("p100x4"), TrainConfig(stages=("sim",), device_identity=identity, **SMALL))
+        assert tr.cfg.device_identity is bool(want) and tr.policy.config.get("device_identity", 0) == want
+
+
 def test_the_on_policy_term_is_on_by_default_only_with_device_identity(monkeypatch):
     """Without device identity the term's labels name devices the head cannot tell from their renamed
     copies (measured: it slowed or stopped distillation); with it, it is on unless set."""
     import doppler.train as train
 
-    assert TrainConfig().on_policy_weight == 0.0 and TrainConfig(device_identity=True).on_policy_weight == 1.0
+    assert TrainConfig(device_identity=False).on_policy_weight == 0.0 and TrainConfig().on_policy_weight == 1.0
+    assert TrainConfig(method="gdp").on_policy_weight == 0.0
     assert TrainConfig(device_identity=True, distill_on_policy=0.0).on_policy_weight == 0.0
     assert TrainConfig(distill_on_policy=0.5).on_policy_weight == 0.5
     calls = []
@@ -236,7 +257,8 @@ def test_multi_graph_training_runs_and_transfers_to_an_unseen_graph():
     from doppler.policy.rollout import rollout
 
     graphs = [workloads.build("random", num_ops=20, seed=s) for s in (4, 5)]
-    tr = Trainer.create(graphs, cluster("unit:3"), TrainConfig(il_episodes=16, il_batch=4, episodes=32, batch=8, **SMALL))
+    tr = Trainer.create(graphs, cluster("unit:3"), TrainConfig(il_episodes=16, il_batch=4, episodes=32, batch=8,
+                                                               device_identity=False, **SMALL))  # (identity: unit:3 only)
     tr.run()
     assert tr.episode == 32 and len(tr.tasks) == 2
     unseen = workloads.build("random", num_ops=35, seed=9)

@@ -59,6 +59,7 @@ def pretrain_config(**overrides: Any) -> TrainConfig:
         stages=("il", "sim"), il_episodes=10**9, list_schedule="heft", episodes=10**9, batch=16, il_batch=8, lr=2e-4, lr_final=2e-5,
         il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5, search_every=0,
         search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=10**9,
+        device_identity=False,  # a pair per update, each with its own cluster: no devices to learn a state for
     )  # fmt: skip
     base.update(overrides)
     return TrainConfig(**base)

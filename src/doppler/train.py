@@ -49,6 +49,7 @@ STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
 STATE_TEACHERS = ("critical_path", "lookahead")  # label the states the policy visits (DAgger)
 BASELINES = ("running", "mean", "loo")
+IDENTITY_METHODS = ("doppler", "doppler_plc")  # whose device head is learned: device identity on by default
 TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
 #: evaluations of each local search when fine-tuning a pretrained policy (``doppler train --init``), where
 #: the fine-tuned decode is what these searches find: on llama_layer/p100x4, 500 episodes ended within 2%
@@ -104,8 +105,10 @@ class TrainConfig:
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
     op_features: str = "full"  # static op features: full | structural (position-free, for transfer)
-    device_identity: bool = False  # DOPPLER's device head learns a state per device of the training cluster: it
-    # tells apart devices that differ only by their links (v100x8), and serves that device count only
+    device_identity: bool | None = None  # DOPPLER's device head learns a state per device of the training cluster,
+    # so that it tells apart devices that differ only by their links (v100x8) and decodes the best assignment it
+    # was taught; on any other cluster the policy decodes without them. None: on where the device head is
+    # learned (doppler, doppler_plc), else off (see learns_device_identity)
     list_schedule: str = "critical_path"  # DOPPLER's PLC: the list-schedule model of its device features and
     # its Stage I rule: critical_path (append, earliest start) | heft (insert into idle gaps, earliest finish)
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
@@ -136,7 +139,18 @@ class TrainConfig:
         973 ops it took the decode from 1.25x to 1.01x its best (docs/generalization.md)."""
         if self.distill_on_policy is not None:
             return float(self.distill_on_policy)
-        return 1.0 if self.device_identity else 0.0
+        return 1.0 if self.learns_device_identity else 0.0
+
+    @property
+    def learns_device_identity(self) -> bool:
+        """Whether the policy learns a state per device (``device_identity``; by default wherever DOPPLER's
+        device head is learned). With it, every one of 7 demo trainings on p100x4 distilled its best
+        assignment into the greedy decode, where without it one of three llama_layer seeds did not
+        (5% worse), and fine-tuning on v100x8 decoded at 1.00-1.03x a minute of annealing instead of
+        1.27-1.30x (docs/generalization.md)."""
+        if self.device_identity is not None:
+            return bool(self.device_identity)
+        return self.method in IDENTITY_METHODS
 
     def validate(self) -> None:
         unknown = [s for s in self.stages if s not in STAGES]
@@ -422,6 +436,8 @@ class Trainer:
     writer: Any = None
     phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
     real_oracles: dict[int, CostOracle] = field(default_factory=dict)  # Stage III oracles per task (engine-backed)
+    identity_left_out: int | None = None  # `--init`: the device count of the checkpoint's learned device identity,
+    # left out because it was learned on another cluster (not saved: it describes how this run started)
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -438,6 +454,7 @@ class Trainer:
         cfg.validate()
         if not graphs:
             raise TrainError("give at least one graph")
+        cfg = dataclasses.replace(cfg, device_identity=cfg.learns_device_identity)  # the checkpoint says which
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -448,7 +465,7 @@ class Trainer:
             policy = build_policy(cfg.method, num_devices=cluster.num_devices, hidden=cfg.hidden, steps=cfg.mp_steps,
                                   mlp_hidden=cfg.mlp_hidden, op_features=cfg.op_features,
                                   list_schedule=cfg.list_schedule,
-                                  device_identity=cfg.device_identity).to(cfg.device)  # fmt: skip
+                                  device_identity=cfg.learns_device_identity).to(cfg.device)  # fmt: skip
         except (RuntimeError, AssertionError) as e:
             raise TrainError(f"device {cfg.device!r} is not usable here ({str(e).splitlines()[0]})") from None
         opt = torch.optim.Adam(policy.parameters(), lr=cfg.il_lr)
@@ -853,6 +870,7 @@ def config_from_json(obj: dict[str, Any]) -> TrainConfig:
     kw["stages"] = tuple(kw.get("stages", TrainConfig.stages))
     kw["real_seed_methods"] = tuple(kw.get("real_seed_methods", TrainConfig.real_seed_methods))
     kw["sim_seed_methods"] = tuple(kw.get("sim_seed_methods", TrainConfig.sim_seed_methods))
+    kw.setdefault("device_identity", False)  # a run saved before the option existed had none
     return TrainConfig(**kw)
 
 

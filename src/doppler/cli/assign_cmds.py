@@ -136,6 +136,7 @@ def assign_cmd(
             row["pretrained"] = bool(a.info.get("pretrained"))
             row["checkpoint"] = a.info.get("checkpoint")
             row["plc_ties_only"] = bool(a.info.get("plc_ties_only"))
+            row["device_identity_left_out"] = bool(a.info.get("device_identity_left_out"))
         if json_out:
             emit_json(row)
         else:
@@ -152,6 +153,10 @@ def assign_cmd(
                               "and clusters than these", highlight=False)  # fmt: skip
             elif a.info.get("zero_shot"):
                 console.print("zero-shot: the policy was not trained on this graph on this cluster", highlight=False)
+            if a.info.get("device_identity_left_out"):
+                console.print(f"device identity left out: the policy learned a state for each of the "
+                              f"{a.info['device_identity_left_out']} devices of the cluster it was trained on, "
+                              "not this one", highlight=False)  # fmt: skip
             if a.info.get("plc_ties_only"):
                 console.print("the device head broke only the ties of the policy's list-schedule rule "
                               "(--plc-free: any device)", highlight=False)  # fmt: skip

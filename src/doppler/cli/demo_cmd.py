@@ -88,9 +88,8 @@ def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episo
         def on_train(ev) -> None:
             say(f"{name}: [bold]doppler[/] training, {ev.task} episode {ev.done:g}/{ev.total:g}")
 
-        # one graph on one cluster: the device head may learn each device's identity, which lets
-        # distillation make the greedy decode reproduce the run's best (`doppler train --device-identity`)
-        config = TrainConfig(episodes=train_episodes, il_episodes=il_episodes, device_identity=True)
+        # (with device identity, the default: it lets distillation make the greedy decode reproduce the run's best)
+        config = TrainConfig(episodes=train_episodes, il_episodes=il_episodes)
         train = train_and_assign(graph, cl, out_dir / f"doppler_{name}", config, on_train)
         rows.append(score(graph, cl, train["assignment"], rows[0].lower_bound_s))
         say(f"{name}: [bold]doppler[/] trained", 1)

@@ -20,33 +20,36 @@ def _parse_stages(stages: str) -> tuple[str, ...]:
     return out
 
 
-def _init_config(cfg, init: str, op_features: str | None = None, num_devices: int | None = None):
-    """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), and its weights.
-    ``op_features``: read these op features instead of the checkpoint's (a superset: the new inputs'
-    weights start at zero, :func:`~doppler.policy.checkpoint.widen_op_features`). ``num_devices``: the
-    training cluster's, which a checkpoint with device identity must have."""
+def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
+    """``cfg`` with the shape of the policy in ``init`` (``pretrained`` or a checkpoint path), its weights,
+    its path, and the device count of a device identity it left out (else None). ``op_features``: read
+    these op features instead of the checkpoint's (a superset: the new inputs' weights start at zero,
+    :func:`~doppler.policy.checkpoint.widen_op_features`). ``cluster``: the training cluster; a
+    checkpoint's learned per-device states carry over only on the cluster they were learned on (and
+    not with ``device_identity=False``): elsewhere they start again at zero."""
     import dataclasses
 
     from doppler.policy.checkpoint import (
-        CheckpointError, checkpoint_method, device_identity_mismatch, read_checkpoint, resolve_checkpoint,
+        CheckpointError, checkpoint_method, identity_serves, read_checkpoint, resolve_checkpoint, strip_device_identity,
     )  # fmt: skip
 
     path, _ = resolve_checkpoint(None if init == "pretrained" else init)  # CheckpointError: exit 2
     ck = read_checkpoint(path)
-    pc = ck["policy_config"]
+    pc, weights = ck["policy_config"], ck["state_dict"]
     if checkpoint_method(pc) != cfg.method:
         raise CheckpointError(f"{path}: --init needs a {cfg.method} checkpoint, this one is {checkpoint_method(pc)} "
                               f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
-    known = pc.get("device_identity")
-    if known and num_devices is not None and known != num_devices:
-        raise CheckpointError(f"{path}: {device_identity_mismatch(known, num_devices)}: fine-tune it on a {known}-device "
-                              "cluster, or start from a checkpoint without device identity")  # fmt: skip
+    left_out = None
+    elsewhere = cluster is not None and not identity_serves(ck, cluster)
+    if pc.get("device_identity") and (cfg.device_identity is False or elsewhere):
+        left_out = int(pc["device_identity"])
+        pc, weights = strip_device_identity(pc, weights)
+    identity = cfg.device_identity if cfg.device_identity is not None else (True if pc.get("device_identity") else None)
     shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
                                  op_features=op_features or pc.get("op_features", "full"),
                                  list_schedule=pc.get("list_schedule", "critical_path"),
-                                 device_identity=cfg.device_identity or bool(pc.get("device_identity")))  # fmt: skip
+                                 device_identity=identity)  # fmt: skip
     shaped.validate()
-    weights = ck["state_dict"]
     if shaped.op_features != pc.get("op_features", "full"):
         from doppler.policy.architectures import build_policy
         from doppler.policy.checkpoint import widen_op_features
@@ -60,17 +63,19 @@ def _init_config(cfg, init: str, op_features: str | None = None, num_devices: in
             raise CheckpointError(f"{path}: --op-features {shaped.op_features}: the checkpoint has no weights {e}") from None
         except CheckpointError as e:
             raise CheckpointError(f"{path}: --op-features {shaped.op_features}: {e}") from None
-    return shaped, weights, path
+    return shaped, weights, path, left_out
 
 
 def trainer_from_init(graphs: list, cl, cfg, init: str, op_features: str | None = None):
     """A :class:`~doppler.train.Trainer` whose policy starts from ``init`` (``pretrained`` or a checkpoint),
-    as ``doppler train --init``: shaped by :func:`_init_config`, a device identity added at zero."""
+    as ``doppler train --init``: shaped by :func:`_init_config`, a device identity added at zero.
+    ``trainer.identity_left_out``: the device count of a learned identity the checkpoint had for another cluster."""
     from doppler.policy.checkpoint import add_device_identity
     from doppler.train import Trainer, TrainError
 
-    cfg, weights, path = _init_config(cfg, init, op_features, cl.num_devices)
+    cfg, weights, path, left_out = _init_config(cfg, init, op_features, cl)
     trainer = Trainer.create(graphs, cl, cfg)
+    trainer.identity_left_out = left_out
     try:
         trainer.policy.load_state_dict(add_device_identity(weights, trainer.policy))
     except RuntimeError as e:
@@ -120,9 +125,9 @@ def train_cmd(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 2; give 1 when two trainings share a 2-core machine: with 2 each they run about 17x slower)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
-    op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions) or structural (position-free, transfers) (default: full; with --init: the checkpoint's; structural -> full widens it, the new inputs starting at zero weight)."),
+    op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: full; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
-    device_identity: bool = typer.Option(False, "--device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; the policy then serves this device count only."),
+    device_identity: Optional[bool] = typer.Option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
@@ -148,10 +153,15 @@ def train_cmd(
             if init is not None and list_schedule is not None:
                 raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
                                 "model): leave it out")  # fmt: skip
-            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features)
+            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features or cfg.op_features)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         make_run_dir(output)
+        if trainer.identity_left_out and not json_out:
+            console.print(f"--init: the checkpoint's device identity ({trainer.identity_left_out} devices) was learned on "
+                          "another cluster; it starts again at zero" if trainer.cfg.learns_device_identity else
+                          f"--init: the checkpoint's device identity ({trainer.identity_left_out} devices) is left out",
+                          highlight=False)  # fmt: skip
         t0 = time.perf_counter()
         _run_with_progress(trainer, output, quiet=json_out)
         elapsed = time.perf_counter() - t0

@@ -113,6 +113,22 @@ def device_identity_mismatch(known: int, num_devices: int) -> str:
             f"{num_devices} devices")  # fmt: skip
 
 
+def identity_serves(meta: dict, cluster: Cluster) -> bool:
+    """Whether the learned per-device states of a checkpoint (``--device-identity``) apply on ``cluster``:
+    they name the devices of the cluster it was trained on, so only there. False for a policy without them."""
+    known = meta.get("policy_config", {}).get("device_identity")
+    return bool(known) and meta.get("cluster") is not None and json.loads(meta["cluster"]) == cluster.to_json()
+
+
+def strip_device_identity(policy_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """A checkpoint's ``policy_config`` and ``state_dict`` without their learned per-device states: the
+    policy as it decodes on a cluster other than its training one. Identity enters only as each
+    device's starting state, and a state of zero is the same as none, so this is the policy with its
+    devices' states at zero."""
+    return ({k: v for k, v in policy_config.items() if k != "device_identity"},
+            {k: v for k, v in state_dict.items() if k != "plc.device_init"})  # fmt: skip
+
+
 def add_device_identity(state_dict: dict[str, torch.Tensor], policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``state_dict`` of a policy without device identity, for ``policy``, which has it
     (``--device-identity`` from a checkpoint without): each device's learned state starts at zero, so
@@ -123,14 +139,19 @@ def add_device_identity(state_dict: dict[str, torch.Tensor], policy: torch.nn.Mo
     return {**state_dict, "plc.device_init": own["plc.device_init"].new_zeros(own["plc.device_init"].shape)}
 
 
-def load_policy(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata."""
+def load_policy(path: str | Path, cluster: Cluster | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata.
+    ``cluster``: where it will decode; a policy with device identity leaves it out on any cluster but
+    its training one (:func:`identity_serves`)."""
     from doppler.policy.architectures import policy_from_config
 
     ck = read_checkpoint(path)
     try:
-        policy = policy_from_config(ck["policy_config"])
-        policy.load_state_dict(ck["state_dict"])
+        config, weights = ck["policy_config"], ck["state_dict"]
+        if cluster is not None and config.get("device_identity") and not identity_serves(ck, cluster):
+            config, weights = strip_device_identity(config, weights)
+        policy = policy_from_config(config)
+        policy.load_state_dict(weights)
     except (KeyError, RuntimeError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: checkpoint weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
     policy.eval()
@@ -163,7 +184,8 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
     features (op ids, block coordinates: positions within its graph) serves only its own graph,
     on any cluster: on another one zero-shot (the paper's hardware transfer; positions are of the
     graph, and the device head reads each device's features, not its index). One trained with
-    device identity serves clusters of its device count only."""
+    device identity serves other clusters without its learned per-device states
+    (:func:`identity_serves`, :func:`strip_device_identity`)."""
     graphs = meta["graphs"]
     config = meta.get("policy_config", {})
     trained_devices = config.get("num_devices")
@@ -173,10 +195,6 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
             f"cluster {cluster.name!r} ({cluster.num_devices} devices): its output layer has one unit per device; "
             f"train one on a {cluster.num_devices}-device cluster"
         )
-    known = config.get("device_identity")
-    if known and known != cluster.num_devices:
-        raise CheckpointError(f"{where}: {device_identity_mismatch(known, cluster.num_devices)} (cluster {cluster.name!r}); "
-                              "train without --device-identity to serve other device counts")  # fmt: skip
     transferable = config.get("op_features", "full") != "full"
     if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
         return json.loads(meta["cluster"]) != cluster.to_json()

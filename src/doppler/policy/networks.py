@@ -132,7 +132,8 @@ class PlcHead(nn.Module):
 
     def initial_placed(self, num_devices: int, like: torch.Tensor) -> torch.Tensor:
         """``[D, M + A]``: what each device holds before anything is placed: zero, or with device
-        identity its learned state (that policy serves its own device count only)."""
+        identity its learned state (for its own device count only: elsewhere the checkpoint is loaded
+        without it, :func:`doppler.policy.checkpoint.load_policy`)."""
         if self.device_init is None:
             return like.new_zeros((num_devices, self.out.in_features + self.affinity))
         if self.device_init.shape[0] != num_devices:
