@@ -70,7 +70,8 @@ def seeded(fn, seeds: int) -> tuple[float, float]:
 def finetune(graph, cl, episodes: int, init: str | None, run_dir: Path, seed: int = 0, op_features: str | None = None,
              device_identity: bool | None = None, distill_on_policy: float | None = None):  # fmt: skip
     """Train ``episodes`` Stage II episodes on one graph, from ``init`` (a checkpoint) or from scratch;
-    ``op_features="full"`` widens a ``structural`` checkpoint (``doppler train --op-features full``),
+    ``op_features`` None keeps the checkpoint's (``doppler train --init`` widens to ``full`` unless told
+    ``--op-features structural``); ``"full"`` widens a ``structural`` checkpoint,
     ``device_identity``: a learned state per device (None: as ``doppler train``, on), ``distill_on_policy``
     weighs distillation's labels in the greedy decode's own states (``--distill-on-policy``)."""
     import torch
@@ -237,9 +238,9 @@ def main() -> None:
 
     g = workloads.build("llama_layer")
     p100, v100 = cluster("p100x4"), cluster("v100x8")
-    tr_ft, dev_ft, ft_s, ft_dir = tune(g, p100, args.finetune_episodes, str(ckpt))
-    tr_wide, dev_wide, wide_s, wide_dir = tune(g, p100, args.finetune_episodes, str(ckpt), "full")
-    tr_sc, dev_sc, sc_s, _ = tune(g, p100, args.finetune_episodes, None)
+    tr_ft, dev_ft, ft_s, ft_dir = tune(g, p100, args.finetune_episodes, str(ckpt), None, args.device_identity)
+    tr_wide, dev_wide, wide_s, wide_dir = tune(g, p100, args.finetune_episodes, str(ckpt), "full", args.device_identity)
+    tr_sc, dev_sc, sc_s, _ = tune(g, p100, args.finetune_episodes, None, None, args.device_identity)
     anneal_p100 = makespan(g, p100, assign(g, p100, "anneal", budget_s=args.anneal_long_s))
     transfer = {
         "finetuned_p100_vs_anneal_long": makespan(g, p100, dev_ft) / anneal_p100,

@@ -223,11 +223,13 @@ def test_device_identity_starts_at_zero_trains_and_applies_on_its_own_cluster_on
     res = _run("train", g, "-c", "unit:3", "--init", tmp_path / "FT" / "checkpoint.pt", "--episodes", "8", "--batch",
                "8", "--search-every", "0", "-o", tmp_path / "FT2", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["device_identity_left_out"] is None  # its own cluster: kept
     assert read_checkpoint(tmp_path / "FT2")["policy_config"]["device_identity"] == 3
     res = _run("train", g, "-c", "unit:2", "--init", ft, "--episodes", "8", "--batch", "8", "--search-every", "0",
-               "--distill-on-policy", "0", "-o", tmp_path / "FT3")  # fmt: skip
+               "--distill-on-policy", "0", "-o", tmp_path / "FT3", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "device identity (3 devices) was learned on another cluster; it starts again at zero" in res.output
+    summary = json.loads(res.stdout)
+    assert summary["device_identity"] is True and summary["device_identity_left_out"] == 3  # a new one, at zero
     assert read_checkpoint(tmp_path / "FT3")["policy_config"]["device_identity"] == 2
     res = _run("train", g, "-c", "unit:3", "--init", ft, "--no-device-identity", "--episodes", "8", "--batch", "8",
                "--search-every", "0", "-o", tmp_path / "FT4")  # fmt: skip

@@ -55,7 +55,7 @@ def test_a_baseline_trains_in_the_shared_loop_and_assigns_reproducibly(tmp_path,
 
     def train(run):
         cfg = TrainConfig(method=method, il_episodes=16, il_batch=8, episodes=32, batch=8, search_every=16,
-                          search_evals=100, distill_updates=3, seed=4, **SMALL)  # fmt: skip
+                          search_evals=100, distill_updates=3, seed=4, **{**SMALL, "hidden": 32})  # (PLACETO: 16)
         tr = Trainer.create([g], c, cfg)
         start = {k: v.clone() for k, v in tr.policy.state_dict().items()}
         tr.run(tmp_path / run)
@@ -75,6 +75,16 @@ def test_a_baseline_trains_in_the_shared_loop_and_assigns_reproducibly(tmp_path,
     if method in ("gdp", "placeto"):  # one output unit per device: another device count is refused
         with pytest.raises(MethodError, match="4 device outputs cannot serve cluster 'p100x4:2'"):
             assign(g, cluster("p100x4:2"), method, checkpoint=ckpt)
+    from doppler.cli.train_cmd import trainer_from_init
+    from doppler.policy.checkpoint import CheckpointError
+
+    tuned = TrainConfig(method=method, stages=("sim",), episodes=8, batch=8, search_every=0, distill_updates=0)
+    again = trainer_from_init([g], c, tuned, str(ckpt))  # `doppler train --init`: the same network, its weights
+    for k, v in again.policy.state_dict().items():
+        assert torch.equal(v, a.policy.state_dict()[k]), k
+    if method in ("gdp", "placeto"):
+        with pytest.raises(CheckpointError, match="one output unit per device: its 4 cannot serve cluster 'p100x4:2'"):
+            trainer_from_init([g], cluster("p100x4:2"), tuned, str(ckpt))
 
 
 @pytest.mark.parametrize("method", LEARNED_METHODS)

@@ -84,6 +84,12 @@ def test_export_load_and_staleness(tmp_path, monkeypatch):
     assert infer.load_shipped() is None
     npz.unlink()
     assert infer.load_shipped() is None
+    ident = DopplerPolicy(**CFG, device_identity=3)  # learned for one cluster: not for a decoder of every cluster
+    write_checkpoint(tmp_path / "ident", {"format": "doppler-checkpoint-1", "policy_config": ident.config,
+                                          "state_dict": ident.state_dict(), "graphs": [], "cluster": ""}, {})  # fmt: skip
+    with pytest.raises(ValueError, match="device identity serves its training cluster only"):
+        infer.export_weights(tmp_path / "ident" / "checkpoint.pt", tmp_path / "w2.npz")
+    assert not (tmp_path / "w2.npz").exists()
 
 
 def test_shipped_weights_are_exported_from_the_shipped_checkpoint():

@@ -29,6 +29,7 @@ def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
     not with ``device_identity=False``): elsewhere they start again at zero."""
     import dataclasses
 
+    from doppler.policy.architectures import config_sizes
     from doppler.policy.checkpoint import (
         CheckpointError, checkpoint_method, identity_serves, read_checkpoint, resolve_checkpoint, strip_device_identity,
     )  # fmt: skip
@@ -39,14 +40,16 @@ def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
     if checkpoint_method(pc) != cfg.method:
         raise CheckpointError(f"{path}: --init needs a {cfg.method} checkpoint, this one is {checkpoint_method(pc)} "
                               f"(give --method {checkpoint_method(pc)}, or another checkpoint)")  # fmt: skip
+    if cluster is not None and pc.get("num_devices") not in (None, cluster.num_devices):
+        raise CheckpointError(f"{path}: a {cfg.method} policy has one output unit per device: its {pc['num_devices']} "
+                              f"cannot serve cluster {cluster.name!r} ({cluster.num_devices} devices)")  # fmt: skip
     left_out = None
     elsewhere = cluster is not None and not identity_serves(ck, cluster)
     if pc.get("device_identity") and (cfg.device_identity is False or elsewhere):
         left_out = int(pc["device_identity"])
         pc, weights = strip_device_identity(pc, weights)
     identity = cfg.device_identity if cfg.device_identity is not None else (True if pc.get("device_identity") else None)
-    shaped = dataclasses.replace(cfg, hidden=pc["hidden"], mp_steps=pc["steps"], mlp_hidden=pc["mlp_hidden"],
-                                 op_features=op_features or pc.get("op_features", "full"),
+    shaped = dataclasses.replace(cfg, **config_sizes(pc), op_features=op_features or pc.get("op_features", "full"),
                                  list_schedule=pc.get("list_schedule", "critical_path"),
                                  device_identity=identity)  # fmt: skip
     shaped.validate()
@@ -69,6 +72,7 @@ def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
 def trainer_from_init(graphs: list, cl, cfg, init: str, op_features: str | None = None):
     """A :class:`~doppler.train.Trainer` whose policy starts from ``init`` (``pretrained`` or a checkpoint),
     as ``doppler train --init``: shaped by :func:`_init_config`, a device identity added at zero.
+    ``op_features`` None keeps the checkpoint's (the command passes its default, ``full``).
     ``trainer.identity_left_out``: the device count of a learned identity the checkpoint had for another cluster."""
     from doppler.policy.checkpoint import add_device_identity
     from doppler.train import Trainer, TrainError
@@ -116,7 +120,7 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' (default: critical_path,heft,metis,enumerative,round_robin_block)."),
     search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off (default: 500)."),
-    distill_on_policy: Optional[float] = typer.Option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 1 with --device-identity, else 0: without it the term slowed or stopped distillation on the paper graphs; docs/generalization.md)."),
+    distill_on_policy: Optional[float] = typer.Option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 1 with device identity, which doppler and doppler_plc learn by default; 0 with --no-device-identity or for other methods: without identity the term slowed or stopped distillation on the paper graphs; docs/generalization.md)."),
     search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000; with --init: 100000)."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run (default: 64)."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
@@ -229,6 +233,8 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
         "episodes": trainer.episode,
         "real_episodes": trainer.real_episode,
         "elapsed_s": elapsed_s,
+        "device_identity": bool(trainer.cfg.device_identity),
+        "device_identity_left_out": trainer.identity_left_out,  # --init: the checkpoint's, learned on another cluster
         "graphs": graphs,
     }
 

@@ -45,6 +45,13 @@ def build_policy(method: str, *, num_devices: int, hidden: int = 128, steps: int
     raise ValueError(f"unknown learned method {method!r}")
 
 
+def config_sizes(policy_config: dict) -> dict[str, int]:
+    """The sizes ``(hidden, mp_steps, mlp_hidden)`` of a :class:`~doppler.train.TrainConfig` from which
+    :func:`build_policy` builds a policy of ``policy_config`` again (PLACETO's width is half the asked one)."""
+    hidden = policy_config["hidden"] * (2 if policy_config.get("architecture") == "placeto" else 1)
+    return {"hidden": hidden, "mp_steps": policy_config["steps"], "mlp_hidden": policy_config["mlp_hidden"]}
+
+
 def policy_from_config(config: dict) -> nn.Module:
     """Rebuild a policy from its ``config`` (as saved in a checkpoint's ``policy_config``)."""
     config = dict(config)

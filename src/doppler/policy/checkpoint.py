@@ -109,8 +109,8 @@ def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Modu
 
 def device_identity_mismatch(known: int, num_devices: int) -> str:
     """The one line that says a policy with device identity cannot serve this device count."""
-    return (f"this policy knows its {known} devices by identity (trained with --device-identity); the cluster has "
-            f"{num_devices} devices")  # fmt: skip
+    return (f"this policy knows its {known} devices by identity (doppler train's default); the cluster has "
+            f"{num_devices} devices (load it with load_policy(path, cluster), which leaves the identity out there)")  # fmt: skip
 
 
 def identity_serves(meta: dict, cluster: Cluster) -> bool:
@@ -142,7 +142,8 @@ def add_device_identity(state_dict: dict[str, torch.Tensor], policy: torch.nn.Mo
 def load_policy(path: str | Path, cluster: Cluster | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata.
     ``cluster``: where it will decode; a policy with device identity leaves it out on any cluster but
-    its training one (:func:`identity_serves`)."""
+    its training one (:func:`identity_serves`). Without ``cluster`` the identity is kept: decode such a
+    policy on its training cluster only."""
     from doppler.policy.architectures import policy_from_config
 
     ck = read_checkpoint(path)

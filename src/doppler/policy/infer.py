@@ -168,6 +168,9 @@ def export_weights(checkpoint: str | Path = PRETRAINED_CHECKPOINT, out: str | Pa
 
     checkpoint, out = Path(checkpoint), Path(out)
     ck = read_checkpoint(checkpoint)
+    if ck["policy_config"].get("device_identity"):  # heads() would apply its states on every cluster
+        raise ValueError(f"{checkpoint}: a policy with device identity serves its training cluster only; the "
+                         "torch-free decoder is for a policy that serves any cluster")  # fmt: skip
     arrays = {k: v.detach().cpu().float().numpy() for k, v in ck["state_dict"].items()}
     arrays.update(policy_config=np.array(json.dumps(ck["policy_config"])), graphs=np.array(json.dumps(ck["graphs"])),
                   cluster=np.array(ck.get("cluster") or ""), checkpoint_sha256=np.array(file_sha256(checkpoint)))  # fmt: skip
