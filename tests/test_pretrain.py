@@ -244,6 +244,12 @@ def test_device_identity_starts_at_zero_trains_and_applies_on_its_own_cluster_on
         res = _run("assign", g, "-c", cl, "-m", "doppler", "--checkpoint", ft, "-o", tmp_path / "b.json")
         assert res.exit_code == 0, res.output
         assert "device identity left out" in res.output and "3 devices of the cluster it was trained on" in res.output
+        assert "zero-shot: the policy was trained on this graph, but on another cluster" in res.output
+    g2 = tmp_path / "g2.json"
+    assert _run("graph", "build", "random", "--set", "num_ops=20", "--set", "seed=5", "-o", g2).exit_code == 0
+    res = _run("assign", g2, "-c", "unit:3", "-m", "doppler", "--checkpoint", ft, "-o", tmp_path / "c.json")
+    assert res.exit_code == 0, res.output  # structural op features: any graph
+    assert "zero-shot: the policy was not trained on this graph" in res.output and "left out" not in res.output
     from doppler.policy.checkpoint import identity_serves
 
     assert identity_serves(ck, cluster("unit:3")) and not identity_serves(ck, slower)

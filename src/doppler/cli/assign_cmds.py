@@ -152,7 +152,9 @@ def assign_cmd(
                 console.print("zero-shot: the shipped pretrained policy (no --checkpoint), trained on other graphs "
                               "and clusters than these", highlight=False)  # fmt: skip
             elif a.info.get("zero_shot"):
-                console.print("zero-shot: the policy was not trained on this graph on this cluster", highlight=False)
+                console.print("zero-shot: the policy was trained on this graph, but on another cluster"
+                              if a.info.get("trained_on_graph") else "zero-shot: the policy was not trained on this graph",
+                              highlight=False)  # fmt: skip
             if a.info.get("device_identity_left_out"):
                 console.print(f"device identity left out: the policy learned a state for each of the "
                               f"{a.info['device_identity_left_out']} devices of the cluster it was trained on, "

@@ -176,6 +176,11 @@ def resolve_checkpoint(checkpoint: str | Path | None) -> tuple[Path, bool]:
     return PRETRAINED_CHECKPOINT, True
 
 
+def trained_on_graph(meta: dict, graph: DataflowGraph) -> bool:
+    """Whether the checkpoint was trained on ``graph`` (by fingerprint)."""
+    return any(graph.matches_fingerprint(g["fingerprint"]) for g in meta["graphs"])
+
+
 def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, where: str) -> bool:
     """Raise if a checkpoint cannot serve ``graph`` on ``cluster``; True if its use is zero-shot.
 
@@ -197,7 +202,7 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
             f"train one on a {cluster.num_devices}-device cluster"
         )
     transferable = config.get("op_features", "full") != "full"
-    if any(graph.matches_fingerprint(g["fingerprint"]) for g in graphs):
+    if trained_on_graph(meta, graph):
         return json.loads(meta["cluster"]) != cluster.to_json()
     if len(graphs) == 1 and not transferable:
         raise CheckpointError(

@@ -93,7 +93,9 @@ def doppler_method(
     if plc_ties_only and method != "doppler":
         raise MethodError(f"--plc-ties is a decode of DOPPLER's dual policy, not of {method}")
     t0 = time.perf_counter()
-    from doppler.policy.checkpoint import CheckpointError, check_checkpoint_fits, identity_serves, resolve_checkpoint
+    from doppler.policy.checkpoint import (
+        CheckpointError, check_checkpoint_fits, identity_serves, resolve_checkpoint, trained_on_graph,
+    )  # fmt: skip
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
     from doppler.simulate import context, simulate_many
@@ -174,7 +176,7 @@ def doppler_method(
     best = int(np.argmin(makespans))
     drawn = samples or len(candidates) - 1
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": drawn, "checkpoint": str(path),
-            "plc_ties_only": ties_only}  # fmt: skip
+            "plc_ties_only": ties_only, "trained_on_graph": trained_on_graph(meta, graph)}  # fmt: skip
     if identity_left_out:  # the devices it learned states for are another cluster's
         info["device_identity_left_out"] = int(known)
     if not budget_s:
