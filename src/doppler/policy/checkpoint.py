@@ -115,9 +115,14 @@ def device_identity_mismatch(known: int, num_devices: int) -> str:
 
 def identity_serves(meta: dict, cluster: Cluster) -> bool:
     """Whether the learned per-device states of a checkpoint (``--device-identity``) apply on ``cluster``:
-    they name the devices of the cluster it was trained on, so only there. False for a policy without them."""
+    they name the devices of the cluster it was trained on, so only there: the same devices and links
+    (its name and notes may differ). False for a policy without them."""
+    def devices_and_links(obj: dict) -> dict:
+        return {k: v for k, v in obj.items() if k not in ("name", "meta")}
+
     known = meta.get("policy_config", {}).get("device_identity")
-    return bool(known) and meta.get("cluster") is not None and json.loads(meta["cluster"]) == cluster.to_json()
+    return (bool(known) and meta.get("cluster") is not None
+            and devices_and_links(json.loads(meta["cluster"])) == devices_and_links(cluster.to_json()))  # fmt: skip
 
 
 def strip_device_identity(policy_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[dict, dict]:
