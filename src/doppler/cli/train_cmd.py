@@ -31,7 +31,7 @@ def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
 
     from doppler.policy.architectures import config_sizes
     from doppler.policy.checkpoint import (
-        CheckpointError, checkpoint_method, identity_serves, read_checkpoint, resolve_checkpoint, strip_device_identity,
+        CheckpointError, checkpoint_method, identity_left_out, read_checkpoint, resolve_checkpoint, strip_device_identity,
     )  # fmt: skip
 
     path, _ = resolve_checkpoint(None if init == "pretrained" else init)  # CheckpointError: exit 2
@@ -44,8 +44,7 @@ def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
         raise CheckpointError(f"{path}: a {cfg.method} policy has one output unit per device: its {pc['num_devices']} "
                               f"cannot serve cluster {cluster.name!r} ({cluster.num_devices} devices)")  # fmt: skip
     left_out = None
-    elsewhere = cluster is not None and not identity_serves(ck, cluster)
-    if pc.get("device_identity") and (cfg.device_identity is False or elsewhere):
+    if pc.get("device_identity") and (cfg.device_identity is False or (cluster and identity_left_out(ck, cluster))):
         left_out = int(pc["device_identity"])
         pc, weights = strip_device_identity(pc, weights)
     identity = cfg.device_identity if cfg.device_identity is not None else (True if pc.get("device_identity") else None)

@@ -125,6 +125,13 @@ def identity_serves(meta: dict, cluster: Cluster) -> bool:
             and devices_and_links(json.loads(meta["cluster"])) == devices_and_links(cluster.to_json()))  # fmt: skip
 
 
+def identity_left_out(meta: dict, cluster: Cluster) -> int:
+    """The device count of a checkpoint's learned per-device states that do not apply on ``cluster``
+    (:func:`identity_serves`), so are left out there; 0 if there are none to leave out."""
+    known = int(meta.get("policy_config", {}).get("device_identity") or 0)
+    return known if known and not identity_serves(meta, cluster) else 0
+
+
 def strip_device_identity(policy_config: dict, state_dict: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """A checkpoint's ``policy_config`` and ``state_dict`` without their learned per-device states: the
     policy as it decodes on a cluster other than its training one. Identity enters only as each
@@ -154,7 +161,7 @@ def load_policy(path: str | Path, cluster: Cluster | None = None) -> tuple[torch
     ck = read_checkpoint(path)
     try:
         config, weights = ck["policy_config"], ck["state_dict"]
-        if cluster is not None and config.get("device_identity") and not identity_serves(ck, cluster):
+        if cluster is not None and identity_left_out(ck, cluster):
             config, weights = strip_device_identity(config, weights)
         policy = policy_from_config(config)
         policy.load_state_dict(weights)

@@ -94,7 +94,7 @@ def doppler_method(
         raise MethodError(f"--plc-ties is a decode of DOPPLER's dual policy, not of {method}")
     t0 = time.perf_counter()
     from doppler.policy.checkpoint import (
-        CheckpointError, check_checkpoint_fits, identity_serves, resolve_checkpoint, trained_on_graph,
+        CheckpointError, check_checkpoint_fits, identity_left_out, resolve_checkpoint, trained_on_graph,
     )  # fmt: skip
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
@@ -116,8 +116,7 @@ def doppler_method(
             policy, meta = load_policy(path, cluster)
             made_by = policy.method
         zero_shot = check_checkpoint_fits(meta, graph, cluster, str(path))
-        known = meta.get("policy_config", {}).get("device_identity")
-        identity_left_out = bool(known) and not identity_serves(meta, cluster)
+        left_out = identity_left_out(meta, cluster)
     except CheckpointError as e:
         raise MethodError(str(e)) from None
     if made_by != method:
@@ -177,8 +176,8 @@ def doppler_method(
     drawn = samples or len(candidates) - 1
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": drawn, "checkpoint": str(path),
             "plc_ties_only": ties_only, "trained_on_graph": trained_on_graph(meta, graph)}  # fmt: skip
-    if identity_left_out:  # the devices it learned states for are another cluster's
-        info["device_identity_left_out"] = int(known)
+    if left_out:  # the devices it learned states for are another cluster's
+        info["device_identity_left_out"] = left_out
     if not budget_s:
         return Assignment(devices=candidates[best], estimated_makespan_s=float(makespans[best]), info=info,
                           simulation=simulation)  # fmt: skip
