@@ -21,7 +21,7 @@ LAYERS = [
     {"methods"},
     {"policy"},
     {"engine"},
-    {"train", "pretrain"},
+    {"train", "pretrain", "pretrain_parallel"},
     {"cli", "__main__", "__init__"},
 ]
 

@@ -85,19 +85,27 @@ class Pretrainer:
     checkpoint_every_s: float = 180.0
     history: list[dict[str, float]] = field(default_factory=list)
     init: dict[str, Any] | None = None  # the checkpoint a ``--init`` run started from
+    rank: int = 0  # with ``--workers N``: this process's place among them (0 checkpoints and reports)
+    sync: Any = None  # with ``--workers N``: their :class:`doppler.pretrain_parallel.GradSync`
 
     @classmethod
-    def create(cls, cfg: TrainConfig, budget_s: float, checkpoint_every_s: float = 180.0) -> "Pretrainer":
+    def create(cls, cfg: TrainConfig, budget_s: float, checkpoint_every_s: float = 180.0,
+               rank: int = 0) -> "Pretrainer":  # fmt: skip
+        """A new run. Worker ``rank`` > 0 of ``--workers`` draws its own streams of pairs and of rollouts
+        (rank 0's are those of a run without workers)."""
         if not budget_s > 0:
             raise TrainError(f"--budget-h must be > 0, got {budget_s / 3600:g}")
         cfg.validate()  # before the corpus stream is seeded from it
-        corpus_rng = np.random.default_rng(cfg.seed + 1)  # separate from the trainer's rollout stream
+        corpus_rng = np.random.default_rng(cfg.seed + 1 if rank == 0 else [cfg.seed + 1, rank])  # not the rollouts'
         g, c = sample_pair(corpus_rng)
-        return cls(Trainer.create([g], c, cfg), budget_s, corpus_rng, checkpoint_every_s=checkpoint_every_s)
+        tr = Trainer.create([g], c, cfg)
+        if rank:
+            tr.rng = np.random.default_rng([cfg.seed, rank])
+        return cls(tr, budget_s, corpus_rng, checkpoint_every_s=checkpoint_every_s, rank=rank)
 
     @classmethod
     def from_init(cls, init: str | Path, budget_s: float, seed: int = 0, checkpoint_every_s: float = 180.0,
-                  **overrides: Any) -> "Pretrainer":
+                  rank: int = 0, **overrides: Any) -> "Pretrainer":
         """Stage II on a new stream of corpus pairs (``seed``) from the pretraining checkpoint ``init``: its
         configuration with :data:`FROM_INIT` and ``overrides``, its weights and optimizer state."""
         ck = read_checkpoint(init)
@@ -106,7 +114,7 @@ class Pretrainer:
             raise TrainError(f"{init}: --init needs a pretraining checkpoint (of `doppler pretrain`), this one is "
                              "of `doppler train`")  # fmt: skip
         cfg = dataclasses.replace(config_from_json(json.loads(ck["config"])), seed=seed, **{**FROM_INIT, **overrides})
-        pt = cls.create(cfg, budget_s, checkpoint_every_s)
+        pt = cls.create(cfg, budget_s, checkpoint_every_s, rank=rank)
         tr = pt.trainer
         try:
             _load_weights_and_counters(tr, ck)
@@ -163,6 +171,9 @@ class Pretrainer:
             t0 = time.perf_counter()
             stats = self.update()
             self.elapsed_s += time.perf_counter() - t0
+            save_now = run_dir is not None and time.perf_counter() - last_save >= self.checkpoint_every_s
+            if self.sync is not None:  # every worker takes rank 0's clock and save decision: same lr, same stop
+                self.elapsed_s, save_now = self.sync.agree(self.elapsed_s, save_now)
             row = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             self.history.append(row)
             if self.trainer.writer is not None:
@@ -172,15 +183,20 @@ class Pretrainer:
                         self.trainer.writer.add_scalar(f"{group}/pretrain_{k}", v, self.updates)
             if on_progress is not None:
                 on_progress(ProgressEvent("pretrain", min(self.elapsed_s, self.budget_s), self.budget_s, "s", stats))
-            if run_dir is not None and time.perf_counter() - last_save >= self.checkpoint_every_s:
+            if save_now:
                 self.save(run_dir)
                 last_save = time.perf_counter()
-        if run_dir is not None:
+        if run_dir is not None or self.sync is not None:
             self.save(run_dir)
-            self.trainer.writer.flush()
+            if self.trainer.writer is not None:
+                self.trainer.writer.flush()
 
     # ------------------------------------------------------------------ checkpoints
-    def state(self) -> dict[str, Any]:
+    def _streams(self) -> dict[str, Any]:
+        """This process's corpus and rollout generators (what a worker needs to resume its own streams)."""
+        return {"corpus_rng": self.corpus_rng.bit_generator.state, "numpy_rng": self.trainer.rng.bit_generator.state}
+
+    def state(self, worker_streams: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         st = self.trainer.state()
         st["graphs"] = []  # not trained on any one graph: serves every graph zero-shot
         st["history"] = json.dumps(self.history)
@@ -188,16 +204,21 @@ class Pretrainer:
             "corpus_rng": self.corpus_rng.bit_generator.state, "elapsed_s": self.elapsed_s, "updates": self.updates,
             "budget_s": self.budget_s, "families": list(TRAIN_FAMILIES), "ops": list(TRAIN_OPS),
             "devices": list(TRAIN_DEVICES), "init": self.init,
+            "workers": 1 + len(worker_streams or []), "worker_streams": worker_streams or [],
         })  # fmt: skip
         return st
 
-    def save(self, run_dir: str | Path) -> None:
-        """``checkpoint.pt`` and ``config.json`` in ``run_dir``, atomically."""
-        write_checkpoint(Path(run_dir), self.state(), config_to_json(self.cfg))
+    def save(self, run_dir: str | Path | None) -> None:
+        """``checkpoint.pt`` and ``config.json`` in ``run_dir``, atomically. With workers every one of them
+        calls it (their streams are gathered into the checkpoint), and rank 0 writes."""
+        streams = self.sync.gather(self._streams())[1:] if self.sync is not None else None
+        if self.rank == 0 and run_dir is not None:
+            write_checkpoint(Path(run_dir), self.state(streams), config_to_json(self.cfg))
 
     @classmethod
-    def resume(cls, run_dir: str | Path, budget_s: float | None = None) -> "Pretrainer":
-        """Continue a pretraining run from ``run_dir/checkpoint.pt`` (optionally with a new total budget)."""
+    def resume(cls, run_dir: str | Path, budget_s: float | None = None, rank: int = 0) -> "Pretrainer":
+        """Continue a pretraining run from ``run_dir/checkpoint.pt`` (optionally with a new total budget); worker
+        ``rank`` > 0 continues its own streams, saved in the checkpoint."""
         import torch
 
         from doppler.train import config_from_json
@@ -213,6 +234,12 @@ class Pretrainer:
         torch.set_rng_state(ck["torch_rng"])
         tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
         pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
+        if rank:
+            if rank >= int(meta.get("workers", 1)):
+                raise TrainError(f"{run_dir}: made with --workers {meta.get('workers', 1)}; resume it with as many")
+            streams = meta["worker_streams"][rank - 1]
+            pt.rank, pt.corpus_rng.bit_generator.state = rank, streams["corpus_rng"]
+            tr.rng.bit_generator.state = streams["numpy_rng"]
         pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
         pt.history = json.loads(ck["history"])
         pt.init = meta.get("init")

@@ -26,7 +26,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -438,6 +438,8 @@ class Trainer:
     real_oracles: dict[int, CostOracle] = field(default_factory=dict)  # Stage III oracles per task (engine-backed)
     identity_left_out: int | None = None  # `--init`: the device count of the checkpoint's learned device identity,
     # left out because it was learned on another cluster (not saved: it describes how this run started)
+    grad_sync: Callable[[list[torch.nn.Parameter]], None] | None = None  # pretraining workers: averages the
+    # gradients across processes before each step (doppler.pretrain_parallel.GradSync.average)
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -673,6 +675,8 @@ class Trainer:
     def _step(self) -> bool:
         """Clip the gradients and take an optimiser step, unless they are not finite (then the
         step is skipped, so one bad batch cannot turn every weight into NaN). True if taken."""
+        if self.grad_sync is not None:
+            self.grad_sync(list(self.policy.parameters()))
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad()

@@ -1,5 +1,7 @@
 """``doppler pretrain``: train one transferable policy on the corpus of (graph, cluster) pairs."""
 
+import json
+import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -20,6 +22,7 @@ def pretrain_cmd(
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
     il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization.md)."),
     pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1; with --init, the checkpoint's)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count). Each holds a core: at most the cores doppler may use."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
     json_out: bool = JSON_OPT,
@@ -27,11 +30,16 @@ def pretrain_cmd(
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
     with handle_errors():
         from doppler.pretrain import Pretrainer, pretrain_config
-        from doppler.policy.checkpoint import CheckpointError
+        from doppler.pretrain_parallel import Recipe, run_workers
+        from doppler.policy.checkpoint import CheckpointError, read_checkpoint
         from doppler.train import TrainError
 
         if not budget_h > 0 or budget_h > 1000:
             raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if workers is not None and not 1 <= workers <= cores:
+            raise UserError(f"--workers must be between 1 and the {cores} cores doppler may use here, got {workers} "
+                            "(each worker holds a core; more run slower, not faster)")  # fmt: skip
         ckpt = output / "checkpoint.pt"
         try:
             overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
@@ -47,6 +55,12 @@ def pretrain_cmd(
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
                 pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
+                made_with = int(json.loads(read_checkpoint(output)["pretrain"]).get("workers", 1))
+                if workers is not None and workers != made_with:
+                    raise UserError(f"--workers {workers} with --resume: {output} was made with --workers {made_with}; "
+                                    "resume it with as many (each continues its own stream of pairs)")  # fmt: skip
+                workers = made_with
+                recipe = Recipe("resume", budget_h * 3600, path=str(output))
             else:
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
@@ -54,12 +68,14 @@ def pretrain_cmd(
                 from doppler.policy.checkpoint import resolve_checkpoint
 
                 path, _ = resolve_checkpoint(None if init == "pretrained" else init)
-                pt = Pretrainer.from_init(path, budget_h * 3600, seed=seed, device=device, torch_threads=threads,
-                                          **per_update)  # fmt: skip
+                init_overrides = dict(device=device, torch_threads=threads, **per_update)
+                pt = Pretrainer.from_init(path, budget_h * 3600, seed=seed, **init_overrides)
+                recipe = Recipe("init", budget_h * 3600, path=str(path), seed=seed, overrides=init_overrides)
             elif not resume:
                 pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides,
                                                        **per_update),
                                        budget_h * 3600)
+                recipe = Recipe("create", budget_h * 3600, cfg=pt.cfg)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         make_run_dir(output)
@@ -73,16 +89,30 @@ def pretrain_cmd(
             k = pt.cfg.pairs_per_update
             pairs = f"{st['num_ops']} ops x {st['num_devices']} devices" if k == 1 else \
                 f"{k} pairs: {st['num_ops']} ops, up to {st['num_devices']} devices"
-            return f"update {st['update']}  {pairs}  {quality}"
+            on = f"worker 0 of {workers}: " if workers > 1 else ""
+            return f"update {st['update']}  {on}{pairs}  {quality}"
 
+        workers = workers or 1
+        in_sync = True
         with live_progress(describe, labels={"pretrain": "pretraining"}, quiet=json_out, keep=True) as on_progress:
-            pt.run(output, on_progress)
+            if workers > 1:
+                try:
+                    in_sync = run_workers(pt, recipe, workers, output, on_progress)
+                except TrainError as e:
+                    raise UserError(str(e)) from None
+            else:
+                pt.run(output, on_progress)
         summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,
                    "il_episodes": pt.trainer.il_episode, "episodes": pt.trainer.episode,
-                   "train_s": pt.elapsed_s, "elapsed_s": time.perf_counter() - t0}  # fmt: skip
+                   "train_s": pt.elapsed_s, "elapsed_s": time.perf_counter() - t0, "workers": workers,
+                   "pairs": pt.updates * pt.cfg.pairs_per_update * workers, "workers_in_sync": in_sync}  # fmt: skip
         if json_out:
             emit_json(summary)
         else:
             console.print(f"pretrained {summary['updates']} updates ({summary['il_episodes']} imitation + "
                           f"{summary['episodes']} RL episodes, {summary['train_s'] / 3600:.2f} h) -> {ckpt}",
                           highlight=False)  # fmt: skip
+            if workers > 1:  # the episode counts above are worker 0's
+                console.print(f"{workers} workers, {summary['pairs']} pairs in all; "
+                              + ("every worker ended with the same weights" if in_sync else
+                                 "[red]the workers' weights differ[/red]"), highlight=False)  # fmt: skip

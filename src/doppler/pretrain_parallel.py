@@ -1,0 +1,222 @@
+"""Pretraining on several processes (``doppler pretrain --workers N``): data-parallel workers.
+
+Each of the ``N`` processes runs the same :class:`~doppler.pretrain.Pretrainer` on its own stream of
+fresh (graph, cluster) pairs (worker 0's is the stream of a run without workers) and its own rollouts,
+and before every optimiser step their gradients are averaged (``torch.distributed``, gloo, over
+127.0.0.1). All start from the same weights and take the same steps, so they hold the same policy
+throughout: one update learns from ``N x pairs_per_update`` pairs, as ``--pairs-per-update`` does in
+one process, but the pairs are encoded, decoded and simulated side by side instead of one after
+another (the rollouts and the simulator run on the CPU, which is why one process cannot use a
+machine's other cores). Worker 0 is the calling process: it reports progress, keeps the clock that
+every worker follows (so all decay the learning rate alike and stop on the same update), and writes
+the checkpoints, which hold every worker's streams so that ``--resume`` continues each of them.
+
+A worker that dies makes the others' next gradient exchange fail, which ends the run with one line
+(:class:`~doppler.train.TrainError`); no exchange waits longer than ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import queue
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from doppler.pretrain import Pretrainer
+from doppler.progress import ProgressFn
+from doppler.train import TrainConfig, TrainError
+
+#: seconds a gradient exchange may wait for the slowest worker (an update on 1,000 ops with search
+#: takes seconds; a dead worker is noticed at once, its socket closes)
+EXCHANGE_TIMEOUT_S = 600.0
+#: seconds worker 0 waits for the others to start (each imports torch and builds its first pair)
+START_TIMEOUT_S = 180.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How each worker builds its :class:`Pretrainer`: ``kind`` is ``create`` (``cfg``), ``resume``
+    (``path``: the run directory) or ``init`` (``path``: the checkpoint; ``seed`` and ``overrides``)."""
+
+    kind: str
+    budget_s: float
+    cfg: TrainConfig | None = None
+    path: str | None = None
+    seed: int = 0
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def build(self, rank: int) -> Pretrainer:
+        if self.kind == "create":
+            return Pretrainer.create(self.cfg, self.budget_s, rank=rank)
+        if self.kind == "resume":
+            return Pretrainer.resume(self.path, budget_s=self.budget_s, rank=rank)
+        return Pretrainer.from_init(self.path, self.budget_s, seed=self.seed, rank=rank, **self.overrides)
+
+
+class GradSync:
+    """The collective steps of data-parallel pretraining, on the default process group."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def average(self, params: list[torch.nn.Parameter]) -> None:
+        """Replace every gradient by its mean over the workers (a parameter no worker's loss reached keeps
+        no gradient, so Adam leaves it alone as it does in one process)."""
+        import torch.distributed as dist
+
+        parts = [p.grad.reshape(-1).to("cpu", torch.float32) if p.grad is not None
+                 else torch.zeros(p.numel()) for p in params]  # fmt: skip
+        reached = torch.tensor([float(p.grad is not None) for p in params])
+        flat = torch.cat([*parts, reached])
+        dist.all_reduce(flat)
+        reached = flat[-len(params):]
+        offset = 0
+        for p, hit in zip(params, reached.tolist()):
+            if hit > 0:
+                mean = (flat[offset:offset + p.numel()] / self.world).view_as(p).to(p.device, p.dtype)
+                if p.grad is None:
+                    p.grad = mean
+                else:
+                    p.grad.copy_(mean)
+            offset += p.numel()
+
+    def agree(self, elapsed_s: float, save: bool) -> tuple[float, bool]:
+        """Worker 0's training time and checkpoint decision, for every worker."""
+        import torch.distributed as dist
+
+        t = torch.tensor([elapsed_s, float(save)], dtype=torch.float64)
+        dist.broadcast(t, 0)
+        return float(t[0]), bool(t[1] > 0)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every worker, in rank order."""
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def same_weights(self, params: list[torch.nn.Parameter]) -> bool:
+        """Whether every worker holds exactly worker 0's weights."""
+        import torch.distributed as dist
+
+        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
+        ref = flat.clone()
+        dist.broadcast(ref, 0)
+        diff = torch.tensor([float(not torch.equal(flat, ref))])
+        dist.all_reduce(diff)
+        return bool(diff.item() == 0)
+
+
+def _join(rank: int, world: int, port: int, timeout_s: float, procs: list | None = None) -> GradSync:
+    """Join the process group. Worker 0 hosts it and waits for the others to say they are there,
+    stopping at once if one of ``procs`` has exited instead (at most :data:`START_TIMEOUT_S`)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=START_TIMEOUT_S),
+                          wait_for_workers=False)  # fmt: skip
+    if rank:
+        store.set(f"worker {rank}", "here")
+    elif procs:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not store.check([p.name for p in procs]):
+            gone = [p.name for p in procs if p.exitcode is not None]
+            if gone:
+                raise RuntimeError(f"{gone[0]} exited before it joined")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers did not start within {START_TIMEOUT_S:g} s")
+            time.sleep(0.05)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+    return GradSync(world)
+
+
+def _attach(pt: Pretrainer, sync: GradSync) -> None:
+    """Hook ``sync`` into ``pt`` and start every worker from worker 0's weights."""
+    import torch.distributed as dist
+
+    pt.sync = sync
+    pt.trainer.grad_sync = sync.average
+    for p in pt.trainer.policy.parameters():
+        with torch.no_grad():
+            buf = p.detach().to("cpu").clone()
+            dist.broadcast(buf, 0)
+            p.copy_(buf.to(p.device))
+
+
+def _worker(recipe: Recipe, rank: int, world: int, port: int, timeout_s: float, errors: Any) -> None:
+    """Entry point of workers 1..N-1 (a spawned process). If it fails, its reason goes to worker 0 (the
+    ``errors`` queue), which reports it in its one line, and it exits with code 2."""
+    import sys
+
+    import torch.distributed as dist
+
+    try:
+        sync = _join(rank, world, port, timeout_s)
+        try:
+            pt = recipe.build(rank)
+            _attach(pt, sync)
+            pt.run(None)
+            sync.same_weights(list(pt.trainer.policy.parameters()))
+        finally:
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - any failure: worker 0 names it and stops the run
+        errors.put(f"worker {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        sys.exit(2)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Path,
+                on_progress: ProgressFn | None = None, timeout_s: float = EXCHANGE_TIMEOUT_S) -> bool:  # fmt: skip
+    """Pretrain with ``workers`` processes: ``pt`` (already built by ``recipe.build(0)``, so that bad input
+    fails before any process starts) is worker 0, in this process; the others are spawned and build
+    theirs from ``recipe``. Returns whether every worker ended with the same weights."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if workers < 2:
+        raise TrainError(f"run_workers needs at least 2 workers, got {workers}")
+    port = _free_port()
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no torch or numba thread pools copied by fork
+    errors = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(recipe, r, workers, port, timeout_s, errors), daemon=True,
+                         name=f"worker {r}") for r in range(1, workers)]  # fmt: skip
+    for p in procs:
+        p.start()
+    try:
+        sync = _join(0, workers, port, timeout_s, procs)
+        try:
+            _attach(pt, sync)
+            pt.run(run_dir, on_progress)
+            return sync.same_weights(list(pt.trainer.policy.parameters()))
+        finally:
+            dist.destroy_process_group()
+    except (RuntimeError, ConnectionError) as e:  # a peer closed its socket, or a timeout
+        deadline = time.monotonic() + 5.0  # time for a failed worker's exit code to arrive
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        dead = [p.name for p in procs if p.exitcode not in (0, None)]
+        try:
+            why = errors.get(timeout=1.0)  # the first failed worker's own reason
+        except queue.Empty:
+            why = (f"{', '.join(dead)} stopped" if dead else "a gradient exchange failed") + \
+                f" ({str(e).splitlines()[0][:160]})"
+        raise TrainError(f"pretraining workers: {why}; the last checkpoint in {run_dir}, if any, is intact "
+                         "(--resume continues it)") from None  # fmt: skip
+    finally:  # the workers leave after the last exchange; any still there after 30 s in all are stopped
+        deadline = time.monotonic() + 30.0
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()

@@ -1,0 +1,116 @@
+"""Data-parallel pretraining (``doppler pretrain --workers N``): the gradient average, each worker's own
+streams, one policy across workers, resume, and a worker that dies."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from typer.testing import CliRunner
+
+from doppler.cli import app
+from doppler.policy.checkpoint import read_checkpoint
+from doppler.pretrain import Pretrainer, pretrain_config
+from doppler.pretrain_parallel import Recipe, _join, run_workers
+from doppler.train import TrainError
+
+TINY = dict(hidden=16, mlp_hidden=16, mp_steps=2, il_episodes=16, batch=4, search_evals=50, torch_threads=1)
+runner = CliRunner()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _average_probe(rank: int, world: int, port: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    sync = _join(rank, world, port, 60.0)
+    both = torch.nn.Parameter(torch.zeros(3))
+    both.grad = torch.tensor([1.0, 2.0, 3.0]) * (rank + 1)  # worker 0: 1,2,3; worker 1: 2,4,6
+    neither = torch.nn.Parameter(torch.zeros(2))  # no gradient anywhere: keeps none
+    one = torch.nn.Parameter(torch.zeros(2))
+    one.grad = torch.tensor([4.0, 8.0]) if rank == 1 else None  # only worker 1's loss reached it
+    sync.average([both, neither, one])
+    torch.save({"both": both.grad, "neither": neither.grad, "one": one.grad}, f"{out_dir}/{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_gradients_are_averaged_over_the_workers(tmp_path):
+    mp.start_processes(_average_probe, args=(2, _port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        assert torch.equal(got["both"], torch.tensor([1.5, 3.0, 4.5]))  # the mean, not the sum
+        assert got["neither"] is None
+        assert torch.equal(got["one"], torch.tensor([2.0, 4.0]))  # as in one process: the missing pair adds 0
+
+
+def test_each_worker_draws_its_own_pairs_and_worker_zero_the_usual_ones():
+    cfg = pretrain_config(**TINY)
+    plain, w0, w1 = (Pretrainer.create(cfg, 3600), Pretrainer.create(cfg, 3600, rank=0),
+                     Pretrainer.create(cfg, 3600, rank=1))  # fmt: skip
+    first = [(p.trainer.tasks[0].graph.name, p.trainer.tasks[0].graph.num_ops, p.trainer.tasks[0].cluster.name)
+             for p in (plain, w0, w1)]  # fmt: skip
+    assert first[0] == first[1]
+    draws = [[p.corpus_rng.random() for _ in range(4)] for p in (plain, w0, w1)]
+    assert draws[0] == draws[1] and draws[1] != draws[2]
+    assert plain.trainer.rng.random() == w0.trainer.rng.random() != w1.trainer.rng.random()
+
+
+def _cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="--workers 2 needs 2 cores")
+def test_two_workers_train_one_policy_checkpoint_and_resume(tmp_path):
+    out = tmp_path / "PT"
+    res = _cli("pretrain", "-o", out, "--budget-h", "0.001", "--workers", "2", "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["workers"] == 2 and s["workers_in_sync"] is True and s["updates"] >= 1
+    assert s["pairs"] == 2 * s["updates"]
+    meta = json.loads(read_checkpoint(out)["pretrain"])
+    assert meta["workers"] == 2 and len(meta["worker_streams"]) == 1
+    res = _cli("pretrain", "-o", out, "--budget-h", "0.001", "--resume", "--workers", "1")
+    assert res.exit_code == 2 and "--workers 2" in res.stderr, res.output
+    res = _cli("pretrain", "-o", out, "--budget-h", "0.002", "--resume", "--json")  # the run's own count
+    assert res.exit_code == 0, res.output
+    s2 = json.loads(res.stdout)
+    assert s2["workers"] == 2 and s2["workers_in_sync"] is True and s2["updates"] > s["updates"]
+    # worker 1 went on with its own stream: the saved one moved on
+    assert json.loads(read_checkpoint(out)["pretrain"])["worker_streams"] != meta["worker_streams"]
+
+
+@pytest.mark.parametrize("workers", ["0", "100000"])
+def test_workers_out_of_range_exit_2_before_any_work(tmp_path, workers):
+    res = _cli("pretrain", "-o", tmp_path / "PT", "--budget-h", "0.001", "--workers", workers)
+    assert res.exit_code == 2 and "--workers" in res.stderr and not (tmp_path / "PT").exists(), res.output
+
+
+def test_a_worker_that_fails_stops_the_run_with_one_error(tmp_path):
+    cfg = pretrain_config(**TINY)
+    pt = Pretrainer.create(cfg, 3600)
+    broken = Recipe("resume", 3600, path=str(tmp_path / "missing"))  # worker 1 cannot build its Pretrainer
+    with pytest.raises(TrainError, match="worker 1: CheckpointError: .*missing"):
+        run_workers(pt, broken, 2, tmp_path / "PT", timeout_s=60)
+
+
+def _exit_at_once() -> None:
+    raise SystemExit(3)
+
+
+def test_a_worker_gone_before_it_joins_is_named_at_once():
+    ctx = mp.get_context("spawn")
+    gone = ctx.Process(target=_exit_at_once, name="worker 1")
+    gone.start()
+    gone.join(30)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker 1 exited before it joined"):
+        _join(0, 2, _port(), 10.0, [gone])
+    assert time.monotonic() - t0 < 10  # not the start timeout
