@@ -4,9 +4,12 @@ streams, one policy across workers, resume, and a worker that dies."""
 from __future__ import annotations
 
 import json
-import socket
+import os
+import signal
+import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -22,16 +25,10 @@ TINY = dict(hidden=16, mlp_hidden=16, mp_steps=2, il_episodes=16, batch=4, searc
 runner = CliRunner()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _average_probe(rank: int, world: int, port: int, out_dir: str) -> None:
+def _average_probe(rank: int, world: int, store: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    sync = _join(rank, world, port, 60.0)
+    sync = _join(rank, world, store, 60.0)
     both = torch.nn.Parameter(torch.zeros(3))
     both.grad = torch.tensor([1.0, 2.0, 3.0]) * (rank + 1)  # worker 0: 1,2,3; worker 1: 2,4,6
     neither = torch.nn.Parameter(torch.zeros(2))  # no gradient anywhere: keeps none
@@ -43,7 +40,8 @@ def _average_probe(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_gradients_are_averaged_over_the_workers(tmp_path):
-    mp.start_processes(_average_probe, args=(2, _port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_average_probe, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
     for rank in (0, 1):
         got = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
         assert torch.equal(got["both"], torch.tensor([1.5, 3.0, 4.5]))  # the mean, not the sum
@@ -73,18 +71,26 @@ def test_two_workers_train_one_policy_checkpoint_and_resume(tmp_path):
     res = _cli("pretrain", "-o", out, "--budget-h", "0.001", "--workers", "2", "--json")
     assert res.exit_code == 0, res.output
     s = json.loads(res.stdout)
-    assert s["workers"] == 2 and s["workers_in_sync"] is True and s["updates"] >= 1
-    assert s["pairs"] == 2 * s["updates"]
+    assert s["workers"] == 2 and s["workers_in_sync"] is True and s["updates"] >= 1 and s["pairs_per_update"] == 2
     meta = json.loads(read_checkpoint(out)["pretrain"])
     assert meta["workers"] == 2 and len(meta["worker_streams"]) == 1
-    res = _cli("pretrain", "-o", out, "--budget-h", "0.001", "--resume", "--workers", "1")
-    assert res.exit_code == 2 and "--workers 2" in res.stderr, res.output
+    # worker 1 drew pairs of its own stream: it moved from where a fresh worker 1 starts
+    fresh = Pretrainer.create(pretrain_config(seed=0), 3600, rank=1).corpus_rng.bit_generator.state
+    assert meta["worker_streams"][0]["corpus_rng"] != fresh
+    # resumed, worker 1 continues its saved streams, and a worker the run did not have starts its own
+    back = Pretrainer.resume(out, rank=1)
+    assert back.corpus_rng.bit_generator.state == meta["worker_streams"][0]["corpus_rng"]
+    assert back.trainer.rng.bit_generator.state == meta["worker_streams"][0]["numpy_rng"]
+    new = Pretrainer.resume(out, rank=2)  # seed 0: worker 2's streams are seeded (1, 2) and (0, 2)
+    assert new.corpus_rng.bit_generator.state == np.random.default_rng([1, 2]).bit_generator.state
+    assert new.trainer.rng.bit_generator.state == np.random.default_rng([0, 2]).bit_generator.state
     res = _cli("pretrain", "-o", out, "--budget-h", "0.002", "--resume", "--json")  # the run's own count
     assert res.exit_code == 0, res.output
     s2 = json.loads(res.stdout)
     assert s2["workers"] == 2 and s2["workers_in_sync"] is True and s2["updates"] > s["updates"]
-    # worker 1 went on with its own stream: the saved one moved on
     assert json.loads(read_checkpoint(out)["pretrain"])["worker_streams"] != meta["worker_streams"]
+    res = _cli("pretrain", "-o", out, "--budget-h", "0.0025", "--resume", "--workers", "1", "--json")  # fewer
+    assert res.exit_code == 0 and json.loads(res.stdout)["workers"] == 1, res.output
 
 
 @pytest.mark.parametrize("workers", ["0", "100000"])
@@ -105,12 +111,34 @@ def _exit_at_once() -> None:
     raise SystemExit(3)
 
 
-def test_a_worker_gone_before_it_joins_is_named_at_once():
+def test_a_worker_gone_before_it_joins_is_named_at_once(tmp_path):
     ctx = mp.get_context("spawn")
     gone = ctx.Process(target=_exit_at_once, name="worker 1")
     gone.start()
     gone.join(30)
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="worker 1 exited before it joined"):
-        _join(0, 2, _port(), 10.0, [gone])
+        _join(0, 2, str(tmp_path / "store"), 10.0, [gone])
     assert time.monotonic() - t0 < 10  # not the start timeout
+
+
+def _kill_a_worker_once_training(pt: Pretrainer, stop: threading.Event) -> None:
+    while not stop.is_set():
+        kids = [p for p in mp.active_children() if p.name.startswith("worker")]
+        if kids and pt.updates >= 3:  # every worker has joined and trains
+            os.kill(kids[0].pid, signal.SIGKILL)
+            return
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_mid_run_stops_it_with_one_error_not_a_hang(tmp_path):
+    pt = Pretrainer.create(pretrain_config(**TINY), 300)
+    stop = threading.Event()
+    threading.Thread(target=_kill_a_worker_once_training, args=(pt, stop), daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TrainError, match="worker 1 stopped"):
+            run_workers(pt, Recipe("create", 300, cfg=pt.cfg), 2, tmp_path / "PT", timeout_s=120)
+    finally:
+        stop.set()
+    assert 3 <= pt.updates and time.monotonic() - t0 < 120  # noticed when its socket closed, not at a timeout

@@ -218,7 +218,8 @@ class Pretrainer:
     @classmethod
     def resume(cls, run_dir: str | Path, budget_s: float | None = None, rank: int = 0) -> "Pretrainer":
         """Continue a pretraining run from ``run_dir/checkpoint.pt`` (optionally with a new total budget); worker
-        ``rank`` > 0 continues its own streams, saved in the checkpoint."""
+        ``rank`` > 0 continues its own streams, saved in the checkpoint (a rank the run did not have begins
+        its own, as :meth:`create` would)."""
         import torch
 
         from doppler.train import config_from_json
@@ -234,12 +235,15 @@ class Pretrainer:
         torch.set_rng_state(ck["torch_rng"])
         tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
         pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
-        if rank:
-            if rank >= int(meta.get("workers", 1)):
-                raise TrainError(f"{run_dir}: made with --workers {meta.get('workers', 1)}; resume it with as many")
-            streams = meta["worker_streams"][rank - 1]
-            pt.rank, pt.corpus_rng.bit_generator.state = rank, streams["corpus_rng"]
-            tr.rng.bit_generator.state = streams["numpy_rng"]
+        if rank:  # a worker continues its own streams; one the run did not have starts its streams afresh
+            pt.rank = rank
+            saved = meta.get("worker_streams", [])
+            if rank <= len(saved):
+                pt.corpus_rng.bit_generator.state = saved[rank - 1]["corpus_rng"]
+                tr.rng.bit_generator.state = saved[rank - 1]["numpy_rng"]
+            else:
+                pt.corpus_rng = np.random.default_rng([cfg.seed + 1, rank])
+                tr.rng = np.random.default_rng([cfg.seed, rank])
         pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
         pt.history = json.loads(ck["history"])
         pt.init = meta.get("init")

@@ -2,25 +2,33 @@
 
 Each of the ``N`` processes runs the same :class:`~doppler.pretrain.Pretrainer` on its own stream of
 fresh (graph, cluster) pairs (worker 0's is the stream of a run without workers) and its own rollouts,
-and before every optimiser step their gradients are averaged (``torch.distributed``, gloo, over
-127.0.0.1). All start from the same weights and take the same steps, so they hold the same policy
-throughout: one update learns from ``N x pairs_per_update`` pairs, as ``--pairs-per-update`` does in
-one process, but the pairs are encoded, decoded and simulated side by side instead of one after
-another (the rollouts and the simulator run on the CPU, which is why one process cannot use a
-machine's other cores). Worker 0 is the calling process: it reports progress, keeps the clock that
-every worker follows (so all decay the learning rate alike and stop on the same update), and writes
-the checkpoints, which hold every worker's streams so that ``--resume`` continues each of them.
+and before every optimiser step their gradients are averaged (``torch.distributed`` with gloo; the
+processes meet through a file, and gloo's sockets are on the loopback device, 127.0.0.1). All start
+from the same weights and take the same steps, so they hold the same policy throughout: one update
+learns from ``N x pairs_per_update`` pairs, as ``--pairs-per-update`` does in one process, but the
+pairs are encoded, decoded and simulated side by side instead of one after another (the rollouts and
+the simulator run on the CPU, which is why one process cannot use a machine's other cores).
 
-A worker that dies makes the others' next gradient exchange fail, which ends the run with one line
-(:class:`~doppler.train.TrainError`); no exchange waits longer than ``timeout_s``.
+Worker 0 is the calling process: it reports progress, keeps the clock that every worker follows (so
+all decay the learning rate alike and stop on the same update), and writes the checkpoints, which hold
+every worker's streams: ``--resume`` continues each of them, and with another worker count the workers
+in both continue theirs and new ones begin their own. Counters, history and TensorBoard are worker 0's
+(so ``il_episodes`` counts one worker's episodes).
+
+A worker that dies makes the next gradient exchange fail, which ends the run with one line
+(:class:`~doppler.train.TrainError`) that names it, and its reason where it could give one; no exchange
+waits longer than ``timeout_s``, and no start longer than :data:`START_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import queue
-import socket
+import re
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -113,13 +121,15 @@ class GradSync:
         return bool(diff.item() == 0)
 
 
-def _join(rank: int, world: int, port: int, timeout_s: float, procs: list | None = None) -> GradSync:
-    """Join the process group. Worker 0 hosts it and waits for the others to say they are there,
-    stopping at once if one of ``procs`` has exited instead (at most :data:`START_TIMEOUT_S`)."""
+def _join(rank: int, world: int, store_path: str, timeout_s: float, procs: list | None = None) -> GradSync:
+    """Join the process group: the rendezvous is a file (no listening socket), and gloo's own sockets are
+    on the loopback device. Worker 0 waits for the others to say they are there, stopping at once if one
+    of ``procs`` has exited instead (at most :data:`START_TIMEOUT_S`)."""
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=START_TIMEOUT_S),
-                          wait_for_workers=False)  # fmt: skip
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # 127.0.0.1 only, whatever the hostname resolves to
+    store = dist.FileStore(store_path, world)
+    store.set_timeout(datetime.timedelta(seconds=START_TIMEOUT_S))
     if rank:
         store.set(f"worker {rank}", "here")
     elif procs:
@@ -149,15 +159,15 @@ def _attach(pt: Pretrainer, sync: GradSync) -> None:
             p.copy_(buf.to(p.device))
 
 
-def _worker(recipe: Recipe, rank: int, world: int, port: int, timeout_s: float, errors: Any) -> None:
+def _worker(recipe: Recipe, rank: int, world: int, store_path: str, timeout_s: float, errors: Any) -> None:
     """Entry point of workers 1..N-1 (a spawned process). If it fails, its reason goes to worker 0 (the
-    ``errors`` queue), which reports it in its one line, and it exits with code 2."""
+    ``errors`` queue), which reports it in its one line, and it exits with code 2; Ctrl-C ends it quietly."""
     import sys
 
     import torch.distributed as dist
 
     try:
-        sync = _join(rank, world, port, timeout_s)
+        sync = _join(rank, world, store_path, timeout_s)
         try:
             pt = recipe.build(rank)
             _attach(pt, sync)
@@ -165,15 +175,37 @@ def _worker(recipe: Recipe, rank: int, world: int, port: int, timeout_s: float, 
             sync.same_weights(list(pt.trainer.policy.parameters()))
         finally:
             dist.destroy_process_group()
+    except KeyboardInterrupt:
+        sys.exit(130)
     except Exception as e:  # noqa: BLE001 - any failure: worker 0 names it and stops the run
-        errors.put(f"worker {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        errors.put((rank, f"worker {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]))
         sys.exit(2)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _reason(errors: Any, dead: list, fallback: str) -> str:
+    """The reason a failed worker of ``dead`` gave (the first in rank order), else ``fallback``."""
+    reasons = {}
+    while True:
+        try:
+            rank, line = errors.get(timeout=0.5)
+        except queue.Empty:
+            break
+        reasons[rank] = line
+    ranks = [int(p.name.split()[-1]) for p in dead]
+    first = next((reasons[r] for r in sorted(ranks) if r in reasons), None)
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", fallback.splitlines()[0] if fallback else "")[:160]  # gloo's source path
+    return first or (f"{', '.join(p.name for p in dead)} stopped ({detail})" if dead else detail)
+
+
+def _failed_workers(procs: list, grace_s: float = 2.0) -> list:
+    """The workers that have exited with an error, waiting up to ``grace_s`` for one to show (a process
+    closes its sockets a moment before its exit code can be read)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        dead = [p for p in procs if p.exitcode not in (0, None)]
+        if dead or time.monotonic() > deadline:
+            return dead
+        time.sleep(0.05)
 
 
 def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Path,
@@ -186,33 +218,31 @@ def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Pat
 
     if workers < 2:
         raise TrainError(f"run_workers needs at least 2 workers, got {workers}")
-    port = _free_port()
+    rendezvous = tempfile.mkdtemp(prefix="doppler-workers-")
+    store_path = os.path.join(rendezvous, "store")
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch or numba thread pools copied by fork
     errors = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(recipe, r, workers, port, timeout_s, errors), daemon=True,
+    procs = [ctx.Process(target=_worker, args=(recipe, r, workers, store_path, timeout_s, errors), daemon=True,
                          name=f"worker {r}") for r in range(1, workers)]  # fmt: skip
     for p in procs:
         p.start()
     try:
-        sync = _join(0, workers, port, timeout_s, procs)
+        try:
+            sync = _join(0, workers, store_path, timeout_s, procs)
+        except RuntimeError as e:  # a worker exited before it joined, or none came in time
+            raise TrainError(f"pretraining workers: {_reason(errors, _failed_workers(procs, 0.0), str(e))}") from None
         try:
             _attach(pt, sync)
             pt.run(run_dir, on_progress)
             return sync.same_weights(list(pt.trainer.policy.parameters()))
+        except (RuntimeError, ConnectionError) as e:  # a peer closed its socket, a timeout, or worker 0's own
+            dead = _failed_workers(procs)  # before the group closes and every worker fails with it
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            why = _reason(errors, dead, str(e)) if dead else f"worker 0: {type(e).__name__}: {first}"
+            raise TrainError(f"pretraining workers: {why}; the last checkpoint in {run_dir}, if any, is intact "
+                             "(--resume continues it)") from None  # fmt: skip
         finally:
             dist.destroy_process_group()
-    except (RuntimeError, ConnectionError) as e:  # a peer closed its socket, or a timeout
-        deadline = time.monotonic() + 5.0  # time for a failed worker's exit code to arrive
-        for p in procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-        dead = [p.name for p in procs if p.exitcode not in (0, None)]
-        try:
-            why = errors.get(timeout=1.0)  # the first failed worker's own reason
-        except queue.Empty:
-            why = (f"{', '.join(dead)} stopped" if dead else "a gradient exchange failed") + \
-                f" ({str(e).splitlines()[0][:160]})"
-        raise TrainError(f"pretraining workers: {why}; the last checkpoint in {run_dir}, if any, is intact "
-                         "(--resume continues it)") from None  # fmt: skip
     finally:  # the workers leave after the last exchange; any still there after 30 s in all are stopped
         deadline = time.monotonic() + 30.0
         for p in procs:
@@ -220,3 +250,4 @@ def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Pat
         for p in procs:
             if p.is_alive():
                 p.terminate()
+        shutil.rmtree(rendezvous, ignore_errors=True)

@@ -22,7 +22,7 @@ def pretrain_cmd(
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
     il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization.md)."),
     pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1; with --init, the checkpoint's)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count). Each holds a core: at most the cores doppler may use."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count, and another count keeps the streams of the workers in both). Each holds a core: at most the cores doppler may use."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
     json_out: bool = JSON_OPT,
@@ -37,9 +37,14 @@ def pretrain_cmd(
         if not budget_h > 0 or budget_h > 1000:
             raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if workers is not None and not 1 <= workers <= cores:
-            raise UserError(f"--workers must be between 1 and the {cores} cores doppler may use here, got {workers} "
-                            "(each worker holds a core; more run slower, not faster)")  # fmt: skip
+
+        def check_workers(n: int, why: str = "") -> None:
+            if not 1 <= n <= cores:
+                raise UserError(f"--workers must be between 1 and the {cores} cores doppler may use here, got {n}"
+                                f"{why} (each worker holds a core; more run slower, not faster)")  # fmt: skip
+
+        if workers is not None:
+            check_workers(workers)
         ckpt = output / "checkpoint.pt"
         try:
             overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
@@ -55,11 +60,9 @@ def pretrain_cmd(
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
                 pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
-                made_with = int(json.loads(read_checkpoint(output)["pretrain"]).get("workers", 1))
-                if workers is not None and workers != made_with:
-                    raise UserError(f"--workers {workers} with --resume: {output} was made with --workers {made_with}; "
-                                    "resume it with as many (each continues its own stream of pairs)")  # fmt: skip
-                workers = made_with
+                if workers is None:  # the run's own count; another one keeps the streams of the workers in both
+                    workers = int(json.loads(read_checkpoint(output)["pretrain"]).get("workers", 1))
+                    check_workers(workers, " (the run's own count; give --workers to resume it with fewer)")
                 recipe = Recipe("resume", budget_h * 3600, path=str(output))
             else:
                 if ckpt.exists():
@@ -105,7 +108,7 @@ def pretrain_cmd(
         summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,
                    "il_episodes": pt.trainer.il_episode, "episodes": pt.trainer.episode,
                    "train_s": pt.elapsed_s, "elapsed_s": time.perf_counter() - t0, "workers": workers,
-                   "pairs": pt.updates * pt.cfg.pairs_per_update * workers, "workers_in_sync": in_sync}  # fmt: skip
+                   "pairs_per_update": pt.cfg.pairs_per_update * workers, "workers_in_sync": in_sync}  # fmt: skip
         if json_out:
             emit_json(summary)
         else:
@@ -113,6 +116,6 @@ def pretrain_cmd(
                           f"{summary['episodes']} RL episodes, {summary['train_s'] / 3600:.2f} h) -> {ckpt}",
                           highlight=False)  # fmt: skip
             if workers > 1:  # the episode counts above are worker 0's
-                console.print(f"{workers} workers, {summary['pairs']} pairs in all; "
+                console.print(f"{workers} workers, {summary['pairs_per_update']} pairs per update; "
                               + ("every worker ended with the same weights" if in_sync else
                                  "[red]the workers' weights differ[/red]"), highlight=False)  # fmt: skip
