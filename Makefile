@@ -19,13 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/doppler demo
 
-# OpenMP threads wait passively in tests: two xdist workers' spinning threads otherwise take each
-# other's cores (the suite ran 2.6x slower on 2 cores; tests/conftest.py)
 test: $(STAMP)
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -n 2 -m "not slow"
 
 test-slow: $(STAMP)
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -5,12 +5,11 @@ compiles or loads numba kernels, which can take seconds on a cold machine), and
 under CI (``CI=true``) a derandomised, fixed set of examples so a landing never
 depends on a random draw; locally, examples stay random to keep finding bugs.
 
-OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless set already; ``make test`` sets it
-too): torch and numba both use OpenMP, whose threads otherwise spin after each parallel region and
-take the cores that the other pytest-xdist worker's threads need. Measured on 2 cores with ``-n 2``:
-the whole suite 873 s -> 341 s, two training tests side by side 72 s -> 9 s each. It must be set
-before torch is imported, hence here. (A single process trains about a third slower with it, so
-doppler itself does not set it.)
+OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless set already): torch and numba
+both use OpenMP, whose threads otherwise spin after each parallel region and take the cores that the
+other pytest-xdist worker's threads need. Measured on 2 cores with ``-n 2``: the whole suite 873 s ->
+341 s, two training tests side by side 72 s -> 9 s each. It must be set before torch is imported,
+hence here. (A single process trains about a third slower with it, so doppler itself does not set it.)
 """
 
 from __future__ import annotations

@@ -87,6 +87,7 @@ class Pretrainer:
     init: dict[str, Any] | None = None  # the checkpoint a ``--init`` run started from
     rank: int = 0  # with ``--workers N``: this process's place among them (0 checkpoints and reports)
     sync: Any = None  # with ``--workers N``: their :class:`doppler.pretrain_parallel.GradSync`
+    saved_workers: int = 1  # resumed: the worker count the checkpoint was written with
 
     @classmethod
     def create(cls, cfg: TrainConfig, budget_s: float, checkpoint_every_s: float = 180.0,
@@ -96,11 +97,11 @@ class Pretrainer:
         if not budget_s > 0:
             raise TrainError(f"--budget-h must be > 0, got {budget_s / 3600:g}")
         cfg.validate()  # before the corpus stream is seeded from it
-        corpus_rng = np.random.default_rng(cfg.seed + 1 if rank == 0 else [cfg.seed + 1, rank])  # not the rollouts'
+        corpus_rng, rollout_rng = _streams(cfg.seed, rank)
         g, c = sample_pair(corpus_rng)
         tr = Trainer.create([g], c, cfg)
-        if rank:
-            tr.rng = np.random.default_rng([cfg.seed, rank])
+        if rollout_rng is not None:
+            tr.rng = rollout_rng
         return cls(tr, budget_s, corpus_rng, checkpoint_every_s=checkpoint_every_s, rank=rank)
 
     @classmethod
@@ -242,12 +243,20 @@ class Pretrainer:
                 pt.corpus_rng.bit_generator.state = saved[rank - 1]["corpus_rng"]
                 tr.rng.bit_generator.state = saved[rank - 1]["numpy_rng"]
             else:
-                pt.corpus_rng = np.random.default_rng([cfg.seed + 1, rank])
-                tr.rng = np.random.default_rng([cfg.seed, rank])
+                pt.corpus_rng, tr.rng = _streams(cfg.seed, rank)
         pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
         pt.history = json.loads(ck["history"])
         pt.init = meta.get("init")
+        pt.saved_workers = int(meta.get("workers", 1))
         return pt
+
+
+def _streams(seed: int, rank: int) -> tuple[np.random.Generator, np.random.Generator | None]:
+    """Worker ``rank``'s corpus stream (separate from its rollouts') and rollout stream; worker 0 has those of
+    a run without workers, its rollout stream being the trainer's own (None)."""
+    if rank == 0:
+        return np.random.default_rng(seed + 1), None
+    return np.random.default_rng([seed + 1, rank]), np.random.default_rng([seed, rank])
 
 
 def _load_weights_and_counters(tr: Trainer, ck: dict[str, Any]) -> None:

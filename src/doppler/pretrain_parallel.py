@@ -28,12 +28,14 @@ import os
 import queue
 import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from doppler.pretrain import Pretrainer
 from doppler.progress import ProgressFn
@@ -75,8 +77,6 @@ class GradSync:
     def average(self, params: list[torch.nn.Parameter]) -> None:
         """Replace every gradient by its mean over the workers (a parameter no worker's loss reached keeps
         no gradient, so Adam leaves it alone as it does in one process)."""
-        import torch.distributed as dist
-
         parts = [p.grad.reshape(-1).to("cpu", torch.float32) if p.grad is not None
                  else torch.zeros(p.numel()) for p in params]  # fmt: skip
         reached = torch.tensor([float(p.grad is not None) for p in params])
@@ -95,24 +95,18 @@ class GradSync:
 
     def agree(self, elapsed_s: float, save: bool) -> tuple[float, bool]:
         """Worker 0's training time and checkpoint decision, for every worker."""
-        import torch.distributed as dist
-
         t = torch.tensor([elapsed_s, float(save)], dtype=torch.float64)
         dist.broadcast(t, 0)
         return float(t[0]), bool(t[1] > 0)
 
     def gather(self, obj: Any) -> list[Any]:
         """``obj`` of every worker, in rank order."""
-        import torch.distributed as dist
-
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
 
     def same_weights(self, params: list[torch.nn.Parameter]) -> bool:
         """Whether every worker holds exactly worker 0's weights."""
-        import torch.distributed as dist
-
         flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
         ref = flat.clone()
         dist.broadcast(ref, 0)
@@ -125,8 +119,6 @@ def _join(rank: int, world: int, store_path: str, timeout_s: float, procs: list 
     """Join the process group: the rendezvous is a file (no listening socket), and gloo's own sockets are
     on the loopback device. Worker 0 waits for the others to say they are there, stopping at once if one
     of ``procs`` has exited instead (at most :data:`START_TIMEOUT_S`)."""
-    import torch.distributed as dist
-
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # 127.0.0.1 only, whatever the hostname resolves to
     store = dist.FileStore(store_path, world)
     store.set_timeout(datetime.timedelta(seconds=START_TIMEOUT_S))
@@ -148,8 +140,6 @@ def _join(rank: int, world: int, store_path: str, timeout_s: float, procs: list 
 
 def _attach(pt: Pretrainer, sync: GradSync) -> None:
     """Hook ``sync`` into ``pt`` and start every worker from worker 0's weights."""
-    import torch.distributed as dist
-
     pt.sync = sync
     pt.trainer.grad_sync = sync.average
     for p in pt.trainer.policy.parameters():
@@ -162,10 +152,6 @@ def _attach(pt: Pretrainer, sync: GradSync) -> None:
 def _worker(recipe: Recipe, rank: int, world: int, store_path: str, timeout_s: float, errors: Any) -> None:
     """Entry point of workers 1..N-1 (a spawned process). If it fails, its reason goes to worker 0 (the
     ``errors`` queue), which reports it in its one line, and it exits with code 2; Ctrl-C ends it quietly."""
-    import sys
-
-    import torch.distributed as dist
-
     try:
         sync = _join(rank, world, store_path, timeout_s)
         try:
@@ -213,7 +199,6 @@ def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Pat
     """Pretrain with ``workers`` processes: ``pt`` (already built by ``recipe.build(0)``, so that bad input
     fails before any process starts) is worker 0, in this process; the others are spawned and build
     theirs from ``recipe``. Returns whether every worker ended with the same weights."""
-    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     if workers < 2:

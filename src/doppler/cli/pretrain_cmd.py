@@ -1,7 +1,5 @@
 """``doppler pretrain``: train one transferable policy on the corpus of (graph, cluster) pairs."""
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -29,14 +27,15 @@ def pretrain_cmd(
 ) -> None:
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
     with handle_errors():
-        from doppler.pretrain import Pretrainer, pretrain_config
+        from doppler.methods.anneal import usable_cores
+        from doppler.pretrain import pretrain_config
         from doppler.pretrain_parallel import Recipe, run_workers
-        from doppler.policy.checkpoint import CheckpointError, read_checkpoint
+        from doppler.policy.checkpoint import CheckpointError
         from doppler.train import TrainError
 
         if not budget_h > 0 or budget_h > 1000:
             raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
 
         def check_workers(n: int, why: str = "") -> None:
             if not 1 <= n <= cores:
@@ -59,11 +58,11 @@ def pretrain_cmd(
                                     "configuration")  # fmt: skip
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
-                pt = Pretrainer.resume(output, budget_s=budget_h * 3600)
-                if workers is None:  # the run's own count; another one keeps the streams of the workers in both
-                    workers = int(json.loads(read_checkpoint(output)["pretrain"]).get("workers", 1))
-                    check_workers(workers, " (the run's own count; give --workers to resume it with fewer)")
                 recipe = Recipe("resume", budget_h * 3600, path=str(output))
+                pt = recipe.build(0)
+                if workers is None:  # the run's own count; another one keeps the streams of the workers in both
+                    workers = pt.saved_workers
+                    check_workers(workers, " (the run's own count; give --workers to resume it with fewer)")
             else:
                 if ckpt.exists():
                     raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
@@ -71,14 +70,14 @@ def pretrain_cmd(
                 from doppler.policy.checkpoint import resolve_checkpoint
 
                 path, _ = resolve_checkpoint(None if init == "pretrained" else init)
-                init_overrides = dict(device=device, torch_threads=threads, **per_update)
-                pt = Pretrainer.from_init(path, budget_h * 3600, seed=seed, **init_overrides)
-                recipe = Recipe("init", budget_h * 3600, path=str(path), seed=seed, overrides=init_overrides)
+                recipe = Recipe("init", budget_h * 3600, path=str(path), seed=seed,
+                                overrides=dict(device=device, torch_threads=threads, **per_update))  # fmt: skip
+                pt = recipe.build(0)
             elif not resume:
-                pt = Pretrainer.create(pretrain_config(seed=seed, device=device, torch_threads=threads, **overrides,
-                                                       **per_update),
-                                       budget_h * 3600)
-                recipe = Recipe("create", budget_h * 3600, cfg=pt.cfg)
+                recipe = Recipe("create", budget_h * 3600, cfg=pretrain_config(seed=seed, device=device,
+                                                                              torch_threads=threads, **overrides,
+                                                                              **per_update))  # fmt: skip
+                pt = recipe.build(0)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         make_run_dir(output)
