@@ -269,13 +269,14 @@ def test_multi_graph_training_runs_and_transfers_to_an_unseen_graph():
     assert ro.assignment.max() < 4
 
 
-def test_another_teacher_is_cloned_and_seeds_the_best_so_far():
+@pytest.mark.parametrize("teacher", ["heft", "heft_lookahead"])
+def test_another_teacher_is_cloned_and_seeds_the_best_so_far(teacher):
     from doppler import assign, simulate
 
     g = workloads.build("random", num_ops=30, seed=0)
     cl = cluster("p100x4")
-    heft = assign(g, cl, "heft").devices
-    cfg = TrainConfig(stages=("il",), teacher="heft", il_episodes=200, **SMALL)
+    heft = assign(g, cl, teacher).devices
+    cfg = TrainConfig(stages=("il",), teacher=teacher, il_episodes=200, **SMALL)
     tr = Trainer.create([g], cl, cfg)
     task = tr.tasks[0]
     np.testing.assert_array_equal(task.best_assignment, heft)

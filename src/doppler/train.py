@@ -46,11 +46,11 @@ from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_l
 from doppler.simulate import SimContext
 
 STAGES = ("il", "sim", "real")
-TEACHERS = ("critical_path", "lookahead", "heft", "enumerative", "anneal")
+TEACHERS = ("critical_path", "lookahead", "heft", "heft_lookahead", "enumerative", "anneal")
 STATE_TEACHERS = ("critical_path", "lookahead")  # label the states the policy visits (DAgger)
 BASELINES = ("running", "mean", "loo")
 IDENTITY_METHODS = ("doppler", "doppler_plc")  # whose device head is learned: device identity on by default
-TEACHER_BUDGET_S = 10.0  # search budget of an anneal teacher
+TEACHER_BUDGET_S = 10.0  # budget of an anneal or heft_lookahead teacher
 #: evaluations of each local search when fine-tuning a pretrained policy (``doppler train --init``), where
 #: the fine-tuned decode is what these searches find: on llama_layer/p100x4, 500 episodes ended within 2%
 #: of a 60 s anneal on 5 seeds of 5 with it, on 2 of 5 with the default 20,000 (docs/generalization.md)

@@ -61,6 +61,17 @@ def test_assign_json_with_budget_and_seed(graph_file: Path, tmp_path: Path) -> N
     assert out.exists()
 
 
+def test_assign_heft_lookahead_is_never_worse_than_heft(graph_file: Path, tmp_path: Path) -> None:
+    rows = {}
+    for method in ("heft", "heft_lookahead"):
+        res = run("assign", str(graph_file), "-c", "v100x8", "-m", method, "-o", str(tmp_path / f"{method}.json"),
+                  "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        rows[method] = json.loads(res.stdout)
+    assert rows["heft_lookahead"]["makespan_s"] <= rows["heft"]["makespan_s"] * (1 + 1e-9)
+    assert rows["heft_lookahead"]["estimated_makespan_s"] == pytest.approx(rows["heft_lookahead"]["makespan_s"])
+
+
 def test_assign_threads_same_search_and_bad_counts_exit_2(graph_file: Path, tmp_path: Path) -> None:
     """--threads sets the cores of anneal's simulations (that the search stays the same is
     tests/methods/test_anneal.py's); a count below 1, or a method that does not search, exits 2 with

@@ -24,7 +24,7 @@ def test_methods_lists_every_registered_method() -> None:
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)
     assert [r["name"] for r in rows] == list_methods()
-    assert {r["name"] for r in rows if r["uses_budget"]} == {"anneal", "doppler", "doppler_sel", "doppler_plc",
+    assert {r["name"] for r in rows if r["uses_budget"]} == {"anneal", "heft_lookahead", "doppler", "doppler_sel", "doppler_plc",
                                                                 "single_policy", "gdp", "placeto"}
     human = runner.invoke(app, ["methods"])
     assert human.exit_code == 0 and "critical_path" in human.stdout and "doppler" in human.stdout

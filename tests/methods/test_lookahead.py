@@ -1,5 +1,5 @@
-"""LOOKAHEAD: never worse than CRITICAL PATH, its branches are CRITICAL PATH completions, and its
-labels are what the ``lookahead`` teacher imitates."""
+"""LOOKAHEAD and HEFT_LOOKAHEAD: never worse than the rule they roll out, their branches are that
+rule's completions, and LOOKAHEAD's labels are what the ``lookahead`` teacher imitates."""
 
 from __future__ import annotations
 
@@ -15,25 +15,25 @@ from doppler.methods.lookahead import lookahead_labels
 from doppler.simulate import simulate, simulate_many
 
 
+@pytest.mark.parametrize("method, base", [("lookahead", "critical_path"), ("heft_lookahead", "heft")])
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), ops=st.integers(2, 40), devices=st.integers(1, 5),
        preset=st.sampled_from(["p100x4", "unit:4", "v100x8"]))  # fmt: skip
-def test_never_worse_than_critical_path_and_reports_its_simulated_makespan(seed, ops, devices, preset):
+def test_never_worse_than_the_rule_it_rolls_out_and_reports_its_simulated_makespan(method, base, seed, ops, devices,
+                                                                                    preset):  # fmt: skip
     g = workloads.build("random", num_ops=ops, seed=seed)
     cl = cluster(preset if preset != "unit:4" else f"unit:{devices}")
-    la = assign(g, cl, "lookahead")
-    cp = assign(g, cl, "critical_path")
-    la_s, cp_s = simulate(g, cl, la).makespan_s, simulate(g, cl, cp).makespan_s
-    assert la_s <= cp_s * (1 + 1e-9)
-    assert la.estimated_makespan_s == pytest.approx(la_s, rel=1e-9)
+    rolled = assign(g, cl, method)
+    rolled_s, base_s = simulate(g, cl, rolled).makespan_s, simulate(g, cl, assign(g, cl, base)).makespan_s
+    assert rolled_s <= base_s * (1 + 1e-9)
+    assert rolled.estimated_makespan_s == pytest.approx(rolled_s, rel=1e-9)
 
 
-def test_it_improves_on_critical_path_where_critical_path_is_poor():
+@pytest.mark.parametrize("method, base", [("lookahead", "critical_path"), ("heft_lookahead", "heft")])
+def test_it_improves_on_the_rule_where_the_rule_is_poor(method, base):
     g = workloads.build("llama_layer")
     cl = cluster("v100x8")
-    la_s = simulate(g, cl, assign(g, cl, "lookahead")).makespan_s
-    cp_s = simulate(g, cl, assign(g, cl, "critical_path")).makespan_s
-    assert la_s < 0.95 * cp_s
+    assert simulate(g, cl, assign(g, cl, method)).makespan_s < 0.95 * simulate(g, cl, assign(g, cl, base)).makespan_s
 
 
 def test_a_branch_on_critical_paths_own_device_completes_to_critical_path():
@@ -61,3 +61,49 @@ def test_an_invalid_trajectory_is_refused():
     bad = sched["order"][::-1].copy()
     with pytest.raises(ValueError, match="not a candidate"):
         lookahead_labels(g, cluster("unit:2"), bad, np.zeros(20, np.int64), np.array([3]))
+
+
+# ------------------------------------------------------------------ HEFT_LOOKAHEAD
+def test_heft_branches_are_heft_completions():
+    from doppler.methods._kernels import heft_branches, heft_core
+    from doppler.methods.heft import heft_inputs
+
+    g = workloads.build("random", num_ops=40, seed=3)
+    cl = cluster("p100x4")
+    order, _, arrays = heft_inputs(g, cl)
+    heft_dev = heft_core(order, *arrays)[0]
+    np.testing.assert_array_equal(heft_dev, assign(g, cl, "heft").devices)
+    out = np.empty((4, 40), np.int64)
+    for h in (0, 17, 39):
+        v = order[h]
+        out[heft_dev[v]] = -1  # the row of HEFT's own device is not written: it would be HEFT's assignment
+        heft_branches(order, h, heft_dev, *arrays, out)
+        assert (out[heft_dev[v]] == -1).all()
+        out[heft_dev[v]] = heft_dev
+        np.testing.assert_array_equal(out[:, v], np.arange(4))  # branch d puts the op on d
+        np.testing.assert_array_equal(out[:, order[:h]], np.tile(heft_dev[order[:h]], (4, 1)))  # the prefix stays
+    # at the last step nothing is left to complete: each branch differs from HEFT in that op only
+    alt = np.tile(heft_dev, (4, 1))
+    alt[:, order[39]] = np.arange(4)
+    np.testing.assert_array_equal(out, alt)
+    # HEFT's own device completes to HEFT's assignment: forcing it in a one-device-only run changes nothing
+    forced = np.empty((4, 40), np.int64)
+    for v_dev in range(4):
+        if v_dev != heft_dev[order[17]]:
+            continue
+        other = heft_dev.copy()
+        other[order[17]] = (v_dev + 1) % 4  # a prefix that agrees up to step 17; its own row is skipped instead
+        heft_branches(order, 17, other, *arrays, forced)
+        np.testing.assert_array_equal(forced[v_dev], heft_dev)
+
+
+def test_heft_lookahead_with_a_budget_stops_early_and_stays_valid():
+    g = workloads.build("llama_layer")
+    cl = cluster("v100x8")
+    events = []
+    quick = assign(g, cl, "heft_lookahead", budget_s=1e-9, on_progress=events.append)
+    assert events == []  # the budget ran out before the first step: HEFT's assignment
+    np.testing.assert_array_equal(quick.devices, assign(g, cl, "heft").devices)
+    full = assign(g, cl, "heft_lookahead", on_progress=events.append)
+    assert [e.done for e in events] == list(range(1, g.num_ops + 1)) and events[-1].total == g.num_ops
+    assert events[-1].stats["best_makespan_s"] == pytest.approx(full.estimated_makespan_s, rel=1e-12)

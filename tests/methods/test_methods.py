@@ -13,7 +13,7 @@ from doppler.hardware import Cluster, Device, homogeneous
 from doppler.simulate import lower_bound, simulate, simulate_many
 
 BUILTIN = ["single", "round_robin", "random", "round_robin_block", "critical_path", "heft", "metis", "enumerative", "lookahead",
-           "anneal"]
+           "heft_lookahead", "anneal"]
 FAST_KW = {"anneal": {"max_evals": 64, "batch_size": 16}}
 
 
@@ -69,7 +69,7 @@ def test_every_method_is_valid_and_not_below_the_lower_bound(g, c, seed):
         assert ((devices >= 0) & (devices < c.num_devices)).all(), m
         ms = simulate(g, c, devices).makespan_s
         assert ms >= lb * (1 - 1e-9) - 1e-12, m
-        if m in ("anneal", "lookahead"):  # their estimate is a simulated makespan
+        if m in ("anneal", "lookahead", "heft_lookahead"):  # their estimate is a simulated makespan
             assert raw.estimated_makespan_s == pytest.approx(ms), m
 
 
@@ -115,6 +115,7 @@ def test_methods_on_workloads(workload):
     # search and rollout start from (or complete as) the list schedulers, so they can only improve on them
     assert got["anneal"] <= min(got["critical_path"], got["heft"]) * (1 + 1e-12)
     assert got["lookahead"] <= got["critical_path"] * (1 + 1e-12)
+    assert got["heft_lookahead"] <= got["heft"] * (1 + 1e-12)
     # everything on one device runs back to back: the serial sum of its compute times
     assert got["single"] == pytest.approx(float(c.compute_time_s(g)[:, 0].sum()))
 

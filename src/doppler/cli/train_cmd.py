@@ -112,7 +112,7 @@ def train_cmd(
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes (default: 1024)."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass (default: 8)."),
     method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step)."),
-    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, enumerative, anneal."),
+    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, heft_lookahead (its one-step rollout, at most 10 s), enumerative, anneal."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) (default: critical_path; with --init: the checkpoint's)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo (default: loo)."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off (default: 1.0)."),

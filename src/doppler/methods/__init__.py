@@ -1,7 +1,8 @@
 """Device-assignment methods behind one interface (:mod:`doppler.methods.registry`).
 
 Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``,
-``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``anneal``; importing this
+``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``heft_lookahead``,
+``anneal``; importing this
 package registers them. The learned methods (``doppler``, its ablations ``doppler_sel`` and
 ``doppler_plc``, and the learned baselines ``single_policy``, ``gdp`` and ``placeto``) register
 themselves the same way from :mod:`doppler.policy.method`, which ``import doppler`` imports: a

@@ -38,6 +38,19 @@ class HeftSchedule:
     makespan_s: float
 
 
+def heft_inputs(graph: DataflowGraph, cluster=None, *, compute_s: np.ndarray | None = None,
+                comm_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:  # fmt: skip
+    """HEFT's visiting order, its upward ranks, and the arrays its kernels read (predecessor lists,
+    bytes per predecessor, compute time per op and device, latency and inverse bandwidth)."""
+    cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
+    rank = cm.b_level(graph)
+    order = np.lexsort((np.arange(graph.num_ops), graph.level, -priority_key(rank))).astype(np.int64)
+    arrays = (graph.pred_ptr.astype(np.int64), graph.pred_idx.astype(np.int64),
+              np.ascontiguousarray(cm.pred_bytes(graph)), np.ascontiguousarray(cm.compute_s),
+              np.ascontiguousarray(cm.latency_s), np.ascontiguousarray(cm.inv_bw))  # fmt: skip
+    return order, rank, arrays
+
+
 def heft_schedule(
     graph: DataflowGraph,
     cluster=None,
@@ -48,20 +61,10 @@ def heft_schedule(
     """HEFT's schedule. Costs come from ``cluster`` unless ``compute_s[n, D]``
     (per op and device) and/or ``comm_s[E]`` (per edge, between distinct devices)
     are given."""
-    cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
-    rank = cm.b_level(graph)
-    order = np.lexsort((np.arange(graph.num_ops), graph.level, -priority_key(rank))).astype(np.int64)
+    order, rank, arrays = heft_inputs(graph, cluster, compute_s=compute_s, comm_s=comm_s)
     from doppler.methods._kernels import heft_core as core
 
-    dev, start, finish = core(
-        order,
-        graph.pred_ptr.astype(np.int64),
-        graph.pred_idx.astype(np.int64),
-        np.ascontiguousarray(cm.pred_bytes(graph)),
-        np.ascontiguousarray(cm.compute_s),
-        np.ascontiguousarray(cm.latency_s),
-        np.ascontiguousarray(cm.inv_bw),
-    )
+    dev, start, finish = core(order, *arrays)
     return HeftSchedule(dev, order, rank, start, finish, float(finish.max()))
 
 
