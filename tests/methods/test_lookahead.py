@@ -71,6 +71,7 @@ def test_heft_branches_are_heft_completions():
     g = workloads.build("random", num_ops=40, seed=3)
     cl = cluster("p100x4")
     order, _, arrays = heft_inputs(g, cl)
+    pred_ptr, pred_idx, pred_bytes, comp, lat, inv = arrays
     heft_dev = heft_core(order, *arrays)[0]
     np.testing.assert_array_equal(heft_dev, assign(g, cl, "heft").devices)
     out = np.empty((4, 40), np.int64)
@@ -80,21 +81,13 @@ def test_heft_branches_are_heft_completions():
         heft_branches(order, h, heft_dev, *arrays, out)
         assert (out[heft_dev[v]] == -1).all()
         out[heft_dev[v]] = heft_dev
-        np.testing.assert_array_equal(out[:, v], np.arange(4))  # branch d puts the op on d
-        np.testing.assert_array_equal(out[:, order[:h]], np.tile(heft_dev[order[:h]], (4, 1)))  # the prefix stays
-    # at the last step nothing is left to complete: each branch differs from HEFT in that op only
-    alt = np.tile(heft_dev, (4, 1))
-    alt[:, order[39]] = np.arange(4)
-    np.testing.assert_array_equal(out, alt)
-    # HEFT's own device completes to HEFT's assignment: forcing it in a one-device-only run changes nothing
-    forced = np.empty((4, 40), np.int64)
-    for v_dev in range(4):
-        if v_dev != heft_dev[order[17]]:
-            continue
-        other = heft_dev.copy()
-        other[order[17]] = (v_dev + 1) % 4  # a prefix that agrees up to step 17; its own row is skipped instead
-        heft_branches(order, 17, other, *arrays, forced)
-        np.testing.assert_array_equal(forced[v_dev], heft_dev)
+        for d in range(4):
+            # the reference: HEFT itself, with op v able to run on device d only (the prefix is HEFT's own
+            # choices, so HEFT makes them again); this row includes HEFT's own device
+            only_d = comp.copy()
+            only_d[v, np.arange(4) != d] = np.inf
+            np.testing.assert_array_equal(out[d], heft_core(order, pred_ptr, pred_idx, pred_bytes, only_d, lat, inv)[0])
+        assert (out[:, v] == np.arange(4)).all()
 
 
 def test_heft_lookahead_with_a_budget_stops_early_and_stays_valid():
@@ -102,8 +95,10 @@ def test_heft_lookahead_with_a_budget_stops_early_and_stays_valid():
     cl = cluster("v100x8")
     events = []
     quick = assign(g, cl, "heft_lookahead", budget_s=1e-9, on_progress=events.append)
-    assert events == []  # the budget ran out before the first step: HEFT's assignment
+    assert events == [] and quick.info["rollout_steps"] == 0  # the budget ran out before the first step
     np.testing.assert_array_equal(quick.devices, assign(g, cl, "heft").devices)
     full = assign(g, cl, "heft_lookahead", on_progress=events.append)
+    assert full.info["rollout_steps"] == g.num_ops
     assert [e.done for e in events] == list(range(1, g.num_ops + 1)) and events[-1].total == g.num_ops
+    assert events[-1].stats["evals"] == 1 + g.num_ops * (cl.num_devices - 1)
     assert events[-1].stats["best_makespan_s"] == pytest.approx(full.estimated_makespan_s, rel=1e-12)

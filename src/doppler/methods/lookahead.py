@@ -187,9 +187,10 @@ def lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float |
 
 
 def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | None = None,
-                            on_progress: ProgressFn | None = None) -> tuple[np.ndarray, float]:  # fmt: skip
-    """The HEFT_LOOKAHEAD assignment and its simulated makespan (see the module docstring). With
-    ``budget_s``, the steps not reached in time keep HEFT's choice."""
+                            on_progress: ProgressFn | None = None) -> tuple[np.ndarray, float, int]:  # fmt: skip
+    """The HEFT_LOOKAHEAD assignment, its simulated makespan and the number of steps decided by the
+    rollout (see the module docstring). With ``budget_s`` (counted from this call, numba's start
+    included), the steps not reached in time keep HEFT's choice."""
     from doppler.methods._kernels import heft_branches, heft_core
     from doppler.methods.heft import heft_inputs
 
@@ -199,8 +200,11 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     ctx = SimContext(graph, cluster)
     devices = heft_core(order, *arrays)[0]
     best_s = float(ctx.simulate_many(devices[None, :])[0])
+    if nd == 1:
+        return devices, best_s, n  # nothing to choose
     branches = np.empty((nd, n), np.int64)
     others = np.empty(nd - 1, np.int64)
+    decided = 0
     for h in range(n):
         if budget_s is not None and time.perf_counter() - t0 >= budget_s:
             break
@@ -212,10 +216,11 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
             k = int(np.argmin(makespan_s))
             devices = branches[others[k]].copy()
             best_s = float(makespan_s[k])
+        decided = h + 1
         if on_progress is not None:
-            on_progress(ProgressEvent("heft_lookahead", h + 1, n, "ops",
-                                      {"evals": (h + 1) * nd, "best_makespan_s": best_s}))  # fmt: skip
-    return devices, best_s
+            on_progress(ProgressEvent("heft_lookahead", decided, n, "ops",
+                                      {"evals": 1 + decided * (nd - 1), "best_makespan_s": best_s}))  # fmt: skip
+    return devices, best_s, decided
 
 
 @register("heft_lookahead", description="heft with one-step rollout: each op tries every device, completes as heft, "
@@ -223,6 +228,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
           uses_budget=True)  # fmt: skip
 def heft_lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
                    on_progress: ProgressFn | None = None) -> Assignment:  # fmt: skip
-    """HEFT_LOOKAHEAD (``seed`` unused): never worse than heft."""
-    devices, makespan_s = heft_lookahead_schedule(graph, cluster, budget_s, on_progress)
-    return Assignment(devices=devices, estimated_makespan_s=makespan_s)
+    """HEFT_LOOKAHEAD (``seed`` unused): never worse than heft. ``info["rollout_steps"]``: the ops the
+    rollout decided (all of them, unless ``budget_s`` ran out first)."""
+    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress)
+    return Assignment(devices=devices, estimated_makespan_s=makespan_s, info={"rollout_steps": decided})
