@@ -65,7 +65,7 @@ def test_an_invalid_trajectory_is_refused():
 
 # ------------------------------------------------------------------ HEFT_LOOKAHEAD
 def test_heft_branches_are_heft_completions():
-    from doppler.methods._kernels import heft_branches, heft_core
+    from doppler.methods._kernels import empty_schedule, heft_branches, heft_core, heft_place
     from doppler.methods.heft import heft_inputs
 
     g = workloads.build("random", num_ops=40, seed=3)
@@ -78,7 +78,10 @@ def test_heft_branches_are_heft_completions():
     for h in (0, 17, 39):
         v = order[h]
         out[heft_dev[v]] = -1  # the row of HEFT's own device is not written: it would be HEFT's assignment
-        heft_branches(order, h, heft_dev, *arrays, out)
+        state = list(empty_schedule(40, 4))
+        for u in order[:h]:  # HEFT's own schedule of the ops before step h
+            state[3:5] = heft_place(u, heft_dev[u], *arrays, *state)
+        heft_branches(order, h, heft_dev[v], *arrays, *state, out)
         assert (out[heft_dev[v]] == -1).all()
         out[heft_dev[v]] = heft_dev
         for d in range(4):

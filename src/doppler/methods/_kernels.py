@@ -48,18 +48,18 @@ def heft_place(v, only, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, fini
 
 
 @jit(cache=True)
-def _empty_schedule(n, nd):  # pragma: no cover - compiled
-    """HEFT's state before any op is placed: busy intervals per device (room for 16 each, grown as
-    needed) and their counts, device/start/finish per op, and scratch rows per device."""
-    return (np.empty((nd, 16)), np.empty((nd, 16)), np.zeros(nd, np.int64), np.zeros(n, np.int64), np.zeros(n),
-            np.zeros(n), np.zeros(nd), np.zeros(nd))  # fmt: skip
+def empty_schedule(n, nd):  # pragma: no cover - compiled
+    """HEFT's state before any op is placed, in :func:`heft_place`'s order: device/start/finish per op,
+    busy intervals per device (room for 16 each, grown as needed) and their counts, two scratch rows."""
+    return (np.zeros(n, np.int64), np.zeros(n), np.zeros(n), np.empty((nd, 16)), np.empty((nd, 16)),
+            np.zeros(nd, np.int64), np.zeros(nd), np.zeros(nd))  # fmt: skip
 
 
 @jit(cache=True)
 def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cover - compiled
     """HEFT's schedule of the ops in ``order``: ``(device, start, finish)`` per op."""
     n, nd = comp.shape
-    starts, ends, cnt, dev, start, finish, ready, no_wait = _empty_schedule(n, nd)
+    dev, start, finish, starts, ends, cnt, ready, no_wait = empty_schedule(n, nd)
     for h in range(n):
         starts, ends = heft_place(order[h], -1, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish,
                                   starts, ends, cnt, ready, no_wait)  # fmt: skip
@@ -67,20 +67,15 @@ def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cove
 
 
 @jit(cache=True)
-def heft_branches(order, h, prefix_dev, pred_ptr, pred_idx, pb, comp, lat, inv, out):  # pragma: no cover - compiled
-    """HEFT's completions of a partial assignment: ops ``order[:h]`` on their ``prefix_dev``, op
-    ``order[h]`` on device ``d``, every later op by HEFT's rule; the devices per op into ``out[d]``,
-    for every device ``d`` but ``prefix_dev[order[h]]`` (``prefix_dev`` must be HEFT's completion of its
-    own prefix, so that row would be ``prefix_dev`` itself). The prefix is scheduled once and copied
-    per branch."""
-    n, nd = comp.shape
-    starts, ends, cnt, dev, start, finish, ready, no_wait = _empty_schedule(n, nd)
-    for k in range(h):
-        v = order[k]
-        starts, ends = heft_place(v, prefix_dev[v], pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish,
-                                  starts, ends, cnt, ready, no_wait)  # fmt: skip
-    for d in range(nd):
-        if d == prefix_dev[order[h]]:
+def heft_branches(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt,
+                  ready, no_wait, out):  # pragma: no cover - compiled  # fmt: skip
+    """HEFT's completions of a partial schedule: from the state of ``order[:h]`` placed (``dev`` ...
+    ``cnt``, as :func:`heft_place` leaves it; not changed here), op ``order[h]`` on device ``d``, every
+    later op by HEFT's rule; the devices per op into ``out[d]``, for every device ``d`` but ``own``
+    (where HEFT's rule itself puts the op, whose completion the caller has: pass -1 for every row)."""
+    n = comp.shape[0]
+    for d in range(comp.shape[1]):
+        if d == own:
             continue
         b_starts = starts.copy()
         b_ends = ends.copy()

@@ -191,7 +191,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     """The HEFT_LOOKAHEAD assignment, its simulated makespan and the number of steps decided by the
     rollout (see the module docstring). With ``budget_s`` (counted from this call, numba's start
     included), the steps not reached in time keep HEFT's choice."""
-    from doppler.methods._kernels import heft_branches, heft_core
+    from doppler.methods._kernels import empty_schedule, heft_branches, heft_core, heft_place
     from doppler.methods.heft import heft_inputs
 
     t0 = time.perf_counter()
@@ -203,19 +203,21 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     if nd == 1:
         return devices, best_s, n  # nothing to choose
     branches = np.empty((nd, n), np.int64)
-    others = np.empty(nd - 1, np.int64)
+    state = list(empty_schedule(n, nd))  # HEFT's schedule of the ops decided so far (heft_place's arguments)
     decided = 0
     for h in range(n):
         if budget_s is not None and time.perf_counter() - t0 >= budget_s:
             break
-        own = int(devices[order[h]])  # HEFT's choice: its branch is the current assignment, already simulated
-        heft_branches(order, h, devices, *arrays, branches)
-        others[:] = np.delete(np.arange(nd), own)
+        v = order[h]
+        own = int(devices[v])  # HEFT's choice: its branch is the current assignment, already simulated
+        heft_branches(order, h, own, *arrays, *state, branches)
+        others = np.flatnonzero(np.arange(nd) != own)
         makespan_s = ctx.simulate_many(branches[others])
-        if makespan_s.size and makespan_s.min() < best_s * (1.0 - 1e-12):
+        if makespan_s.min() < best_s * (1.0 - 1e-12):
             k = int(np.argmin(makespan_s))
             devices = branches[others[k]].copy()
             best_s = float(makespan_s[k])
+        state[3:5] = heft_place(v, devices[v], *arrays, *state)
         decided = h + 1
         if on_progress is not None:
             on_progress(ProgressEvent("heft_lookahead", decided, n, "ops",
