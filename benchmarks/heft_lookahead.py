@@ -2,14 +2,18 @@
 given the same wall-clock time.
 
     python benchmarks/heft_lookahead.py [--max-ops 1000] [--validation 40] [--seeds 3] [--out F.json]
+    python benchmarks/heft_lookahead.py --speed [--max-ops 1000] [--validation 12] [--reps 3]
 
 Pairs: the held-out rows of :func:`doppler.corpus.held_out_split` and the first ``--validation``
 pairs of :func:`doppler.corpus.validation_split`, each of at most ``--max-ops`` ops (the rollout
 costs ``O(|V|^2 D^2)``). Per pair: the simulated makespans of the five cheap methods, of
-``heft_lookahead`` (run to the end, one core, its time T), and of ``anneal --budget-s T`` (both
-cores, the mean over ``--seeds`` seeds), each divided by the best cheap method; lower is better.
-The rollout is timed after one warm-up call, so T leaves out numba's start. It prints one row per
-pair and the geometric means per split.
+``heft_lookahead`` (run to the end on every core, its time T), and of ``anneal --budget-s T``
+(every core, the mean over ``--seeds`` seeds), each divided by the best cheap method; lower is
+better. The rollout is timed after one warm-up call, so T leaves out numba's start. It prints one
+row per pair and the geometric means per split.
+
+``--speed``: the rollout on one core against every core, side by side on the same pairs (``--reps``
+alternating runs each; the median time), with a check that both give the same assignment.
 """
 
 from __future__ import annotations
@@ -49,16 +53,47 @@ def row(case, seeds: int) -> dict:
             "anneal_same_time": float(np.mean(anneal_s)) / best}  # fmt: skip
 
 
+def speed(cases, reps: int) -> None:
+    """One core against every core: the median of ``reps`` alternating runs per pair, and their ratio."""
+    from doppler.methods.anneal import search_threads
+    from doppler.methods.lookahead import heft_lookahead_schedule
+
+    cores = search_threads(None, 64)
+    print(f"{'pair':45s} {'ops':>5s} {'dev':>3s} {'1 core s':>9s} {f'{cores} cores s':>10s} {'speed-up':>8s}")
+    ratios = []
+    for c in cases:
+        times: dict[int, list[float]] = {1: [], cores: []}
+        results = {}
+        for _ in range(reps):
+            for threads in times:
+                t0 = time.perf_counter()
+                results[threads] = heft_lookahead_schedule(c.graph, c.cluster, threads=threads)
+                times[threads].append(time.perf_counter() - t0)
+        if not np.array_equal(results[1][0], results[cores][0]):
+            raise SystemExit(f"{c.name}: {cores} cores gave another assignment than one core")
+        one, many = (float(np.median(times[t])) for t in times)
+        ratios.append(one / many)
+        print(f"{c.name[:45]:45s} {c.graph.num_ops:5d} {c.cluster.num_devices:3d} {one:9.3f} {many:10.3f} "
+              f"{one / many:8.2f}", flush=True)  # fmt: skip
+    print(f"speed-up of {cores} cores over one, geomean over {len(ratios)} pairs: {geomean(ratios):.2f}x "
+          f"(same assignments)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--max-ops", type=int, default=1000)
     ap.add_argument("--validation", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--speed", action="store_true", help="time one core against every core instead")
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     warm = held_out_split(quick=True)[0]
     assign(warm.graph, warm.cluster, "heft_lookahead", budget_s=0.5)  # numba's start, outside every timing
     splits = {"held_out": held_out_split(), "validation": validation_split(args.validation)}
+    if args.speed:
+        speed([c for cases in splits.values() for c in cases if c.graph.num_ops <= args.max_ops], args.reps)
+        return
     out = {}
     print(f"{'pair':45s} {'ops':>5s} {'dev':>3s} {'heft':>6s} {'heft_lookahead':>14s} {'time_s':>7s} {'anneal same time':>16s}")
     for split, cases in splits.items():

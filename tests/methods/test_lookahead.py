@@ -64,9 +64,12 @@ def test_an_invalid_trajectory_is_refused():
 
 
 # ------------------------------------------------------------------ HEFT_LOOKAHEAD
-def test_heft_branches_are_heft_completions():
-    from doppler.methods._kernels import empty_schedule, heft_branches, heft_core, heft_place
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
+    from doppler.methods import _rollout_kernels as R
+    from doppler.methods._kernels import empty_schedule, heft_core, heft_place
     from doppler.methods.heft import heft_inputs
+    from doppler.simulate import SimContext
 
     g = workloads.build("random", num_ops=40, seed=3)
     cl = cluster("p100x4")
@@ -74,23 +77,32 @@ def test_heft_branches_are_heft_completions():
     pred_ptr, pred_idx, pred_bytes, comp, lat, inv = arrays
     heft_dev = heft_core(order, *arrays)[0]
     np.testing.assert_array_equal(heft_dev, assign(g, cl, "heft").devices)
-    out = np.empty((4, 40), np.int64)
+    ctx = SimContext(g, cl)
+    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    out, vals = np.empty((3, 40), np.int64), np.empty(3)
     for h in (0, 17, 39):
         v = order[h]
-        out[heft_dev[v]] = -1  # the row of HEFT's own device is not written: it would be HEFT's assignment
+        own = int(heft_dev[v])
         state = list(empty_schedule(40, 4))
         for u in order[:h]:  # HEFT's own schedule of the ops before step h
             state[3:5] = heft_place(u, heft_dev[u], *arrays, *state)
-        heft_branches(order, h, heft_dev[v], *arrays, *state, out)
-        assert (out[heft_dev[v]] == -1).all()
-        out[heft_dev[v]] = heft_dev
-        for d in range(4):
+        best = R.heft_rollout_step(order, h, own, *arrays, *state[:6], sim, threads, np.inf, out, vals)
+        others = [d for d in range(4) if d != own]  # the rows, in device order; HEFT's own device is left out
+        for row, d in zip(out, others):
             # the reference: HEFT itself, with op v able to run on device d only (the prefix is HEFT's own
-            # choices, so HEFT makes them again); this row includes HEFT's own device
+            # choices, so HEFT makes them again)
             only_d = comp.copy()
             only_d[v, np.arange(4) != d] = np.inf
-            np.testing.assert_array_equal(out[d], heft_core(order, pred_ptr, pred_idx, pred_bytes, only_d, lat, inv)[0])
-        assert (out[:, v] == np.arange(4)).all()
+            np.testing.assert_array_equal(row, heft_core(order, pred_ptr, pred_idx, pred_bytes, only_d, lat, inv)[0])
+        assert (out[:, v] == others).all()
+        exact = ctx.simulate_many(out)
+        np.testing.assert_array_equal(vals, exact)  # no cap: every row simulated to the end
+        assert best == np.argmin(exact)
+        # with a cap, the rows that cannot beat it may stop early, but the best one below it stays exact
+        cap = float(np.sort(exact)[1]) if exact.min() < np.sort(exact)[1] else float(exact.min()) * 1.5
+        best = R.heft_rollout_step(order, h, own, *arrays, *state[:6], sim, threads, cap, out, vals)
+        assert best == np.argmin(exact) and vals[best] == exact.min()
+        assert (vals >= exact * (1 - 1e-12)).all()
 
 
 def test_heft_lookahead_with_a_budget_stops_early_and_stays_valid():

@@ -67,23 +67,22 @@ def heft_core(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma: no cove
 
 
 @jit(cache=True)
-def heft_branches(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt,
-                  ready, no_wait, out):  # pragma: no cover - compiled  # fmt: skip
-    """HEFT's completions of a partial schedule: from the state of ``order[:h]`` placed (``dev`` ...
+def heft_branch(order, h, d, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt,
+                out):  # pragma: no cover - compiled  # fmt: skip
+    """HEFT's completion of a partial schedule: from the state of ``order[:h]`` placed (``dev`` ...
     ``cnt``, as :func:`heft_place` leaves it; not changed here), op ``order[h]`` on device ``d``, every
-    later op by HEFT's rule; the devices per op into ``out[d]``, for every device ``d`` but ``own``
-    (where HEFT's rule itself puts the op, whose completion the caller has: pass -1 for every row)."""
-    n = comp.shape[0]
-    for d in range(comp.shape[1]):
-        if d == own:
-            continue
-        b_starts = starts.copy()
-        b_ends = ends.copy()
-        b_cnt = cnt.copy()
-        b_dev = dev.copy()
-        b_start = start.copy()
-        b_finish = finish.copy()
-        for k in range(h, n):
-            b_starts, b_ends = heft_place(order[k], d if k == h else -1, pred_ptr, pred_idx, pb, comp, lat, inv,
-                                          b_dev, b_start, b_finish, b_starts, b_ends, b_cnt, ready, no_wait)  # fmt: skip
-        out[d, :] = b_dev
+    later op by HEFT's rule; the device per op into ``out``. Its own scratch rows, so completions can
+    run side by side (``doppler.methods._rollout_kernels``)."""
+    n, nd = comp.shape
+    b_starts = starts.copy()
+    b_ends = ends.copy()
+    b_cnt = cnt.copy()
+    b_dev = dev.copy()
+    b_start = start.copy()
+    b_finish = finish.copy()
+    ready = np.empty(nd)
+    no_wait = np.zeros(nd)
+    for k in range(h, n):
+        b_starts, b_ends = heft_place(order[k], d if k == h else -1, pred_ptr, pred_idx, pb, comp, lat, inv,
+                                      b_dev, b_start, b_finish, b_starts, b_ends, b_cnt, ready, no_wait)  # fmt: skip
+    out[:] = b_dev

@@ -20,9 +20,12 @@ it is the PLC teacher of pretraining with ``teacher="lookahead"`` (:mod:`doppler
 HEFT_LOOKAHEAD is the same rollout over HEFT: ops in HEFT's order (upward rank), each op tried on
 every device with the ops before it where earlier steps put them, every later op placed by HEFT's
 rule (earliest finish with insertion), each completion simulated. Never worse than HEFT, for the
-same reason. It costs ``|V| x D`` HEFT completions (``O(|V|^2 D^2)``): 0.2-0.5 s at 136-240 ops
-on 8 devices and about 8 s at 973 ops on this project's 2-core machine; with ``budget_s`` it stops
-deciding when the time is up and returns HEFT's completion of the ops decided so far (anytime).
+same reason. It costs ``|V| x D`` HEFT completions (``O(|V|^2 D^2)``). The devices of one step are
+tried side by side on every core (:mod:`doppler.methods._rollout_kernels`; the same assignment on any
+number): 0.02-0.07 s at 136-240 ops on 8 devices and 1.3-1.7 s at 973 ops on this project's 2-core
+machine, 1.4x faster than one core (``python benchmarks/heft_lookahead.py --speed``). With
+``budget_s`` it stops deciding when the time is up and returns HEFT's completion of the ops decided
+so far (anytime).
 """
 
 from __future__ import annotations
@@ -187,11 +190,15 @@ def lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float |
 
 
 def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | None = None,
-                            on_progress: ProgressFn | None = None) -> tuple[np.ndarray, float, int]:  # fmt: skip
+                            on_progress: ProgressFn | None = None,
+                            threads: int | None = None) -> tuple[np.ndarray, float, int]:  # fmt: skip
     """The HEFT_LOOKAHEAD assignment, its simulated makespan and the number of steps decided by the
     rollout (see the module docstring). With ``budget_s`` (counted from this call, numba's start
-    included), the steps not reached in time keep HEFT's choice."""
-    from doppler.methods._kernels import empty_schedule, heft_branches, heft_core, heft_place
+    included), the steps not reached in time keep HEFT's choice. ``threads``: the cores that take a
+    step's devices side by side (default: every core this process may use; the same result)."""
+    from doppler.methods import _rollout_kernels as R
+    from doppler.methods._kernels import empty_schedule, heft_core, heft_place
+    from doppler.methods.anneal import search_threads
     from doppler.methods.heft import heft_inputs
 
     t0 = time.perf_counter()
@@ -202,7 +209,10 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     best_s = float(ctx.simulate_many(devices[None, :])[0])
     if nd == 1:
         return devices, best_s, n  # nothing to choose
-    branches = np.empty((nd, n), np.int64)
+    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    threads = search_threads(threads, nd - 1)
+    branches = np.empty((nd - 1, n), np.int64)  # every device but HEFT's own, in device order
+    makespan_s = np.empty(nd - 1)
     state = list(empty_schedule(n, nd))  # HEFT's schedule of the ops decided so far (heft_place's arguments)
     decided = 0
     for h in range(n):
@@ -210,12 +220,9 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
             break
         v = order[h]
         own = int(devices[v])  # HEFT's choice: its branch is the current assignment, already simulated
-        heft_branches(order, h, own, *arrays, *state, branches)
-        others = np.flatnonzero(np.arange(nd) != own)
-        makespan_s = ctx.simulate_many(branches[others])
-        if makespan_s.min() < best_s * (1.0 - 1e-12):
-            k = int(np.argmin(makespan_s))
-            devices = branches[others[k]].copy()
+        k = int(R.heft_rollout_step(order, h, own, *arrays, *state[:6], sim, threads, best_s, branches, makespan_s))
+        if makespan_s[k] < best_s * (1.0 - 1e-12):
+            devices = branches[k].copy()
             best_s = float(makespan_s[k])
         state[3:5] = heft_place(v, devices[v], *arrays, *state)
         decided = h + 1
