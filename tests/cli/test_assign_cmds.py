@@ -82,6 +82,14 @@ def test_assign_threads_same_search_and_bad_counts_exit_2(graph_file: Path, tmp_
                   "--threads", threads, "-o", str(out), "--json")  # fmt: skip
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["makespan_s"] >= json.loads(res.stdout)["lower_bound_s"] > 0
+    devices = []
+    for threads in ("1", "3"):  # heft_lookahead: the rollout's devices side by side, the same assignment
+        out = tmp_path / f"h{threads}.json"
+        res = run("assign", str(graph_file), "-c", "p100x4", "-m", "heft_lookahead", "--threads", threads, "-o",
+                  str(out))  # fmt: skip
+        assert res.exit_code == 0, res.output
+        devices.append(json.loads(out.read_text())["assignment"])
+    assert devices[0] == devices[1]
     out = tmp_path / "bad.json"
     for args in (["-m", "anneal", "--threads", "0"], ["-m", "heft", "--threads", "2"]):
         res = run("assign", str(graph_file), "-c", "p100x4", *args, "-o", str(out))

@@ -73,8 +73,9 @@ def assign_cmd(
                                             "the ties of the policy's list-schedule rule (default zero-shot) / "
                                             "chooses any device (default on the graph and cluster it was trained on)."),
     init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="anneal, doppler --budget-s: cores that simulate "
-                                          "the search's proposals (default: every core; the same search, faster)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="anneal, heft_lookahead, doppler --budget-s: cores "
+                                          "that simulate the search's proposals or the rollout's devices (default: every "
+                                          "core; the same result, faster)."),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
     strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
     json_out: bool = JSON_OPT,

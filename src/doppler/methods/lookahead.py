@@ -236,8 +236,9 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
                                         "keeps the best simulated; --budget-s makes it anytime",
           uses_budget=True)  # fmt: skip
 def heft_lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                   on_progress: ProgressFn | None = None) -> Assignment:  # fmt: skip
+                   on_progress: ProgressFn | None = None, threads: int | None = None) -> Assignment:  # fmt: skip
     """HEFT_LOOKAHEAD (``seed`` unused): never worse than heft. ``info["rollout_steps"]``: the ops the
-    rollout decided (all of them, unless ``budget_s`` ran out first)."""
-    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress)
+    rollout decided (all of them, unless ``budget_s`` ran out first). ``threads``: cores (default all;
+    the same assignment)."""
+    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress, threads)
     return Assignment(devices=devices, estimated_makespan_s=makespan_s, info={"rollout_steps": decided})
