@@ -29,6 +29,22 @@ def test_never_worse_than_its_start(setup):
         assert a.info["evals"] == 200
 
 
+def test_heft_lookahead_joins_the_start_set_where_it_is_cheap(monkeypatch):
+    from doppler.methods import anneal as A
+
+    g, c = workloads.build("llama_layer"), cluster("v100x8")  # 240 ops: the rollout beats every cheap method
+    rollout = assign(g, c, "heft_lookahead")
+    cheap = min(simulate(g, c, assign(g, c, m)).makespan_s for m in A.WARM_START_METHODS)
+    assert rollout.estimated_makespan_s < cheap
+    a = assign(g, c, "anneal", max_evals=0)
+    assert a.info["start_method"] == "heft_lookahead"
+    assert a.estimated_makespan_s == pytest.approx(rollout.estimated_makespan_s, rel=1e-12)
+    monkeypatch.setattr(A, "ROLLOUT_START_MAX_WORK", float(g.num_ops * 7) ** 2 - 1)  # just too large for it
+    a = assign(g, c, "anneal", max_evals=0)
+    assert a.info["start_method"] in A.WARM_START_METHODS
+    assert a.estimated_makespan_s == pytest.approx(cheap)
+
+
 def test_improves_with_some_search(setup):
     g, c = setup
     a = assign(g, c, "anneal", seed=0, max_evals=3000)

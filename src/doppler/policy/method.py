@@ -83,7 +83,7 @@ def doppler_method(
 ) -> Assignment:
     """Greedy decode of a policy; with ``samples`` K, the best of greedy and K samples; with
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
-    decodes and the cheap methods (with ``guided_share`` > 0, that share of its moves is drawn
+    decodes and anneal's own start set (with ``guided_share`` > 0, that share of its moves is drawn
     from the policy's device preferences). ``plc_ties_only``: the device head only breaks the ties of
     its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
     ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
