@@ -39,7 +39,7 @@ def test_heft_lookahead_joins_the_start_set_where_it_is_cheap(monkeypatch):
     a = assign(g, c, "anneal", max_evals=0)
     assert a.info["start_method"] == "heft_lookahead"
     assert a.estimated_makespan_s == pytest.approx(rollout.estimated_makespan_s, rel=1e-12)
-    monkeypatch.setattr(A, "ROLLOUT_START_MAX_WORK", float(g.num_ops * 7) ** 2 - 1)  # just too large for it
+    monkeypatch.setattr(A, "ROLLOUT_START_MAX_WORK", float(g.num_ops) ** 2 * 7 - 1)  # just too large for it
     a = assign(g, c, "anneal", max_evals=0)
     assert a.info["start_method"] in A.WARM_START_METHODS
     assert a.estimated_makespan_s == pytest.approx(cheap)

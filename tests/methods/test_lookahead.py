@@ -86,7 +86,7 @@ def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
         state = list(empty_schedule(40, 4))
         for u in order[:h]:  # HEFT's own schedule of the ops before step h
             state[3:5] = heft_place(u, heft_dev[u], *arrays, *state)
-        best = R.heft_rollout_step(order, h, own, *arrays, *state[:6], sim, threads, np.inf, out, vals)
+        best = R.rollout_step(order, h, own, arrays, state[:6], sim, threads, np.inf, out, vals)
         others = [d for d in range(4) if d != own]  # the rows, in device order; HEFT's own device is left out
         for row, d in zip(out, others):
             # the reference: HEFT itself, with op v able to run on device d only (the prefix is HEFT's own
@@ -100,7 +100,7 @@ def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
         assert best == np.argmin(exact)
         # with a cap, the rows that cannot beat it may stop early, but the best one below it stays exact
         cap = float(np.sort(exact)[1]) if exact.min() < np.sort(exact)[1] else float(exact.min()) * 1.5
-        best = R.heft_rollout_step(order, h, own, *arrays, *state[:6], sim, threads, cap, out, vals)
+        best = R.rollout_step(order, h, own, arrays, state[:6], sim, threads, cap, out, vals)
         assert best == np.argmin(exact) and vals[best] == exact.min()
         assert (vals >= exact * (1 - 1e-12)).all()
 

@@ -23,23 +23,52 @@ from doppler.methods._kernels import heft_branch  # noqa: E402
 _simulate = importlib.import_module("doppler.simulate")
 
 
+@numba.njit(cache=True)
+def _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt,
+              out):  # pragma: no cover - compiled  # fmt: skip
+    """Rows ``t, t + chunks, ...`` of :func:`heft_rollout_step`'s completions (row ``j``: device ``j``, or
+    ``j + 1`` from HEFT's own device ``own`` on)."""
+    for j in range(t, out.shape[0], chunks):
+        heft_branch(order, h, j + (j >= own), pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts,
+                    ends, cnt, out[j])  # fmt: skip
+
+
 @numba.njit(cache=True, parallel=PRANGE_ONLY)
 def heft_rollout_step(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt,
                       sim, threads, cap, out, vals):  # pragma: no cover - compiled  # fmt: skip
     """Op ``order[h]`` on every device but ``own``, in device order: HEFT's completion of the partial
     schedule (``dev`` ... ``cnt``) into ``out[j]`` and its simulated makespan into ``vals[j]``, on
-    ``threads`` cores. A simulation stops early (``inf``) once it is sure to end above ``cap`` or above
-    an earlier row of its thread (``doppler.simulate._sim_rows``): the least makespan, when it is
-    below ``cap``, and the first row that reaches it are exact, which is all the rollout uses."""
-    m = out.shape[0]
+    ``threads`` cores; returns the index of the least. A simulation stops early (``inf``) once it is
+    sure to end above ``cap`` or above an earlier row of its thread (``doppler.simulate._sim_rows``):
+    the least makespan, when it is below ``cap``, and the first row that reaches it are exact, which
+    is all the rollout uses."""
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams, op_f, edge_f,
      copies_in) = sim  # fmt: skip
-    chunks = max(1, min(threads, m))
+    chunks = max(1, min(threads, out.shape[0]))
     for t in numba.prange(chunks):
-        for j in range(t, m, chunks):
-            heft_branch(order, h, j + (j >= own), pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish,
-                        starts, ends, cnt, out[j])  # fmt: skip
+        _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
+                  cnt, out)  # fmt: skip
     for t in numba.prange(chunks):
         _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw,
                             streams, out, op_f, edge_f, False, False, copies_in, None, t, chunks, vals, True, cap)  # fmt: skip
     return np.argmin(vals)
+
+
+@numba.njit(cache=True)
+def heft_rollout_step_serial(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
+                             cnt, sim, cap, out, vals):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`heft_rollout_step` on one core, outside any parallel region: the same numbers."""
+    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams, op_f, edge_f,
+     copies_in) = sim  # fmt: skip
+    _branches(0, 1, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt, out)
+    _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams,
+                        out, op_f, edge_f, False, False, copies_in, None, 0, 1, vals, True, cap)  # fmt: skip
+    return np.argmin(vals)
+
+
+def rollout_step(order, h, own, arrays, state, sim, threads: int, cap: float, out, vals) -> int:
+    """:func:`heft_rollout_step` on ``threads`` cores, or its serial twin where one core serves (one thread,
+    or one row: entering a parallel region costs more than a small step on a busy machine)."""
+    if min(threads, out.shape[0]) <= 1:
+        return int(heft_rollout_step_serial(order, h, own, *arrays, *state, sim, cap, out, vals))
+    return int(heft_rollout_step(order, h, own, *arrays, *state, sim, threads, cap, out, vals))

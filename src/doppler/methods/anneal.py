@@ -4,8 +4,8 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
 
 * Start: the best (by simulated makespan) of every cheap method: ``critical_path``,
   ``heft``, ``enumerative``, ``round_robin_block`` and ``metis``, and of ``heft_lookahead``
-  where its rollout is cheap (``|V|^2 (D-1)^2 <= ROLLOUT_START_MAX_WORK``; ties: in that
-  order), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
+  where its rollout is cheap (``|V|^2 (D-1) <= ROLLOUT_START_MAX_WORK``; ties: in that
+  order, the rollout last), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
   and scores them in one :func:`doppler.simulate.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
@@ -83,12 +83,13 @@ from doppler.simulate import SimContext
 #: enumerative in 8 of 8 settings (5 of 8 without) and within 10% of a 60 s anneal in 6 of 8 (3 of 8),
 #: benchmarks/doppler_quality.py
 WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
-#: anneal's start set also holds HEFT_LOOKAHEAD's assignment where its rollout is cheap: ``|V|^2 (D-1)^2``
-#: (its HEFT completions times their ops) at most this, 0.01-0.3 s on a 2-core machine. A size rule, not
-#: a clock, so a seed and an evaluation count still fix the search. Measured with 5 s searches: 0.838x
+#: anneal's start set also holds HEFT_LOOKAHEAD's assignment where its rollout is cheap: ``|V|^2 (D-1)``
+#: (its ``|V| (D-1)`` HEFT completions times the ops each places) at most this: about 320 ops on 8
+#: devices or 840 on 2, 0.3-0.4 s on one core at the limit (0.15-0.35 s on two). A size rule, not a clock, so a seed and an
+#: evaluation count still fix the search. Measured with 5 s searches: 0.838x
 #: -> 0.809x the best cheap method on the 40 validation pairs, no change on the held-out rows
 #: (docs/generalization.md, "As a start for annealing")
-ROLLOUT_START_MAX_WORK = 1e7
+ROLLOUT_START_MAX_WORK = 7e5
 
 DEFAULT_BUDGET_S = 10.0
 #: seconds of search per compiled call: the budget is checked between calls, and overshot by at most this
@@ -299,20 +300,20 @@ class _Walk:
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_starts: dict[str, np.ndarray] | None,
                     threads: int) -> tuple[str, _Walk]:  # fmt: skip
-    """The best of the start set (``start``, else the warm-start methods and, where it is cheap
-    (:data:`ROLLOUT_START_MAX_WORK`), HEFT_LOOKAHEAD on ``threads`` cores; plus ``extra_starts``;
-    ties to the first): (its name, a walk from it that counts the evaluations spent)."""
+    """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``;
+    then, without ``start`` and where it is cheap (:data:`ROLLOUT_START_MAX_WORK`), HEFT_LOOKAHEAD on
+    ``threads`` cores; ties to the first): (its name, a walk from it that counts the evaluations spent)."""
     graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
         cands = {m: assign(graph, cluster, m, seed=seed).devices for m in WARM_START_METHODS}
-        if nd > 1 and float(graph.num_ops * (nd - 1)) ** 2 <= ROLLOUT_START_MAX_WORK:
-            from doppler.methods.lookahead import heft_lookahead_schedule
-
-            cands["heft_lookahead"] = heft_lookahead_schedule(graph, cluster, threads=threads)[0]
     for name, a in (extra_starts or {}).items():
         cands[name] = check_assignment(graph, np.asarray(a), nd)
+    if start is None and nd > 1 and float(graph.num_ops) ** 2 * (nd - 1) <= ROLLOUT_START_MAX_WORK:
+        from doppler.methods.lookahead import heft_lookahead_schedule
+
+        cands["heft_lookahead"] = heft_lookahead_schedule(graph, cluster, threads=threads)[0]
     names = list(cands)
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))

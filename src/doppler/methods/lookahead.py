@@ -220,7 +220,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
             break
         v = order[h]
         own = int(devices[v])  # HEFT's choice: its branch is the current assignment, already simulated
-        k = int(R.heft_rollout_step(order, h, own, *arrays, *state[:6], sim, threads, best_s, branches, makespan_s))
+        k = R.rollout_step(order, h, own, arrays, state[:6], sim, threads, best_s, branches, makespan_s)
         if makespan_s[k] < best_s * (1.0 - 1e-12):
             devices = branches[k].copy()
             best_s = float(makespan_s[k])
