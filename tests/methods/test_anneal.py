@@ -20,7 +20,7 @@ def setup():
 
 def test_never_worse_than_its_start(setup):
     g, c = setup
-    start = min(simulate(g, c, assign(g, c, m)).makespan_s for m in ("critical_path", "heft"))
+    start = min(simulate(g, c, assign(g, c, m)).makespan_s for m in ("critical_path", "heft", "heft_lookahead"))
     for seed in range(3):
         a = assign(g, c, "anneal", seed=seed, max_evals=200)
         assert a.info["start_makespan_s"] == pytest.approx(start)
