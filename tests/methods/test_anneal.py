@@ -257,7 +257,7 @@ def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
         for _ in range(20):  # a critical move always changes the assignment, and stays in range
             moved = dev.copy()
             critical_move(moved, out, m, rng, c.num_devices, *(x.astype(np.int64) for x in (g.succ_ptr, g.succ_idx,
-                          g.pred_ptr, g.pred_idx)))  # fmt: skip
+                          g.pred_ptr, g.pred_idx)), np.empty(0, np.int64))  # fmt: skip
             assert (moved != dev).any() and 0 <= moved.min() and moved.max() < c.num_devices
         assert len(set(chain.tolist())) == m
         for v, w in zip(chain[:-1], chain[1:]):  # w held v back
@@ -266,3 +266,148 @@ def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
             else:
                 assert w in g.pred_idx[g.pred_ptr[v]:g.pred_ptr[v + 1]] and tr.op_end[w] <= tr.op_start[v]
                 assert arrival[(int(w), int(dev[v]))] == tr.op_ready[v]  # w's data came last
+
+
+def _graph_args(g):
+    return tuple(np.ascontiguousarray(x, dtype=np.int64) for x in (g.succ_ptr, g.succ_idx, g.pred_ptr, g.pred_idx))
+
+
+def _features_by_numpy(ctx, cur, new, on_crit, is_critical):
+    """:func:`move_features`, written out over the moved ops and every edge (the test's reference)."""
+    g, comp, n = ctx.graph, ctx.comp, len(cur)
+    cur_ms = float(ctx.simulate_many(cur[None])[0])
+    moved = np.flatnonzero(new != cur)
+    src, dst = np.repeat(np.arange(n), np.diff(g.succ_ptr)), np.asarray(g.succ_idx)
+
+    def edge_s(a):
+        t = ctx.lat[a[src], a[dst]] + ctx.out_bytes[src] / ctx.bw[a[src], a[dst]]
+        return np.where(a[src] == a[dst], 0.0, t)
+
+    dedge = edge_s(new) - edge_s(cur)  # 0 on edges that touch no moved op
+    dcomp = comp[moved, new[moved]] - comp[moved, cur[moved]]
+    load = np.bincount(cur, weights=comp[np.arange(n), cur], minlength=ctx.num_devices)
+    new_load = np.bincount(new, weights=comp[np.arange(n), new], minlength=ctx.num_devices)
+    c = on_crit[moved]
+    return np.array([np.log1p(len(moved)), dcomp.sum() / cur_ms, dedge.sum() / cur_ms, c.mean(), float(c.any()),
+                     dcomp[c].sum() / cur_ms, dedge[on_crit[src] & on_crit[dst]].sum() / cur_ms,
+                     (new_load.max() - load.max()) / cur_ms, (load[new[moved]] - load[cur[moved]]).mean() / cur_ms,
+                     float(is_critical)]), load, cur_ms  # fmt: skip
+
+
+@pytest.mark.parametrize("name,preset", [("random", "p100x4"), ("llama_block", "v100x8"), ("ffnn", "h100x8")])
+def test_move_features_match_a_reference_over_every_edge(name, preset):
+    """The features of a move, computed from its logged writes over the moved ops' edges only, equal the
+    same quantities summed over the whole graph, for every kind of move (tile groups, swaps, chains,
+    critical-chain steps)."""
+    from doppler.methods import _anneal_kernels as K
+    from doppler.methods.anneal import _Moves
+    from doppler.simulate import SimContext
+
+    g = workloads.build(name, size="tiny") if name != "random" else workloads.build(name, num_ops=60, seed=2)
+    c = cluster(preset)
+    ctx, n, nd = SimContext(g, c), g.num_ops, c.num_devices
+    rng = np.random.default_rng(3)
+    moves = _Moves(g, nd, rng)
+    log, stamp, old = np.zeros(2 * n + 1, np.int64), np.zeros(n, np.int64), np.empty(n, np.int64)
+    feats, tag = np.empty(K.NUM_MOVE_FEATURES), 1
+    ga = _graph_args(g)
+    for trial in range(200):
+        cur = rng.integers(0, nd, n).astype(np.int64)
+        crit = rng.choice(n, size=8, replace=False).astype(np.int64)
+        on_crit = np.zeros(n, np.bool_)
+        on_crit[crit] = True
+        new, log[0] = cur.copy(), 0
+        is_critical = trial % 4 == 0
+        if is_critical:
+            K.critical_move(new, crit, len(crit), rng, nd, *ga, log)
+        else:
+            K.apply_move(new, rng, *moves.args(), log)
+        want, load, cur_ms = _features_by_numpy(ctx, cur, new, on_crit, is_critical)
+        K.move_features(new, log, stamp, tag, old, load, on_crit, is_critical, ctx.comp, ctx.out_bytes, ctx.lat,
+                        ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
+        tag += 2
+        np.testing.assert_allclose(feats, want, rtol=1e-9, atol=1e-12)
+        undone = new.copy()  # the log undoes the move, last write first
+        for k in range(log[0] - 1, -1, -1):
+            undone[log[1 + 2 * k]] = log[2 + 2 * k]
+        np.testing.assert_array_equal(undone, cur)
+
+
+def test_a_scored_proposal_is_the_best_scored_move_of_its_pool():
+    """``scored_proposal`` draws ``pool`` moves as the annealer draws one, keeps the one its scorer
+    ranks first, and leaves the current assignment as it was: replayed from a copy of its random
+    stream, the same moves, and the proposal is their best by score."""
+    import copy
+
+    from doppler.methods import _anneal_kernels as K
+    from doppler.methods.anneal import MoveScorer, _Moves
+    from doppler.simulate import SimContext
+
+    g, c = workloads.build("llama_block", size="tiny"), cluster("v100x8")
+    ctx, n, nd = SimContext(g, c), g.num_ops, c.num_devices
+    rng = np.random.default_rng(5)
+    moves = _Moves(g, nd, rng)
+    ga = _graph_args(g)
+    w = np.zeros(K.NUM_MOVE_FEATURES)
+    w[0], w[2] = -0.3, -1.0  # few ops, little transfer time: a scorer that ranks the pool unevenly
+    scorer = MoveScorer(np.zeros_like(w), np.ones_like(w), w, 0.1, np.full((2, len(w)), 0.2), np.zeros(2),
+                        np.array([1.0, -0.5]))  # fmt: skip
+    crit = np.arange(0, n, 7, dtype=np.int64)
+    on_crit = np.zeros(n, np.bool_)
+    on_crit[crit] = True
+    scratch = lambda: (np.zeros(2 * n + 1, np.int64), np.zeros(2 * n + 1, np.int64), np.zeros(n, np.int64),
+                       np.empty(n, np.int64), np.empty(K.NUM_MOVE_FEATURES))  # noqa: E731  # fmt: skip
+    for trial in range(30):
+        cur = rng.integers(0, nd, n).astype(np.int64)
+        cur_ms = float(ctx.simulate_many(cur[None])[0])
+        load = np.bincount(cur, weights=ctx.comp[np.arange(n), cur], minlength=nd)
+        replay = copy.deepcopy(rng)
+        row, before = np.empty(n, np.int64), cur.copy()
+        log, best_log, stamp, old, feats = scratch()
+        K.scored_proposal(cur, row, 6, rng, *moves.args(), crit, len(crit), 0.25, log, best_log, stamp, 1, old, load,
+                          on_crit, ctx.comp, ctx.out_bytes, ctx.lat, ctx.bw, cur_ms, scorer.args(), feats)  # fmt: skip
+        np.testing.assert_array_equal(cur, before)
+        log, _, stamp, old, feats = scratch()
+        scored = []
+        for k in range(6):
+            new, log[0] = cur.copy(), 0
+            is_critical = replay.random() < 0.25
+            if is_critical:
+                K.critical_move(new, crit, len(crit), replay, nd, *ga, log)
+            else:
+                K.apply_move(new, replay, *moves.args(), log)
+            K.move_features(new, log, stamp, 1 + 2 * k, old, load, on_crit, is_critical, ctx.comp, ctx.out_bytes,
+                            ctx.lat, ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
+            scored.append((K.move_score(feats, *scorer.args()), new))
+        best = max(scored, key=lambda t: t[0])  # the first of equal scores
+        np.testing.assert_array_equal(row, best[1])
+        assert replay.random() == rng.random()  # the two streams drew the same numbers
+
+
+@pytest.mark.parametrize("pool", [2, 4])
+def test_a_scored_pool_keeps_the_search_reproducible(setup, pool):
+    """With each proposal the best-scored of a pool, a run is still fixed by its seed and evaluation
+    count: the same on 1 and 2 cores, with and without pruning, cut into calls either way."""
+    from doppler.methods import anneal
+    from doppler.methods.anneal import anneal_search
+
+    g, c = setup
+    keys = ("evals", "accepted", "improvements", "restarts")
+    runs = [anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool, threads=t, prune=p)
+            for t, p in ((1, True), (2, True), (2, False))]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(anneal, "CHUNK_S", 1e-12)  # one batch per compiled call
+        runs.append(anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool))
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r.devices, runs[0].devices)
+        assert r.estimated_makespan_s == runs[0].estimated_makespan_s
+        assert [r.info[k] for k in keys] == [runs[0].info[k] for k in keys]
+    assert runs[0].estimated_makespan_s <= runs[0].info["start_makespan_s"]
+    assert simulate(g, c, runs[0]).makespan_s == pytest.approx(runs[0].estimated_makespan_s)
+
+
+def test_pool_must_be_a_positive_integer(setup):
+    g, c = setup
+    for pool in (0, -1, True, 2.5, "4"):
+        with pytest.raises(MethodError, match="pool"):
+            assign(g, c, "anneal", max_evals=10, pool=pool)

@@ -41,8 +41,19 @@ def _other_device(rng, nd, d):  # pragma: no cover - compiled
     return x + (x >= d)
 
 
+@numba.njit(cache=True, inline="always")
+def _put(a, v, d, log):  # pragma: no cover - compiled
+    """``a[v] = d``, and when ``log`` has room, (v, its old device) appended to it (``log[0]``: the count)."""
+    if log.shape[0] > 0:
+        k = log[0]
+        log[1 + 2 * k] = v
+        log[2 + 2 * k] = a[v]
+        log[0] = k + 1
+    a[v] = d
+
+
 @numba.njit(cache=True)
-def move_op(a, v, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx):  # pragma: no cover - compiled
+def move_op(a, v, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log):  # pragma: no cover - compiled
     """Op ``v`` to the device of one of its neighbours (half the time, when that is another device) or
     to a random other device."""
     p0, p1, s0, s1 = pred_ptr[v], pred_ptr[v + 1], succ_ptr[v], succ_ptr[v + 1]
@@ -55,31 +66,34 @@ def move_op(a, v, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx):  # pragma: n
             d = _other_device(rng, nd, a[v])
     else:
         d = _other_device(rng, nd, a[v])
-    a[v] = d
+    _put(a, v, d, log)
 
 
 @numba.njit(cache=True)
-def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-               guided_share):  # pragma: no cover - compiled  # fmt: skip
+def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share,
+               log):  # pragma: no cover - compiled  # fmt: skip
     """Mutate ``a`` in place with one random move (see :mod:`doppler.methods.anneal`); always changes
     something when there are two devices or more. ``pref_cdf[n, D]`` (cumulative rows; 0 rows: none)
-    draws a ``guided_share`` of the moves from a learned device preference."""
+    draws a ``guided_share`` of the moves from a learned device preference. Every write is logged in
+    ``log`` (see :func:`_put`; empty: none)."""
     n = a.shape[0]
     if guided_share > 0.0 and rng.random() < guided_share:
         v = rng.integers(0, n)
         d = min(np.searchsorted(pref_cdf[v], rng.random() * pref_cdf[v, nd - 1], side="right"), nd - 1)
-        a[v] = d if d != a[v] else _other_device(rng, nd, a[v])
+        _put(a, v, d if d != a[v] else _other_device(rng, nd, a[v]), log)
         return
     r = rng.random()
     if r < 0.35:  # single op: to a random other device, or to a neighbour's
-        move_op(a, rng.integers(0, n), rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx)
+        move_op(a, rng.integers(0, n), rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
     elif r < 0.55:  # swap two ops' devices
         v = rng.integers(0, n)
         w = rng.integers(0, n)
         if a[v] == a[w]:
-            a[v] = _other_device(rng, nd, a[v])
+            _put(a, v, _other_device(rng, nd, a[v]), log)
         else:
-            a[v], a[w] = a[w], a[v]
+            dv = a[v]
+            _put(a, v, a[w], log)
+            _put(a, w, dv, log)
     elif r < 0.8:  # chain: a random walk along successors moves to one device
         v = rng.integers(0, n)
         length = rng.integers(2, 17)
@@ -100,7 +114,7 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
         if same:
             d = _other_device(rng, nd, d)
         for i in range(m):
-            a[seg[i]] = d
+            _put(a, seg[i], d, log)
     else:  # a logical op's tiles (or an op and its neighbours) to one device, or rotated
         ngroups = grp_ptr.shape[0] - 1
         if ngroups > 0:
@@ -114,11 +128,11 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
                 if same:
                     d = _other_device(rng, nd, d)
                 for i in range(lo, hi):
-                    a[grp_ops[i]] = d
+                    _put(a, grp_ops[i], d, log)
             else:
                 shift = rng.integers(1, nd)
                 for i in range(lo, hi):
-                    a[grp_ops[i]] = (a[grp_ops[i]] + shift) % nd
+                    _put(a, grp_ops[i], (a[grp_ops[i]] + shift) % nd, log)
         else:
             v = rng.integers(0, n)
             d = rng.integers(0, nd)
@@ -129,11 +143,11 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
                 same = same and a[succ_idx[i]] == d
             if same:
                 d = _other_device(rng, nd, d)
-            a[v] = d
+            _put(a, v, d, log)
             for i in range(pred_ptr[v], pred_ptr[v + 1]):
-                a[pred_idx[i]] = d
+                _put(a, pred_idx[i], d, log)
             for i in range(succ_ptr[v], succ_ptr[v + 1]):
-                a[succ_idx[i]] = d
+                _put(a, succ_idx[i], d, log)
 
 
 @numba.njit(cache=True)
@@ -198,31 +212,166 @@ def critical_chain(dev, op_ready, op_start, op_end, pred_ptr, pred_idx, tr_src, 
 
 
 @numba.njit(cache=True)
-def critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx):  # pragma: no cover - compiled
+def critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx,
+                  log):  # pragma: no cover - compiled  # fmt: skip
     """A move on the critical chain ``crit[:ncrit]`` (see :func:`critical_chain`): one of its steps
     ``w -> v`` at random. Across two devices (a transfer on the chain), one of the two joins the
     other's device; on one device (``v`` waited for ``w`` or for the device), one of the two leaves
     for a random other device. A chain of one op: that op moves (:func:`move_op`)."""
     if ncrit < 2:
-        move_op(a, crit[0], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx)
+        move_op(a, crit[0], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
         return
     i = rng.integers(0, ncrit - 1)
     v, w = crit[i], crit[i + 1]
     if a[v] != a[w]:
         if rng.random() < 0.5:
-            a[v] = a[w]
+            _put(a, v, a[w], log)
         else:
-            a[w] = a[v]
+            _put(a, w, a[v], log)
     else:
         x = v if rng.random() < 0.5 else w
-        a[x] = _other_device(rng, nd, a[x])
+        _put(a, x, _other_device(rng, nd, a[x]), log)
+
+
+#: the features of a proposed move that :func:`move_score` reads (:func:`move_features`)
+NUM_MOVE_FEATURES = 10
+
+
+@numba.njit(cache=True)
+def move_features(a, log, stamp, tag, old_dev, load, on_crit, is_critical, comp, out_bytes, lat, bw, pred_ptr,
+                  pred_idx, succ_ptr, succ_idx, cur_ms, out):  # pragma: no cover - compiled  # fmt: skip
+    """Features of the move just applied to ``a`` (its writes in ``log``, see :func:`_put`), against the
+    assignment before it, into ``out``; all times over ``cur_ms``, the makespan before the move:
+    0. log(1 + ops moved); 1. compute time added; 2. transfer time added on the edges of the moved ops
+    (latency + bytes / bandwidth per edge that crosses devices); 3. share of the moved ops on the
+    critical chain (``on_crit``); 4. whether any is; 5. compute time added on the chain; 6. transfer time
+    added on edges of the chain; 7. the most loaded device's load added (``load``: compute time per
+    device before the move); 8. mean load of the ops' new devices minus their old ones'; 9. whether it is
+    a critical-chain move. ``stamp``/``old_dev``: scratch of length n, ``stamp`` marked with ``tag``."""
+    nd = load.shape[0]
+    moved = 0
+    for k in range(log[0]):  # the first write of an op holds its device before the move
+        v = log[1 + 2 * k]
+        if stamp[v] != tag:
+            stamp[v] = tag
+            old_dev[v] = log[2 + 2 * k]
+    new_load = load.copy()
+    dcomp = dcomm = crit_n = dcomp_crit = dcomm_crit = dtarget = 0.0
+    for k in range(log[0]):
+        v = log[1 + 2 * k]
+        if stamp[v] != tag:  # counted already (an op written twice)
+            continue
+        stamp[v] = tag + 1  # counted: its old device stays in old_dev
+        d0, d1 = old_dev[v], a[v]
+        if d0 == d1:
+            continue
+        moved += 1
+        c = comp[v, d1] - comp[v, d0]
+        dcomp += c
+        new_load[d0] -= comp[v, d0]
+        new_load[d1] += comp[v, d1]
+        dtarget += load[d1] - load[d0]
+        if on_crit[v]:
+            crit_n += 1.0
+            dcomp_crit += c
+        for p in range(pred_ptr[v], pred_ptr[v + 1]):  # edges into v: both ends' devices before and after
+            u = pred_idx[p]
+            u0 = old_dev[u] if stamp[u] >= tag else a[u]
+            t = _edge_s(a[u], d1, u, out_bytes, lat, bw) - _edge_s(u0, d0, u, out_bytes, lat, bw)
+            dcomm += t
+            if on_crit[u] and on_crit[v]:
+                dcomm_crit += t
+        for p in range(succ_ptr[v], succ_ptr[v + 1]):  # edges out of v to ops that did not move (the rest: above)
+            w = succ_idx[p]
+            if stamp[w] >= tag and old_dev[w] != a[w]:
+                continue
+            t = _edge_s(d1, a[w], v, out_bytes, lat, bw) - _edge_s(d0, a[w], v, out_bytes, lat, bw)
+            dcomm += t
+            if on_crit[w] and on_crit[v]:
+                dcomm_crit += t
+    m = max(moved, 1)
+    max_old = max_new = 0.0
+    for d in range(nd):
+        max_old = max(max_old, load[d])
+        max_new = max(max_new, new_load[d])
+    out[0] = math.log1p(moved)
+    out[1] = dcomp / cur_ms
+    out[2] = dcomm / cur_ms
+    out[3] = crit_n / m
+    out[4] = 1.0 if crit_n > 0 else 0.0
+    out[5] = dcomp_crit / cur_ms
+    out[6] = dcomm_crit / cur_ms
+    out[7] = (max_new - max_old) / cur_ms
+    out[8] = dtarget / m / cur_ms
+    out[9] = 1.0 if is_critical else 0.0
+
+
+@numba.njit(cache=True, inline="always")
+def _edge_s(d0, d1, u, out_bytes, lat, bw):  # pragma: no cover - compiled
+    """Time of ``u``'s output from device ``d0`` to ``d1`` (0 on one device)."""
+    if d0 == d1:
+        return 0.0
+    return lat[d0, d1] + out_bytes[u] / bw[d0, d1]
+
+
+@numba.njit(cache=True)
+def move_score(x, mu, sd, w, b, w1, b1, w2):  # pragma: no cover - compiled
+    """A move's score (higher: more likely to lower the makespan): ``b + w.z + w2.relu(w1 z + b1)`` with
+    ``z = (x - mu) / sd`` (no hidden units: linear)."""
+    z = (x - mu) / sd
+    s = b
+    for j in range(z.shape[0]):
+        s += w[j] * z[j]
+    for h in range(b1.shape[0]):
+        t = b1[h]
+        for j in range(z.shape[0]):
+            t += w1[h, j] * z[j]
+        if t > 0.0:
+            s += w2[h] * t
+    return s
+
+
+@numba.njit(cache=True)
+def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
+                    guided_share, crit, ncrit, critical_share, log, best_log, stamp, tag, old_dev, load, on_crit,
+                    comp, out_bytes, lat, bw, cur_ms, scorer, feats):  # pragma: no cover - compiled  # fmt: skip
+    """Into ``row``: the best-scored (:func:`move_score`) of ``pool`` moves of ``cur``, each drawn as the
+    annealer draws one (a critical-chain move with probability ``critical_share``). The moves are
+    applied to ``cur`` and undone (``cur`` is unchanged after). Returns the next free ``tag``."""
+    mu, sd, w, b, w1, b1, w2 = scorer
+    best_s = -np.inf
+    best_log[0] = 0
+    for _ in range(pool):
+        log[0] = 0
+        is_crit = critical_share > 0.0 and rng.random() < critical_share
+        if is_crit:
+            critical_move(cur, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
+        else:
+            apply_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
+                       guided_share, log)  # fmt: skip
+        move_features(cur, log, stamp, tag, old_dev, load, on_crit, is_crit, comp, out_bytes, lat, bw, pred_ptr,
+                      pred_idx, succ_ptr, succ_idx, cur_ms, feats)  # fmt: skip
+        tag += 2
+        s = move_score(feats, mu, sd, w, b, w1, b1, w2)
+        if s > best_s:  # keep the move as (op, new device) pairs
+            best_s = s
+            best_log[0] = log[0]
+            for k in range(log[0]):
+                best_log[1 + 2 * k] = log[1 + 2 * k]
+                best_log[2 + 2 * k] = cur[log[1 + 2 * k]]
+        for k in range(log[0] - 1, -1, -1):  # undo, last write first
+            cur[log[1 + 2 * k]] = log[2 + 2 * k]
+    row[:] = cur
+    for k in range(best_log[0]):
+        row[best_log[1 + 2 * k]] = best_log[2 + 2 * k]
+    return tag
 
 
 @numba.njit(cache=True, parallel=PRANGE_ONLY)
 def anneal_batches(
     sim, cur, best, crit, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio,
     optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, threads,
-    critical_share, critical_refresh, prune,
+    critical_share, critical_refresh, prune, pool, scorer,
 ):  # pragma: no cover - compiled
     """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``crit``,
     ``counts``, ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate
@@ -232,7 +381,8 @@ def anneal_batches(
     simulation) when ``cur`` has changed and ``critical_refresh`` batches have passed since. Stops
     early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``. ``prune``: simulate a
     proposal only until it is sure to lose to an earlier one of its thread's rows or to be refused by
-    the Metropolis rule (``_simulate._sim_rows``; the same search)."""
+    the Metropolis rule (``_simulate._sim_rows``; the same search). ``pool`` > 1: each proposal is the
+    best of that many moves by ``scorer`` (:func:`scored_proposal`), which are not simulated."""
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, op_f, edge_f,
      copies_in) = sim  # fmt: skip
     n = cur.shape[0]
@@ -240,6 +390,14 @@ def anneal_batches(
     E = max(s_succ_idx.shape[0], 1)
     ready, start, end = np.empty(n), np.empty(n), np.empty(n)
     tsrc, tdst, tstart, tend = np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E)
+    no_log = np.empty(0, np.int64)
+    nlog = 2 * (n + E) + 1  # a move writes each op once, but an op and its neighbours: once per edge
+    log, best_log = np.empty(nlog, np.int64), np.empty(nlog, np.int64)
+    stamp, old_dev = np.zeros(n, np.int64), np.empty(n, np.int64)
+    load, on_crit = np.zeros(nd), np.zeros(n, np.bool_)
+    feats = np.empty(NUM_MOVE_FEATURES)
+    tag = 1
+    load_of = -1  # the accepted-move count that ``load`` was computed at
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return
@@ -256,13 +414,28 @@ def anneal_batches(
             counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
             counts[SINCE] = 0
             counts[STALE] = 0
+        if pool > 1:
+            if load_of != counts[ACCEPTED] + counts[RESTARTS]:  # the compute time on each device of ``cur``
+                load[:] = 0.0
+                for v in range(n):
+                    load[cur[v]] += comp[v, cur[v]]
+                load_of = counts[ACCEPTED] + counts[RESTARTS]
+            on_crit[:] = False
+            for k in range(counts[NCRIT]):
+                on_crit[crit[k]] = True
         for i in range(b):
+            if pool > 1:
+                tag = scored_proposal(cur, batch[i], pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr,
+                                      grp_ops, pref_cdf, guided_share, crit, counts[NCRIT], critical_share, log,
+                                      best_log, stamp, tag, old_dev, load, on_crit, comp, out_bytes, lat, bw,
+                                      max(values[CUR_MS], 1e-300), scorer, feats)  # fmt: skip
+                continue
             batch[i] = cur
             if critical_share > 0.0 and rng.random() < critical_share:
-                critical_move(batch[i], crit, counts[NCRIT], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx)
+                critical_move(batch[i], crit, counts[NCRIT], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, no_log)
             else:
                 apply_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                           guided_share)  # fmt: skip
+                           guided_share, no_log)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b
