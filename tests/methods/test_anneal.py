@@ -182,14 +182,15 @@ def test_how_the_compiled_loop_is_cut_into_calls_changes_nothing(monkeypatch, cr
     assert a.info["evals"] == 1500 and a.info["restarts"] >= 3
 
 
-def test_threads_change_the_speed_not_the_search(setup):
+@pytest.mark.parametrize("pool", [1, 4])
+def test_threads_change_the_speed_not_the_search(setup, pool):
     """Scoring each batch on several cores gives the same makespans, so the same search: same best
     assignment, same counts, for a seed and an evaluation count (more threads than cores or than the
     batch are capped, not refused)."""
     from doppler.methods.anneal import search_threads
 
     g, c = setup
-    runs = [assign(g, c, "anneal", seed=4, max_evals=1200, cycle_evals=400, threads=t) for t in (1, 2, 3, 64)]
+    runs = [assign(g, c, "anneal", seed=4, max_evals=1200, cycle_evals=400, threads=t, pool=pool) for t in (1, 2, 3, 64)]
     keys = ("evals", "accepted", "improvements", "restarts")
     for r in runs[1:]:
         np.testing.assert_array_equal(r.devices, runs[0].devices)
@@ -199,8 +200,9 @@ def test_threads_change_the_speed_not_the_search(setup):
     assert search_threads(None, batch_size=3) <= 3 and search_threads(5, batch_size=1) == 1
 
 
+@pytest.mark.parametrize("pool", [1, 4])
 @pytest.mark.parametrize("graph, preset", [("llama_block", "p100x4"), ("ffnn", "v100x8"), ("chainmm", "v100x8")])
-def test_pruning_changes_the_speed_not_the_search(graph, preset):
+def test_pruning_changes_the_speed_not_the_search(graph, preset, pool):
     """Proposals cut short once they are sure to lose (to an earlier proposal, or to the Metropolis
     rule's draw) leave the search as it was: same best assignment, same counts, on 1 and 2 cores."""
     from doppler.methods.anneal import anneal_search
@@ -208,7 +210,7 @@ def test_pruning_changes_the_speed_not_the_search(graph, preset):
     g, c = workloads.build(graph, size="tiny"), cluster(preset)
     keys = ("evals", "accepted", "improvements", "restarts")
     for seed, threads in ((0, 1), (1, 2)):
-        a, b = (anneal_search(g, c, seed=seed, max_evals=3000, cycle_evals=1000, threads=threads, prune=p)
+        a, b = (anneal_search(g, c, seed=seed, max_evals=3000, cycle_evals=1000, threads=threads, prune=p, pool=pool)
                 for p in (False, True))  # fmt: skip
         np.testing.assert_array_equal(a.devices, b.devices)
         assert a.estimated_makespan_s == b.estimated_makespan_s
@@ -323,10 +325,20 @@ def test_move_features_match_a_reference_over_every_edge(name, preset):
         else:
             K.apply_move(new, rng, *moves.args(), log)
         want, load, cur_ms = _features_by_numpy(ctx, cur, new, on_crit, is_critical)
-        K.move_features(new, log, stamp, tag, old, load, on_crit, is_critical, ctx.comp, ctx.out_bytes, ctx.lat,
-                        ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
+        K.move_features(new, log, stamp, tag, old, load, np.empty(nd), on_crit, is_critical, ctx.comp,
+                        ctx.out_bytes, ctx.lat, ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
         tag += 2
         np.testing.assert_allclose(feats, want, rtol=1e-9, atol=1e-12)
+        if log[0] >= 1:  # the same move, its first op written twice more (to another device, then back)
+            v, d0 = log[1], log[2]
+            k = log[0]
+            log[1 + 2 * k: 5 + 2 * k] = [v, new[v], v, (new[v] + 1) % nd]
+            log[0] = k + 2
+            K.move_features(new, log, stamp, tag, old, load, np.empty(nd), on_crit, is_critical, ctx.comp,
+                            ctx.out_bytes, ctx.lat, ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
+            tag += 2
+            np.testing.assert_allclose(feats, want, rtol=1e-9, atol=1e-12)  # the device before the move: d0
+            assert old[v] == d0 == cur[v]
         undone = new.copy()  # the log undoes the move, last write first
         for k in range(log[0] - 1, -1, -1):
             undone[log[1 + 2 * k]] = log[2 + 2 * k]
@@ -365,7 +377,8 @@ def test_a_scored_proposal_is_the_best_scored_move_of_its_pool():
         row, before = np.empty(n, np.int64), cur.copy()
         log, best_log, stamp, old, feats = scratch()
         K.scored_proposal(cur, row, 6, rng, *moves.args(), crit, len(crit), 0.25, log, best_log, stamp, 1, old, load,
-                          on_crit, ctx.comp, ctx.out_bytes, ctx.lat, ctx.bw, cur_ms, scorer.args(), feats)  # fmt: skip
+                          np.empty(nd), on_crit, ctx.comp, ctx.out_bytes, ctx.lat, ctx.bw, cur_ms, scorer.args(),
+                          feats)  # fmt: skip
         np.testing.assert_array_equal(cur, before)
         log, _, stamp, old, feats = scratch()
         scored = []
@@ -376,38 +389,55 @@ def test_a_scored_proposal_is_the_best_scored_move_of_its_pool():
                 K.critical_move(new, crit, len(crit), replay, nd, *ga, log)
             else:
                 K.apply_move(new, replay, *moves.args(), log)
-            K.move_features(new, log, stamp, 1 + 2 * k, old, load, on_crit, is_critical, ctx.comp, ctx.out_bytes,
-                            ctx.lat, ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
+            K.move_features(new, log, stamp, 1 + 2 * k, old, load, np.empty(nd), on_crit, is_critical, ctx.comp,
+                            ctx.out_bytes, ctx.lat, ctx.bw, ga[2], ga[3], ga[0], ga[1], cur_ms, feats)  # fmt: skip
             scored.append((K.move_score(feats, *scorer.args()), new))
         best = max(scored, key=lambda t: t[0])  # the first of equal scores
         np.testing.assert_array_equal(row, best[1])
         assert replay.random() == rng.random()  # the two streams drew the same numbers
 
 
-@pytest.mark.parametrize("pool", [2, 4])
-def test_a_scored_pool_keeps_the_search_reproducible(setup, pool):
+@pytest.mark.parametrize("pool, by_load", [(2, False), (4, False), (4, True)])
+def test_a_scored_pool_keeps_the_search_reproducible(setup, pool, by_load):
     """With each proposal the best-scored of a pool, a run is still fixed by its seed and evaluation
-    count: the same on 1 and 2 cores, with and without pruning, cut into calls either way."""
+    count: the same on 1 and 2 cores, with and without pruning, cut into calls either way (a call
+    computes the devices' loads afresh; ``by_load``: a score that reads them, so a load that went stale
+    within a call would change the search)."""
     from doppler.methods import anneal
-    from doppler.methods.anneal import anneal_search
+    from doppler.methods.anneal import MoveScorer, anneal_search
 
     g, c = setup
+    scorer = None
+    if by_load:
+        g = workloads.build("random", num_ops=80, seed=1)  # it moves often: the loads change within a call
+        w = MoveScorer.time_added().w.copy()
+        w[7], w[8] = -10.0, -10.0  # and the most loaded device's added load, the new devices' loads
+        scorer = MoveScorer(np.zeros_like(w), np.ones_like(w), w, 0.0, np.zeros((0, len(w))), np.zeros(0), np.zeros(0))
     keys = ("evals", "accepted", "improvements", "restarts")
-    runs = [anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool, threads=t, prune=p)
+    runs = [anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool, threads=t, prune=p, scorer=scorer)
             for t, p in ((1, True), (2, True), (2, False))]  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(anneal, "CHUNK_S", 1e-12)  # one batch per compiled call
-        runs.append(anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool))
+        runs.append(anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool, scorer=scorer))
     for r in runs[1:]:
         np.testing.assert_array_equal(r.devices, runs[0].devices)
         assert r.estimated_makespan_s == runs[0].estimated_makespan_s
         assert [r.info[k] for k in keys] == [runs[0].info[k] for k in keys]
-    assert runs[0].estimated_makespan_s <= runs[0].info["start_makespan_s"]
+    assert runs[0].estimated_makespan_s < runs[0].info["start_makespan_s"] and runs[0].info["pool"] == pool
     assert simulate(g, c, runs[0]).makespan_s == pytest.approx(runs[0].estimated_makespan_s)
 
 
-def test_pool_must_be_a_positive_integer(setup):
+def test_pool_and_scorer_must_be_well_formed(setup):
+    from doppler.methods.anneal import MoveScorer
+
     g, c = setup
     for pool in (0, -1, True, 2.5, "4"):
         with pytest.raises(MethodError, match="pool"):
             assign(g, c, "anneal", max_evals=10, pool=pool)
+    ok = MoveScorer.time_added()
+    F = len(ok.w)
+    bad = {"mu": np.zeros(F - 1), "sd": np.zeros(F), "w": np.full(F, np.nan), "w1": np.zeros((2, F)),
+           "b1": np.zeros((1, 1)), "b": float("inf")}  # fmt: skip
+    for name, value in bad.items():
+        with pytest.raises(MethodError, match=f"MoveScorer.{name}"):
+            MoveScorer(**{**ok.__dict__, name: value})

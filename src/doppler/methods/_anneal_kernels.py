@@ -43,7 +43,8 @@ def _other_device(rng, nd, d):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, inline="always")
 def _put(a, v, d, log):  # pragma: no cover - compiled
-    """``a[v] = d``, and when ``log`` has room, (v, its old device) appended to it (``log[0]``: the count)."""
+    """``a[v] = d``, and unless ``log`` is empty, (v, its old device) appended to it (``log[0]``: the count).
+    Unchecked: the caller sizes ``log`` for the largest move (:func:`anneal_batches`)."""
     if log.shape[0] > 0:
         k = log[0]
         log[1 + 2 * k] = v
@@ -238,16 +239,18 @@ NUM_MOVE_FEATURES = 10
 
 
 @numba.njit(cache=True)
-def move_features(a, log, stamp, tag, old_dev, load, on_crit, is_critical, comp, out_bytes, lat, bw, pred_ptr,
-                  pred_idx, succ_ptr, succ_idx, cur_ms, out):  # pragma: no cover - compiled  # fmt: skip
+def move_features(a, log, stamp, tag, old_dev, load, new_load, on_crit, is_critical, comp, out_bytes, lat, bw,
+                  pred_ptr, pred_idx, succ_ptr, succ_idx, cur_ms, out):  # pragma: no cover - compiled  # fmt: skip
     """Features of the move just applied to ``a`` (its writes in ``log``, see :func:`_put`), against the
     assignment before it, into ``out``; all times over ``cur_ms``, the makespan before the move:
     0. log(1 + ops moved); 1. compute time added; 2. transfer time added on the edges of the moved ops
-    (latency + bytes / bandwidth per edge that crosses devices); 3. share of the moved ops on the
+    (latency + bytes / bandwidth per edge that crosses devices: an output sent to several consumers on one
+    device counts once per consumer, where the simulator may send it once); 3. share of the moved ops on the
     critical chain (``on_crit``); 4. whether any is; 5. compute time added on the chain; 6. transfer time
     added on edges of the chain; 7. the most loaded device's load added (``load``: compute time per
     device before the move); 8. mean load of the ops' new devices minus their old ones'; 9. whether it is
-    a critical-chain move. ``stamp``/``old_dev``: scratch of length n, ``stamp`` marked with ``tag``."""
+    a critical-chain move. ``stamp``/``old_dev``: scratch of length n, every ``stamp`` below ``tag`` on
+    entry (this call marks ``tag`` and ``tag + 1``); ``new_load``: scratch of length D."""
     nd = load.shape[0]
     moved = 0
     for k in range(log[0]):  # the first write of an op holds its device before the move
@@ -255,7 +258,7 @@ def move_features(a, log, stamp, tag, old_dev, load, on_crit, is_critical, comp,
         if stamp[v] != tag:
             stamp[v] = tag
             old_dev[v] = log[2 + 2 * k]
-    new_load = load.copy()
+    new_load[:] = load
     dcomp = dcomm = crit_n = dcomp_crit = dcomm_crit = dtarget = 0.0
     for k in range(log[0]):
         v = log[1 + 2 * k]
@@ -333,15 +336,17 @@ def move_score(x, mu, sd, w, b, w1, b1, w2):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                    guided_share, crit, ncrit, critical_share, log, best_log, stamp, tag, old_dev, load, on_crit,
-                    comp, out_bytes, lat, bw, cur_ms, scorer, feats):  # pragma: no cover - compiled  # fmt: skip
+                    guided_share, crit, ncrit, critical_share, log, best_log, stamp, tag, old_dev, load, new_load,
+                    on_crit, comp, out_bytes, lat, bw, cur_ms, scorer, feats):  # pragma: no cover - compiled  # fmt: skip
     """Into ``row``: the best-scored (:func:`move_score`) of ``pool`` moves of ``cur``, each drawn as the
     annealer draws one (a critical-chain move with probability ``critical_share``). The moves are
-    applied to ``cur`` and undone (``cur`` is unchanged after). Returns the next free ``tag``."""
+    applied to ``cur`` and undone (``cur`` is unchanged after); the first is kept unless a later one
+    scores higher (so a score of NaN still gives a move). Returns the next free ``tag`` (every ``stamp``
+    below it; see :func:`move_features`)."""
     mu, sd, w, b, w1, b1, w2 = scorer
     best_s = -np.inf
     best_log[0] = 0
-    for _ in range(pool):
+    for k in range(pool):
         log[0] = 0
         is_crit = critical_share > 0.0 and rng.random() < critical_share
         if is_crit:
@@ -349,21 +354,21 @@ def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_
         else:
             apply_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
                        guided_share, log)  # fmt: skip
-        move_features(cur, log, stamp, tag, old_dev, load, on_crit, is_crit, comp, out_bytes, lat, bw, pred_ptr,
-                      pred_idx, succ_ptr, succ_idx, cur_ms, feats)  # fmt: skip
+        move_features(cur, log, stamp, tag, old_dev, load, new_load, on_crit, is_crit, comp, out_bytes, lat, bw,
+                      pred_ptr, pred_idx, succ_ptr, succ_idx, cur_ms, feats)  # fmt: skip
         tag += 2
         s = move_score(feats, mu, sd, w, b, w1, b1, w2)
-        if s > best_s:  # keep the move as (op, new device) pairs
+        if k == 0 or s > best_s:  # keep the move as (op, new device) pairs
             best_s = s
             best_log[0] = log[0]
-            for k in range(log[0]):
-                best_log[1 + 2 * k] = log[1 + 2 * k]
-                best_log[2 + 2 * k] = cur[log[1 + 2 * k]]
-        for k in range(log[0] - 1, -1, -1):  # undo, last write first
-            cur[log[1 + 2 * k]] = log[2 + 2 * k]
+            for j in range(log[0]):
+                best_log[1 + 2 * j] = log[1 + 2 * j]
+                best_log[2 + 2 * j] = cur[log[1 + 2 * j]]
+        for j in range(log[0] - 1, -1, -1):  # undo, last write first
+            cur[log[1 + 2 * j]] = log[2 + 2 * j]
     row[:] = cur
-    for k in range(best_log[0]):
-        row[best_log[1 + 2 * k]] = best_log[2 + 2 * k]
+    for j in range(best_log[0]):
+        row[best_log[1 + 2 * j]] = best_log[2 + 2 * j]
     return tag
 
 
@@ -391,13 +396,13 @@ def anneal_batches(
     ready, start, end = np.empty(n), np.empty(n), np.empty(n)
     tsrc, tdst, tstart, tend = np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E)
     no_log = np.empty(0, np.int64)
-    nlog = 2 * (n + E) + 1  # a move writes each op once, but an op and its neighbours: once per edge
+    nlog = 2 * (n + E) + 1  # room for n + E writes: every move writes distinct ops today (at most n)
     log, best_log = np.empty(nlog, np.int64), np.empty(nlog, np.int64)
     stamp, old_dev = np.zeros(n, np.int64), np.empty(n, np.int64)
-    load, on_crit = np.zeros(nd), np.zeros(n, np.bool_)
+    load, new_load, on_crit = np.zeros(nd), np.zeros(nd), np.zeros(n, np.bool_)
     feats = np.empty(NUM_MOVE_FEATURES)
     tag = 1
-    load_of = -1  # the accepted-move count that ``load`` was computed at
+    load_of = -1  # accepted moves plus restarts (the only writes to ``cur``) when ``load`` was computed
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return
@@ -427,7 +432,7 @@ def anneal_batches(
             if pool > 1:
                 tag = scored_proposal(cur, batch[i], pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr,
                                       grp_ops, pref_cdf, guided_share, crit, counts[NCRIT], critical_share, log,
-                                      best_log, stamp, tag, old_dev, load, on_crit, comp, out_bytes, lat, bw,
+                                      best_log, stamp, tag, old_dev, load, new_load, on_crit, comp, out_bytes, lat, bw,
                                       max(values[CUR_MS], 1e-300), scorer, feats)  # fmt: skip
                 continue
             batch[i] = cur

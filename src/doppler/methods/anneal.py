@@ -145,10 +145,12 @@ class _Moves:
         apply_move(a, self.rng, *self.args(), np.empty(0, np.int64))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MoveScorer:
     """A score of a proposed move from its features (``_anneal_kernels.move_features``):
-    ``b + w.z + w2.relu(w1 z + b1)``, ``z = (x - mu) / sd``. Higher: more likely to lower the makespan."""
+    ``b + w.z + w2.relu(w1 z + b1)``, ``z = (x - mu) / sd``. Higher: more likely to lower the makespan.
+    ``mu``, ``sd``, ``w``: one value per feature; ``w1[hidden, features]``, ``b1``, ``w2``: per hidden unit
+    (none: a linear score); all finite, ``sd`` > 0."""
 
     mu: np.ndarray
     sd: np.ndarray
@@ -167,7 +169,24 @@ class MoveScorer:
         w[1] = w[2] = -1.0
         return cls(np.zeros(F), np.ones(F), w, 0.0, np.zeros((0, F)), np.zeros(0), np.zeros(0))
 
+    def __post_init__(self) -> None:
+        from doppler.methods._anneal_kernels import NUM_MOVE_FEATURES as F
+
+        if np.ndim(self.b1) != 1:
+            raise MethodError(f"MoveScorer.b1 must have one value per hidden unit, got shape {np.shape(self.b1)}")
+        h = len(self.b1)
+        shapes = {"mu": (F,), "sd": (F,), "w": (F,), "b": (), "w1": (h, F), "b1": (h,), "w2": (h,)}
+        for name, shape in shapes.items():
+            x = np.asarray(getattr(self, name), dtype=np.float64)
+            if x.shape != shape:
+                raise MethodError(f"MoveScorer.{name} must have shape {shape} ({F} move features), got {x.shape}")
+            if not np.isfinite(x).all():
+                raise MethodError(f"MoveScorer.{name} must be finite")
+        if (np.asarray(self.sd) <= 0).any():
+            raise MethodError("MoveScorer.sd must be > 0")
+
     def args(self) -> tuple:
+        """The kernel's arguments (``_anneal_kernels.move_score``), as float64 arrays."""
         f = lambda x: np.ascontiguousarray(x, dtype=np.float64)  # noqa: E731
         return (f(self.mu), f(self.sd), f(self.w), float(self.b), f(self.w1), f(self.b1), f(self.w2))
 
@@ -229,7 +248,7 @@ def anneal_search(
         raise MethodError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:
         raise MethodError(f"pool must be an integer >= 1, got {pool!r}")
-    scorer_args = (scorer or MoveScorer.time_added()).args()
+    scorer_args = (scorer if scorer is not None else MoveScorer.time_added()).args()
     threads = search_threads(threads, batch_size)
     critical_share = CRITICAL_SHARE if critical_share is None else float(critical_share)
     if not 0.0 <= critical_share <= 1.0:
@@ -288,6 +307,7 @@ def anneal_search(
             "cycle_evals": cycle_evals,
             "threads": threads,
             "critical_share": critical_share,
+            "pool": int(pool),
             "search_time_s": time.perf_counter() - t0,
         },
     )
