@@ -523,8 +523,7 @@ class Trainer:
         if task.best_assignment is None:
             return
         found = anneal_search(task.graph, task.cluster, seed=seed, max_evals=self.cfg.search_evals,
-                              start=task.best_assignment, threads=1,  # one core: torch's threads hold the rest
-                              pool=1).devices  # as measured for training (pools: measured for search alone)
+                              start=task.best_assignment, threads=1).devices  # one core: torch's threads hold the rest
         self._adopt_best(task, found[None, :], np.asarray(task.oracle.evaluate(found[None, :]), dtype=np.float64))
 
     def real_update(self) -> dict[str, float]:
