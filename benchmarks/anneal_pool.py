@@ -15,21 +15,15 @@ for the pairs of 300 ops or more. Run it on a quiet machine: the budget is wall 
 from __future__ import annotations
 
 import argparse
-import math
 
 import numpy as np
+from generalization import CHEAP, geomean  # same folder
 
 from doppler.corpus import held_out_split, validation_split
 from doppler.io_util import write_json
 from doppler.methods import assign
 from doppler.methods.anneal import anneal_search
 from doppler.simulate import SimContext
-
-CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
-
-
-def geomean(xs) -> float:
-    return float(np.exp(np.mean(np.log(xs)))) if len(xs) else math.nan
 
 
 def main() -> None:

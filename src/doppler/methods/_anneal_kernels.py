@@ -234,6 +234,19 @@ def critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_id
         _put(a, x, _other_device(rng, nd, a[x]), log)
 
 
+@numba.njit(cache=True)
+def draw_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, crit,
+              ncrit, critical_share, log):  # pragma: no cover - compiled  # fmt: skip
+    """One of the annealer's moves on ``a``, in place: a :func:`critical_move` with probability
+    ``critical_share``, else an :func:`apply_move`; returns whether it was a critical one."""
+    is_crit = critical_share > 0.0 and rng.random() < critical_share
+    if is_crit:
+        critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
+    else:
+        apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, log)
+    return is_crit
+
+
 #: the features of a proposed move that :func:`move_score` reads (:func:`move_features`)
 NUM_MOVE_FEATURES = 10
 
@@ -348,12 +361,8 @@ def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_
     best_log[0] = 0
     for k in range(pool):
         log[0] = 0
-        is_crit = critical_share > 0.0 and rng.random() < critical_share
-        if is_crit:
-            critical_move(cur, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
-        else:
-            apply_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                       guided_share, log)  # fmt: skip
+        is_crit = draw_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
+                            guided_share, crit, ncrit, critical_share, log)  # fmt: skip
         move_features(cur, log, stamp, tag, old_dev, load, new_load, on_crit, is_crit, comp, out_bytes, lat, bw,
                       pred_ptr, pred_idx, succ_ptr, succ_idx, cur_ms, feats)  # fmt: skip
         tag += 2
@@ -370,6 +379,14 @@ def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_
     for j in range(best_log[0]):
         row[best_log[1 + 2 * j]] = best_log[2 + 2 * j]
     return tag
+
+
+@numba.njit(cache=True, inline="always")
+def _mark_chain(crit, ncrit, on_crit):  # pragma: no cover - compiled
+    """``on_crit[v]``: whether op ``v`` is on the chain ``crit[:ncrit]``."""
+    on_crit[:] = False
+    for k in range(ncrit):
+        on_crit[crit[k]] = True
 
 
 @numba.njit(cache=True, parallel=PRANGE_ONLY)
@@ -400,6 +417,7 @@ def anneal_batches(
     log, best_log = np.empty(nlog, np.int64), np.empty(nlog, np.int64)
     stamp, old_dev = np.zeros(n, np.int64), np.empty(n, np.int64)
     load, new_load, on_crit = np.zeros(nd), np.zeros(nd), np.zeros(n, np.bool_)
+    _mark_chain(crit, counts[NCRIT], on_crit)  # the chain of ``cur`` found in an earlier call
     feats = np.empty(NUM_MOVE_FEATURES)
     tag = 1
     load_of = -1  # accepted moves plus restarts (the only writes to ``cur``) when ``load`` was computed
@@ -417,6 +435,7 @@ def anneal_batches(
                                            lat, bw, streams, cur, op_f, edge_f, False, False, copies_in, None, ready,
                                            start, end, tsrc, tdst, tstart, tend, np.inf)  # fmt: skip
             counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
+            _mark_chain(crit, counts[NCRIT], on_crit)
             counts[SINCE] = 0
             counts[STALE] = 0
         if pool > 1:
@@ -425,9 +444,6 @@ def anneal_batches(
                 for v in range(n):
                     load[cur[v]] += comp[v, cur[v]]
                 load_of = counts[ACCEPTED] + counts[RESTARTS]
-            on_crit[:] = False
-            for k in range(counts[NCRIT]):
-                on_crit[crit[k]] = True
         for i in range(b):
             if pool > 1:
                 tag = scored_proposal(cur, batch[i], pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr,
@@ -436,11 +452,8 @@ def anneal_batches(
                                       max(values[CUR_MS], 1e-300), scorer, feats)  # fmt: skip
                 continue
             batch[i] = cur
-            if critical_share > 0.0 and rng.random() < critical_share:
-                critical_move(batch[i], crit, counts[NCRIT], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, no_log)
-            else:
-                apply_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                           guided_share, no_log)  # fmt: skip
+            draw_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
+                      guided_share, crit, counts[NCRIT], critical_share, no_log)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b
