@@ -2,7 +2,8 @@
 
     python benchmarks/generalization.py [--checkpoint CKPT] [--quick] [--seeds 3] [--budget-s 5]
         [--anneal-long-s 60] [--finetune-rows 1] [--finetune-episodes 500] [--no-device-identity]
-        [--distill-on-policy W] [--out F.json]
+        [--distill-on-policy W] [--out F.json] [--chart F.png]
+    python benchmarks/generalization.py --chart F.png --chart-from F.json   # redraw a saved run's chart
 
 One row per held-out (graph, cluster) of :func:`doppler.corpus.held_out_split`. Makespans are
 simulated and divided by the row's best cheap method (the best of critical_path, heft,
@@ -23,7 +24,7 @@ llama_layer / p100x4, applied to v100x8 zero-shot and after ``--transfer-episode
 there (the p100x4 stage's state per device is left out on v100x8, and a new one starts at zero), with the
 share of transferred bytes that stay on NVLink-connected GPU pairs; and the
 fine-tuning curve of llama_layer / p100x4 from the pretrained policy next to a from-scratch run
-(``--curve PNG``).
+(``--curve PNG``). ``--chart PNG`` draws the table's main columns as bars per row.
 
 Bars (issue): zero-shot greedy never worse than critical_path; geomean vs best cheap <= 0.95
 and strictly better on >= 80% of rows; geomean vs anneal 60 s <= 1.10; --budget-s 5 geomean vs
@@ -103,6 +104,18 @@ def nvlink_byte_share(graph, devices: np.ndarray) -> float:
     return on_nv / total if total else float("nan")
 
 
+#: the table's columns in the ``--chart`` bars (row key -> legend label)
+CHART_COLUMNS = {"heft": "heft", "greedy": "DOPPLER zero-shot greedy", "anneal_short": "anneal {b:g} s",
+                 "unguided": "DOPPLER --budget-s {b:g}", "anneal_long": "anneal {l:g} s"}  # fmt: skip
+
+
+def chart(rows: list[dict], path: str, budget_s: float, anneal_long_s: float) -> None:
+    from doppler.report import held_out_chart
+
+    labels = {k: v.format(b=budget_s, l=anneal_long_s) for k, v in CHART_COLUMNS.items()}
+    held_out_chart(rows, labels, path, title="held-out pairs: makespan over the best cheap method")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="policy to test (default: the shipped pretrained one)")
@@ -121,10 +134,22 @@ def main() -> None:
                     "run (doppler train --distill-on-policy; default: 1 with device identity, else 0)")
     ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
     ap.add_argument("--out", default=None, help="write every number as JSON")
+    ap.add_argument("--chart", default=None, help="PNG of the table's main columns, bars per row")
+    ap.add_argument("--chart-from", default=None, help="draw --chart from this --out JSON of an earlier run and stop")
     ap.add_argument("--baselines-only", action="store_true", help="fill the --baselines cache and stop")
     ap.add_argument("--baselines", default=None, help="JSON cache of the policy-free columns (cheap methods, "
                     "anneal): read if it exists and matches the settings, else computed and written")
     args = ap.parse_args()
+    if args.chart_from:
+        if not args.chart:
+            ap.error("--chart-from needs --chart PNG")
+        try:
+            saved = json.loads(Path(args.chart_from).read_text())
+            rows, budget_s, long_s = saved["rows"], saved["args"]["budget_s"], saved["args"]["anneal_long_s"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--chart-from {args.chart_from}: not a JSON file of --out ({type(e).__name__}: {e})")
+        chart(rows, args.chart, budget_s, long_s)
+        return
     if args.quick:
         args.seeds, args.budget_s, args.anneal_long_s, args.finetune_episodes = 1, 1.0, 3.0, 32
         args.transfer_episodes = 32
@@ -229,6 +254,8 @@ def main() -> None:
         "max_greedy_time_s_up_to_1000_ops": max((r["greedy_time_s"] for r in small), default=float("nan")),
         "rows": len(rows),
     }
+    if args.chart:
+        chart(rows, args.chart, args.budget_s, args.anneal_long_s)
     print()
     for k, v in summary.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")

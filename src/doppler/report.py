@@ -504,3 +504,44 @@ def fine_tuning_curve(
     ax.legend(frameon=False)
     fig.tight_layout()
     save_figure(fig, path, 110)
+
+
+def held_out_chart(
+    rows: list[dict[str, Any]], columns: dict[str, str], path: str | Path, *, title: str = "held-out pairs",
+) -> None:  # fmt: skip
+    """One group of horizontal bars per row (a (graph, cluster) pair), one bar per column: each value is
+    a makespan over the row's best cheap method, so the line at 1 is that method and shorter is better.
+    ``columns`` maps a row's key to its legend label; a value may be a number or ``[mean, spread]``
+    (drawn with the spread as an error bar); a missing value leaves its bar out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(columns)
+    height = 0.8 / max(len(keys), 1)
+    fig, ax = plt.subplots(figsize=(7.5, 0.14 * len(keys) * len(rows) + 1.6))
+    for j, key in enumerate(keys):
+        ys, xs, errs = [], [], []
+        for i, row in enumerate(rows):
+            v = row.get(key)
+            if v is None:
+                continue
+            mean, spread = (float(v[0]), float(v[1])) if isinstance(v, (list, tuple)) else (float(v), 0.0)
+            ys.append(i + (j - (len(keys) - 1) / 2) * height)
+            xs.append(mean)
+            errs.append(spread / 2)
+        ax.barh(ys, xs, height=height, xerr=errs if any(errs) else None, label=columns[key],
+                color=f"C{j}", error_kw={"lw": 0.8})  # fmt: skip
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([str(r["name"]) for r in rows])
+    ax.invert_yaxis()
+    lo = min((float(v[0] if isinstance(v, (list, tuple)) else v) for r in rows for k in keys
+              if (v := r.get(k)) is not None), default=1.0)  # fmt: skip
+    ax.set_xlim(max(0.0, lo - 0.05), None)
+    ax.set_xlabel("makespan / best cheap method (lower is better)")
+    ax.set_title(title, pad=15 * (1 + (len(keys) - 1) // 3) + 10)
+    ax.legend(frameon=False, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(keys), 3))
+    fig.tight_layout()
+    save_figure(fig, path, 110)
