@@ -395,15 +395,19 @@ def test_expert_iteration_searches_from_the_incumbent_and_the_policy_imitates_it
 
 def test_the_lookahead_teacher_labels_sampled_states_and_imitation_follows_it():
     g = workloads.build("random", num_ops=30, seed=2)
-    cfg = TrainConfig(stages=("il",), teacher="lookahead", lookahead_steps=5, il_episodes=8 * 60, il_batch=8, **SMALL)
-    tr = Trainer.create([g], cluster("p100x4"), cfg)
-    task = tr.tasks[0]
-    assert task.teacher_devices is None  # a state teacher: DAgger on the policy's own episodes
-    enc = tr.policy.encode(task.features)
-    ro = rollout(task.features, enc, batch=3, mode="sample", rng=np.random.default_rng(0))
-    mask = lookahead_mask(task, ro, 5, np.random.default_rng(1))
-    assert (mask.any(-1).sum(axis=1) == 5).all()  # five labelled steps per episode, at least one device each
-    agree = [tr.imitation_update()["agree_plc"] for _ in range(60)]
-    assert tr.il_episode == 8 * 60 and np.isfinite(tr.imitation_update()["loss_il"])
-    # 60 updates on one graph: the PLC head learns the teacher's choices (means of 10 updates, not one)
-    assert np.mean(agree[-10:]) > np.mean(agree[:10]) + 0.05
+    gains = []
+    for seed in range(3):  # one seed's gain: 0.025 at the least over seeds 0-39 (two float set-ups)
+        cfg = TrainConfig(stages=("il",), teacher="lookahead", lookahead_steps=5, il_episodes=8 * 60, il_batch=8,
+                          seed=seed, **SMALL)  # fmt: skip
+        tr = Trainer.create([g], cluster("p100x4"), cfg)
+        task = tr.tasks[0]
+        assert task.teacher_devices is None  # a state teacher: DAgger on the policy's own episodes
+        enc = tr.policy.encode(task.features)
+        ro = rollout(task.features, enc, batch=3, mode="sample", rng=np.random.default_rng(0))
+        mask = lookahead_mask(task, ro, 5, np.random.default_rng(1))
+        assert (mask.any(-1).sum(axis=1) == 5).all()  # five labelled steps per episode, at least one device each
+        agree = [tr.imitation_update()["agree_plc"] for _ in range(60)]
+        assert tr.il_episode == 8 * 60 and np.isfinite(tr.imitation_update()["loss_il"])
+        gains.append(np.mean(agree[-10:]) - np.mean(agree[:10]))  # means of 10 updates, not one
+    # 60 updates on one graph: the PLC head learns the teacher's choices, on the mean of 3 seeds
+    assert np.mean(gains) > 0.05, gains
