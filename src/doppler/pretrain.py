@@ -9,7 +9,7 @@ update:
    rule on the states the policy visits (DAgger), which gives the floor "as good as its
    teacher". The default list schedule is HEFT's (``list_schedule="heft"``: ops fill idle gaps,
    earliest finish); with CRITICAL PATH's (append, earliest start) the shipped policy was 1.205x
-   the best cheap method on the validation split, with HEFT's 1.09-1.16x (docs/generalization.md).
+   the best cheap method on the validation split, with HEFT's 1.09-1.16x (docs/generalization_log.md).
 2. Stage II (after, only if ``il_episodes`` is set below the budget): the incumbent of the pair is the best of the cheap methods
    (``critical_path``, ``heft``, ``metis``, ``enumerative``, ``round_robin_block``),
    improved by ``search_evals`` evaluations of simulated annealing (expert iteration); then
@@ -22,7 +22,7 @@ update:
    the ties of HEFT's rule), with neither search nor self-imitation. Free, policy gradient on the
    corpus was flat; restricted to the ties, two seeds of five ended about 1% better on the shifted
    validation split, the others level; the shipped policy is the best of them
-   (docs/generalization.md).
+   (docs/generalization_log.md).
 
 The policy reads only position-free op features (``op_features="structural"``): measured on
 the held-out split, see ``benchmarks/generalization.py``. Stage II's learning rate decays
@@ -54,7 +54,7 @@ def pretrain_config(**overrides: Any) -> TrainConfig:
     """The training hyper-parameters of pretraining (a :class:`TrainConfig`; overrides by name).
 
     Stage I runs for the whole budget: Stage II on the corpus (``il_episodes`` below the
-    budget's) is kept but measured harmful to zero-shot quality so far (docs/generalization.md)."""
+    budget's) is kept but measured harmful to zero-shot quality so far (docs/generalization_log.md)."""
     base = dict(
         stages=("il", "sim"), il_episodes=10**9, list_schedule="heft", episodes=10**9, batch=16, il_batch=8, lr=2e-4, lr_final=2e-5,
         il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5, search_every=0,

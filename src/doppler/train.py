@@ -53,7 +53,7 @@ IDENTITY_METHODS = ("doppler", "doppler_plc")  # whose device head is learned: d
 TEACHER_BUDGET_S = 10.0  # budget of an anneal or heft_lookahead teacher
 #: evaluations of each local search when fine-tuning a pretrained policy (``doppler train --init``), where
 #: the fine-tuned decode is what these searches find: on llama_layer/p100x4, 500 episodes ended within 2%
-#: of a 60 s anneal on 5 seeds of 5 with it, on 2 of 5 with the default 20,000 (docs/generalization.md)
+#: of a 60 s anneal on 5 seeds of 5 with it, on 2 of 5 with the default 20,000 (docs/generalization_log.md)
 INIT_SEARCH_EVALS = 100_000
 
 
@@ -136,7 +136,7 @@ class TrainConfig:
         without identity the head cannot keep them apart from their renamed copies, so the labels fight
         the replay. On the paper graphs (p100x4) without identity the term made distillation take
         1.5-7x the updates, or not match in 1,000; with identity it matched in fewer updates, and at
-        973 ops it took the decode from 1.25x to 1.01x its best (docs/generalization.md)."""
+        973 ops it took the decode from 1.25x to 1.01x its best (docs/generalization_log.md)."""
         if self.distill_on_policy is not None:
             return float(self.distill_on_policy)
         return 1.0 if self.learns_device_identity else 0.0
@@ -147,7 +147,7 @@ class TrainConfig:
         device head is learned). With it, every one of 7 demo trainings on p100x4 distilled its best
         assignment into the greedy decode, where without it one of three llama_layer seeds did not
         (5% worse), and fine-tuning on v100x8 decoded at 1.00-1.03x a minute of annealing instead of
-        1.27-1.30x (docs/generalization.md)."""
+        1.27-1.30x (docs/generalization_log.md)."""
         if self.device_identity is not None:
             return bool(self.device_identity)
         return self.method in IDENTITY_METHODS

@@ -27,7 +27,7 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
     makespans over the 7 held-out rows that any search improves (4% on random-3k)
     and 1.6% on llama_block and llama_layer on p100x4 with 10x slower links; on
     p100x4 itself a share of 0.5 was 0.7% worse and 0.25 the same as none, hence
-    0.25 (docs/generalization.md).
+    0.25 (docs/generalization_log.md).
 * *Pools*: each proposal is the best of ``POOL`` (4) moves drawn as above, by a score computed
   without simulating (:class:`MoveScorer`; by default the compute time plus the transfer time
   (latency + bytes / bandwidth on each edge of the moved ops) that the move adds, less is better).
@@ -36,7 +36,7 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   on the 10 held-out rows (3 seeds): 0.9271x -> 0.9207x, better on 8, worse on none.
   Logistic scores of ten features of the move, trained on 51,200 simulated moves of training pairs,
   ranked moves better (AUC 0.86-0.87 against 0.73) but searched worse (0.8172x, 0.8174x), so the
-  default is the unlearned one (docs/generalization.md, "Pools of moves").
+  default is the unlearned one (docs/generalization_log.md, "Pools of moves").
 * The best proposal of the batch is accepted if it is no worse, otherwise with
   probability ``exp(-relative_increase / T)``. ``T`` cools geometrically from
   ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations
@@ -98,7 +98,7 @@ WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block
 #: devices or 840 on 2, 0.3-0.4 s on one core at the limit (0.15-0.35 s on two). A size rule, not a clock, so a seed and an
 #: evaluation count still fix the search. Measured with 5 s searches: 0.838x
 #: -> 0.809x the best cheap method on the 40 validation pairs, no change on the held-out rows
-#: (docs/generalization.md, "As a start for annealing")
+#: (docs/generalization_log.md, "As a start for annealing")
 ROLLOUT_START_MAX_WORK = 7e5
 
 DEFAULT_BUDGET_S = 10.0
@@ -110,7 +110,7 @@ CRITICAL_REFRESH = 4
 #: moves drawn per proposal, of which the one that adds the least compute and transfer time is
 #: simulated (:meth:`MoveScorer.time_added`). Measured with 2 s searches on the 40 validation pairs (2
 #: seeds): 0.8175x -> 0.8107x the best cheap method (3.5% better on the 13 pairs of 300 ops or more);
-#: learned scores of the same features searched worse (0.8172x, 0.8174x); docs/generalization.md
+#: learned scores of the same features searched worse (0.8172x, 0.8174x); docs/generalization_log.md
 POOL = 4
 
 

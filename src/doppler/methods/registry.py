@@ -31,7 +31,7 @@ MethodFn = Callable[..., "Assignment | np.ndarray"]
 
 #: a process that has not started numba (:mod:`doppler._jit`) runs one assignment of a graph of up to this
 #: many ops as Python, by a method that allows it (``register(..., as_python=...)``): numba's import and
-#: start-up take about 1.2 s on 2 cores. Measured in fresh processes (docs/generalization.md): every
+#: start-up take about 1.2 s on 2 cores. Measured in fresh processes (docs/generalization_log.md): every
 #: cheap method as Python took 0.6-1.3 s in all at 1,360-3,000 ops against 1.7-2.4 s compiled
 PYTHON_ASSIGN_MAX_OPS = 3000
 

@@ -40,7 +40,7 @@ SEARCH_SAMPLE_SHARE = 0.1
 #: zero-shot (a graph or cluster the policy was not trained on), the learned device head only breaks
 #: the ties of its list schedule's rule (the shipped policy: HEFT's earliest finish). Chosen on the
 #: shifted validation split, the one for choices that should transfer (greedy / best cheap 1.113
-#: against 1.124 free); see docs/generalization.md. On its own graph and cluster the head chooses freely
+#: against 1.124 free); see docs/generalization_log.md. On its own graph and cluster the head chooses freely
 ZERO_SHOT_PLC_TIES_ONLY = True
 
 
