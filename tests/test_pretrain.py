@@ -16,7 +16,7 @@ from doppler.hardware import Cluster
 from doppler.methods import assign
 from doppler.cli import app
 from doppler.io_util import write_json
-from doppler.pretrain import Pretrainer, pretrain_config
+from doppler.pretrain import Pretrainer, pretrain_config, thin_history
 from doppler.policy.checkpoint import read_checkpoint
 from doppler.train import TrainError
 
@@ -405,3 +405,23 @@ def test_pairs_per_update_cli(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "RL", "--resume", "--pairs-per-update", "3"), "--pairs-per-update",
                  "--resume")  # fmt: skip
     assert not (tmp_path / "x").exists() and (tmp_path / "RL" / "checkpoint.pt").read_bytes() == before
+
+
+def test_the_history_a_checkpoint_carries_stays_bounded_and_spans_the_run(tmp_path, monkeypatch):
+    history: list[dict[str, float]] = []
+    for k in range(1000):
+        history = thin_history(history + [{"update": float(k)}], rows=8)
+        assert len(history) <= 16 and history[-1]["update"] == k  # bounded, and the latest is kept
+    updates = [h["update"] for h in history]
+    assert updates == sorted(set(updates)) and updates[0] < 1000 / 8  # increasing, from early in the run on
+    assert thin_history(history[:5], rows=8) == history[:5]  # below the bound: untouched
+    even = [{"update": float(k)} for k in range(18)]
+    assert thin_history(even, rows=8)[-1]["update"] == 17 and len(thin_history(even, rows=8)) == 9
+
+    import doppler.pretrain as pretrain
+
+    monkeypatch.setattr(pretrain, "HISTORY_ROWS", 2)
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=1.5)
+    pt.run(tmp_path)
+    hist = json.loads(read_checkpoint(tmp_path)["history"])
+    assert pt.updates > 4 and len(hist) <= 4 and hist[-1]["update"] == pt.updates

@@ -177,6 +177,7 @@ class Pretrainer:
                 self.elapsed_s, save_now = self.sync.agree(self.elapsed_s, save_now)
             row = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             self.history.append(row)
+            self.history = thin_history(self.history)
             if self.trainer.writer is not None:
                 for k, v in row.items():
                     if k not in ("update",):
@@ -249,6 +250,21 @@ class Pretrainer:
         pt.init = meta.get("init")
         pt.saved_workers = int(meta.get("workers", 1))
         return pt
+
+
+#: rows of per-update statistics a pretraining checkpoint carries (TensorBoard keeps every update): past twice
+#: this many, every other row is dropped. Without it a run's checkpoint grows with the run (1.5 h on 2
+#: workers: 19,070 rows, 8.3 MB of a 12.5 MB checkpoint)
+HISTORY_ROWS = 4096
+
+
+def thin_history(history: list[dict[str, float]], rows: int | None = None) -> list[dict[str, float]]:
+    """``history`` as is, or, past ``2 * rows`` rows (default :data:`HISTORY_ROWS`), every other row ending
+    with the latest: a record spread over the whole run at an interval that doubles each time (each row
+    names its ``update``)."""
+    if len(history) <= 2 * (HISTORY_ROWS if rows is None else rows):
+        return history
+    return history[(len(history) - 1) % 2 :: 2]
 
 
 def _streams(seed: int, rank: int) -> tuple[np.random.Generator, np.random.Generator | None]:
