@@ -420,8 +420,8 @@ def test_the_history_a_checkpoint_carries_stays_bounded_and_spans_the_run(tmp_pa
 
     import doppler.pretrain as pretrain
 
-    monkeypatch.setattr(pretrain, "HISTORY_ROWS", 2)
-    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=1.5)
+    monkeypatch.setattr(pretrain, "HISTORY_ROWS", 1)
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=3.0)  # a few updates on any machine (14 in 1.5 s here)
     pt.run(tmp_path)
     hist = json.loads(read_checkpoint(tmp_path)["history"])
-    assert pt.updates > 4 and len(hist) <= 4 and hist[-1]["update"] == pt.updates
+    assert pt.updates > 2 and len(hist) <= 2 and hist[-1]["update"] == pt.updates

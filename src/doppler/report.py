@@ -521,6 +521,7 @@ def held_out_chart(
     keys = list(columns)
     height = 0.8 / max(len(keys), 1)
     fig, ax = plt.subplots(figsize=(7.5, 0.14 * len(keys) * len(rows) + 1.6))
+    lo = np.inf  # the shortest bar: the x axis starts just below it
     for j, key in enumerate(keys):
         ys, xs, errs = [], [], []
         for i, row in enumerate(rows):
@@ -531,15 +532,14 @@ def held_out_chart(
             ys.append(i + (j - (len(keys) - 1) / 2) * height)
             xs.append(mean)
             errs.append(spread / 2)
+            lo = min(lo, mean)
         ax.barh(ys, xs, height=height, xerr=errs if any(errs) else None, label=columns[key],
                 color=f"C{j}", error_kw={"lw": 0.8})  # fmt: skip
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([str(r["name"]) for r in rows])
     ax.invert_yaxis()
-    lo = min((float(v[0] if isinstance(v, (list, tuple)) else v) for r in rows for k in keys
-              if (v := r.get(k)) is not None), default=1.0)  # fmt: skip
-    ax.set_xlim(max(0.0, lo - 0.05), None)
+    ax.set_xlim(max(0.0, (lo if np.isfinite(lo) else 1.0) - 0.05), None)
     ax.set_xlabel("makespan / best cheap method (lower is better)")
     ax.set_title(title, pad=15 * (1 + (len(keys) - 1) // 3) + 10)
     ax.legend(frameon=False, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(len(keys), 3))

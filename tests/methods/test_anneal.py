@@ -407,8 +407,10 @@ def test_a_scored_pool_keeps_the_search_reproducible(setup, pool, by_load):
     from doppler.methods.anneal import MoveScorer, anneal_search
 
     _, c = setup
-    g = workloads.build("random", num_ops=80, seed=1)  # it moves often (the loads change within a call), and
-    scorer = None  # every seed of 0-9 improves on its start in 1,500 evaluations with pools of 2 and 4
+    # a graph where the search moves often (the loads change within a call), and every seed of 0-9
+    # improves on its start in 1,500 evaluations with pools of 2 and 4
+    g = workloads.build("random", num_ops=80, seed=1)
+    scorer = None
     if by_load:
         w = MoveScorer.time_added().w.copy()
         w[7], w[8] = -10.0, -10.0  # and the most loaded device's added load, the new devices' loads
