@@ -3,6 +3,8 @@ streams, one policy across workers, resume, and a worker that dies."""
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import json
 import os
 import signal
@@ -105,6 +107,21 @@ def test_a_worker_that_fails_stops_the_run_with_one_error(tmp_path):
     broken = Recipe("resume", 3600, path=str(tmp_path / "missing"))  # worker 1 cannot build its Pretrainer
     with pytest.raises(TrainError, match="worker 1: CheckpointError: .*missing"):
         run_workers(pt, broken, 2, tmp_path / "PT", timeout_s=60)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FailsThenExitsSlowly(Recipe):
+    """A worker whose build fails and whose process then takes 5 s to exit (as on a loaded machine)."""
+
+    def build(self, rank: int) -> Pretrainer:
+        atexit.register(time.sleep, 5.0)
+        raise TrainError("no pretrainer for this worker")
+
+
+def test_a_failing_worker_is_named_with_its_reason_however_slowly_it_exits(tmp_path):
+    pt = Pretrainer.create(pretrain_config(**TINY), 3600)
+    with pytest.raises(TrainError, match="worker 1: TrainError: no pretrainer for this worker"):
+        run_workers(pt, _FailsThenExitsSlowly("create", 3600), 2, tmp_path / "PT", timeout_s=60)
 
 
 def _exit_at_once() -> None:

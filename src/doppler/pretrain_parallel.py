@@ -151,25 +151,36 @@ def _attach(pt: Pretrainer, sync: GradSync) -> None:
 
 def _worker(recipe: Recipe, rank: int, world: int, store_path: str, timeout_s: float, errors: Any) -> None:
     """Entry point of workers 1..N-1 (a spawned process). If it fails, its reason goes to worker 0 (the
-    ``errors`` queue), which reports it in its one line, and it exits with code 2; Ctrl-C ends it quietly."""
+    ``errors`` queue) before its sockets close, so worker 0, which notices the closed socket, finds the
+    reason there however long this process takes to exit; it exits with code 2; Ctrl-C ends it quietly."""
+    sync = None
     try:
         sync = _join(rank, world, store_path, timeout_s)
-        try:
-            pt = recipe.build(rank)
-            _attach(pt, sync)
-            pt.run(None)
-            sync.same_weights(list(pt.trainer.policy.parameters()))
-        finally:
-            dist.destroy_process_group()
+        pt = recipe.build(rank)
+        _attach(pt, sync)
+        pt.run(None)
+        sync.same_weights(list(pt.trainer.policy.parameters()))
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - any failure: worker 0 names it and stops the run
-        errors.put((rank, f"worker {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]))
+        errors.put((rank, f"worker {rank}: {type(e).__name__}: {_first_line(str(e))}"[:300]))
+        errors.close()
+        errors.join_thread()  # the reason is in the pipe before the group (below) closes the sockets
         sys.exit(2)
+    finally:
+        if sync is not None:
+            dist.destroy_process_group()
 
 
-def _reason(errors: Any, dead: list, fallback: str) -> str:
-    """The reason a failed worker of ``dead`` gave (the first in rank order), else ``fallback``."""
+def _first_line(message: str) -> str:
+    """The first line of a message, without the ``[source/path.cc:123]`` gloo puts in front."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", message.splitlines()[0] if message else "")
+
+
+def _reason(errors: Any, procs: list, message: str, grace_s: float = 2.0) -> str:
+    """Why the run failed: the reason a worker gave (the first in rank order; a failing worker queues it
+    before its sockets close), else the workers of ``procs`` that exited with an error (waiting up to
+    ``grace_s`` for one to show) with ``message``, worker 0's error; "" if neither."""
     reasons = {}
     while True:
         try:
@@ -177,10 +188,10 @@ def _reason(errors: Any, dead: list, fallback: str) -> str:
         except queue.Empty:
             break
         reasons[rank] = line
-    ranks = [int(p.name.split()[-1]) for p in dead]
-    first = next((reasons[r] for r in sorted(ranks) if r in reasons), None)
-    detail = re.sub(r"^\[[^\]]*\]\s*", "", fallback.splitlines()[0] if fallback else "")[:160]  # gloo's source path
-    return first or (f"{', '.join(p.name for p in dead)} stopped ({detail})" if dead else detail)
+    if reasons:
+        return reasons[min(reasons)]
+    dead = _failed_workers(procs, grace_s)
+    return f"{', '.join(p.name for p in dead)} stopped ({_first_line(message)[:160]})" if dead else ""
 
 
 def _failed_workers(procs: list, grace_s: float = 2.0) -> list:
@@ -215,15 +226,14 @@ def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Pat
         try:
             sync = _join(0, workers, store_path, timeout_s, procs)
         except RuntimeError as e:  # a worker exited before it joined, or none came in time
-            raise TrainError(f"pretraining workers: {_reason(errors, _failed_workers(procs, 0.0), str(e))}") from None
+            why = _reason(errors, procs, str(e), grace_s=0.0) or _first_line(str(e))
+            raise TrainError(f"pretraining workers: {why}") from None
         try:
             _attach(pt, sync)
             pt.run(run_dir, on_progress)
             return sync.same_weights(list(pt.trainer.policy.parameters()))
         except (RuntimeError, ConnectionError) as e:  # a peer closed its socket, a timeout, or worker 0's own
-            dead = _failed_workers(procs)  # before the group closes and every worker fails with it
-            first = str(e).splitlines()[0][:200] if str(e) else ""
-            why = _reason(errors, dead, str(e)) if dead else f"worker 0: {type(e).__name__}: {first}"
+            why = _reason(errors, procs, str(e)) or f"worker 0: {type(e).__name__}: {_first_line(str(e))[:200]}"
             raise TrainError(f"pretraining workers: {why}; the last checkpoint in {run_dir}, if any, is intact "
                              "(--resume continues it)") from None  # fmt: skip
         finally:
