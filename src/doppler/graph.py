@@ -119,6 +119,14 @@ def _expand_ranges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return offsets + np.arange(total, dtype=np.int64)
 
 
+def _segment_max(vals: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows of ``lengths`` consecutive entries of ``vals``: which rows are non-empty, and the max of
+    each of those, at least 0 (work proportional to the rows, not to the graph)."""
+    has = lengths > 0
+    starts = (np.cumsum(lengths) - lengths)[has]
+    return has, np.maximum(np.maximum.reduceat(vals, starts), 0.0)
+
+
 @dataclass(eq=False)
 class DataflowGraph:
     """A validated DAG of ops. Build with :meth:`from_arrays` (or a workload builder)."""
@@ -385,14 +393,12 @@ class DataflowGraph:
         comp = self._check_compute(compute_s)
         edge_cost = self._edge_cost(comm_s)
         blevel = comp.copy()
+        degree = np.diff(self.succ_ptr)
         for ops, slots in reversed(self._level_edge_groups("succ")):
-            if slots.size == 0:
-                continue
-            src_of_slot = np.repeat(ops, np.diff(self.succ_ptr)[ops])
-            vals = edge_cost[self.succ_eid[slots]] + blevel[self.succ_idx[slots]]
-            best = np.zeros(self.num_ops)
-            np.maximum.at(best, src_of_slot, vals)
-            blevel[ops] = comp[ops] + best[ops]
+            if slots.size:
+                vals = edge_cost[self.succ_eid[slots]] + blevel[self.succ_idx[slots]]
+                has, best = _segment_max(vals, degree[ops])
+                blevel[ops[has]] = comp[ops[has]] + best
         return blevel
 
     def t_level(self, compute_s: np.ndarray | None = None, comm_s: np.ndarray | None = None) -> np.ndarray:
@@ -401,15 +407,13 @@ class DataflowGraph:
         comp = self._check_compute(compute_s)
         edge_cost = self._edge_cost(comm_s)
         tlevel = np.zeros(self.num_ops)
+        degree = np.diff(self.pred_ptr)
         for ops, slots in self._level_edge_groups("pred"):
-            if slots.size == 0:
-                continue
-            dst_of_slot = np.repeat(ops, np.diff(self.pred_ptr)[ops])
-            preds = self.pred_idx[slots]
-            vals = tlevel[preds] + comp[preds] + edge_cost[self.pred_eid[slots]]
-            best = np.zeros(self.num_ops)
-            np.maximum.at(best, dst_of_slot, vals)
-            tlevel[ops] = best[ops]
+            if slots.size:
+                preds = self.pred_idx[slots]
+                vals = tlevel[preds] + comp[preds] + edge_cost[self.pred_eid[slots]]
+                has, best = _segment_max(vals, degree[ops])
+                tlevel[ops[has]] = best
         return tlevel
 
     def critical_path(self, compute_s: np.ndarray | None = None, comm_s: np.ndarray | None = None) -> list[int]:
