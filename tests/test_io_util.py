@@ -115,3 +115,22 @@ def test_every_kind_of_bad_input_path_is_one_clear_error(tmp_path):
         locked.chmod(0)
         with pytest.raises(Bad, match="permission denied"):
             read_text(locked, "graph file", Bad)
+
+
+def test_outputs_apart_refuses_an_input_or_a_second_output_and_leaves_no_probe(tmp_path: Path) -> None:
+    from doppler.io_util import OutputPathError, check_output_file, check_outputs_apart
+
+    g = tmp_path / "g.json"
+    g.write_text("{}")
+    check_outputs_apart({"G": g, "--cluster": "p100x4", "--checkpoint": None}, {"-o": tmp_path / "new" / "a.json",
+                                                                              "--csv": None})  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]  # no probe file, no directory made
+    with pytest.raises(OutputPathError, match="-o .*g.json is the same file as G"):
+        check_outputs_apart({"G": g}, {"-o": tmp_path / "." / "g.json"})
+    with pytest.raises(OutputPathError, match="--b .* is the same file as --a"):
+        check_outputs_apart({}, {"--a": tmp_path / "x", "--b": tmp_path / "x"})
+    check_outputs_apart({"--cluster": "p100x4"}, {"-o": tmp_path / "p100x4"})  # a preset's name is no file
+    with pytest.raises(OutputPathError, match="is a directory"):
+        check_output_file(tmp_path)
+    with pytest.raises(OutputPathError, match="g.json is a file, not a directory"):
+        check_output_file(g / "a.json", "--trace")

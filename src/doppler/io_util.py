@@ -106,6 +106,46 @@ def make_run_dir(path: str | Path) -> Path:
     return p
 
 
+def check_output_file(path: str | Path, label: str = "") -> None:
+    """Fail now, before any work, if ``path`` cannot be written as a file: a directory in its place, a
+    file where a directory must go, or a nearest existing directory that refuses a new file (a probe
+    file is created there and removed; nothing else is created)."""
+    p = Path(path)
+    name = f"{label} {path}" if label else str(path)
+    if p.is_dir():
+        raise OutputPathError(f"{name}: is a directory (give a file name)")
+    blocking = _file_in_the_way(p.parents)
+    if blocking is not None:
+        raise OutputPathError(f"{name}: cannot write here ({blocking} is a file, not a directory)")
+    where = next(d for d in (p.parent, *p.parent.parents) if d.exists())
+    try:
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".doppler-probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputPathError(f"{name}: cannot write here ({where}: {e.strerror or e})") from None
+
+
+def check_outputs_apart(inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """Refuse, before any work, an output that names one of the command's input files (writing it would
+    destroy the input) or the same file as another output; ``None`` entries are skipped, and inputs that
+    are not existing files (a cluster preset's name) cannot clash. Each output is then
+    :func:`check_output_file`'d."""
+    taken: dict[str, str] = {}
+    for label, path in inputs.items():
+        if path is not None and os.path.isfile(path):
+            taken.setdefault(os.path.realpath(path), f"{label} {path}")
+    for label, path in outputs.items():
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in taken:
+            raise OutputPathError(f"{label} {path} is the same file as {taken[key]}: writing it would destroy "
+                                  "that file; give another path")  # fmt: skip
+        taken[key] = f"{label} {path}"
+        check_output_file(path, label)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one.
 

@@ -86,6 +86,11 @@ def assign_cmd(
 
         spec = get_method(method)
         _check_budget(budget_s)
+        from doppler.io_util import check_outputs_apart
+
+        # (--init may be the output: it is read in full first, and refining an assignment in place is a use)
+        check_outputs_apart({"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint},
+                            {"--output": output})  # fmt: skip
         kw = _method_kwargs(checkpoint, samples, plc_ties)
         if threads is not None:
             if threads < 1:
@@ -190,6 +195,13 @@ def compare_cmd(
         for m in names:
             get_method(m)
         _check_budget(budget_s)
+        from doppler.io_util import check_outputs_apart
+
+        if save_dir is not None and save_dir.exists() and not save_dir.is_dir():
+            raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
+        saves = {f"--save-dir ({m})": save_dir / f"{m}.json" for m in names} if save_dir is not None else {}
+        check_outputs_apart({"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint},
+                            {"--csv": csv_path, **saves})  # every output checked before any method runs
         graph, cl = _load(graph_path, cluster_name)
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
@@ -212,8 +224,6 @@ def compare_cmd(
             atomic_write_text(csv_path, buf.getvalue())
         saved = []
         if save_dir is not None:
-            if save_dir.exists() and not save_dir.is_dir():
-                raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
             for r in rows:
                 path = save_dir / f"{r.method}.json"
                 r.assignment.save(path)

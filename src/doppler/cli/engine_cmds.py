@@ -74,7 +74,14 @@ def execute_cmd(
             from doppler.report import figure_format
 
             figure_format(gantt_path)
+        from doppler.io_util import check_outputs_apart
+
+        check_outputs_apart({"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name},
+                            {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
+                             "--ops-csv": csv_path})  # before the runs, not after them
         graph = load_graph(graph_path)
+        if check and not (graph.specs and any(sp is not None for sp in graph.specs)):
+            raise UserError(f"--check: graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
         assignment = load_assignment(assignment_path, graph, num_devices, check_fingerprint=not ignore_fingerprint)
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
                   timeout_s=timeout_s,
@@ -185,6 +192,9 @@ def calibrate_cmd(
             raise UserError("--sizes is empty")
         if runs < 1:
             raise UserError(f"--runs must be >= 1, got {runs}")
+        from doppler.io_util import check_output_file
+
+        check_output_file(output, "--output")  # before the measurements, not after them
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, timeout_s=timeout_s,
                             scheduler=scheduler, device_type=device_type, progress=on_progress)  # fmt: skip
@@ -263,6 +273,9 @@ def validate_cmd(
             from doppler.report import figure_format
 
             figure_format(plot)
+        from doppler.io_util import check_outputs_apart
+
+        check_outputs_apart({"G": graph_path, "--cluster": cluster_name}, {"--plot": plot, "--output": output})
         graph = load_graph(graph_path)
         with live_progress(labels={"validate": "validating"}, counts=True) as on_progress:
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, timeout_s=timeout_s,

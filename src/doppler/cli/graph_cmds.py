@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from doppler.cli._common import JSON_OPT, UserError, console, emit_json, err_console, graph_app, handle_errors
 from doppler.formats import load_graph, save_graph
+from doppler.io_util import check_output_file, check_outputs_apart
 
 
 
@@ -38,6 +39,7 @@ def build_cmd(
         from doppler import workloads
 
         params = workloads.parse_set(set_, workload)
+        check_output_file(output, "--output")  # before the build, which can take seconds
         t0 = time.perf_counter()
         graph = workloads.build(workload, **params)
         if devices is not None:
@@ -77,8 +79,12 @@ def import_cmd(
 
         if dtype not in ("float16", "bfloat16", "float32", "float64"):
             raise UserError(f"--dtype must be float16, bfloat16, float32 or float64, got {dtype!r}")
-        if devices is not None and not 1 <= devices <= 4096:
-            raise UserError(f"--devices must be in 1..4096, got {devices}")
+        from doppler.hardware import MAX_DEVICES
+
+        if devices is not None and not 1 <= devices <= MAX_DEVICES:
+            raise UserError(f"--devices must be in 1..{MAX_DEVICES} (the largest cluster), got {devices}")
+        # a factory's file ('file.py:function') or a .pt2 program is an input the output must not replace
+        check_outputs_apart({"SOURCE": source.rsplit(":", 1)[0] if ":" in source else source}, {"--output": output})
         t0 = time.perf_counter()
         try:
             graph = import_model(source, input_shapes=parse_input_shapes(input_shape), blocks=parse_blocks(blocks),

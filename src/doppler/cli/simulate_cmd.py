@@ -44,6 +44,11 @@ def simulate_cmd(
         from doppler.simulate import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
+        from doppler.io_util import check_outputs_apart
+
+        check_outputs_apart({"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name},
+                            {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
+                             "--ops-csv": csv_path})  # fmt: skip
         if gantt_path is not None:
             from doppler.report import figure_format
 
