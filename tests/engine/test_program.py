@@ -94,3 +94,24 @@ def test_spec_graphs_refuse_missing_inputs_and_unspecified_ops():
         build_program(half, inputs=inputs)
     with pytest.raises(EngineError, match="dtype"):
         build_program(g, dtype=np.int32)
+
+
+@pytest.mark.parametrize("ref, match", [
+    ("not a predecessor", "operand op .* is not one of its predecessors"),
+    (999, "operand op 999 is not one of its predecessors"),
+    (True, "operand op True is not one of its predecessors"),
+    ({"op": 0, "input": "x"}, "must name exactly one of an op or an input"),
+])  # fmt: skip
+def test_an_operand_that_no_edge_delivers_is_refused_before_any_run(ref, match):
+    g = workloads.build("chainmm", size="tiny")
+    v = next(v for v in range(g.num_ops) if any("op" in r for r in g.specs[v]["inputs"]))
+    k = next(i for i, r in enumerate(g.specs[v]["inputs"]) if "op" in r)
+    if ref == "not a predecessor":  # an op that exists, but sends nothing to v
+        preds = set(g.predecessors(v).tolist())
+        ref = next(u for u in range(g.num_ops) if u not in preds and u != v)
+    specs = [dict(s) for s in g.specs]
+    specs[v]["inputs"] = [dict(r) for r in specs[v]["inputs"]]
+    specs[v]["inputs"][k] = ref if isinstance(ref, dict) else {**specs[v]["inputs"][k], "op": ref}
+    bad = DataflowGraph.from_arrays(g.flops, g.output_bytes, g.src, g.dst, specs=specs, meta=g.meta)
+    with pytest.raises(EngineError, match=match):
+        build_program(bad)

@@ -457,11 +457,11 @@ class _Execution:
                     return
                 continue
             self.running[d] = v
-            arrays = [
-                tile if tile is not None else (values[o.op] if dev[o.op] == d else recv[(o.op, d)])
-                for o, tile in zip(ops_operands[v], tiles[v])
-            ]
-            try:
+            try:  # (gathering the operands too: whatever fails, the run stops with one message, no hang)
+                arrays = [
+                    tile if tile is not None else (values[o.op] if dev[o.op] == d else recv[(o.op, d)])
+                    for o, tile in zip(ops_operands[v], tiles[v])
+                ]
                 out, start, end, key = self.hw.kernel(self.prog, v, d, arrays)
             except Exception as e:  # noqa: BLE001 - any kernel failure stops the run with a clear message
                 self.fail(f"op {self.prog.label(v)} on device {d} failed: {type(e).__name__}: {e}")

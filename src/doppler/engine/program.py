@@ -233,6 +233,8 @@ class PlacedProgram:
 
 
 def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any) -> tuple[list[list[Operand]], list[np.ndarray]]:
+    """Each op's operands: another op's output, which must be one of its predecessors (it arrives over an
+    edge), or a tile of a named input tensor."""
     tiles: list[np.ndarray] = []
     tile_ids: dict[tuple[str, str], int] = {}
     operands: list[list[Operand]] = []
@@ -242,9 +244,17 @@ def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any
         if spec is None:
             raise EngineError(f"op {label} has no spec, so it cannot run (a graph needs specs on every op or none)")
         row: list[Operand] = []
+        preds = None
         for ref in spec.get("inputs", []):
+            if not isinstance(ref, dict) or ("op" in ref) == ("input" in ref):
+                raise EngineError(f"op {label}: operand {ref!r} must name exactly one of an op or an input")
             if "op" in ref:
-                row.append(Operand(op=int(ref["op"])))
+                preds = set(graph.predecessors(v).tolist()) if preds is None else preds
+                u = ref["op"]
+                if isinstance(u, bool) or not isinstance(u, (int, np.integer)) or int(u) not in preds:
+                    raise EngineError(f"op {label}: operand op {u!r} is not one of its predecessors (an op's output "
+                                      "reaches it only over an edge of the graph)")  # fmt: skip
+                row.append(Operand(op=int(u)))
                 continue
             name = ref.get("input")
             if name not in inputs:
