@@ -61,6 +61,13 @@ class TrainError(ValueError):
     """Bad training request or checkpoint (reported with exit code 2 by the CLI)."""
 
 
+#: the most episodes per graph in one update (``--batch``; Stage I's ``il_batch`` too): a batch's
+#: tensors grow with it (``--batch 100000`` on 84 ops took 19.8 GB before its first update)
+MAX_BATCH = 1024
+#: the most fresh (graph, cluster) pairs in one pretraining update (each up to 1,000 ops, held at once)
+MAX_PAIRS_PER_UPDATE = 64
+
+
 
 
 @dataclass
@@ -180,6 +187,10 @@ class TrainConfig:
             if int(getattr(self, name)) < 1:
                 flag = "threads" if name == "torch_threads" else name.replace("_", "-")
                 raise TrainError(f"--{flag} must be >= 1, got {getattr(self, name)}")
+        for name, cap in (("batch", MAX_BATCH), ("il_batch", MAX_BATCH), ("pairs_per_update", MAX_PAIRS_PER_UPDATE)):
+            if int(getattr(self, name)) > cap:
+                raise TrainError(f"--{name.replace('_', '-')} must be at most {cap} (all of them are held in memory "
+                                 f"at once), got {getattr(self, name)}")  # fmt: skip
         for name in ("lr", "il_lr", "real_lr", "lr_final"):
             value = float(getattr(self, name))
             if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):
