@@ -177,6 +177,23 @@ def test_json_syntax_error_names_line(tmp_path: Path) -> None:
         load_graph(p)
 
 
+@pytest.mark.parametrize("text, words", [
+    ('{"ops": [' + "9" * 5000 + "]}", "integer string conversion"),  # past Python's 4,300 digits
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])  # fmt: skip
+def test_json_that_python_cannot_parse_is_one_error_naming_the_file(tmp_path: Path, text: str, words: str) -> None:
+    from doppler.assignment import AssignmentError, load_assignment
+    from doppler.cluster_file import load_cluster
+    from doppler.hardware import ClusterError
+
+    p = tmp_path / "x.json"
+    p.write_text(text)
+    for load, error in ((load_graph, GraphError), (lambda q: load_assignment(q, None, 2), AssignmentError),
+                        (load_cluster, ClusterError)):  # fmt: skip
+        with pytest.raises(error, match=f"x.json: unreadable JSON .*{words}"):
+            load(p)
+
+
 def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(GraphError, match="unknown graph file extension"):
         load_graph(tmp_path / "g.csv")

@@ -254,6 +254,7 @@ def test_random_builds_100k_ops():
         ("llama_block", {"eps": -1.0}, "llama_block: eps=-1.0 must be > 0"),
         ("llama_block", {"size": "tiny", "head_dim": 7}, "head_dim=7 must be even"),
         ("random", {"width": 0}, "random: width=0 must be a positive integer"),
+        ("random", {"seed": -1}, "random: seed=-1 must be an integer >= 0"),
         ("transformer", {}, "unknown workload 'transformer' (known: chainmm, ffnn, llama_block, llama_layer, random)"),
     ],
 )

@@ -22,7 +22,6 @@ transfer ``comm`` time units. The header (T and the input ids) is kept in
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
-from doppler.io_util import atomic_write_text, read_text, write_json
+from doppler.io_util import atomic_write_text, parse_json, read_text, write_json
 
 JSON_FORMAT = "doppler-graph"
 JSON_VERSION = 1
@@ -114,11 +113,7 @@ def graph_to_json(graph: DataflowGraph) -> dict[str, Any]:
 
 
 def graph_from_json_text(text: str, source: str = "<json>") -> DataflowGraph:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GraphError(f"{source}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
-    return graph_from_json(doc, source=source)
+    return graph_from_json(parse_json(text, source, GraphError), source=source)
 
 
 def _checked_in_bulk(values: list, dtype: Any) -> np.ndarray | None:

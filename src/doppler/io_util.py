@@ -61,13 +61,22 @@ def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
         raise error(f"{p}: cannot read ({e.strerror or e})") from None
 
 
-def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
-    """A JSON input file (:func:`read_text`); invalid JSON is ``error`` naming the file and line."""
-    text = read_text(path, what, error)
+def parse_json(text: str, source: str, error: type[Exception]) -> Any:
+    """``text`` as JSON, or ``error`` naming ``source`` (and the line): invalid JSON, an integer literal
+    past Python's 4,300 digits, or nesting too deep for the parser."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        raise error(f"{source}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+    except ValueError as e:  # an integer literal too long to convert
+        raise error(f"{source}: unreadable JSON ({str(e).split(';')[0]})") from None
+    except RecursionError:
+        raise error(f"{source}: unreadable JSON (nested too deeply)") from None
+
+
+def read_json(path: str | Path, what: str, error: type[Exception]) -> Any:
+    """A JSON input file (:func:`read_text`); invalid JSON is ``error`` naming the file and line."""
+    return parse_json(read_text(path, what, error), str(path), error)
 
 
 def _new_file_mode(path: Path) -> int:

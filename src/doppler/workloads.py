@@ -305,7 +305,7 @@ WORKLOADS: dict[str, _Workload] = {
     ),
 }
 
-_POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 or negative
+_POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 (a seed: any integer >= 0)
 #: the largest graphs a workload may build (checked before anything is allocated; docs/cli.md)
 MAX_OPS = 2_000_000
 #: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
@@ -383,6 +383,8 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
         d = w.defaults.get(k)
         if isinstance(d, int) and not isinstance(d, bool) and k not in _POSITIVE_INT_EXCEPT and v < 1:
             raise WorkloadError(f"{name}: {k}={v} must be a positive integer")
+        if k in _POSITIVE_INT_EXCEPT and v < 0:
+            raise WorkloadError(f"{name}: {k}={v} must be an integer >= 0")
         if isinstance(d, float) and (v < 0 if k in _NONNEG_FLOAT else v <= 0):
             raise WorkloadError(f"{name}: {k}={v} must be {'>= 0' if k in _NONNEG_FLOAT else '> 0'}")
     if "dtype" in p and p["dtype"] not in DTYPE_BYTES:
