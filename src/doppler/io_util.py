@@ -45,14 +45,15 @@ def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
     unreadable, not text, not a regular file: a FIFO or a device would block or never end).
     ``what`` names the kind of file in the message ("graph file", ...)."""
     p = Path(path)
+    a_what = f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
     if p.exists() and not p.is_dir() and not p.is_file():
-        raise error(f"{p}: not a regular file (a pipe, socket or device), not a {what}")
+        raise error(f"{p}: not a regular file (a pipe, socket or device), not {a_what}")
     try:
         return p.read_text()
     except FileNotFoundError:
         raise error(f"{p}: no such {what}" + (" (a broken link)" if p.is_symlink() else "")) from None
     except IsADirectoryError:
-        raise error(f"{p}: is a directory, not a {what}") from None
+        raise error(f"{p}: is a directory, not {a_what}") from None
     except PermissionError:
         raise error(f"{p}: cannot read (permission denied)") from None
     except UnicodeDecodeError as e:

@@ -78,6 +78,8 @@ def load_factory(source: str) -> tuple[Any, tuple]:
             module = importlib.import_module(mod_name)
     except GraphImportError:
         raise
+    except SystemExit as e:  # the module calls sys.exit (a script's main, say) when imported
+        raise GraphImportError(f"{source}: importing {mod_name} called sys.exit({e.code!r})") from None
     except Exception as e:  # the factory's module itself is broken
         raise GraphImportError(f"{source}: cannot import {mod_name} ({_one_line(e)})") from None
     fn = getattr(module, fn_name, None)
@@ -85,10 +87,15 @@ def load_factory(source: str) -> tuple[Any, tuple]:
         raise GraphImportError(f"{source}: {mod_name} has no function {fn_name!r}")
     try:
         out = fn()
+    except SystemExit as e:
+        raise GraphImportError(f"{source}: the factory called sys.exit({e.code!r})") from None
     except Exception as e:
         raise GraphImportError(f"{source}: the factory raised {_one_line(e)}") from None
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (tuple, list))):
-        raise GraphImportError(f"{source}: the factory must return (module, example_inputs), got {type(out).__name__}")
+        got = type(out).__name__ if not isinstance(out, tuple) else f"a tuple of {len(out)}" + (
+            f" whose second item has type {type(out[1]).__name__}" if len(out) == 2 else "")  # fmt: skip
+        raise GraphImportError(f"{source}: the factory must return (module, example_inputs), a tuple of a module and "
+                               f"a tuple of inputs; got {got}")  # fmt: skip
     return out[0], tuple(out[1])
 
 

@@ -10,6 +10,7 @@ call (``assign_time_s``), checks the result and stamps ``method`` and ``graph_fi
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Union
@@ -157,8 +158,9 @@ def assign(
     try:
         out = spec.fn(graph, cluster, seed=seed, budget_s=budget_s, **kw)
     except TypeError as e:
-        if kw and "unexpected keyword argument" in str(e):
-            raise MethodError(f"method {method!r} does not accept option(s) {', '.join(sorted(kw))}") from None
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(e)) if kw else None
+        if unexpected:  # (names the option the method refused, not the caller's other, internal ones)
+            raise MethodError(f"method {method!r} does not accept the option {unexpected.group(1)!r}") from None
         raise
     elapsed = time.perf_counter() - t0
     if not isinstance(out, Assignment):

@@ -55,6 +55,8 @@ def _load_error(e: Exception) -> str:
         return "not a file of plain tensors: " + (reason or "refused by the weights-only loader")
     if isinstance(e, EOFError):
         return "the file ends early: empty or cut short"
+    if isinstance(e, OSError) or "PytorchStreamReader" in text:
+        return f"a damaged or cut-short zip archive: {first_sentence(text) or type(e).__name__}"
     return f"{type(e).__name__}: {first_sentence(text) or 'no message'}"
 
 
@@ -68,6 +70,14 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         what = "not a regular file (a pipe, socket or device)" if p.exists() else "no such checkpoint"
         raise CheckpointError(f"{path}: {what}")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    if head != b"PK\x03\x04":  # torch.save's zip archive; anything else would go to torch's legacy unpickler
+        why = "the file ends early: empty or cut short" if not head else "not a zip archive, the format torch.save writes"
+        raise CheckpointError(f"{p}: not a readable doppler checkpoint ({why})")
     import torch
 
     try:
