@@ -81,6 +81,15 @@ def test_resume_refuses_a_checkpoint_of_train(tmp_path):
         Pretrainer.resume(tmp_path)
 
 
+def test_train_resume_refuses_a_pretraining_run(tmp_path):
+    from doppler.train import Trainer
+
+    pt = Pretrainer.create(pretrain_config(**TINY), 3600)
+    pt.save(tmp_path)
+    with pytest.raises(TrainError, match="a pretraining run .*doppler pretrain -o DIR --resume"):
+        Trainer.resume(tmp_path, [workloads.build("random", num_ops=20)], cluster("unit:2"))
+
+
 def test_zero_or_negative_budget_is_refused():
     with pytest.raises(TrainError, match="budget"):
         Pretrainer.create(pretrain_config(**TINY), budget_s=0)
@@ -311,6 +320,8 @@ def test_pretrain_init_cli(tmp_path):
     ck = read_checkpoint(tmp_path / "RL")
     assert json.loads(ck["config"])["plc_ties_only"] is True and json.loads(ck["pretrain"])["init"]["sha256"]
     assert ck["graphs"] == [] and ck["episode"] > 0
+    summary = json.loads(res.stdout)  # this run's episodes apart from the --init policy's own
+    assert 0 < summary["episodes_this_run"] < summary["episodes"] == ck["episode"]
     _usage_error(_run("pretrain", "-o", tmp_path / "RL", "--init", "pretrained", "--resume"), "--init", "--resume")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", "pretrained", "--il-lr", "1e-3"), "--init", "--il-lr")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--init", tmp_path / "missing.pt"), "no such checkpoint")

@@ -836,6 +836,9 @@ class Trainer:
         if not ckpt.is_file():
             raise TrainError(f"{ckpt}: no checkpoint to resume from")
         ck = read_checkpoint(ckpt)
+        if "pretrain" in ck:
+            raise TrainError(f"{run_dir}: a pretraining run (made by `doppler pretrain`, not `doppler train`): continue "
+                             "it with `doppler pretrain -o DIR --resume`, or fine-tune it with `train --init DIR`")  # fmt: skip
         saved = config_from_json(json.loads(ck["config"]))
         if episodes is not None:
             saved.episodes = episodes

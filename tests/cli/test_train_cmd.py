@@ -225,6 +225,13 @@ def test_resume_errors_exit_2(tmp_path: Path, trained) -> None:
                            "--resume"), "cluster")  # fmt: skip
     assert_usage_error(run("train", other, "-c", "unit:2", "--episodes", "80", "--il-episodes", "16", "-o", run2,
                            "--resume"), "other graphs")  # fmt: skip
+    before = (run2 / "checkpoint.pt").read_bytes()
+    for extra, words in [(("--method", "gdp"), ["--method gdp", "run's doppler"]),
+                         (("--batch", "4"), ["--batch 4", "run's 8"]),
+                         (("--no-device-identity",), ["--no-device-identity"]),
+                         (("--episodes", "8"), ["--episodes 8", "already done"])]:  # fmt: skip
+        assert_usage_error(run("train", g, "-c", "unit:2", "-o", run2, "--resume", *extra), *words)
+    assert (run2 / "checkpoint.pt").read_bytes() == before  # refused before any training
 
 
 def _assign(g, out, *extra):

@@ -96,6 +96,7 @@ def pretrain_cmd(
 
         workers = workers or 1
         in_sync = True
+        episodes_before = pt.trainer.episode if pt.init is not None and not resume else 0  # --init: the policy's own
         with live_progress(describe, labels={"pretrain": "pretraining"}, quiet=json_out, keep=True) as on_progress:
             if workers > 1:
                 try:
@@ -107,12 +108,15 @@ def pretrain_cmd(
         summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,
                    "il_episodes": pt.trainer.il_episode, "episodes": pt.trainer.episode,
                    "train_s": pt.elapsed_s, "elapsed_s": time.perf_counter() - t0, "workers": workers,
-                   "pairs_per_update": pt.cfg.pairs_per_update * workers, "workers_in_sync": in_sync}  # fmt: skip
+                   "pairs_per_update": pt.cfg.pairs_per_update * workers, "workers_in_sync": in_sync,
+                   "episodes_this_run": pt.trainer.episode - episodes_before}  # fmt: skip
         if json_out:
             emit_json(summary)
         else:
-            console.print(f"pretrained {summary['updates']} updates ({summary['il_episodes']} imitation + "
-                          f"{summary['episodes']} RL episodes, {summary['train_s'] / 3600:.2f} h) -> {ckpt}",
+            counts = (f"{summary['episodes_this_run']} RL episodes; with the --init policy's, {summary['il_episodes']} "
+                      f"imitation + {summary['episodes']} RL episodes in all" if episodes_before else
+                      f"{summary['il_episodes']} imitation + {summary['episodes']} RL episodes")  # fmt: skip
+            console.print(f"pretrained {summary['updates']} updates ({counts}, {summary['train_s'] / 3600:.2f} h) -> {ckpt}",
                           highlight=False)  # fmt: skip
             if workers > 1:  # the episode counts above are worker 0's
                 console.print(f"{workers} workers, {summary['pairs_per_update']} pairs per update; "

@@ -86,6 +86,36 @@ def trainer_from_init(graphs: list, cl, cfg, init: str, op_features: str | None 
     return trainer
 
 
+#: ``train``'s options that configure a run, and the TrainConfig field each one sets
+RUN_OPTIONS = {"stages": "stages", "il_episodes": "il_episodes", "batch": "batch", "method": "method", "teacher": "teacher",
+               "list_schedule": "list_schedule", "baseline": "baseline", "self_improve": "self_improve_coef", "seed": "seed",
+               "warm_start": "sim_seed_methods", "search_every": "search_every", "distill_on_policy": "distill_on_policy",
+               "search_evals": "search_evals", "real_episodes": "real_episodes", "engine": "engine",
+               "engine_device_type": "engine_device_type", "device": "device", "threads": "torch_threads",
+               "op_features": "op_features", "device_identity": "device_identity"}  # fmt: skip
+
+
+def _check_resume_options(ctx: typer.Context, trainer, cfg, run_dir: Path) -> None:
+    """``--resume`` continues a run as it was configured: an option typed on the command line that differs
+    from the run's own is refused (it would be ignored), and so is ``--episodes`` below the Stage II
+    episodes the run has already done."""
+    sources = {p.name: ctx.get_parameter_source(p.name) for p in ctx.command.params}
+    typed = {p.name: p for p in ctx.command.params
+             if getattr(sources[p.name], "name", None) in ("COMMANDLINE", "ENVIRONMENT")}  # fmt: skip
+    for name, field in RUN_OPTIONS.items():
+        mine, theirs = getattr(cfg, field), getattr(trainer.cfg, field)
+        if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
+            mine, theirs = tuple(mine), tuple(theirs)
+        if name in typed and mine != theirs:
+            p = typed[name]
+            given = (p.opts[0] if mine else p.secondary_opts[0]) if isinstance(mine, bool) else f"{p.opts[0]} {mine}"
+            raise UserError(f"--resume continues {run_dir} as it was configured: {given} differs from the run's "
+                            f"{theirs} (leave it out, or start a new run with another -o)")  # fmt: skip
+    if "episodes" in typed and cfg.episodes < trainer.episode:
+        raise UserError(f"--episodes {cfg.episodes}: the run in {run_dir} has already done {trainer.episode} Stage II "
+                        "episodes (--resume can only extend it)")  # fmt: skip
+
+
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
              op_features: str | None = None):  # fmt: skip
     from doppler.formats import load_graph
@@ -105,6 +135,7 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
 
 @app.command("train")
 def train_cmd(
+    ctx: typer.Context,
     graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs) (default: il,sim; with --init: sim)."),
@@ -157,6 +188,8 @@ def train_cmd(
                 raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
                                 "model): leave it out")  # fmt: skip
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features or cfg.op_features)
+            if resume:
+                _check_resume_options(ctx, trainer, cfg, output)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         make_run_dir(output)
