@@ -63,7 +63,7 @@ def test_execute_json_keys_check_and_plots(files) -> None:
 def test_execute_human_output_without_cluster(files) -> None:
     res = run("execute", files["graph"], "-a", files["a"], "--devices", 2, "--repeats", 1)
     assert res.exit_code == 0, res.output
-    assert "measured makespan" in res.output and "simulated" in res.output
+    assert "measured makespan" in res.output and "simulated" in res.output and "with link contention" in res.output
 
 
 @pytest.mark.parametrize(
@@ -71,6 +71,7 @@ def test_execute_human_output_without_cluster(files) -> None:
     [
         (["--engine", "mpi"], "unknown engine"),
         (["--repeats", "0"], "repeats"),
+        (["--warmup", "100000"], "warmup must be an integer from 0 to 10000"),
         (["--devices", "3", "-c", "CAL"], "does not match"),
         (["--timeout", "-1"], "timeout"),
         (["--device-type", "tpu"], "unknown device type 'tpu'"),

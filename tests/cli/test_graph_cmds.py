@@ -38,6 +38,15 @@ def test_build_then_info_json(tmp_path: Path) -> None:
     assert info["num_devices"] == 4
 
 
+def test_info_applies_the_graph_device_count_only_to_the_default_cluster(tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    assert run("graph", "build", "ffnn", "--set", "size=tiny", "--devices", "4", "-o", str(out)).exit_code == 0
+    for args, devices in [((), 4), (("-c", "v100x8"), 8), (("--cluster", "p100x4:2"), 2), (("--devices", "3"), 3)]:
+        res = run("graph", "info", str(out), *args, "--json")
+        assert res.exit_code == 0, (args, res.output)
+        assert json.loads(res.stdout)["num_devices"] == devices, args
+
+
 def test_params_lists_keys_and_sizes() -> None:
     res = run("graph", "params", "llama_layer", "--json")
     assert res.exit_code == 0, res.output

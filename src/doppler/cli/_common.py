@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 import warnings
 from typing import Any, Iterator
 
@@ -110,6 +111,9 @@ def handle_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+#: seconds between the plain progress lines of :func:`live_progress` when stderr is not a terminal
+PLAIN_PROGRESS_EVERY_S = 60.0
+
 STRICT_MEMORY_HELP = "Exit 2 (and write nothing) when a device's peak memory exceeds its memory_bytes; default: a warning."
 
 
@@ -156,21 +160,36 @@ def live_progress(describe: Any = None, *, labels: dict[str, str] | None = None,
 
     ``describe(event) -> str`` writes the bar's status text; ``labels`` names the tasks;
     ``counts`` shows "done/total"; ``quiet`` draws nothing (``--json``); ``keep`` leaves the bars
-    on screen when done (training), else they vanish."""
+    on screen when done (training), else they vanish. When stderr is not a terminal (a log file, CI),
+    the bars are not drawn; instead one plain line says where the work stands every
+    :data:`PLAIN_PROGRESS_EVERY_S` seconds, so that a long run's log shows it is alive."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                                TimeElapsedColumn)  # fmt: skip
 
     columns = [SpinnerColumn(), TextColumn("[bold]{task.description}[/]"), BarColumn()]
     columns += [MofNCompleteColumn()] if counts else []
     columns += [TextColumn("{task.fields[status]}"), TimeElapsedColumn()]
+    plain = not quiet and not err_console.is_terminal
+    started = last_line = time.monotonic()
     with Progress(*columns, console=err_console, transient=not keep,
                   disable=quiet or not err_console.is_terminal) as progress:  # fmt: skip
         bars: dict[str, Any] = {}
 
         def on_progress(ev: Any) -> None:
+            nonlocal last_line
+            label = (labels or {}).get(ev.task, ev.task)
             if ev.task not in bars:
-                bars[ev.task] = progress.add_task((labels or {}).get(ev.task, ev.task), total=ev.total, status="")
+                bars[ev.task] = progress.add_task(label, total=ev.total, status="")
             done = ev.done if ev.total is None else min(ev.done, ev.total)
-            progress.update(bars[ev.task], completed=done, total=ev.total, status=describe(ev) if describe else "")
+            status = describe(ev) if describe else ""
+            progress.update(bars[ev.task], completed=done, total=ev.total, status=status)
+            now = time.monotonic()
+            if plain and now - last_line >= PLAIN_PROGRESS_EVERY_S:
+                last_line = now
+                from rich.text import Text
+
+                count = f" {done:g}/{ev.total:g}" if counts and ev.total is not None else ""
+                line = f"[{(now - started) / 60:.0f} min] {label}{count} {Text.from_markup(status).plain}"
+                err_console.print(line.rstrip(), markup=False, highlight=False, soft_wrap=True)
 
         yield on_progress

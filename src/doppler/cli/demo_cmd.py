@@ -22,8 +22,8 @@ WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 @app.command("demo")
 def demo_cmd(
     budget_s: float = typer.Option(5.0, "--budget-s", help="Search budget of anneal per workload (s)."),
-    out_dir: Path = typer.Option(Path("out/demo"), "--out", help="Where to write graph pictures and Gantt charts."),
-    cluster_name: str = typer.Option("p100x4", "--cluster", help="Cluster preset or JSON file."),
+    out_dir: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where to write graph pictures and Gantt charts."),
+    cluster_name: str = typer.Option("p100x4", "--cluster", "-c", help="Cluster preset or JSON file."),
     train_episodes: int = typer.Option(1000, "--train-episodes", help="DOPPLER Stage II episodes per workload (0: skip DOPPLER)."),
     il_episodes: int = typer.Option(512, "--il-episodes", help="DOPPLER Stage I (imitation) episodes per workload."),
     engine: bool = typer.Option(True, "--engine/--no-engine", help="Also calibrate the local engine and execute a small graph for real."),

@@ -95,6 +95,7 @@ def execute_cmd(
             "cluster": cl.name,
             **res.to_json(),
             "simulated_makespan_s": sim,
+            "simulated_with_link_contention": True,
             "time_scale": time_scale if synthetic else None,
             "sim_error_pct": (sim - res.makespan_s) / res.makespan_s * 100 if res.makespan_s > 0 else None,
             "num_transfers": res.trace.num_transfers,
@@ -150,7 +151,8 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
     console.print(
         f"[bold]{escape(graph.name)}[/] on the {engine} engine ({out['num_devices']} {device_type} devices): "
         f"measured makespan [bold]{format_time(res.makespan_s)}[/] (median of {repeats}: {reps}); simulated on "
-        f"{escape(cl.name)}{f' x {time_scale:g}' if time_scale is not None else ''}: {format_time(out['simulated_makespan_s'])} "
+        f"{escape(cl.name)}{f' x {time_scale:g}' if time_scale is not None else ''} with link contention, as the "
+        f"engine moves data (`simulate --link-contention`): {format_time(out['simulated_makespan_s'])} "
         f"({out['sim_error_pct']:+.1f}%); {res.trace.num_transfers} transfers, "
         f"{format_bytes(res.trace.tr_bytes.sum())} moved",
         markup=True,
@@ -245,7 +247,7 @@ def validate_cmd(
     n: int = typer.Option(30, "--n", help="Number of assignments."),
     repeats: int = typer.Option(3, "--repeats", "-r", help="Runs per assignment (interleaved, shuffled); median taken."),
     seed: int = typer.Option(0, "--seed", help="Seed of the assignments, inputs and run order."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the simulated-vs-measured scatter plot (PNG)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the simulated-vs-measured scatter plot (.png, .svg, .pdf, ...: by extension)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every assignment's numbers as JSON."),
     dispatch: str = typer.Option("fifo", "--dispatch", help="Simulator dispatch rule: fifo (local engine) or priority (dask)."),
     time_scale: float = TIME_SCALE_OPT,

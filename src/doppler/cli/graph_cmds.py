@@ -133,7 +133,8 @@ def params_cmd(
 def info_cmd(
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     devices: Optional[int] = typer.Option(None, "--devices", help="Device count for the lower bound."),
-    cluster_name: str = typer.Option("unit", "--cluster", help="Cluster preset or JSON file for the lower bound."),
+    cluster_name: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster preset or JSON file for the "
+                                               "lower bound (default: unit, with the graph's recorded device count)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Size, depth, total work, critical path and makespan lower bound of a graph."""
@@ -143,8 +144,8 @@ def info_cmd(
         from doppler.simulate import lower_bound
 
         graph = load_graph(graph_path)
-        if devices is None and ":" not in cluster_name and not cluster_name.endswith(".json"):
-            devices = graph.meta.get("devices")
+        if cluster_name is None:  # the graph's own device count applies only to the default cluster, never to one typed
+            cluster_name, devices = "unit", devices if devices is not None else graph.meta.get("devices")
         cl = _cluster_for(cluster_name, devices)
         stats = graph.summary()
         stats["critical_path_ops"] = len(graph.critical_path())

@@ -119,8 +119,8 @@ def run(
     if num_devices is None:
         num_devices = cluster.num_devices if cluster is not None else int(devices.max(initial=0)) + 1
     check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
-        raise EngineError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or not 0 <= warmup <= MAX_REPEATS:
+        raise EngineError(f"warmup must be an integer from 0 to {MAX_REPEATS}, got {warmup!r}")
     devices = check_assignment(graph, devices, num_devices)
     if program is None:
         program = build_program(graph, cluster=cluster, time_scale=time_scale, seed=seed)

@@ -1,0 +1,26 @@
+"""cli/_common.py: the live progress display's plain lines where stderr is not a terminal."""
+
+from __future__ import annotations
+
+from doppler.cli import _common
+from doppler.progress import ProgressEvent
+
+
+def _events(on_progress) -> None:
+    for done in (1, 2):
+        on_progress(ProgressEvent(task="sim", done=done, total=4, stats={"x": done}))
+
+
+def test_a_log_gets_a_plain_progress_line_now_and_then_and_json_gets_none(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(_common, "PLAIN_PROGRESS_EVERY_S", 0.0)  # (a minute by default)
+    with _common.live_progress(lambda ev: f"[bold]x={ev.stats['x']}[/]", labels={"sim": "Stage II"},
+                               counts=True) as on_progress:  # fmt: skip
+        _events(on_progress)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["[0 min] Stage II 1/4 x=1", "[0 min] Stage II 2/4 x=2"]  # markup made plain
+    with _common.live_progress(labels={"sim": "Stage II"}, quiet=True) as on_progress:
+        _events(on_progress)
+    monkeypatch.setattr(_common, "PLAIN_PROGRESS_EVERY_S", 3600.0)
+    with _common.live_progress(labels={"sim": "Stage II"}) as on_progress:
+        _events(on_progress)
+    assert capsys.readouterr().err == ""
