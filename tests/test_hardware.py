@@ -67,6 +67,7 @@ def test_from_json_minimal_and_default_link() -> None:
         (lambda o: o["devices"][0].update(flops_per_s_by_kind={"conv": 1.0}), "unknown op kind 'conv'"),
         (lambda o: o.update(devices=[]), "non-empty list"),
         (lambda o: o.pop("devices"), "missing field 'devices'"),
+        (lambda o: o.update(meta={"time_unit": "weeks"}), "meta.time_unit must be"),
     ],
 )
 def test_json_validation_errors_name_file_and_field(mutate, msg: str, tmp_path: Path) -> None:

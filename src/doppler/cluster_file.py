@@ -41,6 +41,9 @@ def cluster_from_json(obj: Any, source: str = "") -> Cluster:
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise ClusterError(f"{where}'meta' must be an object")
+    if meta.get("time_unit", "s") not in ("s", "unit"):  # the one key of meta that doppler reads
+        raise ClusterError(f"{where}meta.time_unit must be \"s\" (seconds, the default) or \"unit\" (unitless times), "
+                           f"got {meta['time_unit']!r}")  # fmt: skip
     name = obj.get("name", Path(source).stem if source else "cluster")
     if not isinstance(name, str):
         raise ClusterError(f"{where}'name' must be a string")

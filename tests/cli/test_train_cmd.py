@@ -174,6 +174,7 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--stages", "il,real", "--engine", "mpi"), ["mpi", "engine"]),
         (("--stages", "real", "--real-episodes", "0"), ["--real-episodes"]),
         (("--stages", " , "), ["stage"]),
+        (("--stages", ""), ["--stages is empty"]),
         (("--teacher", "nope"), ["nope", "teacher"]),
         (("--list-schedule", "fifo"), ["fifo", "list schedule"]),
         (("--list-schedule", "heft", "--method", "gdp"), ["--list-schedule", "gdp"]),
@@ -191,7 +192,7 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         pytest.param(("--stages", "il,real", "--device-type", "cuda"), ["no CUDA device"],
                      marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     ],
-    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "teacher", "list-schedule", "list-schedule-gdp", "list-schedule-lookahead", "list-schedule-init", "episodes-0", "batch-0", "baseline",
+    ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "empty-stages", "teacher", "list-schedule", "list-schedule-gdp", "list-schedule-lookahead", "list-schedule-init", "episodes-0", "batch-0", "baseline",
          "warm-start", "search-every", "threads-0", "distill-on-policy-nan", "self-improve-negative", "dask-cuda", "cuda-without-gpu"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
@@ -204,6 +205,7 @@ def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None
 
 def test_train_bad_graph_or_cluster_exit_2(tmp_path: Path, trained) -> None:
     _, g, _, _, _ = trained
+    assert_usage_error(run("train", g, g, "-c", "unit:2", "-o", tmp_path / "R"), "given twice")
     assert_usage_error(run("train", tmp_path / "missing.json", "-c", "unit:2", "-o", tmp_path / "R"))
     assert_usage_error(run("train", g, "-c", "nosuch", "-o", tmp_path / "R"))
 

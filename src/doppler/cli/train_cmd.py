@@ -1,5 +1,6 @@
 """``doppler train``: Stage I (imitation) and Stage II (simulator RL) of DOPPLER."""
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -178,7 +179,13 @@ def train_cmd(
                      tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             if init is not None and resume:
                 raise UserError("--init starts a new run from a policy; --resume continues a run: give one of them")
+            if stages is not None and not stages.strip():
+                raise UserError("--stages is empty (use a comma list of: il, sim, real)")
             stages = stages or ("sim" if init is not None else "il,sim")
+            twice = next((p for i, p in enumerate(graph_paths)
+                          if any(os.path.realpath(p) == os.path.realpath(q) for q in graph_paths[:i])), None)  # fmt: skip
+            if twice is not None:
+                raise UserError(f"{twice}: given twice (each training graph once)")
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
                               list_schedule=list_schedule or "critical_path",
                               engine_device_type=engine_device_type, device=device, device_identity=device_identity,
