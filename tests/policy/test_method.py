@@ -232,3 +232,14 @@ def test_an_unreadable_checkpoint_is_named_in_one_short_line(tmp_path, content, 
     msg = str(e.value)
     assert msg.startswith(f"{bad}: not a readable doppler checkpoint (") and reason in msg, msg
     assert "\n" not in msg and "weights_only" not in msg and len(msg) < len(str(bad)) + 200, msg
+
+
+def test_samples_report_their_progress_in_batches():
+    from doppler.policy.method import SAMPLES_BATCH
+
+    events = []
+    g = workloads.build("ffnn", size="tiny")
+    a = assign(g, cluster("unit:2"), "doppler", samples=SAMPLES_BATCH + 5, on_progress=events.append)
+    assert [e.done for e in events] == [SAMPLES_BATCH, SAMPLES_BATCH + 5] and {e.task for e in events} == {"samples"}
+    best = [e.stats["best_makespan_s"] for e in events]
+    assert best[1] <= best[0] and best[1] == pytest.approx(a.estimated_makespan_s)

@@ -15,6 +15,7 @@ from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.methods.registry import MethodError, register
+from doppler.progress import ProgressEvent
 from doppler.policy import BASELINE_METHODS, LEARNED_HEADS
 
 # torch and the policy's modules are imported when the method runs, not when it registers:
@@ -154,7 +155,12 @@ def doppler_method(
             batch = np.concatenate([decoded[0], decode(make_plan(
                 gf.num_ops, batch=min(SAMPLES_BATCH, samples - start), mode="sample", rng=rng,
                 plc_ties_only=ties_only)).assignment])  # fmt: skip
-            decoded[0] = batch[[int(np.argmin(simulate_many(graph, cluster, batch)))]]
+            makespans = simulate_many(graph, cluster, batch)
+            decoded[0] = batch[[int(np.argmin(makespans))]]
+            if on_progress is not None:
+                drawn = min(start + SAMPLES_BATCH, samples)
+                on_progress(ProgressEvent(task="samples", done=drawn, total=samples, unit="samples",
+                                          stats={"best_makespan_s": float(makespans.min()), "evals": drawn}))  # fmt: skip
     elif budget_s:  # up to SEARCH_SAMPLES while the policy has used less than its share of the budget
         k = 0  # (batches of SAMPLE_CHUNK draw the same uniforms, in the same order, as one batch)
         while k < SEARCH_SAMPLES and time.perf_counter() - t_policy < SEARCH_SAMPLE_SHARE * budget_s:
