@@ -72,6 +72,8 @@ def test_text_with_loose_separators_and_no_optypes() -> None:
         ("2\n\n0\n1\n1,1,input\n1,1\n", r":6: op 1: some op lines have an optype"),
         ("3\n\n0,1,2\n1,2,0\n1,1\n1,1\n1,1\n", r"g.txt: the graph has a cycle: 0 -> 1 -> 2 -> 0"),
         ("2\n0,1\n\n\n", "leave no ops"),
+        ("3\n5\n0\n1\n1,1\n1,1\n", r":2: input node id 5 is not a node \(ids are 0..2\)"),
+        ("4\n3,3\n0\n1\n1,1\n1,1\n", r":2: an input node id is listed twice"),
     ],
 )
 def test_text_errors_name_file_and_line(tmp_path: Path, text: str, pattern: str) -> None:

@@ -251,6 +251,11 @@ def graph_from_text(text: str, source: str = "<text>", name: str = "graph") -> D
         raise GraphError(f"{source}:1: expected one positive integer (total node count), got {lines[0].strip()!r}")
     total = header[0]
     input_ids = _int_list(lines[1], 2, "input node ids", source)
+    bad_id = next((i for i in input_ids if not 0 <= i < total), None)
+    if bad_id is not None:
+        raise GraphError(f"{source}:2: input node id {bad_id} is not a node (ids are 0..{total - 1})")
+    if len(set(input_ids)) != len(input_ids):
+        raise GraphError(f"{source}:2: an input node id is listed twice")
     n = total - len(input_ids)
     if n <= 0:
         raise GraphError(f"{source}:2: {len(input_ids)} input nodes leave no ops out of {total} nodes")
