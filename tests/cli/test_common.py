@@ -24,3 +24,16 @@ def test_a_log_gets_a_plain_progress_line_now_and_then_and_json_gets_none(monkey
     with _common.live_progress(labels={"sim": "Stage II"}) as on_progress:
         _events(on_progress)
     assert capsys.readouterr().err == ""
+
+
+def test_usage_errors_from_the_command_line_are_one_line_exit_2() -> None:
+    import subprocess
+    import sys
+
+    for args, words in [(["assign", "g.json", "--budget-s", "abc"], "Invalid value for '--budget-s'"),
+                        (["assgn"], "No such command 'assgn'"), (["simulate", "--bogus"], "No such option: --bogus")]:  # fmt: skip
+        res = subprocess.run([sys.executable, "-m", "doppler", *args], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and res.stdout == "", (args, res)
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ") and words in res.stderr, res.stderr
+    res = subprocess.run([sys.executable, "-m", "doppler", "--version"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith("doppler ")
