@@ -191,6 +191,8 @@ class TrainConfig:
             if int(getattr(self, name)) > cap:
                 raise TrainError(f"--{name.replace('_', '-')} must be at most {cap} (all of them are held in memory "
                                  f"at once), got {getattr(self, name)}")  # fmt: skip
+        if not (math.isfinite(float(self.max_grad_norm)) and self.max_grad_norm > 0):
+            raise TrainError(f"max_grad_norm must be a finite number > 0, got {self.max_grad_norm!r}")
         for name in ("lr", "il_lr", "real_lr", "lr_final"):
             value = float(getattr(self, name))
             if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):

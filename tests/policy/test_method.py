@@ -243,3 +243,23 @@ def test_samples_report_their_progress_in_batches():
     assert [e.done for e in events] == [SAMPLES_BATCH, SAMPLES_BATCH + 5] and {e.task for e in events} == {"samples"}
     best = [e.stats["best_makespan_s"] for e in events]
     assert best[1] <= best[0] and best[1] == pytest.approx(a.estimated_makespan_s)
+
+
+@pytest.mark.parametrize("scale", [1e30, float("nan")])
+def test_weights_that_overflow_decode_to_a_valid_assignment_and_nan_weights_are_refused(tmp_path, scale):
+    # NaN scores compare false everywhere: the compiled arg-max once returned -1, and the decoder
+    # indexed with it until the interpreter died (SIGBUS)
+    from doppler.policy.checkpoint import read_checkpoint, resolve_checkpoint
+
+    ck = read_checkpoint(resolve_checkpoint(None)[0])
+    ck["state_dict"] = {k: w * scale if w.is_floating_point() else w for k, w in ck["state_dict"].items()}
+    bad = tmp_path / "checkpoint.pt"
+    torch.save(ck, bad)
+    g, cl = workloads.build("ffnn", size="tiny"), cluster("v100x8")
+    if scale != scale:
+        with pytest.raises(MethodError, match="not finite numbers"):
+            assign(g, cl, "doppler", checkpoint=bad)
+        return
+    for kw in ({}, {"samples": 8}):
+        a = assign(g, cl, "doppler", checkpoint=bad, **kw)
+        assert a.devices.shape == (g.num_ops,) and 0 <= a.devices.min() and a.devices.max() < cl.num_devices

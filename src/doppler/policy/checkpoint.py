@@ -84,6 +84,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         ck = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
         raise CheckpointError(f"{p}: not a readable doppler checkpoint ({_load_error(e)})") from None
+    weights = ck.get("state_dict") if isinstance(ck, dict) else None
+    if isinstance(weights, dict):  # NaN or inf weights make NaN scores: refused here, not met in a decode
+        bad = next((k for k, w in weights.items()
+                    if torch.is_tensor(w) and w.is_floating_point() and not bool(torch.isfinite(w).all())), None)  # fmt: skip
+        if bad is not None:
+            raise CheckpointError(f"{p}: weight {bad!r} holds values that are not finite numbers (NaN or inf): a "
+                                  "diverged or damaged checkpoint")  # fmt: skip
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
     return ck

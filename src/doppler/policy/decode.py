@@ -57,7 +57,8 @@ def _pick_numpy(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):
     ids = idx[:count]
     w = weights_or_scores[ids]
     top = w.max()
-    return int(ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)].min())
+    tied = ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)]
+    return int(tied.min()) if tied.size else int(ids[0])  # NaN scores compare false: take the first candidate
 
 
 @jit(cache=True, python=_pick_numpy)
@@ -76,7 +77,7 @@ def pick(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):  # pragma: n
             i = idx[k]
             if weights_or_scores[i] >= floor and (best < 0 or i < best):
                 best = i
-        return best
+        return best if best >= 0 else idx[0]  # NaN scores compare false: never an index outside the candidates
     total = 0.0
     for k in range(count):
         total += np.exp(weights_or_scores[idx[k]] - top)
