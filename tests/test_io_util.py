@@ -134,3 +134,20 @@ def test_outputs_apart_refuses_an_input_or_a_second_output_and_leaves_no_probe(t
         check_output_file(tmp_path)
     with pytest.raises(OutputPathError, match="g.json is a file, not a directory"):
         check_output_file(g / "a.json", "--trace")
+
+
+def test_a_link_is_written_through_and_a_pipe_is_refused(tmp_path: Path) -> None:
+    from doppler.io_util import OutputPathError, check_output_file
+
+    target = tmp_path / "target.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target.name)
+    write_json(link, {"a": 1})
+    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1}  # the link kept, its file replaced
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for call in (lambda: atomic_write_text(fifo, "x"), lambda: check_output_file(fifo, "--trace")):
+        with pytest.raises(OutputPathError, match="fifo: not a regular file"):
+            call()
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a pipe

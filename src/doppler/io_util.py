@@ -116,12 +116,25 @@ def make_run_dir(path: str | Path) -> Path:
     return p
 
 
+def _output_target(path: str | Path, name: str) -> Path:
+    """The file an output path names: a symbolic link's target (written through, as ``open`` would, the link
+    kept), refused with an :class:`OutputPathError` if it is a device, pipe or socket, which an atomic write
+    (a new file renamed over the old) would replace with a regular file."""
+    p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
+    if p.exists() and not p.is_file() and not p.is_dir():
+        raise OutputPathError(f"{name}: not a regular file (a device, pipe or socket): doppler writes whole files, "
+                              "atomically; give a file path")  # fmt: skip
+    return p
+
+
 def check_output_file(path: str | Path, label: str = "") -> None:
     """Fail now, before any work, if ``path`` cannot be written as a file: a directory in its place, a
     file where a directory must go, or a nearest existing directory that refuses a new file (a probe
     file is created there and removed; nothing else is created)."""
-    p = Path(path)
     name = f"{label} {path}" if label else str(path)
+    p = _output_target(path, name)
     if p.is_dir():
         raise OutputPathError(f"{name}: is a directory (give a file name)")
     blocking = _file_in_the_way(p.parents)
@@ -160,8 +173,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a killed process leaves either the old file or the new one.
 
     A path that is a directory, or whose directory cannot be created or written, is an
-    :class:`OutputPathError` naming ``path`` (not the temporary file) and the reason."""
-    p = Path(path)
+    :class:`OutputPathError` naming ``path`` (not the temporary file) and the reason. A symbolic link is
+    written through (its target replaced, the link kept); a device, pipe or socket is refused."""
+    p = _output_target(path, str(path))
     if p.is_dir():
         raise OutputPathError(f"{path}: is a directory (give a file name)")
     blocking = _file_in_the_way(p.parents)
