@@ -66,6 +66,8 @@ class TrainError(ValueError):
 MAX_BATCH = 1024
 #: the most fresh (graph, cluster) pairs in one pretraining update (each up to 1,000 ops, held at once)
 MAX_PAIRS_PER_UPDATE = 64
+#: the most torch threads (``--threads``): far more than any machine's cores (100,000 crashed torch)
+MAX_TORCH_THREADS = 256
 
 
 
@@ -191,6 +193,8 @@ class TrainConfig:
             if int(getattr(self, name)) > cap:
                 raise TrainError(f"--{name.replace('_', '-')} must be at most {cap} (all of them are held in memory "
                                  f"at once), got {getattr(self, name)}")  # fmt: skip
+        if int(self.torch_threads) > MAX_TORCH_THREADS:
+            raise TrainError(f"--threads must be at most {MAX_TORCH_THREADS}, got {self.torch_threads}")
         if not (math.isfinite(float(self.max_grad_norm)) and self.max_grad_norm > 0):
             raise TrainError(f"max_grad_norm must be a finite number > 0, got {self.max_grad_norm!r}")
         for name in ("lr", "il_lr", "real_lr", "lr_final"):

@@ -186,6 +186,7 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
         (("--warm-start", "heft,nosuch"), ["warm start", "nosuch"]),
         (("--search-every", "-1"), ["--search-every"]),
         (("--threads", "0"), ["--threads"]),
+        (("--threads", "100000"), ["--threads must be at most 256"]),
         (("--distill-on-policy", "nan"), ["--distill-on-policy"]),
         (("--self-improve", "-1"), ["--self-improve"]),
         (("--stages", "il,real", "--engine", "dask", "--device-type", "cuda"), ["cuda", "dask"]),
@@ -193,7 +194,7 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
                      marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here")),
     ],
     ids=["unknown-stage", "real-engine", "real-episodes-0", "no-stage", "empty-stages", "teacher", "list-schedule", "list-schedule-gdp", "list-schedule-lookahead", "list-schedule-init", "episodes-0", "batch-0", "baseline",
-         "warm-start", "search-every", "threads-0", "distill-on-policy-nan", "self-improve-negative", "dask-cuda", "cuda-without-gpu"],
+         "warm-start", "search-every", "threads-0", "threads-huge", "distill-on-policy-nan", "self-improve-negative", "dask-cuda", "cuda-without-gpu"],
 )
 def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None:
     _, g, _, _, _ = trained
@@ -234,6 +235,9 @@ def test_resume_errors_exit_2(tmp_path: Path, trained) -> None:
                          (("--episodes", "8"), ["--episodes 8", "already done"])]:  # fmt: skip
         assert_usage_error(run("train", g, "-c", "unit:2", "-o", run2, "--resume", *extra), *words)
     assert (run2 / "checkpoint.pt").read_bytes() == before  # refused before any training
+    res = run("train", g, "-c", "unit:2", "-o", run2, "--resume", "--json")  # no --episodes: the run's own length
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["episodes"] == 64  # (TRAIN_ARGS), not --episodes' default of 4000
 
 
 def _assign(g, out, *extra):

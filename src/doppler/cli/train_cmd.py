@@ -118,15 +118,15 @@ def _check_resume_options(ctx: typer.Context, trainer, cfg, run_dir: Path) -> No
 
 
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
-             op_features: str | None = None):  # fmt: skip
+             op_features: str | None = None, resume_episodes: int | None = None):  # fmt: skip
     from doppler.formats import load_graph
     from doppler.presets import cluster
     from doppler.train import Trainer
 
     graphs = [load_graph(p) for p in graph_paths]
     cl = cluster(cluster_name)
-    if resume:
-        return Trainer.resume(run_dir, graphs, cl, episodes=cfg.episodes)
+    if resume:  # --episodes typed: extend Stage II to it; else the run's own length
+        return Trainer.resume(run_dir, graphs, cl, episodes=resume_episodes)
     if (run_dir / "checkpoint.pt").exists():
         raise UserError(f"{run_dir} already holds a training run (use --resume to continue it, or another -o)")
     if init is None:
@@ -159,7 +159,7 @@ def train_cmd(
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 2; give 1 when two trainings share a 2-core machine: with 2 each they run about 17x slower)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly, with its own options; --episodes may extend Stage II."),
     op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: full; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
     device_identity: Optional[bool] = typer.Option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc)."),
@@ -194,7 +194,9 @@ def train_cmd(
             if init is not None and list_schedule is not None:
                 raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
                                 "model): leave it out")  # fmt: skip
-            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features or cfg.op_features)
+            typed_episodes = getattr(ctx.get_parameter_source("episodes"), "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+            trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features or cfg.op_features,
+                               resume_episodes=episodes if typed_episodes else None)  # fmt: skip
             if resume:
                 _check_resume_options(ctx, trainer, cfg, output)
         except (TrainError, CheckpointError) as e:
