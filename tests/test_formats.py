@@ -73,6 +73,8 @@ def test_text_with_loose_separators_and_no_optypes() -> None:
         ("3\n\n0,1,2\n1,2,0\n1,1\n1,1\n1,1\n", r"g.txt: the graph has a cycle: 0 -> 1 -> 2 -> 0"),
         ("2\n0,1\n\n\n", "leave no ops"),
         ("3\n5\n0\n1\n1,1\n1,1\n", r":2: input node id 5 is not a node \(ids are 0..2\)"),
+        ("2\n\n0\n1\n" + "9" * 5000 + ",1\n1,1\n", r":5: op 0: compute '9{40}'\.\.\. \(5000 characters\) is not"),
+        ("2\n\n0\n" + "9" * 5000 + "\n1,1\n1,1\n", r":4: edge destinations: '9{40}'\.\.\. \(5000 characters\)"),
         ("4\n3,3\n0\n1\n1,1\n1,1\n", r":2: an input node id is listed twice"),
     ],
 )

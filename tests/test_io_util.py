@@ -151,3 +151,9 @@ def test_a_link_is_written_through_and_a_pipe_is_refused(tmp_path: Path) -> None
         with pytest.raises(OutputPathError, match="fifo: not a regular file"):
             call()
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a pipe
+
+
+def test_seeds_are_32_bit() -> None:
+    assert check_seed(2**32 - 1) == 2**32 - 1
+    with pytest.raises(ValueError, match="from 0 to 4294967295"):
+        check_seed(2**32)

@@ -414,3 +414,17 @@ def test_the_lookahead_teacher_labels_sampled_states_and_imitation_follows_it():
         gains.append(np.mean(agree[-10:]) - np.mean(agree[:10]))  # means of 10 updates, not one
     # 60 updates on one graph: the PLC head learns the teacher's choices, on the mean of 3 seeds
     assert np.mean(gains) > 0.05, gains
+
+
+def test_a_graph_without_work_is_refused_before_training():
+    from doppler.graph import DataflowGraph
+
+    g = DataflowGraph.from_arrays([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0, 1], [1, 2])
+    with pytest.raises(TrainError, match="lower bound on 'p100x4' is 0"):
+        Trainer.create([g], cluster("p100x4"), TrainConfig(episodes=16, il_episodes=16))
+
+
+def test_a_batch_too_large_for_its_graph_is_refused_before_training():
+    g = workloads.build("random", num_ops=3000, seed=0)
+    with pytest.raises(TrainError, match="--batch 256 x 3,000 ops is more than the 524,288 op-episodes.*--batch 174"):
+        Trainer.create([g], cluster("unit:2"), TrainConfig(batch=256, episodes=256))

@@ -227,15 +227,19 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
 _SEP = re.compile(r"[,\s]+")
 
 
+def _shown(token: str, limit: int = 40) -> str:
+    """A token of the input for an error message: quoted, and cut short if long."""
+    return repr(token) if len(token) <= limit else repr(token[:limit]) + f"... ({len(token)} characters)"
+
+
 def _int_list(line: str, lineno: int, what: str, source: str) -> list[int]:
     out = []
     for tok in _SEP.split(line.strip()):
         if not tok:
             continue
-        try:
-            out.append(int(tok))
-        except ValueError:
-            raise GraphError(f"{source}:{lineno}: {what}: {tok!r} is not an integer") from None
+        if not re.fullmatch(r"-?\d{1,18}", tok):  # (an id or a count: within int64, and no 5,000-digit parse)
+            raise GraphError(f"{source}:{lineno}: {what}: {_shown(tok)} is not an integer of at most 18 digits")
+        out.append(int(tok))
     return out
 
 
@@ -280,10 +284,11 @@ def graph_from_text(text: str, source: str = "<text>", name: str = "graph") -> D
         lineno = i + 5
         fields = [f.strip() for f in line.split(",")]
         if len(fields) not in (2, 3):
-            raise GraphError(f"{source}:{lineno}: op {i}: expected 'compute,comm[,optype]', got {line.strip()!r}")
+            raise GraphError(f"{source}:{lineno}: op {i}: expected 'compute,comm[,optype]', got {_shown(line.strip())}")
         for j, label in ((0, "compute"), (1, "comm")):
-            if not re.fullmatch(r"\d+", fields[j]):
-                raise GraphError(f"{source}:{lineno}: op {i}: {label} {fields[j]!r} is not a non-negative integer")
+            if not re.fullmatch(r"\d{1,300}", fields[j]):  # (past 300 digits a cost is no finite float)
+                raise GraphError(f"{source}:{lineno}: op {i}: {label} {_shown(fields[j])} is not a non-negative "
+                                 "integer of at most 300 digits")  # fmt: skip
         flops[i] = int(fields[0])
         comm[i] = int(fields[1])
         has_type = len(fields) == 3

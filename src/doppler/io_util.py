@@ -33,10 +33,17 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+#: the largest seed: numpy's legacy seeding, which training uses too, takes 32-bit seeds
+MAX_SEED = 2**32 - 1
+
+
 def check_seed(seed: Any, error: type[Exception] = ValueError, name: str = "the seed") -> int:
-    """A seed is an integer >= 0 (numpy's generators take no negative seeds); else ``error`` naming it."""
+    """A seed is an integer from 0 to :data:`MAX_SEED` (numpy's generators take no negative seeds, its legacy
+    seeding none past 32 bits); else ``error`` naming it."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise error(f"{name} must be an integer >= 0, got {seed!r}")
+    if seed > MAX_SEED:
+        raise error(f"{name} must be an integer from 0 to {MAX_SEED} (2**32 - 1), got {seed!r}")
     return int(seed)
 
 

@@ -66,6 +66,9 @@ class TrainError(ValueError):
 MAX_BATCH = 1024
 #: the most fresh (graph, cluster) pairs in one pretraining update (each up to 1,000 ops, held at once)
 MAX_PAIRS_PER_UPDATE = 64
+#: the most (episodes x ops) of one graph in one update: about 16 KB each were measured (3.98 GB for
+#: --batch 128 on 2,000 ops), so this keeps an update near 8 GB
+MAX_BATCH_OP_EPISODES = 2**19
 #: the most torch threads (``--threads``): far more than any machine's cores (100,000 crashed torch)
 MAX_TORCH_THREADS = 256
 
@@ -317,6 +320,14 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
     """A training graph. With a teacher other than critical_path, that method's assignment
     (along the b-level order) is the Stage I target and the first best-so-far."""
     sim = SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed)
+    batch = max(cfg.batch, cfg.il_batch)
+    if batch * graph.num_ops > MAX_BATCH_OP_EPISODES:
+        raise TrainError(f"graph {graph.name!r}: --batch {batch} x {graph.num_ops:,} ops is more than the "
+                         f"{MAX_BATCH_OP_EPISODES:,} op-episodes one update may hold (about 8 GB); give --batch "
+                         f"{max(1, MAX_BATCH_OP_EPISODES // graph.num_ops)} or less")  # fmt: skip
+    if not sim.ctx.lower_bound() > 0:  # rewards are makespans over this bound
+        raise TrainError(f"graph {graph.name!r}: its makespan lower bound on {cluster.name!r} is 0 (no op has any work "
+                         "and no data moves): nothing to learn")  # fmt: skip
     task = Task(
         graph=graph,
         cluster=cluster,

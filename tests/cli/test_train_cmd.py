@@ -206,7 +206,10 @@ def test_train_bad_options_exit_2(tmp_path: Path, trained, extra, words) -> None
 
 def test_train_bad_graph_or_cluster_exit_2(tmp_path: Path, trained) -> None:
     _, g, _, _, _ = trained
-    assert_usage_error(run("train", g, g, "-c", "unit:2", "-o", tmp_path / "R"), "given twice")
+    assert_usage_error(run("train", g, g, "-c", "unit:2", "-o", tmp_path / "R"), "the same graph as")
+    copy = tmp_path / "copy.json"  # the same graph under another name
+    shutil.copy(g, copy)
+    assert_usage_error(run("train", g, copy, "-c", "unit:2", "-o", tmp_path / "R"), "copy.json: the same graph as")
     assert_usage_error(run("train", tmp_path / "missing.json", "-c", "unit:2", "-o", tmp_path / "R"))
     assert_usage_error(run("train", g, "-c", "nosuch", "-o", tmp_path / "R"))
 

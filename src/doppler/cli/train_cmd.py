@@ -1,6 +1,5 @@
 """``doppler train``: Stage I (imitation) and Stage II (simulator RL) of DOPPLER."""
 
-import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -124,6 +123,11 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
     from doppler.train import Trainer
 
     graphs = [load_graph(p) for p in graph_paths]
+    seen: dict[str, Path] = {}
+    for path, g in zip(graph_paths, graphs):  # (a copy or a link is the same graph)
+        first = seen.setdefault(g.fingerprint(), path)
+        if first is not path:
+            raise UserError(f"{path}: the same graph as {first} (give each training graph once)")
     cl = cluster(cluster_name)
     if resume:  # --episodes typed: extend Stage II to it; else the run's own length
         return Trainer.resume(run_dir, graphs, cl, episodes=resume_episodes)
@@ -182,10 +186,6 @@ def train_cmd(
             if stages is not None and not stages.strip():
                 raise UserError("--stages is empty (use a comma list of: il, sim, real)")
             stages = stages or ("sim" if init is not None else "il,sim")
-            twice = next((p for i, p in enumerate(graph_paths)
-                          if any(os.path.realpath(p) == os.path.realpath(q) for q in graph_paths[:i])), None)  # fmt: skip
-            if twice is not None:
-                raise UserError(f"{twice}: given twice (each training graph once)")
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
                               list_schedule=list_schedule or "critical_path",
                               engine_device_type=engine_device_type, device=device, device_identity=device_identity,
