@@ -84,3 +84,35 @@ def test_readme_training_api(tmp_path) -> None:
     Trainer.create([g], c, TrainConfig(episodes=16, il_episodes=8, distill_updates=2)).run(tmp_path / "g")
     a = doppler.assign(g, c, method="doppler", checkpoint=tmp_path / "g" / "checkpoint.pt")
     assert a.method == "doppler" and a.devices.shape == (g.num_ops,)
+
+
+def test_an_assignment_array_that_a_cast_would_rewrite_is_refused() -> None:
+    import doppler
+    from doppler.assignment import Assignment, AssignmentError
+    from doppler.simulate import simulate
+
+    g, c = doppler.workloads.build("ffnn", size="tiny"), doppler.cluster("p100x4")
+    n = g.num_ops
+    for bad, match in [(np.zeros((2, n // 2), np.int64), "1-D list of device indices, got shape"),
+                       (np.full(n, 2**63, np.uint64), "not a device index")]:  # fmt: skip
+        with pytest.raises(AssignmentError, match=match):
+            simulate(g, c, bad)
+    for bad, match in [(np.full(n, 0.9), "non-integer device 0.9"), (["a"] * n, "got text"),
+                       ([[0], [0, 1]], "ragged or mixed")]:  # fmt: skip
+        with pytest.raises(AssignmentError, match=match):
+            Assignment(bad)
+
+
+def test_an_assignment_made_for_another_graph_is_refused_unless_its_devices_are_given() -> None:
+    import doppler
+    from doppler.assignment import AssignmentError
+    from doppler.simulate import simulate
+
+    c = doppler.cluster("p100x4")
+    g1 = doppler.workloads.build("random", num_ops=40, seed=1)
+    g2 = doppler.workloads.build("random", num_ops=40, seed=2)  # as many ops, other costs
+    a1 = doppler.assign(g1, c, "heft")
+    assert simulate(g1, c, a1).makespan_s > 0
+    with pytest.raises(AssignmentError, match="made for another graph"):
+        simulate(g2, c, a1)
+    assert simulate(g2, c, a1.devices).makespan_s > 0

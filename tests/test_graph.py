@@ -172,3 +172,19 @@ def test_fingerprint_survives_json_text_json_and_legacy_ones_still_match(tmp_pat
     assert again.fingerprint() == g.fingerprint()  # ... and the fingerprint does not depend on them
     assert g.matches_fingerprint(g.legacy_fingerprint()) and not again.matches_fingerprint(g.legacy_fingerprint())
     assert not g.matches_fingerprint("0" * 16)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(src=[0.5]), "src must hold whole numbers, got 0.5"),
+    (dict(kind=np.array([257, 1])), "kind holds 257, outside 0..127"),
+    (dict(group=np.array([2**32 - 1, -1])), "group holds 4294967295"),
+    (dict(flops=[[1, 2], [3, 4]], output_bytes=[1, 1, 1, 1]), "flops must be a 1-D array"),
+    (dict(src=[[0]], dst=[[1]]), "src must be a 1-D array"),
+    (dict(flops=["a", 2]), "flops must hold numbers"),
+    (dict(src=[2**63]), "src holds 9223372036854775808, outside"),
+    (dict(names=[1, 2]), "names must be strings: op 0's is 1"),
+])  # fmt: skip
+def test_from_arrays_refuses_what_a_cast_would_rewrite(kw, match) -> None:
+    args = dict(flops=[1.0, 1.0], output_bytes=[1.0, 1.0], src=[0], dst=[1]) | kw
+    with pytest.raises(GraphError, match=match):
+        DataflowGraph.from_arrays(**args)

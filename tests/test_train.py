@@ -247,7 +247,12 @@ def test_checkpoint_round_trip_and_bad_files(tmp_path):
         (dict(search_every=-1), "--search-every must be >= 0"),
         (dict(batch=100_000, episodes=200_000), "--batch must be at most 1024"),
         (dict(pairs_per_update=65), "--pairs-per-update must be at most 64"),
-        (dict(max_grad_norm=float("nan")), "max_grad_norm must be a finite number > 0"),
+        (dict(max_grad_norm=float("nan")), "--max-grad-norm must be a finite number"),
+        (dict(max_grad_norm=0.0), "max_grad_norm must be a finite number > 0"),
+        (dict(stages="il"), "--stages must be a list of names"),
+        (dict(episodes="abc"), "--episodes must be a whole number"),
+        (dict(update_epochs=0), "update_epochs must be >= 1"),
+        (dict(eps_start=2.0), r"eps_start must be in \[0, 1\]"),
     ],
 )
 def test_bad_config_is_rejected(bad, match):

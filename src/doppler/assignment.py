@@ -38,7 +38,7 @@ class Assignment:
     simulation: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.devices = np.asarray(self.devices, dtype=np.int64).reshape(-1)
+        self.devices = _device_array(self.devices)
 
     def __len__(self) -> int:
         return int(self.devices.shape[0])
@@ -62,7 +62,21 @@ def as_devices(assignment: "Assignment | Sequence[int] | np.ndarray") -> np.ndar
     """The device array of an Assignment or of any sequence of device indices."""
     if isinstance(assignment, Assignment):
         return assignment.devices
-    arr = np.asarray(assignment)
+    return _device_array(assignment)
+
+
+def _device_array(values: Any) -> np.ndarray:
+    """``values`` as a 1-D int64 array of device indices, or an :class:`AssignmentError` saying why not
+    (not 1-D, not whole numbers, not numbers): nothing is truncated or wrapped by the cast."""
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError):
+        raise AssignmentError("an assignment must be a list of device indices (integers), got a ragged or "
+                              "mixed sequence") from None  # fmt: skip
+    if arr.ndim != 1:
+        raise AssignmentError(f"an assignment must be a 1-D list of device indices, got shape {arr.shape}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= 2**62:
+        raise AssignmentError(f"op {int(np.argmax(arr))} has device {int(arr.max())}, not a device index")
     if arr.dtype.kind == "f":
         flat = arr.reshape(-1)
         with np.errstate(invalid="ignore"):
@@ -127,6 +141,8 @@ def load_assignment(
                 f"{p}: made for a different graph (fingerprint {fp}, this graph is {graph.fingerprint()}; "
                 "--ignore-fingerprint uses it anyway if the ops are the same)"
             )
+        if not check_fingerprint and fp is not None:  # told to use it for this graph: it is now this graph's
+            fp = graph.fingerprint()
     if graph is not None and num_devices is not None:
         try:
             check_assignment(graph, devices, num_devices)

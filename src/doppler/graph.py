@@ -127,6 +127,32 @@ def _segment_max(vals: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.
     return has, np.maximum(np.maximum.reduceat(vals, starts), 0.0)
 
 
+def _column(values: Any, label: str, dtype: Any, *, ndim: int = 1, bounds: tuple[int, int] | None = None) -> np.ndarray:
+    """``values`` as a ``dtype`` array of ``ndim`` dimensions, or a :class:`GraphError` naming ``label``: numbers
+    only, and in an integer column whole numbers within ``bounds`` (checked before the cast, which would
+    truncate 0.5 to 0 or wrap 257 to 1)."""
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError) as e:
+        raise GraphError(f"{label}: not an array of numbers ({str(e).splitlines()[0][:80]})") from None
+    if arr.ndim != ndim:
+        raise GraphError(f"{label} must be a {ndim}-D array, got shape {arr.shape}")
+    if arr.size == 0:
+        return arr.astype(dtype)
+    if arr.dtype.kind not in "iuf":
+        raise GraphError(f"{label} must hold numbers, got {arr.dtype.name} values such as {arr.flat[0]!r:.40}")
+    if np.issubdtype(dtype, np.integer):
+        if arr.dtype.kind == "f":
+            bad = np.flatnonzero(~np.isfinite(arr.ravel()) | (arr.ravel() != np.floor(arr.ravel())))
+            if bad.size:
+                raise GraphError(f"{label} must hold whole numbers, got {arr.ravel()[bad[0]].item()!r}")
+        lo, hi = bounds if bounds is not None else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        small, big = arr.min(), arr.max()
+        if small < lo or big > hi:
+            raise GraphError(f"{label} holds {(small if small < lo else big).item()!r}, outside {lo}..{hi}")
+    return arr.astype(dtype)
+
+
 @dataclass(eq=False)
 class DataflowGraph:
     """A validated DAG of ops. Build with :meth:`from_arrays` (or a workload builder)."""
@@ -173,15 +199,17 @@ class DataflowGraph:
         meta: dict[str, Any] | None = None,
     ) -> "DataflowGraph":
         """Build and validate a graph from per-op and per-edge arrays."""
-        flops_a = np.asarray(flops, dtype=np.float64).reshape(-1)
+        flops_a = _column(flops, "flops", np.float64)
         n = flops_a.shape[0]
-        kind_a = np.full(n, OpKind.UNKNOWN, np.int8) if kind is None else np.asarray(kind, dtype=np.int8)
-        group_a = np.full(n, -1, np.int32) if group is None else np.asarray(group, dtype=np.int32)
+        kind_a = (np.full(n, OpKind.UNKNOWN, np.int8) if kind is None else
+                  _column(kind, "kind", np.int8, bounds=(0, 127)))  # (unknown codes are named below)  # fmt: skip
+        group_a = np.full(n, -1, np.int32) if group is None else _column(group, "group", np.int32,
+                                                                          bounds=(-1, 2**31 - 1))  # fmt: skip
         if block is None:
             block_a = np.full((n, MAX_BLOCK_DIMS), -1, np.int32)
         else:
-            block_a = np.asarray(block, dtype=np.int32)
-            if block_a.ndim != 2 or block_a.shape[1] > MAX_BLOCK_DIMS:
+            block_a = _column(block, "block", np.int32, ndim=2)
+            if block_a.shape[1] > MAX_BLOCK_DIMS:
                 raise GraphError(f"block must be an (n, <= {MAX_BLOCK_DIMS}) array, got shape {block_a.shape}")
             if block_a.shape[1] < MAX_BLOCK_DIMS:
                 pad = np.full((block_a.shape[0], MAX_BLOCK_DIMS - block_a.shape[1]), -1, np.int32)
@@ -189,9 +217,9 @@ class DataflowGraph:
         return cls(
             kind=kind_a,
             flops=flops_a,
-            output_bytes=np.asarray(output_bytes, dtype=np.float64).reshape(-1),
-            src=np.asarray(src, dtype=np.int64).reshape(-1),
-            dst=np.asarray(dst, dtype=np.int64).reshape(-1),
+            output_bytes=_column(output_bytes, "output_bytes", np.float64),
+            src=_column(src, "src", np.int64),
+            dst=_column(dst, "dst", np.int64),
             group=group_a,
             block=block_a,
             names=names,
@@ -253,6 +281,9 @@ class DataflowGraph:
             raise GraphError(f"edge {e} is a self-loop on op {self.op_label(int(self.src[e]))}")
         if self.names is not None and len(self.names) != n:
             raise GraphError(f"names has {len(self.names)} entries but the graph has {n} ops")
+        if self.names is not None and not all(isinstance(s, str) for s in self.names):
+            i = next(i for i, s in enumerate(self.names) if not isinstance(s, str))
+            raise GraphError(f"names must be strings: op {i}'s is {self.names[i]!r}")
         if self.specs is not None and len(self.specs) != n:
             raise GraphError(f"specs has {len(self.specs)} entries but the graph has {n} ops")
         if self.group.size and (self.group.max() >= len(self.groups) or self.group.min() < -1):

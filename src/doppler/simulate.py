@@ -645,6 +645,8 @@ class SimContext:
     def _devices(self, assignment: Any) -> np.ndarray:
         """The device array; int64 contiguous arrays of the right length pass through unchecked
         (the kernel range-checks them), anything else goes through check_assignment."""
+        if isinstance(assignment, Assignment) and assignment.graph_fingerprint:
+            self._check_fingerprint(assignment.graph_fingerprint)
         arr = assignment.devices if isinstance(assignment, Assignment) else assignment
         if (
             type(arr) is np.ndarray
@@ -656,6 +658,17 @@ class SimContext:
             return arr
         dev = check_assignment(self.graph, as_devices(assignment), self.num_devices)
         return np.ascontiguousarray(dev, dtype=np.int64)
+
+    def _check_fingerprint(self, fp: str) -> None:
+        """An :class:`Assignment` made for another graph (its fingerprint says so) is refused, as the CLI
+        refuses such a file; the graph's fingerprints are hashed once per context."""
+        known = self.__dict__.setdefault("_fingerprints", set())
+        if fp in known:
+            return
+        if not self.graph.matches_fingerprint(fp):
+            raise AssignmentError(f"the assignment was made for another graph than {self.graph.name!r} (its "
+                                  "graph_fingerprint differs); pass its .devices to simulate it anyway")  # fmt: skip
+        known.add(fp)
 
     def _dispatch_key(self, dispatch: str, priority: Any, mode: str) -> np.ndarray | None:
         """The per-op priority key (float64) for ``dispatch="priority"``, None for FIFO."""

@@ -164,7 +164,41 @@ class TrainConfig:
             return bool(self.device_identity)
         return self.method in IDENTITY_METHODS
 
+    def _check_types(self) -> None:
+        """Every field holds a value of its default's type (an int field a whole number, a float field a finite
+        number, a tuple field a sequence of names), so that a wrong type is one line, not torch's error."""
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            if value is None and default is None:
+                continue
+            if isinstance(default, bool) or (default is None and f.name == "device_identity"):
+                ok, what = isinstance(value, bool), "true or false"
+            elif isinstance(default, int):
+                ok, what = isinstance(value, (int, np.integer)) and not isinstance(value, bool), "a whole number"
+            elif isinstance(default, float) or default is None:
+                ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+                      and math.isfinite(float(value)))  # fmt: skip
+                what = "a finite number"
+            elif isinstance(default, tuple):
+                ok = isinstance(value, (tuple, list)) and all(isinstance(s, str) for s in value)
+                what = "a list of names"
+            else:
+                ok, what = isinstance(value, type(default)), f"a {type(default).__name__}"
+            if not ok:  # named as its command-line option
+                flag = {"torch_threads": "threads", "self_improve_coef": "self-improve"}.get(f.name, f.name)
+                raise TrainError(f"--{flag.replace('_', '-')} must be {what}, got {value!r}")
+
     def validate(self) -> None:
+        self._check_types()
+        for name, lo in (("hidden", 1), ("mlp_hidden", 1), ("mp_steps", 0), ("update_epochs", 1), ("distill_updates", 0)):
+            if int(getattr(self, name)) < lo:
+                raise TrainError(f"{name} must be >= {lo}, got {getattr(self, name)}")
+        for name in ("eps_start", "eps_end", "real_eps", "running_decay"):
+            if not 0 <= float(getattr(self, name)) <= 1:
+                raise TrainError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name in ("entropy_coef", "noise_sigma", "clip_ratio"):
+            if float(getattr(self, name)) < 0:
+                raise TrainError(f"{name} must be >= 0, got {getattr(self, name)}")
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise TrainError(f"unknown stage {unknown[0] if unknown else ''!r} (use: {', '.join(STAGES)})")
