@@ -433,3 +433,15 @@ def test_a_batch_too_large_for_its_graph_is_refused_before_training():
     g = workloads.build("random", num_ops=3000, seed=0)
     with pytest.raises(TrainError, match="--batch 256 x 3,000 ops is more than the 524,288 op-episodes.*--batch 174"):
         Trainer.create([g], cluster("unit:2"), TrainConfig(batch=256, episodes=256))
+
+
+def test_create_names_a_wrong_object_and_takes_a_preset_name():
+    g = workloads.build("random", num_ops=20, seed=0)
+    cfg = TrainConfig(stages=("il",), il_episodes=8, hidden=8, mlp_hidden=8, mp_steps=1)
+    for args, match in [((g, cluster("unit:2"), cfg), "graphs must be a list of DataflowGraph, got DataflowGraph"),
+                        (([None], cluster("unit:2"), cfg), "holding a NoneType"),
+                        (([g], None, cfg), "expected a Cluster or a preset name, got NoneType"),
+                        (([g], cluster("unit:2"), None), "expected a TrainConfig, got NoneType")]:  # fmt: skip
+        with pytest.raises(TrainError, match=match):
+            Trainer.create(*args)
+    assert Trainer.create([g], "unit:2", cfg).tasks[0].cluster.num_devices == 2

@@ -515,9 +515,21 @@ class Trainer:
     ) -> "Trainer":
         """Set up a run; ``oracles``/``real_oracles`` map task index -> Stage II / Stage III oracle
         (defaults: the simulator, and an :class:`~doppler.engine.oracle.EngineOracle` on ``cfg.engine``)."""
+        if not isinstance(cfg, TrainConfig):
+            raise TrainError(f"expected a TrainConfig, got {type(cfg).__name__}")
         cfg.validate()
+        if not isinstance(graphs, (list, tuple)) or not all(isinstance(g, DataflowGraph) for g in graphs):
+            raise TrainError(f"graphs must be a list of DataflowGraph, got {type(graphs).__name__}"
+                             + (f" holding a {type(next(g for g in graphs if not isinstance(g, DataflowGraph))).__name__}"
+                                if isinstance(graphs, (list, tuple)) else ""))  # fmt: skip
         if not graphs:
             raise TrainError("give at least one graph")
+        if isinstance(cluster, (str, Path)):  # a preset name or a cluster file, as assign and simulate take
+            from doppler.presets import cluster as resolve_cluster
+
+            cluster = resolve_cluster(str(cluster))
+        if not isinstance(cluster, Cluster):
+            raise TrainError(f"expected a Cluster or a preset name, got {type(cluster).__name__}")
         cfg = dataclasses.replace(cfg, device_identity=cfg.learns_device_identity)  # the checkpoint says which
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)

@@ -77,3 +77,11 @@ def test_assign_is_exported():
 
     a = doppler.assign(from_edges([1, 1], [(0, 1)]), homogeneous("h", 2, flops_per_s=1.0, bandwidth_Bps=1.0))
     assert a.method == "critical_path"
+
+
+def test_assign_names_a_graph_that_is_not_one():
+    from doppler import cluster
+    from doppler.methods import MethodError, assign
+
+    with pytest.raises(MethodError, match="expected a DataflowGraph, got str"):
+        assign("g.json", cluster("unit:2"), "heft")

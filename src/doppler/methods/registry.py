@@ -139,6 +139,8 @@ def assign(
     the method (e.g. ``max_evals`` for ``anneal``).
     """
     spec = get_method(method)
+    if not isinstance(graph, DataflowGraph):
+        raise MethodError(f"expected a DataflowGraph, got {type(graph).__name__} (a file: doppler.load_graph(path))")
     check_budget(budget_s)
     seed = check_seed(seed)
     if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
