@@ -116,3 +116,11 @@ def test_an_assignment_made_for_another_graph_is_refused_unless_its_devices_are_
     with pytest.raises(AssignmentError, match="made for another graph"):
         simulate(g2, c, a1)
     assert simulate(g2, c, a1.devices).makespan_s > 0
+
+
+def test_load_checks_the_device_range_without_a_graph_too(tmp_path: Path) -> None:
+    p = tmp_path / "a.json"
+    p.write_text("[0, 9]")
+    assert load_assignment(p).devices.tolist() == [0, 9]
+    with pytest.raises(AssignmentError, match="a.json: op 1 is assigned to device 9, but the cluster has devices 0..3"):
+        load_assignment(p, num_devices=4)

@@ -441,7 +441,8 @@ def test_create_names_a_wrong_object_and_takes_a_preset_name():
     for args, match in [((g, cluster("unit:2"), cfg), "graphs must be a list of DataflowGraph, got DataflowGraph"),
                         (([None], cluster("unit:2"), cfg), "holding a NoneType"),
                         (([g], None, cfg), "expected a Cluster or a preset name, got NoneType"),
-                        (([g], cluster("unit:2"), None), "expected a TrainConfig, got NoneType")]:  # fmt: skip
+                        (([g], cluster("unit:2"), None), "expected a TrainConfig, got NoneType"),
+                        (([g, g], cluster("unit:2"), cfg), "graphs 0 and 1 are the same graph")]:  # fmt: skip
         with pytest.raises(TrainError, match=match):
             Trainer.create(*args)
     assert Trainer.create([g], "unit:2", cfg).tasks[0].cluster.num_devices == 2

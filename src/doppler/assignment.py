@@ -143,6 +143,11 @@ def load_assignment(
             )
         if not check_fingerprint and fp is not None:  # told to use it for this graph: it is now this graph's
             fp = graph.fingerprint()
+    if num_devices is not None:  # (without a graph, ops are named by their index)
+        bad = np.flatnonzero((devices < 0) | (devices >= num_devices))
+        if graph is None and bad.size:
+            raise AssignmentError(f"{p}: op {int(bad[0])} is assigned to device {int(devices[bad[0]])}, but the "
+                                  f"cluster has devices 0..{num_devices - 1}")  # fmt: skip
     if graph is not None and num_devices is not None:
         try:
             check_assignment(graph, devices, num_devices)

@@ -524,6 +524,11 @@ class Trainer:
                                 if isinstance(graphs, (list, tuple)) else ""))  # fmt: skip
         if not graphs:
             raise TrainError("give at least one graph")
+        prints = [g.fingerprint() for g in graphs]
+        twice = next((i for i, fp in enumerate(prints) if fp in prints[:i]), None)
+        if twice is not None:
+            raise TrainError(f"graphs {prints.index(prints[twice])} and {twice} are the same graph ({graphs[twice].name!r}): "
+                             "give each training graph once")  # fmt: skip
         if isinstance(cluster, (str, Path)):  # a preset name or a cluster file, as assign and simulate take
             from doppler.presets import cluster as resolve_cluster
 

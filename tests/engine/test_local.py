@@ -189,6 +189,11 @@ def test_bad_requests_are_clear_errors() -> None:
         run(g, [0] * n, timeout_s=float("nan"))
     with pytest.raises(EngineError, match="at most"):
         run(g, [0] * n, num_devices=10_000)
+    for scale in (float("nan"), 0.0, 1e12, "1"):  # (kernel graphs ignored it; 1e12 overflowed in a worker)
+        with pytest.raises(EngineError, match="time-scale must be a number"):
+            run(g, [0] * n, num_devices=2, time_scale=scale)
+    with pytest.raises(EngineError, match="num_devices=3 does not match cluster"):
+        run(g, [0] * n, num_devices=3, cluster=cluster("unit:2"))
 
 
 def test_repeated_runs_do_not_leak_memory() -> None:

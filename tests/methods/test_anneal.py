@@ -443,3 +443,14 @@ def test_pool_and_scorer_must_be_well_formed(setup):
     for name, value in bad.items():
         with pytest.raises(MethodError, match=f"MoveScorer.{name}"):
             MoveScorer(**{**ok.__dict__, name: value})
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(max_evals="x"), "max_evals must be an integer >= 0"),
+    (dict(max_evals=1.5), "max_evals must be an integer >= 0"),
+    (dict(max_evals=10, guided_share=float("nan")), r"guided_share must be in \[0, 1\]"),
+    (dict(max_evals=10, device_prefs=np.zeros(3)), "device_prefs must have one row per op"),
+])  # fmt: skip
+def test_bad_search_options_are_one_method_error(kw, match):
+    with pytest.raises(MethodError, match=match):
+        assign(workloads.build("ffnn", size="tiny"), cluster("p100x4"), "anneal", **kw)

@@ -263,3 +263,9 @@ def test_weights_that_overflow_decode_to_a_valid_assignment_and_nan_weights_are_
     for kw in ({}, {"samples": 8}):
         a = assign(g, cl, "doppler", checkpoint=bad, **kw)
         assert a.devices.shape == (g.num_ops,) and 0 <= a.devices.min() and a.devices.max() < cl.num_devices
+
+
+@pytest.mark.parametrize("samples", [1.5, "8", True])
+def test_samples_must_be_a_whole_number(samples):
+    with pytest.raises(MethodError, match="--samples must be a whole number"):
+        assign(workloads.build("ffnn", size="tiny"), cluster("unit:2"), "doppler", samples=samples)

@@ -2,7 +2,6 @@
 engine's devices and links into a cluster file) and ``doppler validate`` (simulator
 versus engine on many assignments)."""
 
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,15 +19,6 @@ DEVICE_TYPE_OPT = typer.Option(
     "cpu", "--device-type", help="Local engine devices: cpu (numpy workers) or cuda (torch on the GPU; more devices than GPUs split each GPU)."
 )
 TIME_SCALE_OPT = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time.")
-
-
-#: the largest --time-scale: a cost-only graph's kernels last this many times the cluster's op times
-MAX_TIME_SCALE = 1e6
-
-
-def _check_time_scale(time_scale: float) -> None:
-    if not (math.isfinite(time_scale) and 0 < time_scale <= MAX_TIME_SCALE):
-        raise UserError(f"--time-scale must be a number in (0, {MAX_TIME_SCALE:g}], got {time_scale!r}")
 
 
 def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
@@ -74,13 +64,13 @@ def execute_cmd(
     with handle_errors():
 
         from doppler.assignment import load_assignment
-        from doppler.engine import check_options, run
+        from doppler.engine import check_options, check_time_scale, run
         from doppler.formats import load_graph
         from doppler.simulate import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
         check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
-        _check_time_scale(time_scale)
+        check_time_scale(time_scale)
         if gantt_path is not None:
             from doppler.report import figure_format
 
@@ -270,7 +260,7 @@ def validate_cmd(
     """Run many assignments through simulator and engine; report rank correlation and error."""
     with handle_errors():
 
-        from doppler.engine import check_options
+        from doppler.engine import check_options, check_time_scale
         from doppler.engine.validate import scatter_plot, validate
         from doppler.formats import load_graph
         from doppler.presets import cluster
@@ -278,7 +268,7 @@ def validate_cmd(
 
         cl = cluster(cluster_name)
         check_options(engine, cl.num_devices, repeats, timeout_s, seed, device_type)
-        _check_time_scale(time_scale)
+        check_time_scale(time_scale)
         if n < 2:
             raise UserError(f"--n must be >= 2, got {n}")
         if dispatch not in ("fifo", "priority"):

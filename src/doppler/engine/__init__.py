@@ -85,6 +85,17 @@ def check_options(engine: str, num_devices: int, repeats: int, timeout_s: float,
     check_seed(seed, EngineError)
 
 
+#: the largest time_scale: a cost-only graph's kernels last this many times the cluster's op times
+MAX_TIME_SCALE = 1e6
+
+
+def check_time_scale(time_scale: float) -> None:
+    """``time_scale`` (the synthetic kernels' length over the cluster's op times) is a number in (0, 1e6]."""
+    ok = isinstance(time_scale, (int, float, np.integer, np.floating)) and not isinstance(time_scale, bool)
+    if not (ok and math.isfinite(time_scale) and 0 < time_scale <= MAX_TIME_SCALE):
+        raise EngineError(f"--time-scale must be a number in (0, {MAX_TIME_SCALE:g}], got {time_scale!r}")
+
+
 def run(
     graph: DataflowGraph,
     assignment: "Assignment | Sequence[int] | np.ndarray",
@@ -119,6 +130,10 @@ def run(
     if num_devices is None:
         num_devices = cluster.num_devices if cluster is not None else int(devices.max(initial=0)) + 1
     check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
+    check_time_scale(time_scale)
+    if cluster is not None and num_devices != cluster.num_devices:
+        raise EngineError(f"num_devices={num_devices} does not match cluster {cluster.name!r}, which has "
+                          f"{cluster.num_devices} devices")  # fmt: skip
     if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or not 0 <= warmup <= MAX_REPEATS:
         raise EngineError(f"warmup must be an integer from 0 to {MAX_REPEATS}, got {warmup!r}")
     devices = check_assignment(graph, devices, num_devices)

@@ -242,8 +242,14 @@ def anneal_search(
     time used of the budget (or the evaluations of ``max_evals``), and in ``stats`` the evaluation
     count and the best makespan so far."""
     t0 = time.perf_counter()
-    if max_evals is not None and int(max_evals) < 0:
-        raise MethodError(f"max_evals must be >= 0, got {max_evals}")
+    if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, (int, np.integer))
+                                  or max_evals < 0):  # fmt: skip
+        raise MethodError(f"max_evals must be an integer >= 0, got {max_evals!r}")
+    if not (isinstance(guided_share, (int, float, np.integer, np.floating)) and 0.0 <= float(guided_share) <= 1.0):
+        raise MethodError(f"guided_share must be in [0, 1], got {guided_share!r}")
+    if device_prefs is not None and np.shape(device_prefs) != (graph.num_ops, cluster.num_devices):
+        raise MethodError(f"device_prefs must have one row per op and one column per device "
+                          f"({graph.num_ops} x {cluster.num_devices}), got shape {np.shape(device_prefs)}")  # fmt: skip
     if batch_size < 1:
         raise MethodError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:

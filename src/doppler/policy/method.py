@@ -88,6 +88,8 @@ def doppler_method(
     from the policy's device preferences). ``plc_ties_only``: the device head only breaks the ties of
     its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
     ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
+    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))):
+        raise MethodError(f"--samples must be a whole number, got {samples!r}")
     if samples is not None and not 1 <= samples <= MAX_SAMPLES:
         raise MethodError(f"--samples must be between 1 and {MAX_SAMPLES:,}, got {samples} (for a longer search give "
                           "--budget-s)")  # fmt: skip
