@@ -62,12 +62,13 @@ def test_from_json_minimal_and_default_link() -> None:
         (lambda o: o["devices"][0].update(flops_per_s=0), r"devices\[0\]: device 'a': flops_per_s must be"),
         (lambda o: o["devices"][0].pop("flops_per_s"), r"devices\[0\] \('a'\): missing field 'flops_per_s'"),
         (lambda o: o["devices"][0].update(kind="tpu"), "kind must be one of cpu, gpu"),
-        (lambda o: o["devices"][1].update(streams=0), "streams must be an integer >= 1"),
+        (lambda o: o["devices"][1].update(streams=0), "streams must be an integer from 1 to 4096"),
         (lambda o: o["devices"][1].update(name="a"), "two devices are named 'a'"),
         (lambda o: o["devices"][0].update(flops_per_s_by_kind={"conv": 1.0}), "unknown op kind 'conv'"),
         (lambda o: o.update(devices=[]), "non-empty list"),
         (lambda o: o.pop("devices"), "missing field 'devices'"),
         (lambda o: o.update(meta={"time_unit": "weeks"}), "meta.time_unit must be"),
+        (lambda o: o["devices"][1].update(streams=2**70), "streams must be an integer from 1 to 4096"),
     ],
 )
 def test_json_validation_errors_name_file_and_field(mutate, msg: str, tmp_path: Path) -> None:
@@ -145,3 +146,17 @@ def test_device_count_above_the_maximum_is_rejected_before_building() -> None:
     n = len(devs)
     with pytest.raises(ClusterError, match=rf"at most {MAX_DEVICES}"):
         Cluster("big", devs, np.ones((n, n)), np.zeros((n, n)))
+
+
+def test_a_cluster_built_in_python_names_what_is_wrong() -> None:
+    from doppler.hardware import Cluster, ClusterError, Device, homogeneous
+
+    devs = [Device("a", 1.0), Device("b", 1.0)]
+    for kw, match in [(dict(name=None), "name must be a non-empty string"), (dict(meta=[1]), "meta must be a dict"),
+                      (dict(bandwidth_Bps=[[1, 1], [1]]), "bandwidth_Bps must be a matrix of numbers"),
+                      (dict(latency_s=[["a", "b"], ["c", "d"]]), "latency_s must be a matrix of numbers")]:  # fmt: skip
+        args = dict(name="x", devices=devs, bandwidth_Bps=np.ones((2, 2)), latency_s=np.zeros((2, 2))) | kw
+        with pytest.raises(ClusterError, match=match):
+            Cluster(**args)
+    with pytest.raises(ClusterError, match="bandwidth_Bps"):
+        homogeneous("x", 2, flops_per_s=1.0, bandwidth_Bps="a")

@@ -55,6 +55,8 @@ DEVICE_KINDS = ("cpu", "gpu")
 #: the most devices a cluster may have (the link matrices hold D x D entries; the simulator's
 #: per-device state grows with D x ops), documented in docs/cli.md
 MAX_DEVICES = 1024
+#: the most ops one device runs at once (its ``streams``; far past any GPU's or CPU's)
+MAX_STREAMS = 4096
 
 #: op-kind label -> OpKind code (per-kind rates are looked up for every op of every simulated graph)
 _KIND_CODES = {k.label: k.value for k in OpKind}
@@ -121,8 +123,9 @@ class Device:
         mem = self.memory_bytes
         if isinstance(mem, bool) or not isinstance(mem, (int, float, np.floating, np.integer)) or not (mem > 0):
             raise ClusterError(f"{at}: memory_bytes must be > 0 (or null for unlimited), got {mem!r}")
-        if isinstance(self.streams, bool) or not isinstance(self.streams, (int, np.integer)) or self.streams < 1:
-            raise ClusterError(f"{at}: streams must be an integer >= 1, got {self.streams!r}")
+        if (isinstance(self.streams, bool) or not isinstance(self.streams, (int, np.integer))
+                or not 1 <= self.streams <= MAX_STREAMS):  # fmt: skip
+            raise ClusterError(f"{at}: streams must be an integer from 1 to {MAX_STREAMS}, got {self.streams!r}")
         if not isinstance(self.copies_inbound, (bool, np.bool_)):
             raise ClusterError(f"{at}: copies_inbound must be true or false, got {self.copies_inbound!r}")
 
@@ -164,9 +167,19 @@ class Cluster:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ClusterError(f"a cluster's name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.devices, (list, tuple)):
+            raise ClusterError(f"cluster {self.name!r}: devices must be a list of Device, got {type(self.devices).__name__}")
+        if not isinstance(self.meta, dict):
+            raise ClusterError(f"cluster {self.name!r}: meta must be a dict, got {type(self.meta).__name__}")
         self.devices = list(self.devices)
-        self.bandwidth_Bps = np.array(self.bandwidth_Bps, dtype=np.float64)
-        self.latency_s = np.array(self.latency_s, dtype=np.float64)
+        for label in ("bandwidth_Bps", "latency_s"):
+            try:
+                setattr(self, label, np.array(getattr(self, label), dtype=np.float64))
+            except (ValueError, TypeError):
+                raise ClusterError(f"cluster {self.name!r}: {label} must be a matrix of numbers (one row per device, "
+                                   "all rows as long)") from None  # fmt: skip
         self.validate()
 
     # ------------------------------------------------------------ validation
@@ -414,6 +427,6 @@ def homogeneous(
         )
         for i in range(num_devices)
     ]
-    bw = np.full((num_devices, num_devices), float(bandwidth_Bps))
-    lat = np.full((num_devices, num_devices), float(latency_s))
+    bw = np.full((num_devices, num_devices), bandwidth_Bps, dtype=object)  # (Cluster checks they are numbers)
+    lat = np.full((num_devices, num_devices), latency_s, dtype=object)
     return Cluster(name=name, devices=devices, bandwidth_Bps=bw, latency_s=lat, meta=dict(meta or {}))
