@@ -278,6 +278,8 @@ def test_param_spec_and_parse_set():
         parse_set(["n=1.5"], "chainmm")
     with pytest.raises(WorkloadError, match="unknown parameter 'nn'"):
         parse_set(["nn=3"], "chainmm")
+    with pytest.raises(WorkloadError, match="seed is set twice"):
+        parse_set(["seed=1", "seed=2"], "random")
     with pytest.raises(WorkloadError, match="expected key=value"):
         parse_set(["n"], "chainmm")
     with pytest.raises(WorkloadError, match="not a valid float"):

@@ -427,6 +427,8 @@ def parse_set(items: Sequence[str], workload: str | None = None) -> dict[str, An
         key, text = key.strip(), text.strip()
         if not key:
             raise WorkloadError(f"--set {item!r}: empty key")
+        if key in out:
+            raise WorkloadError(f"--set {item!r}: {key} is set twice")
         if spec is None:
             out[key] = _guess(text)
             continue

@@ -79,6 +79,7 @@ def test_validate_and_graph_import_refuse_their_input_as_output(files) -> None:
     g = str(files["g"])
     _refused(["validate", g, "-c", "p100x4", "--n", "2", "-o", g], files, "--output", "G")
     _refused(["graph", "import", f"{files['model']}:make", "-o", str(files["model"])], files, "--output", "SOURCE")
+    _refused(["graph", "convert", g, g], files, "OUT", "IN")
 
 
 def test_execute_refuses_before_running(files) -> None:

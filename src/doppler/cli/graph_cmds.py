@@ -181,6 +181,7 @@ def convert_cmd(
 ) -> None:
     """Convert between the native JSON and the DOPPLER text format (by extension)."""
     with handle_errors():
+        check_outputs_apart({"IN": input_path}, {"OUT": output_path})
         graph = load_graph(input_path)
         save_graph(graph, output_path, round_costs=round_costs)
         if json_out:
