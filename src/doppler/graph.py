@@ -155,7 +155,10 @@ def _column(values: Any, label: str, dtype: Any, *, ndim: int = 1, bounds: tuple
 
 @dataclass(eq=False)
 class DataflowGraph:
-    """A validated DAG of ops. Build with :meth:`from_arrays` (or a workload builder)."""
+    """A validated DAG of ops. Build with :meth:`from_arrays` (or a workload builder).
+
+    Treat it as immutable: its arrays are checked once, when it is built, and its CSR views, levels and
+    fingerprint derive from them; to change a cost or an edge, build a new graph from modified arrays."""
 
     kind: np.ndarray  # int8[n] OpKind codes
     flops: np.ndarray  # float64[n]
