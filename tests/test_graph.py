@@ -188,3 +188,25 @@ def test_from_arrays_refuses_what_a_cast_would_rewrite(kw, match) -> None:
     args = dict(flops=[1.0, 1.0], output_bytes=[1.0, 1.0], src=[0], dst=[1]) | kw
     with pytest.raises(GraphError, match=match):
         DataflowGraph.from_arrays(**args)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deep_graphs_compiled_level_passes_match_the_vectorised_ones(monkeypatch, seed) -> None:
+    from doppler import graph as graph_module
+    from doppler import workloads
+
+    def passes(g):
+        comm = np.random.default_rng(seed).random(g.num_edges)
+        return (g.topo_order, g.level, g.b_level(), g.b_level(comm_s=comm), g.t_level(comm_s=comm),
+                np.array(g.critical_path(comm_s=comm)))  # fmt: skip
+
+    build = dict(num_ops=3000, width=4, max_fan_in=3, seed=seed)
+    vectorised = passes(workloads.build("random", **build))
+    monkeypatch.setattr(graph_module, "DEEP_MIN_OPS", 1)  # every graph runs the compiled passes
+    monkeypatch.setattr(graph_module, "DEEP_LEVELS", 0)
+    g = workloads.build("random", **build)
+    assert g._deep
+    for a, b in zip(vectorised, passes(g)):
+        assert np.array_equal(a, b)  # the same order and the same sums, bit for bit
+    with pytest.raises(GraphError, match="cycle"):
+        from_edges([1, 1, 1], [(0, 1), (1, 2), (2, 1)])

@@ -37,6 +37,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from doppler._jit import jit
+
 MAX_BLOCK_DIMS = 4
 
 
@@ -117,6 +119,93 @@ def _expand_ranges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.empty(0, dtype=np.int64)
     offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
     return offsets + np.arange(total, dtype=np.int64)
+
+
+#: a graph of at least DEEP_MIN_OPS ops and more than DEEP_LEVELS topological levels runs its level passes
+#: (levels, b-level, t-level, the critical path) as compiled loops over its ops: the vectorised passes take
+#: one numpy step, one Python iteration, per level (a 1M-op chain: 52 s for `graph info`)
+DEEP_MIN_OPS = 50_000
+DEEP_LEVELS = 2_000
+
+
+@jit(cache=True)
+def _kahn_levels(succ_ptr, succ_idx, indeg):  # pragma: no cover - compiled
+    """Each op's topological level (longest path from an entry, in edges); -1 for ops on or after a cycle."""
+    n = indeg.shape[0]
+    level = np.zeros(n, np.int64)
+    remaining = indeg.copy()
+    queue = np.empty(n, np.int64)
+    head = 0
+    tail = 0
+    for v in range(n):
+        if remaining[v] == 0:
+            queue[tail] = v
+            tail += 1
+    while head < tail:
+        v = queue[head]
+        head += 1
+        for s in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = succ_idx[s]
+            if level[v] + 1 > level[w]:
+                level[w] = level[v] + 1
+            remaining[w] -= 1
+            if remaining[w] == 0:
+                queue[tail] = w
+                tail += 1
+    for v in range(n):
+        if remaining[v] > 0:
+            level[v] = -1
+    return level
+
+
+@jit(cache=True)
+def _b_level_loop(order, succ_ptr, succ_idx, succ_eid, comp, edge_cost):  # pragma: no cover - compiled
+    """:meth:`DataflowGraph.b_level` as one pass over the ops in reverse topological order (same sums)."""
+    b = comp.copy()
+    for q in range(order.shape[0] - 1, -1, -1):
+        v = order[q]
+        best = 0.0
+        for s in range(succ_ptr[v], succ_ptr[v + 1]):
+            x = edge_cost[succ_eid[s]] + b[succ_idx[s]]
+            if x > best:
+                best = x
+        b[v] = comp[v] + best
+    return b
+
+
+@jit(cache=True)
+def _t_level_loop(order, pred_ptr, pred_idx, pred_eid, comp, edge_cost):  # pragma: no cover - compiled
+    """:meth:`DataflowGraph.t_level` as one pass over the ops in topological order (same sums)."""
+    t = np.zeros(order.shape[0])
+    for v in order:
+        best = 0.0
+        for s in range(pred_ptr[v], pred_ptr[v + 1]):
+            u = pred_idx[s]
+            x = t[u] + comp[u] + edge_cost[pred_eid[s]]
+            if x > best:
+                best = x
+        t[v] = best
+    return t
+
+
+@jit(cache=True)
+def _walk_critical_path(start, succ_ptr, succ_idx, succ_eid, edge_cost, blevel):  # pragma: no cover - compiled
+    """The critical path from ``start``: at each op the successor of the largest edge cost plus b-level
+    (ties: the lowest op id), as :meth:`DataflowGraph.critical_path` walks it."""
+    path = [start]
+    v = start
+    while succ_ptr[v + 1] > succ_ptr[v]:
+        best = -np.inf
+        nxt = -1
+        for s in range(succ_ptr[v], succ_ptr[v + 1]):
+            w = succ_idx[s]
+            x = edge_cost[succ_eid[s]] + blevel[w]
+            if x > best or (x == best and w < nxt):
+                best = x
+                nxt = w
+        v = nxt
+        path.append(v)
+    return np.array(path, np.int64)
 
 
 def _segment_max(vals: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,13 +396,18 @@ class DataflowGraph:
             self.src, self.dst = self.src[keep], self.dst[keep]
 
     def _levels(self) -> tuple[np.ndarray, np.ndarray]:
-        """Kahn's algorithm, one vectorised step per topological level."""
+        """Kahn's algorithm, one vectorised step per topological level (a deep graph: :data:`DEEP_LEVELS`)."""
         n = self.num_ops
         indeg = np.bincount(self.dst, minlength=n).astype(np.int64)
         level = np.full(n, -1, dtype=np.int64)
         frontier = np.flatnonzero(indeg == 0)
         parts: list[np.ndarray] = []
         depth = 0
+        if n >= DEEP_MIN_OPS and n // max(frontier.size, 1) > DEEP_LEVELS:  # (too few entries: possibly deep)
+            level = _kahn_levels(self.succ_ptr, self.succ_idx, np.bincount(self.dst, minlength=n).astype(np.int64))
+            if (level >= 0).all():
+                return np.argsort(level, kind="stable"), level  # ids ascending within a level, as below
+            frontier = np.empty(0, np.int64)
         while frontier.size:
             level[frontier] = depth
             parts.append(frontier)
@@ -404,6 +498,11 @@ class DataflowGraph:
             raise GraphError(f"compute_s must have one entry per op ({self.num_ops}), got shape {comp.shape}")
         return comp
 
+    @property
+    def _deep(self) -> bool:
+        """Whether the level passes run as compiled loops over the ops (:data:`DEEP_LEVELS`)."""
+        return self.num_ops >= DEEP_MIN_OPS and self.depth > DEEP_LEVELS
+
     def _level_edge_groups(self, by: str) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each level: (ops at that level, CSR slots of their out-(or in-)edges)."""
         cached = self.__dict__.get(f"_lvl_groups_{by}")
@@ -426,6 +525,8 @@ class DataflowGraph:
         """
         comp = self._check_compute(compute_s)
         edge_cost = self._edge_cost(comm_s)
+        if self._deep:
+            return _b_level_loop(self.topo_order, self.succ_ptr, self.succ_idx, self.succ_eid, comp, edge_cost)
         blevel = comp.copy()
         degree = np.diff(self.succ_ptr)
         for ops, slots in reversed(self._level_edge_groups("succ")):
@@ -440,6 +541,8 @@ class DataflowGraph:
         (its earliest possible start time with unlimited devices)."""
         comp = self._check_compute(compute_s)
         edge_cost = self._edge_cost(comm_s)
+        if self._deep:
+            return _t_level_loop(self.topo_order, self.pred_ptr, self.pred_idx, self.pred_eid, comp, edge_cost)
         tlevel = np.zeros(self.num_ops)
         degree = np.diff(self.pred_ptr)
         for ops, slots in self._level_edge_groups("pred"):
@@ -457,6 +560,8 @@ class DataflowGraph:
         blevel = self.b_level(comp, comm_s)
         entries = np.flatnonzero(self.in_degree() == 0)
         v = int(entries[np.argmax(blevel[entries])])
+        if self._deep:
+            return _walk_critical_path(v, self.succ_ptr, self.succ_idx, self.succ_eid, edge_cost, blevel).tolist()
         path = [v]
         while self.succ_ptr[v + 1] > self.succ_ptr[v]:
             lo, hi = self.succ_ptr[v], self.succ_ptr[v + 1]
