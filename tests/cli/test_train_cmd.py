@@ -357,3 +357,17 @@ def test_train_help_shows_the_defaults() -> None:
     assert res.exit_code == 0
     text = " ".join(res.output.replace("│", " ").split())
     assert "(default: 1024)" in text and "--threads" in text and "(default: 2;" in text
+
+
+def test_compare_takes_one_checkpoint_per_learned_method(tmp_path: Path, trained) -> None:
+    _, g, _, run_dir, _ = trained
+    ckpt = str(run_dir / "checkpoint.pt")
+    for extra in (["--checkpoint", f"doppler={ckpt}"], ["--checkpoint", ckpt]):
+        res = run("compare", g, "-c", "unit:2", "-m", "heft,doppler", *extra, "--json")
+        assert res.exit_code == 0, res.output
+        assert [r["method"] for r in json.loads(res.stdout)] == ["heft", "doppler"]
+    for methods, extra, words in [("doppler,gdp", ["--checkpoint", ckpt], ["lists 2 learned methods", "METHOD=PATH"]),
+                                  ("heft", ["--checkpoint", f"gdp={ckpt}"], ["gdp is not in --methods"]),
+                                  ("doppler", ["--checkpoint", f"doppler={ckpt}", "--checkpoint", f"doppler={ckpt}"],
+                                   ["two checkpoints for doppler"])]:  # fmt: skip
+        assert_usage_error(run("compare", g, "-c", "unit:2", "-m", methods, *extra), *words)

@@ -170,6 +170,28 @@ def assign_cmd(
                               "(--plc-free: any device)", highlight=False)  # fmt: skip
 
 
+def _compare_checkpoints(items: list[str], names: list[str]) -> dict[str, Path]:
+    """``compare``'s checkpoint per learned method: ``METHOD=PATH`` items, or one ``PATH`` when ``names`` lists
+    exactly one learned method."""
+    from doppler.policy import LEARNED_METHODS
+
+    learned = [m for m in names if m in LEARNED_METHODS]
+    out: dict[str, Path] = {}
+    for item in items:
+        method, sep, path = item.partition("=")
+        if not (sep and method in LEARNED_METHODS):
+            if len(learned) != 1:
+                raise UserError(f"--checkpoint {item}: --methods lists {len(learned)} learned methods; name the one "
+                                "it is for (--checkpoint METHOD=PATH)")  # fmt: skip
+            method, path = learned[0], item
+        elif method not in learned:
+            raise UserError(f"--checkpoint {item}: {method} is not in --methods")
+        if method in out:
+            raise UserError(f"--checkpoint: two checkpoints for {method}")
+        out[method] = Path(path)
+    return out
+
+
 @app.command("compare")
 def compare_cmd(
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
@@ -182,8 +204,9 @@ def compare_cmd(
     ),
     budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per search method (s); the first search after an install also compiles its kernels, once, outside the budget."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of the learned method in --methods "
-                                              "(doppler, or the one other learned method listed: one checkpoint serves one method)."),
+    checkpoints: list[str] = typer.Option([], "--checkpoint", help="Checkpoint of a learned method in --methods: "
+                                          "METHOD=PATH (repeatable, one per learned method), or PATH when --methods "
+                                          "lists one learned method (doppler without one: the shipped policy)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
     save_dir: Optional[Path] = typer.Option(None, "--save-dir", help="Save every method's assignment as DIR/METHOD.json."),
     json_out: bool = JSON_OPT,
@@ -201,16 +224,15 @@ def compare_cmd(
         if save_dir is not None and save_dir.exists() and not save_dir.is_dir():
             raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
         saves = {f"--save-dir ({m})": save_dir / f"{m}.json" for m in names} if save_dir is not None else {}
-        check_outputs_apart({"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint},
-                            {"--csv": csv_path, **saves})  # every output checked before any method runs
+        chosen = _compare_checkpoints(checkpoints, names)
+        check_outputs_apart({"G": graph_path, "--cluster": cluster_name,
+                             **{f"--checkpoint ({m})": p for m, p in chosen.items()}},
+                            {"--csv": csv_path, **saves})  # every output checked before any method runs  # fmt: skip
         graph, cl = _load(graph_path, cluster_name)
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
-            from doppler.policy import LEARNED_METHODS
-
-            learned = {m: {"checkpoint": checkpoint} for m in names if m in LEARNED_METHODS and checkpoint}
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
-                           method_kwargs=learned)  # fmt: skip
+                           method_kwargs={m: {"checkpoint": p} for m, p in chosen.items()})  # fmt: skip
         if csv_path is not None:
             from doppler.io_util import atomic_write_text
 
