@@ -100,15 +100,20 @@ def check_assignment(graph: DataflowGraph, devices: np.ndarray, num_devices: int
         raise AssignmentError(
             f"the assignment has {devices.shape[0]} entries but graph {graph.name!r} has {graph.num_ops} ops"
         )
+    _check_range(devices, num_devices, graph.op_label)
+    return devices
+
+
+def _check_range(devices: np.ndarray, num_devices: int, op_label: Any = str) -> None:
+    """AssignmentError naming the first op (by ``op_label(i)``) whose device is not in ``0..num_devices - 1``."""
     bad = np.flatnonzero((devices < 0) | (devices >= num_devices))
     if bad.size:
         i = int(bad[0])
         raise AssignmentError(
-            f"op {graph.op_label(i)} is assigned to device {int(devices[i])}, "
+            f"op {op_label(i)} is assigned to device {int(devices[i])}, "
             f"but the cluster has devices 0..{num_devices - 1}"
             + (f" ({bad.size - 1} more ops are out of range)" if bad.size > 1 else "")
         )
-    return devices
 
 
 def load_assignment(
@@ -143,14 +148,12 @@ def load_assignment(
             )
         if not check_fingerprint and fp is not None:  # told to use it for this graph: it is now this graph's
             fp = graph.fingerprint()
-    if num_devices is not None:  # (without a graph, ops are named by their index)
-        bad = np.flatnonzero((devices < 0) | (devices >= num_devices))
-        if graph is None and bad.size:
-            raise AssignmentError(f"{p}: op {int(bad[0])} is assigned to device {int(devices[bad[0]])}, but the "
-                                  f"cluster has devices 0..{num_devices - 1}")  # fmt: skip
-    if graph is not None and num_devices is not None:
+    if num_devices is not None:
         try:
-            check_assignment(graph, devices, num_devices)
+            if graph is not None:
+                check_assignment(graph, devices, num_devices)
+            else:  # (ops named by their index)
+                _check_range(devices, num_devices)
         except AssignmentError as e:
             raise AssignmentError(f"{p}: {e}") from None
     return Assignment(devices=devices, method=method, graph_fingerprint=fp)

@@ -232,9 +232,10 @@ def _column(values: Any, label: str, dtype: Any, *, ndim: int = 1, bounds: tuple
         raise GraphError(f"{label} must hold numbers, got {arr.dtype.name} values such as {arr.flat[0]!r:.40}")
     if np.issubdtype(dtype, np.integer):
         if arr.dtype.kind == "f":
-            bad = np.flatnonzero(~np.isfinite(arr.ravel()) | (arr.ravel() != np.floor(arr.ravel())))
+            flat = arr.ravel()
+            bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.floor(flat)))
             if bad.size:
-                raise GraphError(f"{label} must hold whole numbers, got {arr.ravel()[bad[0]].item()!r}")
+                raise GraphError(f"{label} must hold whole numbers, got {flat[bad[0]].item()!r}")
         lo, hi = bounds if bounds is not None else (np.iinfo(dtype).min, np.iinfo(dtype).max)
         small, big = arr.min(), arr.max()
         if small < lo or big > hi:
@@ -404,7 +405,7 @@ class DataflowGraph:
         parts: list[np.ndarray] = []
         depth = 0
         if n >= DEEP_MIN_OPS and n // max(frontier.size, 1) > DEEP_LEVELS:  # (too few entries: possibly deep)
-            level = _kahn_levels(self.succ_ptr, self.succ_idx, np.bincount(self.dst, minlength=n).astype(np.int64))
+            level = _kahn_levels(self.succ_ptr, self.succ_idx, indeg)  # (it counts down a copy)
             if (level >= 0).all():
                 return np.argsort(level, kind="stable"), level  # ids ascending within a level, as below
             frontier = np.empty(0, np.int64)

@@ -125,14 +125,20 @@ def make_run_dir(path: str | Path) -> Path:
 
 def _output_target(path: str | Path, name: str) -> Path:
     """The file an output path names: a symbolic link's target (written through, as ``open`` would, the link
-    kept), refused with an :class:`OutputPathError` if it is a device, pipe or socket, which an atomic write
-    (a new file renamed over the old) would replace with a regular file."""
+    kept). An :class:`OutputPathError` naming ``name`` if it cannot be a file: a directory, a file where one
+    of its directories must go, or a device, pipe or socket, which an atomic write (a new file renamed over
+    the old) would replace with a regular file."""
     p = Path(path)
     if p.is_symlink():
         p = Path(os.path.realpath(p))
-    if p.exists() and not p.is_file() and not p.is_dir():
+    if p.is_dir():
+        raise OutputPathError(f"{name}: is a directory (give a file name)")
+    if p.exists() and not p.is_file():
         raise OutputPathError(f"{name}: not a regular file (a device, pipe or socket): doppler writes whole files, "
                               "atomically; give a file path")  # fmt: skip
+    blocking = _file_in_the_way(p.parents)
+    if blocking is not None:
+        raise OutputPathError(f"{name}: cannot write here ({blocking} is a file, not a directory)")
     return p
 
 
@@ -142,11 +148,6 @@ def check_output_file(path: str | Path, label: str = "") -> None:
     file is created there and removed; nothing else is created)."""
     name = f"{label} {path}" if label else str(path)
     p = _output_target(path, name)
-    if p.is_dir():
-        raise OutputPathError(f"{name}: is a directory (give a file name)")
-    blocking = _file_in_the_way(p.parents)
-    if blocking is not None:
-        raise OutputPathError(f"{name}: cannot write here ({blocking} is a file, not a directory)")
     where = next(d for d in (p.parent, *p.parent.parents) if d.exists())
     try:
         fd, probe = tempfile.mkstemp(dir=where, prefix=".doppler-probe-", suffix=".tmp")
@@ -183,11 +184,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     :class:`OutputPathError` naming ``path`` (not the temporary file) and the reason. A symbolic link is
     written through (its target replaced, the link kept); a device, pipe or socket is refused."""
     p = _output_target(path, str(path))
-    if p.is_dir():
-        raise OutputPathError(f"{path}: is a directory (give a file name)")
-    blocking = _file_in_the_way(p.parents)
-    if blocking is not None:
-        raise OutputPathError(f"{path}: cannot write here ({blocking} is a file, not a directory)")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")

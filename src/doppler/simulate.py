@@ -614,6 +614,7 @@ class SimContext:
         self._ones_n = np.ones(n)
         self._ones_e = np.ones(max(self.num_edges, 1))
         self._noise_cache: tuple[float, int, np.ndarray, np.ndarray] | None = None
+        self._fingerprints: set[str] = set()  # assignment fingerprints found to be this graph's
         self._lower_bound: float | None = None
 
     # ------------------------------------------------------------------ options
@@ -662,13 +663,12 @@ class SimContext:
     def _check_fingerprint(self, fp: str) -> None:
         """An :class:`Assignment` made for another graph (its fingerprint says so) is refused, as the CLI
         refuses such a file; the graph's fingerprints are hashed once per context."""
-        known = self.__dict__.setdefault("_fingerprints", set())
-        if fp in known:
+        if fp in self._fingerprints:
             return
         if not self.graph.matches_fingerprint(fp):
             raise AssignmentError(f"the assignment was made for another graph than {self.graph.name!r} (its "
                                   "graph_fingerprint differs); pass its .devices to simulate it anyway")  # fmt: skip
-        known.add(fp)
+        self._fingerprints.add(fp)
 
     def _dispatch_key(self, dispatch: str, priority: Any, mode: str) -> np.ndarray | None:
         """The per-op priority key (float64) for ``dispatch="priority"``, None for FIFO."""

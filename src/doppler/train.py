@@ -75,6 +75,11 @@ MAX_TORCH_THREADS = 256
 
 
 
+def _flag(field_name: str) -> str:
+    """The command-line option that sets a :class:`TrainConfig` field, for messages."""
+    return "--" + {"torch_threads": "threads", "self_improve_coef": "self-improve"}.get(field_name, field_name).replace("_", "-")
+
+
 @dataclass
 class TrainConfig:
     """Every hyper-parameter of a training run (defaults: measured, see docs/results.md)."""
@@ -184,9 +189,8 @@ class TrainConfig:
                 what = "a list of names"
             else:
                 ok, what = isinstance(value, type(default)), f"a {type(default).__name__}"
-            if not ok:  # named as its command-line option
-                flag = {"torch_threads": "threads", "self_improve_coef": "self-improve"}.get(f.name, f.name)
-                raise TrainError(f"--{flag.replace('_', '-')} must be {what}, got {value!r}")
+            if not ok:
+                raise TrainError(f"{_flag(f.name)} must be {what}, got {value!r}")
 
     def validate(self) -> None:
         self._check_types()
@@ -224,11 +228,10 @@ class TrainConfig:
         for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes", "engine_repeats",
                      "lookahead_steps", "torch_threads", "pairs_per_update"):
             if int(getattr(self, name)) < 1:
-                flag = "threads" if name == "torch_threads" else name.replace("_", "-")
-                raise TrainError(f"--{flag} must be >= 1, got {getattr(self, name)}")
+                raise TrainError(f"{_flag(name)} must be >= 1, got {getattr(self, name)}")
         for name, cap in (("batch", MAX_BATCH), ("il_batch", MAX_BATCH), ("pairs_per_update", MAX_PAIRS_PER_UPDATE)):
             if int(getattr(self, name)) > cap:
-                raise TrainError(f"--{name.replace('_', '-')} must be at most {cap} (all of them are held in memory "
+                raise TrainError(f"{_flag(name)} must be at most {cap} (all of them are held in memory "
                                  f"at once), got {getattr(self, name)}")  # fmt: skip
         if int(self.torch_threads) > MAX_TORCH_THREADS:
             raise TrainError(f"--threads must be at most {MAX_TORCH_THREADS}, got {self.torch_threads}")
@@ -237,7 +240,7 @@ class TrainConfig:
         for name in ("lr", "il_lr", "real_lr", "lr_final"):
             value = float(getattr(self, name))
             if not (math.isfinite(value) and 0 < value <= 1) and not (name == "lr_final" and value == 0):
-                raise TrainError(f"--{name.replace('_', '-')} must be a learning rate in (0, 1], got {getattr(self, name)}")
+                raise TrainError(f"{_flag(name)} must be a learning rate in (0, 1], got {getattr(self, name)}")
         for name, flag in (("self_improve_coef", "self-improve"), ("distill_on_policy", "distill-on-policy")):
             if getattr(self, name) is None:
                 continue
@@ -246,7 +249,7 @@ class TrainConfig:
                 raise TrainError(f"--{flag} must be a weight in [0, 100], got {getattr(self, name)}")
         for name in ("search_every", "search_evals"):
             if int(getattr(self, name)) < 0:
-                raise TrainError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+                raise TrainError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
         from doppler.methods import MethodError, get_method
 
         for m in (*self.sim_seed_methods, *self.real_seed_methods):
@@ -353,13 +356,14 @@ def _reproducible(update):
 def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: CostOracle | None = None) -> Task:
     """A training graph. With a teacher other than critical_path, that method's assignment
     (along the b-level order) is the Stage I target and the first best-so-far."""
-    sim = SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed)
     batch = max(cfg.batch, cfg.il_batch)
     if batch * graph.num_ops > MAX_BATCH_OP_EPISODES:
         raise TrainError(f"graph {graph.name!r}: --batch {batch} x {graph.num_ops:,} ops is more than the "
                          f"{MAX_BATCH_OP_EPISODES:,} op-episodes one update may hold (about 8 GB); give --batch "
                          f"{max(1, MAX_BATCH_OP_EPISODES // graph.num_ops)} or less")  # fmt: skip
-    if not sim.ctx.lower_bound() > 0:  # rewards are makespans over this bound
+    sim = SimulatorOracle(graph, cluster, cfg.noise_sigma, cfg.seed)
+    lower_bound_s = sim.ctx.lower_bound()
+    if not lower_bound_s > 0:  # rewards are makespans over this bound
         raise TrainError(f"graph {graph.name!r}: its makespan lower bound on {cluster.name!r} is 0 (no op has any work "
                          "and no data moves): nothing to learn")  # fmt: skip
     task = Task(
@@ -367,7 +371,7 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
         cluster=cluster,
         features=graph_features(graph, cluster),
         oracle=oracle or sim,
-        lower_bound_s=sim.ctx.lower_bound(),
+        lower_bound_s=lower_bound_s,
         teacher_devices=None,
         teacher_order=None,
     )

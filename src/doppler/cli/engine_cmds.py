@@ -81,14 +81,14 @@ def execute_cmd(
                             {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
                              "--ops-csv": csv_path})  # before the runs, not after them
         graph = load_graph(graph_path)
-        if check and not (graph.specs and any(sp is not None for sp in graph.specs)):
+        synthetic = not (graph.specs and any(sp is not None for sp in graph.specs))  # a cost-only graph
+        if check and synthetic:
             raise UserError(f"--check: graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
         assignment = load_assignment(assignment_path, graph, num_devices, check_fingerprint=not ignore_fingerprint)
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
                   timeout_s=timeout_s,
                   cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler, device_type=device_type)  # fmt: skip
         sim = simulate(graph, cl, assignment, link_contention=True).makespan_s
-        synthetic = not (graph.specs and any(sp is not None for sp in graph.specs))
         if synthetic:  # cost-only graph: its kernels ran time_scale x the cluster's times
             sim *= time_scale
         out: dict[str, Any] = {

@@ -95,13 +95,16 @@ RUN_OPTIONS = {"stages": "stages", "il_episodes": "il_episodes", "batch": "batch
                "op_features": "op_features", "device_identity": "device_identity"}  # fmt: skip
 
 
-def _check_resume_options(ctx: typer.Context, trainer, cfg, run_dir: Path) -> None:
-    """``--resume`` continues a run as it was configured: an option typed on the command line that differs
-    from the run's own is refused (it would be ignored), and so is ``--episodes`` below the Stage II
+def _typed_options(ctx: typer.Context) -> dict[str, Any]:
+    """The command's parameters the user gave (on the command line or from the environment), by name."""
+    return {p.name: p for p in ctx.command.params
+            if getattr(ctx.get_parameter_source(p.name), "name", None) in ("COMMANDLINE", "ENVIRONMENT")}  # fmt: skip
+
+
+def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) -> None:
+    """``--resume`` continues a run as it was configured: an option typed on the command line (``typed``) that
+    differs from the run's own is refused (it would be ignored), and so is ``--episodes`` below the Stage II
     episodes the run has already done."""
-    sources = {p.name: ctx.get_parameter_source(p.name) for p in ctx.command.params}
-    typed = {p.name: p for p in ctx.command.params
-             if getattr(sources[p.name], "name", None) in ("COMMANDLINE", "ENVIRONMENT")}  # fmt: skip
     for name, field in RUN_OPTIONS.items():
         mine, theirs = getattr(cfg, field), getattr(trainer.cfg, field)
         if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
@@ -194,11 +197,11 @@ def train_cmd(
             if init is not None and list_schedule is not None:
                 raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
                                 "model): leave it out")  # fmt: skip
-            typed_episodes = getattr(ctx.get_parameter_source("episodes"), "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+            typed = _typed_options(ctx)
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features or cfg.op_features,
-                               resume_episodes=episodes if typed_episodes else None)  # fmt: skip
+                               resume_episodes=episodes if "episodes" in typed else None)  # fmt: skip
             if resume:
-                _check_resume_options(ctx, trainer, cfg, output)
+                _check_resume_options(typed, trainer, cfg, output)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
         make_run_dir(output)
