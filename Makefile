@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow clean
+.PHONY: demo test test-slow fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The long run of the fuzzing suite (docs/fuzzing.md): FUZZ_EXAMPLES random examples per fuzz test (a costly
+# one takes a share of them) instead of `make test`'s short run.
+FUZZ_EXAMPLES ?= 1000
+fuzz: $(STAMP)
+	DOPPLER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -n 2 tests/fuzz tests/test_pt2_archive.py::test_fuzz_a_mutated_archive_imports_or_fails_in_one_line --hypothesis-show-statistics
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

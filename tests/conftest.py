@@ -4,6 +4,8 @@ Hypothesis: no per-example deadline anywhere (the first simulation in a process
 compiles or loads numba kernels, which can take seconds on a cold machine), and
 under CI (``CI=true``) a derandomised, fixed set of examples so a landing never
 depends on a random draw; locally, examples stay random to keep finding bugs.
+``make fuzz`` sets ``DOPPLER_FUZZ_EXAMPLES``: the ``fuzz`` profile then runs that many random examples
+per fuzz test (tests/fuzz, docs/fuzzing.md), even under CI.
 
 OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless set already): torch and numba
 both use OpenMP, whose threads otherwise spin after each parallel region and take the cores that the
@@ -22,4 +24,9 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", parent=settings.get_profile("dev"), derandomize=True, print_blob=True)
-settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")
+settings.register_profile("fuzz", parent=settings.get_profile("dev"), print_blob=True,
+                          max_examples=int(os.environ.get("DOPPLER_FUZZ_EXAMPLES") or 100))
+if os.environ.get("DOPPLER_FUZZ_EXAMPLES"):
+    settings.load_profile("fuzz")
+else:
+    settings.load_profile("ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev")

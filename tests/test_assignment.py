@@ -38,6 +38,9 @@ def test_bare_list_is_accepted(tmp_path: Path, graph) -> None:
         ('{"devices": [0, 1, 2]}', 'an object with an "assignment" list'),
         ("[0, 1", "not valid JSON"),
         ('{"assignment": [0, 0, 0], "graph_fingerprint": "abc"}', "made for a different graph"),
+        # (found by tests/fuzz: a fingerprint was shown as it was, a list or "\u2028" breaking the error line)
+        ('{"assignment": [0, 0, 0], "graph_fingerprint": [1]}', "graph_fingerprint must be a string .or null., got list"),
+        ('{"assignment": [0, 0, 0], "graph_fingerprint": "\\u2028"}', r"\(fingerprint '\\u2028', this graph is"),
     ],
 )
 def test_bad_files(tmp_path: Path, graph, content: str, pattern: str) -> None:

@@ -88,6 +88,27 @@ def test_invalid_json_file_names_line(tmp_path: Path) -> None:
         cluster(p)
 
 
+def test_an_integer_past_a_float_is_an_error_naming_the_field(tmp_path: Path) -> None:
+    """JSON integers have no limit: 10**400 once reached float() and ended in 'internal error: OverflowError'
+    (found by tests/fuzz/test_cluster_and_assignment_files.py)."""
+    obj = _obj()
+    obj["devices"][0]["flops_per_s"] = 10**400
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(ClusterError, match=r"c\.json: devices\[0\] \('a'\): flops_per_s is an integer too large"):
+        cluster(p)
+
+
+def test_a_kind_key_of_the_file_is_shown_quoted(tmp_path: Path) -> None:
+    """A key "\x1e" (a line break to Python's splitlines) was shown as it was (found by tests/fuzz)."""
+    obj = _obj()
+    obj["devices"][0]["flops_per_s_by_kind"] = {"\x1e": None}
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(obj))
+    with pytest.raises(ClusterError, match=r"flops_per_s_by_kind: '\\x1e' must be a number, got None"):
+        cluster(p)
+
+
 def test_constructor_validation() -> None:
     with pytest.raises(ClusterError, match="at least one device"):
         homogeneous("x", 0, flops_per_s=1.0, bandwidth_Bps=1.0)

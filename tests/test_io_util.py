@@ -157,3 +157,114 @@ def test_seeds_are_32_bit() -> None:
     assert check_seed(2**32 - 1) == 2**32 - 1
     with pytest.raises(ValueError, match="from 0 to 4294967295"):
         check_seed(2**32)
+
+
+_HOLDER = """
+import sys, time
+from doppler.io_util import OutputLock
+lock = OutputLock(sys.argv[1], directory=sys.argv[2] == "dir").acquire()
+print("locked", flush=True)
+time.sleep(30)
+"""
+
+
+def _holder(path: Path, kind: str):
+    """A child process that locks ``path`` (``kind``: dir or file) and holds it for 30 s; returned once it holds it."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), kind], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "locked\n"
+    return child
+
+
+@pytest.mark.parametrize("kind", ["dir", "file"])
+def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path: Path, kind: str) -> None:
+    import time
+
+    from doppler.io_util import OutputLock, OutputPathError
+
+    out = tmp_path / ("run" if kind == "dir" else "a.json")
+    child = _holder(out, kind)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(OutputPathError, match=rf"^--output {out}: another doppler process \(pid {child.pid}: .*\) "
+                                                  r"is writing it; wait for it to finish or give another output$"):
+            OutputLock(out, directory=kind == "dir", label="--output").acquire()
+        assert time.monotonic() - t0 < 5  # it does not wait for the holder's 30 s
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path: Path) -> None:
+    from doppler.io_util import LOCK_NAME, OutputLock
+
+    child = _holder(tmp_path / "run", "dir")
+    child.kill()  # SIGKILL: no clean-up, the lock file stays, its flock is gone with the process
+    child.wait()
+    lock_file = tmp_path / "run" / LOCK_NAME
+    assert lock_file.read_text().split("\n")[0] == str(child.pid)
+    with OutputLock(tmp_path / "run", directory=True):
+        assert lock_file.read_text().split("\n")[0] == str(os.getpid())
+    assert not lock_file.exists()
+
+
+def test_a_released_lock_leaves_no_file_and_outputs_apart_do_not_block(tmp_path: Path) -> None:
+    from doppler.io_util import OutputLock, OutputPathError
+
+    with OutputLock(tmp_path / "a.json"), OutputLock(tmp_path / "b.json"), OutputLock(tmp_path, directory=True):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".a.json.doppler.lock", ".b.json.doppler.lock",
+                                                              ".doppler.lock"]  # fmt: skip
+        with pytest.raises(OutputPathError, match=rf"^{tmp_path}/a.json: another doppler process \(pid {os.getpid()}"):
+            OutputLock(tmp_path / "a.json").acquire()  # (a second open file in one process is refused too)
+    assert not list(tmp_path.iterdir())
+    # the directories a lock needed are removed again if nothing was written in them...
+    with OutputLock(tmp_path / "x" / "y" / "a.json"), OutputLock(tmp_path / "r" / "s", directory=True):
+        assert (tmp_path / "x" / "y").is_dir() and (tmp_path / "r" / "s").is_dir()
+    assert not list(tmp_path.iterdir())
+    # ...and kept with what was
+    with OutputLock(tmp_path / "r" / "s", directory=True):
+        (tmp_path / "r" / "s" / "checkpoint.pt").write_text("x")
+    assert [p.name for p in (tmp_path / "r" / "s").iterdir()] == ["checkpoint.pt"]
+    with pytest.raises(OutputPathError, match="is a file, not a directory"):  # make_run_dir's checks
+        OutputLock(tmp_path / "r" / "s" / "checkpoint.pt" / "run", directory=True).acquire()
+
+
+def test_a_lock_file_replaced_between_open_and_flock_is_not_kept(tmp_path: Path, monkeypatch) -> None:
+    """A holder that releases (unlinks its file) and a third writer that makes a new one, both between this
+    writer's open and its flock: the flock on the old, unlinked file must not count."""
+    import fcntl
+
+    from doppler import io_util
+    from doppler.io_util import LOCK_NAME, OutputLock, OutputPathError
+
+    real_flock = fcntl.flock
+    lock_file = tmp_path / LOCK_NAME
+    replaced = []
+
+    def flock_after_a_swap(fd: int, op: int) -> None:
+        if not replaced:
+            lock_file.unlink()
+            lock_file.write_text("")
+            replaced.append(True)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(io_util.fcntl, "flock", flock_after_a_swap)
+    with OutputLock(tmp_path, directory=True):
+        monkeypatch.setattr(io_util.fcntl, "flock", real_flock)
+        assert replaced and lock_file.read_text().startswith(f"{os.getpid()}\n")
+        with pytest.raises(OutputPathError, match="another doppler process"):  # held: the file the path names
+            OutputLock(tmp_path, directory=True).acquire()
+
+
+def test_a_directory_lock_removes_temp_files_a_killed_writer_left(tmp_path) -> None:
+    from doppler.io_util import OutputLock
+
+    run = tmp_path / "RUN"
+    run.mkdir()
+    (run / ".checkpoint.pt.abc123.tmp").write_bytes(b"half")
+    (run / "checkpoint.pt").write_bytes(b"whole")
+    with OutputLock(run, directory=True):
+        assert sorted(p.name for p in run.iterdir()) == [".doppler.lock", "checkpoint.pt"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt"]

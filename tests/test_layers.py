@@ -12,9 +12,9 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 
 #: lowest first; a module may import its own layer and the layers below it
 LAYERS = [
-    {"_jit", "graph", "io_util", "kernels", "malloc", "progress"},
+    {"_jit", "graph", "io_util", "kernels", "malloc", "progress", "torch_files"},
     {"hardware", "cluster_file", "presets", "costs"},
-    {"tiling", "references", "workloads", "formats", "assignment", "corpus", "torch_import"},
+    {"tiling", "references", "workloads", "formats", "assignment", "corpus", "pt2_archive", "torch_import"},
     {"listsched", "trace"},
     {"simulate"},
     {"report"},

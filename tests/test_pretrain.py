@@ -60,6 +60,18 @@ def test_checkpoint_resumes_the_same_corpus_stream(tmp_path):
     assert _updates(resumed, 3) == rest
 
 
+def test_a_run_resumed_with_its_budget_spent_leaves_its_checkpoint_as_it_was(tmp_path):
+    """Killed after its last checkpoint (or resumed once done), a run that has no budget left makes no update and
+    rewrites nothing: it once saved again with its first pair's cluster in place of the last one's."""
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=1e-9)  # one update spends it
+    pt.run(tmp_path)
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    resumed = Pretrainer.resume(tmp_path)
+    resumed.run(tmp_path)
+    assert resumed.updates == pt.updates == 1
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+
+
 def test_a_pretrained_checkpoint_serves_any_graph_and_cluster_zero_shot(tmp_path):
     pt = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
     _updates(pt, 3)
@@ -147,6 +159,17 @@ def test_pretrain_cli_runs_resumes_and_feeds_train_init(tmp_path):
                    "-o", tmp_path / "a.json", "--json", *([flag] if flag else []))  # fmt: skip
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["plc_ties_only"] is ties, (cl, flag)
+
+
+def test_pretrain_resume_keeps_the_runs_own_budget_unless_given(tmp_path, monkeypatch):
+    """`--resume` continues a killed run to the end it was started for: without --budget-h, its own budget
+    (once the option's default of one hour, so a 1-minute run resumed for an hour); --budget-h sets a new one."""
+    Pretrainer.create(pretrain_config(**TINY), budget_s=1e-9).run(tmp_path)
+    budgets = []
+    monkeypatch.setattr(Pretrainer, "run", lambda self, *a, **k: budgets.append(self.budget_s))
+    assert _run("pretrain", "-o", tmp_path, "--resume", "--json").exit_code == 0
+    assert _run("pretrain", "-o", tmp_path, "--resume", "--budget-h", "0.5", "--json").exit_code == 0
+    assert budgets == [1e-9, 1800.0]
 
 
 def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp_path):

@@ -159,3 +159,63 @@ def test_a_worker_killed_mid_run_stops_it_with_one_error_not_a_hang(tmp_path):
     finally:
         stop.set()
     assert 3 <= pt.updates and time.monotonic() - t0 < 120  # noticed when its socket closed, not at a timeout
+
+
+def _there_but_never_joins(store_path: str) -> None:
+    """A worker that says it is there, then never joins the process group (hung, or stopped, in between)."""
+    import torch.distributed as dist
+
+    dist.FileStore(store_path, 2).set("worker 1", "here")
+    open(store_path + ".said", "w").close()
+    time.sleep(3600)
+
+
+def _never_there() -> None:
+    time.sleep(3600)
+
+
+@pytest.mark.parametrize("lurker, message", [(_never_there, "did not start within 2 s"),
+                                             (_there_but_never_joins, "did not all join within 2 s")])  # fmt: skip
+def test_a_worker_that_never_joins_stops_worker_zero_within_the_start_timeout(tmp_path, lurker, message):
+    store = str(tmp_path / "store")
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=lurker, args=(store,) if lurker is _there_but_never_joins else (), name="worker 1",
+                    daemon=True)  # fmt: skip
+    p.start()
+    try:
+        while lurker is _there_but_never_joins and not os.path.exists(store + ".said") and p.is_alive():
+            time.sleep(0.05)  # (a spawned process takes seconds to start on a loaded machine)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=message):
+            _join(0, 2, store, 600.0, [p], start_timeout_s=2.0)  # not the exchange time-out
+        assert time.monotonic() - t0 < 10
+    finally:
+        p.terminate()
+        p.join(10)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NeverStarts(Recipe):
+    """A recipe whose worker hangs before it can join (its arguments take for ever to arrive)."""
+
+    def __reduce__(self):
+        return time.sleep, (3600,)
+
+
+def test_run_workers_stops_a_worker_that_never_joins_and_ends_at_once(tmp_path):
+    pt = Pretrainer.create(pretrain_config(**TINY), 3600)
+    t0 = time.monotonic()
+    with pytest.raises(TrainError, match="did not start within 3 s"):
+        run_workers(pt, _NeverStarts("create", 3600), 2, tmp_path / "PT", timeout_s=600, start_timeout_s=3.0)
+    assert time.monotonic() - t0 < 15  # the start time-out, not the exchange's, nor a wait for the worker to leave
+    assert not [c for c in mp.active_children() if c.name.startswith("worker")]
+
+
+def test_the_workers_help_states_the_time_outs() -> None:
+    import typer
+
+    from doppler.pretrain_parallel import EXCHANGE_TIMEOUT_S, START_TIMEOUT_S
+
+    cmd = typer.main.get_command(app).commands["pretrain"]
+    text = next(p.help for p in cmd.params if p.name == "workers")
+    assert f"within {START_TIMEOUT_S:g} s" in text and f"over {EXCHANGE_TIMEOUT_S:g} s" in text

@@ -3,6 +3,7 @@ checkpoints are safe to load."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -213,6 +214,63 @@ def test_kill_and_resume_continues_exactly(tmp_path):
         Trainer.resume(tmp_path / "killed", [g], cluster("unit:3"))
     with pytest.raises(TrainError, match="no checkpoint to resume from"):
         Trainer.resume(tmp_path / "nothing", [g], cl)
+
+
+def test_resume_from_every_checkpoint_a_run_writes_ends_where_the_run_ends(tmp_path, monkeypatch):
+    """A kill leaves the last checkpoint the run wrote, whichever it was: resumed from each of them, the run ends
+    with the uninterrupted run's weights. Among them are one in the middle of distillation and the one written
+    as distillation ends, just before its best weights are restored (a resume from those once restarted the
+    comparison from the weights it stopped on, and kept them)."""
+    import doppler.train
+
+    g = workloads.build("random", num_ops=30, seed=0)
+    cl = cluster("unit:3")
+    cfg = dict(il_episodes=16, episodes=32, batch=8, search_every=16, search_evals=300, distill_updates=7,
+               checkpoint_every=2, seed=0, torch_threads=1, **SMALL)  # fmt: skip
+    snapshots = []
+    write = doppler.train.write_checkpoint
+
+    def keep_each(run_dir, state, config_json):
+        write(run_dir, state, config_json)
+        snapshots.append((run_dir / "checkpoint.pt").read_bytes())
+
+    monkeypatch.setattr(doppler.train, "write_checkpoint", keep_each)
+    full = Trainer.create([g], cl, TrainConfig(**cfg))
+    full.run(tmp_path / "full")
+    monkeypatch.undo()
+    cks = [torch.load(io.BytesIO(b), weights_only=True) for b in snapshots]
+    assert any(0 < ck["distill_step"] < 7 for ck in cks), "no checkpoint in the middle of distillation"
+    ended, restored = cks[-2:]  # distillation's last update, then its best weights restored
+    assert not all(torch.equal(a, b) for a, b in zip(ended["state_dict"].values(), restored["state_dict"].values()))
+    want = _untimed(cks[-1])
+    assert "distill_best" not in want  # the best weights travel in a checkpoint only while distillation runs
+    for i, data in enumerate(snapshots):
+        (tmp_path / "killed").mkdir(exist_ok=True)
+        (tmp_path / "killed" / "checkpoint.pt").write_bytes(data)
+        resumed = Trainer.resume(tmp_path / "killed", [g], cl)
+        resumed.run(tmp_path / "killed")
+        where = f"resumed from checkpoint {i} ({cks[i]['il_episode']}, {cks[i]['episode']}, {cks[i]['distill_step']})"
+        _assert_same(want, _untimed(read_checkpoint(tmp_path / "killed" / "checkpoint.pt")), where)
+
+
+def _untimed(ck: dict) -> dict:
+    """A checkpoint less what measures time (its history's episodes per second)."""
+    return {**ck, "history": [{k: v for k, v in h.items() if k != "episodes_per_s"} for h in json.loads(ck["history"])]}
+
+
+def _assert_same(a, b, where: str) -> None:
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (where, sorted(a), sorted(b))
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}: [{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for k, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}: [{k}]")
+    else:
+        assert a == b, (where, a, b)
 
 
 def test_checkpoint_round_trip_and_bad_files(tmp_path):

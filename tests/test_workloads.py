@@ -326,9 +326,45 @@ def test_ffnn_any_blocking(bb, ib, hb, ob):
 def test_sizes_above_the_maximum_are_rejected_before_allocating() -> None:
     import pytest
 
-    from doppler.workloads import MAX_BLOCK_PRODUCT, MAX_OPS, WorkloadError, build
+    from doppler.workloads import MAX_OPS, WorkloadError, build
 
     with pytest.raises(WorkloadError, match=rf"num_ops=10000000000 is over the maximum of {MAX_OPS}"):
         build("random", num_ops=10_000_000_000)
-    with pytest.raises(WorkloadError, match=rf"over the maximum of {MAX_BLOCK_PRODUCT}"):
+    with pytest.raises(WorkloadError, match=rf"make 15,267,360 tile ops, over the maximum of {MAX_OPS:,}"):
         build("llama_block", dim=4096, dim_blocks=4096, head_blocks=32, hidden_blocks=32, seq_blocks=16)
+
+
+def test_tile_ops_are_counted_exactly_before_a_graph_is_built() -> None:
+    """The refusal above counts each workload's tile ops without making any: the count is the built graph's
+    op count, including attention's, which grows with the square of seq_blocks (so no product of block
+    counts bounds it: seq_blocks=300 of a tiny llama_block once built 2.6 M ops for minutes and 5.6 GB,
+    found by tests/fuzz/test_workload_params.py)."""
+    import time
+
+    import pytest
+
+    from doppler.workloads import WorkloadError, build, count_ops
+
+    cases = [("chainmm", {"size": "tiny", "row_blocks": 4, "col_blocks": 2, "inner_blocks": 8}),
+             ("ffnn", {"size": "tiny", "batch_blocks": 2, "in_blocks": 4, "hidden_blocks": 2, "out_blocks": 8}),
+             ("llama_block", {"size": "tiny", "batch": 2, "batch_blocks": 2, "seq_blocks": 4, "dim_blocks": 2}),
+             ("llama_layer", {"size": "tiny", "seq_blocks": 8, "head_blocks": 2, "hidden_blocks": 8})]  # fmt: skip
+    for name, params in cases + [("random", {"size": "tiny"})]:
+        assert count_ops(name, **params) == build(name, **params).num_ops, name
+    t0 = time.perf_counter()
+    with pytest.raises(WorkloadError, match="make 2,577,000 tile ops"):
+        build("llama_block", size="tiny", seq_len=300, seq_blocks=300)
+    assert time.perf_counter() - t0 < 2.0  # (milliseconds: the count makes no op)
+
+
+def test_sizes_whose_flops_overflow_a_float_are_refused() -> None:
+    """A dimension of 10**120 once ended in Python's OverflowError (exit 1, 'internal error'); costs past 1e250
+    are the graph's own refusal."""
+    import pytest
+
+    from doppler.workloads import WorkloadError, build
+
+    with pytest.raises(WorkloadError, match=r"chainmm: DE: 'einsum' op: its FLOPs are too large for a float"):
+        build("chainmm", size="tiny", n=10**120)
+    with pytest.raises(ValueError, match=r"must stay below 1e\+250"):
+        build("chainmm", size="tiny", n=10**90)

@@ -129,6 +129,8 @@ def load_assignment(
         values, method, fp = obj["assignment"], str(obj.get("method", "file")), obj.get("graph_fingerprint")
     else:
         raise AssignmentError(f'{p}: expected a JSON list or an object with an "assignment" list')
+    if fp is not None and not isinstance(fp, str):
+        raise AssignmentError(f"{p}: graph_fingerprint must be a string (or null), got {type(fp).__name__}")
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise AssignmentError(f"{p}: entry {i} (op {i}) is {v!r}, not a device index")
@@ -143,7 +145,7 @@ def load_assignment(
             )
         if check_fingerprint and fp is not None and not graph.matches_fingerprint(fp):
             raise AssignmentError(
-                f"{p}: made for a different graph (fingerprint {fp}, this graph is {graph.fingerprint()}; "
+                f"{p}: made for a different graph (fingerprint {fp[:40]!r}, this graph is {graph.fingerprint()!r}; "
                 "--ignore-fingerprint uses it anyway if the ops are the same)"
             )
         if not check_fingerprint and fp is not None:  # told to use it for this graph: it is now this graph's

@@ -128,13 +128,18 @@ def _endpoint(link: dict[str, Any], end: str, index: dict[str, int], names: list
     raise ClusterError(f"{at}: {end} {ref!r} is not a device (devices: {', '.join(names)})")
 
 
-def _number(obj: dict[str, Any], key: str, at: str) -> float:
+def _number(obj: dict[str, Any], key: str, at: str, name: str | None = None) -> float:
+    """``obj[key]`` as a float, or a ClusterError naming it (as ``name``: a key the file chose is shown quoted)."""
+    name = name or key
     if key not in obj:
         raise ClusterError(f"{at}: missing field {key!r}")
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ClusterError(f"{at}: {key} must be a number, got {v!r}")
-    return float(v)
+        raise ClusterError(f"{at}: {name} must be a number, got {v!r}")
+    try:
+        return float(v)
+    except OverflowError:  # an integer literal past a float's range (JSON integers have no limit)
+        raise ClusterError(f"{at}: {name} is an integer too large for a float (over 1.8e308)") from None
 
 
 def _link_numbers(obj: Any, at: str, *, require_endpoints: bool) -> tuple[float, float]:
@@ -172,7 +177,7 @@ def _device_from_json(obj: Any, at: str) -> Device:
             by_kind = obj[field_name]
             if not isinstance(by_kind, dict):
                 raise ClusterError(f"{at}: {field_name} must be an object mapping op kinds to {unit}")
-            kwargs[field_name] = {str(k): _number(by_kind, k, f"{at} {field_name}") for k in by_kind}
+            kwargs[field_name] = {str(k): _number(by_kind, k, f"{at} {field_name}", repr(k)) for k in by_kind}
     if obj.get("memory_bytes") is not None:
         kwargs["memory_bytes"] = _number(obj, "memory_bytes", at)
     if "streams" in obj:

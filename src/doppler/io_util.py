@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import shlex
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +179,162 @@ def check_outputs_apart(inputs: dict[str, Any], outputs: dict[str, Any]) -> None
                                   "that file; give another path")  # fmt: skip
         taken[key] = f"{label} {path}"
         check_output_file(path, label)
+
+
+#: the lock file of a directory output, inside it; a file output's is a hidden sibling ``.NAME.doppler.lock``
+LOCK_NAME = ".doppler.lock"
+
+
+class OutputLock:
+    """One writer per output: an exclusive ``flock`` on a lock file, held from before a command's work until
+    its end, so that a second doppler process writing the same output is refused at once instead of the two
+    interleaving their files.
+
+    A directory output (``directory=True``) is locked by ``DIR/.doppler.lock``, a file output by the hidden
+    sibling ``.NAME.doppler.lock`` beside the file it names (a symbolic link: beside its target). The
+    directories this needs are created (:func:`make_run_dir`'s checks for a directory output). Contract:
+
+    * :meth:`acquire` never waits: an output locked by a live process is an :class:`OutputPathError` naming
+      the holder's pid and command line, which the holder wrote into the lock file.
+    * The kernel drops a ``flock`` when its process dies, so a lock file left by a killed process is free
+      and simply taken over.
+    * :meth:`release` unlinks the lock file while still holding it, then closes it; the directories that
+      :meth:`acquire` created are removed again if they are empty (a command that wrote nothing leaves
+      nothing). Since a lock file can vanish between another process's ``open`` and its ``flock``,
+      :meth:`acquire` keeps a lock only on the file that its path still names (same inode), else retries.
+    """
+
+    def __init__(self, path: str | Path, *, directory: bool = False, label: str = "") -> None:
+        self.path = Path(path)
+        self.directory = directory
+        self.name = f"{label} {path}" if label else str(path)
+        self.lock_path: Path | None = None  #: the lock file, while held
+        self._fd: int | None = None
+        self._made: list[Path] = []  # directories acquire() created, deepest first
+
+    def _lock_path(self) -> Path:
+        """Create the directory that holds the lock file (and its parents); the lock file's path."""
+        target = None if self.directory else _output_target(self.path, self.name)
+        where = self.path if target is None else target.parent
+        made = [d for d in (where, *where.parents) if not d.exists()]
+        if self.directory:
+            make_run_dir(self.path)
+        else:
+            try:
+                where.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise OutputPathError(f"{self.name}: cannot create its directory ({e.strerror or e})") from None
+        self._made += [d for d in made if d not in self._made]
+        if target is None:
+            return where / LOCK_NAME
+        return Path(os.path.realpath(where)) / f".{target.name}.doppler.lock"
+
+    def acquire(self) -> "OutputLock":
+        """Take the lock now or raise :class:`OutputPathError` (held by a live process, or no lock file can
+        be made there); then write this process's pid and command line into the lock file."""
+        try:
+            for _ in range(100):  # each retry: a holder removed the lock file (or its directory) under us
+                lock_path = self._lock_path()
+                fd = self._try_lock(lock_path)
+                if fd is not None:
+                    self._fd, self.lock_path = fd, lock_path
+                    if self.directory:
+                        _remove_stale_temp_files(self.path)
+                    return self
+            raise OutputPathError(f"{self.name}: cannot lock it (its lock file keeps being replaced)")
+        except BaseException:
+            self._remove_made()
+            raise
+
+    def _try_lock(self, lock_path: Path) -> int | None:
+        """The locked fd of ``lock_path`` with this process's pid and command line written in it; None if the
+        file was removed or replaced meanwhile (try again); :class:`OutputPathError` if a live process holds it."""
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise OutputPathError(f"{self.name}: cannot lock it ({lock_path}: {e.strerror or e})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not _same_file(fd, lock_path):
+                os.close(fd)
+                return None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n{_command_line()}\n".encode(), 0)
+            return fd
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise OutputPathError(f"{self.name}: another doppler process ({holder}) is writing it; wait for it to "
+                                  "finish or give another output") from None  # fmt: skip
+        except OSError as e:
+            os.close(fd)
+            raise OutputPathError(f"{self.name}: cannot lock it ({lock_path}: {e.strerror or e})") from None
+
+    def release(self) -> None:
+        """Unlink the lock file and let it go; remove the directories :meth:`acquire` made if they are empty.
+        Does nothing if the lock is not held."""
+        if self._fd is None or self.lock_path is None:
+            return
+        try:
+            os.unlink(self.lock_path)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = self.lock_path = None
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        for d in self._made:
+            try:
+                d.rmdir()
+            except OSError:  # not empty (or gone): the output, or another writer's
+                break
+        self._made = []
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _remove_stale_temp_files(directory: Path) -> None:
+    """Delete what :func:`atomic_write_bytes` leaves when its process is killed mid-write (``.NAME.*.tmp``):
+    the directory's lock is held, so no live writer owns one."""
+    for tmp in directory.glob(".*.tmp"):
+        if tmp.is_file() and not tmp.is_symlink():
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _command_line() -> str:
+    """This process's command line as a shell would take it (``doppler train g.json -o DIR``)."""
+    return shlex.join([Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:]])
+
+
+def _lock_holder(fd: int) -> str:
+    """The holder named by a held lock file, as ``pid N: COMMAND`` (a holder writes it just after locking:
+    read again briefly if it is still empty)."""
+    for _ in range(20):
+        pid, _, cmd = os.pread(fd, 4096, 0).decode(errors="replace").partition("\n")
+        if pid.strip():
+            return f"pid {pid.strip()}: {cmd.strip()}" if cmd.strip() else f"pid {pid.strip()}"
+        time.sleep(0.005)
+    return "pid unknown"
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

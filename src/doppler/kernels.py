@@ -621,6 +621,8 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
             return 0.0
     except (KeyError, TypeError) as e:
         raise ValueError(f"{_where(label)}malformed {kernel!r} spec: missing {e}") from None
+    except OverflowError:  # (Python's integers do not overflow; their conversion to a float does)
+        raise ValueError(f"{_where(label)}{kernel!r} op: its FLOPs are too large for a float (over 1.8e308)") from None
     except ValueError as e:
         raise ValueError(f"{_where(label)}{e}") from None
     raise ValueError(f"{_where(label)}unknown kernel {kernel!r} (known: {', '.join(sorted(NUMPY_KERNELS))})")

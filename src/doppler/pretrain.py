@@ -42,10 +42,12 @@ from typing import Any
 import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
-from doppler.io_util import file_sha256
-from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, write_checkpoint
+from doppler.io_util import file_sha256, make_run_dir
+from doppler.policy.checkpoint import (PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, require_training_state,
+                                       write_checkpoint)  # fmt: skip
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.train import TrainConfig, Trainer, TrainError, config_from_json, config_to_json, make_task
+from doppler.train import (TrainConfig, Trainer, TrainError, config_to_json, history_from_json, load_optimizer_state,
+                           loading_state, make_task, saved_config)  # fmt: skip
 
 __all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
 
@@ -111,20 +113,19 @@ class Pretrainer:
         configuration with :data:`FROM_INIT` and ``overrides``, its weights and optimizer state."""
         ck = read_checkpoint(init)
         init = Path(init) / "checkpoint.pt" if Path(init).is_dir() else Path(init)
+        require_training_state(ck, init)
         if "pretrain" not in ck:
             raise TrainError(f"{init}: --init needs a pretraining checkpoint (of `doppler pretrain`), this one is "
                              "of `doppler train`")  # fmt: skip
-        cfg = dataclasses.replace(config_from_json(json.loads(ck["config"])), seed=seed, **{**FROM_INIT, **overrides})
+        cfg = dataclasses.replace(saved_config(ck, init), seed=seed, **{**FROM_INIT, **overrides})
         pt = cls.create(cfg, budget_s, checkpoint_every_s, rank=rank)
         tr = pt.trainer
-        try:
+        with loading_state(init):
             _load_weights_and_counters(tr, ck)
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise TrainError(f"{init}: weights do not match its own configuration ({str(e).splitlines()[0][:120]})") from None
+            meta = json.loads(ck["pretrain"])
+            pt.init = {"checkpoint": str(init), "sha256": file_sha256(init),
+                       "updates": int(meta["updates"]), "elapsed_s": float(meta["elapsed_s"])}  # fmt: skip
         tr.il_episode = max(tr.il_episode, cfg.il_episodes)  # Stage I is done
-        meta = json.loads(ck["pretrain"])
-        pt.init = {"checkpoint": str(init), "sha256": file_sha256(init),
-                   "updates": int(meta["updates"]), "elapsed_s": float(meta["elapsed_s"])}  # fmt: skip
         return pt
 
     @property
@@ -161,12 +162,14 @@ class Pretrainer:
         return stats
 
     def run(self, run_dir: str | Path | None = None, on_progress: ProgressFn | None = None) -> None:
-        """Update until the budget is spent, checkpointing every ``checkpoint_every_s`` seconds."""
+        """Update until the budget is spent, checkpointing every ``checkpoint_every_s`` seconds and at the end
+        (a resumed run with no budget left makes no update and leaves its checkpoint as it is)."""
         run_dir = Path(run_dir) if run_dir is not None else None
+        start = self.updates
         if run_dir is not None and self.trainer.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.trainer.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.trainer.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")))  # (a file there: exit 2)
         last_save = time.perf_counter()
         while self.elapsed_s < self.budget_s:
             t0 = time.perf_counter()
@@ -188,7 +191,7 @@ class Pretrainer:
             if save_now:
                 self.save(run_dir)
                 last_save = time.perf_counter()
-        if run_dir is not None or self.sync is not None:
+        if (run_dir is not None or self.sync is not None) and self.updates > start:  # (workers agree: same clock)
             self.save(run_dir)
             if self.trainer.writer is not None:
                 self.trainer.writer.flush()
@@ -224,31 +227,34 @@ class Pretrainer:
         its own, as :meth:`create` would)."""
         import torch
 
-        from doppler.train import config_from_json
-
         ck = read_checkpoint(run_dir)
+        ckpt = Path(run_dir) / "checkpoint.pt" if Path(run_dir).is_dir() else Path(run_dir)
+        require_training_state(ck, ckpt)
         if "pretrain" not in ck:
             raise TrainError(f"{run_dir}: not a pretraining checkpoint (made by `doppler train`, not `doppler pretrain`)")
         meta = json.loads(ck["pretrain"])
-        cfg = config_from_json(json.loads(ck["config"]))
-        pt = cls.create(cfg, float(budget_s or meta["budget_s"]))
+        cfg = saved_config(ck, ckpt)
+        with loading_state(ckpt):
+            budget_s = float(budget_s or meta["budget_s"])
+        pt = cls.create(cfg, budget_s)
         tr = pt.trainer
-        _load_weights_and_counters(tr, ck)
-        torch.set_rng_state(ck["torch_rng"])
-        tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
-        pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
-        if rank:  # a worker continues its own streams; one the run did not have starts its streams afresh
-            pt.rank = rank
-            saved = meta.get("worker_streams", [])
-            if rank <= len(saved):
-                pt.corpus_rng.bit_generator.state = saved[rank - 1]["corpus_rng"]
-                tr.rng.bit_generator.state = saved[rank - 1]["numpy_rng"]
-            else:
-                pt.corpus_rng, tr.rng = _streams(cfg.seed, rank)
-        pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
-        pt.history = json.loads(ck["history"])
-        pt.init = meta.get("init")
-        pt.saved_workers = int(meta.get("workers", 1))
+        with loading_state(ckpt):
+            _load_weights_and_counters(tr, ck)
+            torch.set_rng_state(ck["torch_rng"])
+            tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
+            pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
+            if rank:  # a worker continues its own streams; one the run did not have starts its streams afresh
+                pt.rank = rank
+                saved = meta.get("worker_streams", [])
+                if rank <= len(saved):
+                    pt.corpus_rng.bit_generator.state = saved[rank - 1]["corpus_rng"]
+                    tr.rng.bit_generator.state = saved[rank - 1]["numpy_rng"]
+                else:
+                    pt.corpus_rng, tr.rng = _streams(cfg.seed, rank)
+            pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
+            pt.history = history_from_json(ck["history"])
+            pt.init = meta.get("init")
+            pt.saved_workers = int(meta.get("workers", 1))
         return pt
 
 
@@ -278,5 +284,5 @@ def _streams(seed: int, rank: int) -> tuple[np.random.Generator, np.random.Gener
 def _load_weights_and_counters(tr: Trainer, ck: dict[str, Any]) -> None:
     """A checkpoint's policy weights, optimizer state and episode counters into trainer ``tr``."""
     tr.policy.load_state_dict(ck["state_dict"])
-    tr.optimizer.load_state_dict(ck["optimizer"])
+    load_optimizer_state(tr.optimizer, ck["optimizer"])
     tr.il_episode, tr.episode = int(ck["il_episode"]), int(ck["episode"])

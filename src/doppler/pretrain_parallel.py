@@ -17,7 +17,9 @@ in both continue theirs and new ones begin their own. Counters, history and Tens
 
 A worker that dies makes the next gradient exchange fail, which ends the run with one line
 (:class:`~doppler.train.TrainError`) that names it, and its reason where it could give one; no exchange
-waits longer than ``timeout_s``, and no start longer than :data:`START_TIMEOUT_S`.
+waits longer than ``timeout_s`` (:data:`EXCHANGE_TIMEOUT_S`), and no start longer than
+``start_timeout_s`` (:data:`START_TIMEOUT_S`): every worker must have joined the process group by then,
+or worker 0 stops the run and the workers still there.
 """
 
 from __future__ import annotations
@@ -44,17 +46,21 @@ from doppler.train import TrainConfig, TrainError
 #: seconds a gradient exchange may wait for the slowest worker (an update on 1,000 ops with search
 #: takes seconds; a dead worker is noticed at once, its socket closes)
 EXCHANGE_TIMEOUT_S = 600.0
-#: seconds worker 0 waits for the others to start (each imports torch and builds its first pair)
+#: seconds worker 0 waits for the others to start and join the process group (each imports torch)
 START_TIMEOUT_S = 180.0
+#: seconds the workers get to leave after the last exchange of a run that ended well, before they are
+#: stopped (after a failed run they are stopped at once)
+LEAVE_TIMEOUT_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """How each worker builds its :class:`Pretrainer`: ``kind`` is ``create`` (``cfg``), ``resume``
-    (``path``: the run directory) or ``init`` (``path``: the checkpoint; ``seed`` and ``overrides``)."""
+    (``path``: the run directory; ``budget_s`` None: the run's own) or ``init`` (``path``: the checkpoint;
+    ``seed`` and ``overrides``)."""
 
     kind: str
-    budget_s: float
+    budget_s: float | None
     cfg: TrainConfig | None = None
     path: str | None = None
     seed: int = 0
@@ -69,10 +75,12 @@ class Recipe:
 
 
 class GradSync:
-    """The collective steps of data-parallel pretraining, on the default process group."""
+    """The collective steps of data-parallel pretraining, on ``group``: every worker, whose collectives
+    wait at most the exchange time-out (the default group's is the start time-out)."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, group: Any = None) -> None:
         self.world = world
+        self.group = group
 
     def average(self, params: list[torch.nn.Parameter]) -> None:
         """Replace every gradient by its mean over the workers (a parameter no worker's loss reached keeps
@@ -81,7 +89,7 @@ class GradSync:
                  else torch.zeros(p.numel()) for p in params]  # fmt: skip
         reached = torch.tensor([float(p.grad is not None) for p in params])
         flat = torch.cat([*parts, reached])
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=self.group)
         reached = flat[-len(params):]
         offset = 0
         for p, hit in zip(params, reached.tolist()):
@@ -96,46 +104,53 @@ class GradSync:
     def agree(self, elapsed_s: float, save: bool) -> tuple[float, bool]:
         """Worker 0's training time and checkpoint decision, for every worker."""
         t = torch.tensor([elapsed_s, float(save)], dtype=torch.float64)
-        dist.broadcast(t, 0)
+        dist.broadcast(t, 0, group=self.group)
         return float(t[0]), bool(t[1] > 0)
 
     def gather(self, obj: Any) -> list[Any]:
         """``obj`` of every worker, in rank order."""
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def same_weights(self, params: list[torch.nn.Parameter]) -> bool:
         """Whether every worker holds exactly worker 0's weights."""
         flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
         ref = flat.clone()
-        dist.broadcast(ref, 0)
+        dist.broadcast(ref, 0, group=self.group)
         diff = torch.tensor([float(not torch.equal(flat, ref))])
-        dist.all_reduce(diff)
+        dist.all_reduce(diff, group=self.group)
         return bool(diff.item() == 0)
 
 
-def _join(rank: int, world: int, store_path: str, timeout_s: float, procs: list | None = None) -> GradSync:
+def _join(rank: int, world: int, store_path: str, timeout_s: float, procs: list | None = None,
+          start_timeout_s: float = START_TIMEOUT_S) -> GradSync:  # fmt: skip
     """Join the process group: the rendezvous is a file (no listening socket), and gloo's own sockets are
     on the loopback device. Worker 0 waits for the others to say they are there, stopping at once if one
-    of ``procs`` has exited instead (at most :data:`START_TIMEOUT_S`)."""
+    of ``procs`` has exited instead, then for all to join; both within ``start_timeout_s`` in all (the
+    default group's rendezvous is bounded by its own time-out, not the store's). The exchanges run on a
+    group of the same workers whose collectives wait at most ``timeout_s``."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # 127.0.0.1 only, whatever the hostname resolves to
+    deadline = time.monotonic() + start_timeout_s
     store = dist.FileStore(store_path, world)
-    store.set_timeout(datetime.timedelta(seconds=START_TIMEOUT_S))
+    store.set_timeout(datetime.timedelta(seconds=start_timeout_s))
     if rank:
         store.set(f"worker {rank}", "here")
     elif procs:
-        deadline = time.monotonic() + START_TIMEOUT_S
         while not store.check([p.name for p in procs]):
             gone = [p.name for p in procs if p.exitcode is not None]
             if gone:
                 raise RuntimeError(f"{gone[0]} exited before it joined")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the workers did not start within {START_TIMEOUT_S:g} s")
+                raise RuntimeError(f"the workers did not start within {start_timeout_s:g} s")
             time.sleep(0.05)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
-    return GradSync(world)
+    left_s = max(deadline - time.monotonic(), 1.0)  # every worker said it is there: joining takes moments
+    try:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=left_s))  # fmt: skip
+    except RuntimeError as e:  # gloo's "Wait timeout", or a peer's closed socket
+        raise RuntimeError(f"the workers did not all join within {start_timeout_s:g} s ({_first_line(str(e))})") from e
+    return GradSync(world, dist.new_group(timeout=datetime.timedelta(seconds=timeout_s)))
 
 
 def _attach(pt: Pretrainer, sync: GradSync) -> None:
@@ -145,17 +160,18 @@ def _attach(pt: Pretrainer, sync: GradSync) -> None:
     for p in pt.trainer.policy.parameters():
         with torch.no_grad():
             buf = p.detach().to("cpu").clone()
-            dist.broadcast(buf, 0)
+            dist.broadcast(buf, 0, group=sync.group)
             p.copy_(buf.to(p.device))
 
 
-def _worker(recipe: Recipe, rank: int, world: int, store_path: str, timeout_s: float, errors: Any) -> None:
+def _worker(recipe: Recipe, rank: int, world: int, store_path: str, timeout_s: float, errors: Any,
+            start_timeout_s: float = START_TIMEOUT_S) -> None:  # fmt: skip
     """Entry point of workers 1..N-1 (a spawned process). If it fails, its reason goes to worker 0 (the
     ``errors`` queue) before its sockets close, so worker 0, which notices the closed socket, finds the
     reason there however long this process takes to exit; it exits with code 2; Ctrl-C ends it quietly."""
     sync = None
     try:
-        sync = _join(rank, world, store_path, timeout_s)
+        sync = _join(rank, world, store_path, timeout_s, start_timeout_s=start_timeout_s)
         pt = recipe.build(rank)
         _attach(pt, sync)
         pt.run(None)
@@ -206,10 +222,12 @@ def _failed_workers(procs: list, grace_s: float = 2.0) -> list:
 
 
 def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Path,
-                on_progress: ProgressFn | None = None, timeout_s: float = EXCHANGE_TIMEOUT_S) -> bool:  # fmt: skip
+                on_progress: ProgressFn | None = None, timeout_s: float = EXCHANGE_TIMEOUT_S,
+                start_timeout_s: float = START_TIMEOUT_S) -> bool:  # fmt: skip
     """Pretrain with ``workers`` processes: ``pt`` (already built by ``recipe.build(0)``, so that bad input
     fails before any process starts) is worker 0, in this process; the others are spawned and build
-    theirs from ``recipe``. Returns whether every worker ended with the same weights."""
+    theirs from ``recipe``. Returns whether every worker ended with the same weights. Every worker must
+    join within ``start_timeout_s``; an exchange waits at most ``timeout_s``."""
     import torch.multiprocessing as mp
 
     if workers < 2:
@@ -218,31 +236,35 @@ def run_workers(pt: Pretrainer, recipe: Recipe, workers: int, run_dir: str | Pat
     store_path = os.path.join(rendezvous, "store")
     ctx = mp.get_context("spawn")  # a fresh interpreter: no torch or numba thread pools copied by fork
     errors = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(recipe, r, workers, store_path, timeout_s, errors), daemon=True,
-                         name=f"worker {r}") for r in range(1, workers)]  # fmt: skip
+    procs = [ctx.Process(target=_worker, args=(recipe, r, workers, store_path, timeout_s, errors, start_timeout_s),
+                         daemon=True, name=f"worker {r}") for r in range(1, workers)]  # fmt: skip
     for p in procs:
         p.start()
+    ended_well = False
     try:
         try:
-            sync = _join(0, workers, store_path, timeout_s, procs)
+            sync = _join(0, workers, store_path, timeout_s, procs, start_timeout_s)
         except RuntimeError as e:  # a worker exited before it joined, or none came in time
             why = _reason(errors, procs, str(e), grace_s=0.0) or _first_line(str(e))
             raise TrainError(f"pretraining workers: {why}") from None
         try:
             _attach(pt, sync)
             pt.run(run_dir, on_progress)
-            return sync.same_weights(list(pt.trainer.policy.parameters()))
+            in_sync = sync.same_weights(list(pt.trainer.policy.parameters()))
+            ended_well = True
+            return in_sync
         except (RuntimeError, ConnectionError) as e:  # a peer closed its socket, a timeout, or worker 0's own
             why = _reason(errors, procs, str(e)) or f"worker 0: {type(e).__name__}: {_first_line(str(e))[:200]}"
             raise TrainError(f"pretraining workers: {why}; the last checkpoint in {run_dir}, if any, is intact "
                              "(--resume continues it)") from None  # fmt: skip
         finally:
             dist.destroy_process_group()
-    finally:  # the workers leave after the last exchange; any still there after 30 s in all are stopped
-        deadline = time.monotonic() + 30.0
+    finally:  # the workers leave after the last exchange; any still there after LEAVE_TIMEOUT_S in all are stopped
+        deadline = time.monotonic() + (LEAVE_TIMEOUT_S if ended_well else 0.0)
         for p in procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in procs:
             if p.is_alive():
                 p.terminate()
+                p.join(timeout=5.0)
         shutil.rmtree(rendezvous, ignore_errors=True)

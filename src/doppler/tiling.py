@@ -67,11 +67,15 @@ class TileBuilder:
     if it still does not fit, the grid is flattened to one row-major axis.
     """
 
-    def __init__(self, workload: str, dtype: str = "float32") -> None:
+    def __init__(self, workload: str, dtype: str = "float32", *, count_only: bool = False) -> None:
+        """``count_only``: make no op, only count them (:attr:`counted`): how many tile ops a workload would
+        have, known before any is made (each logical op's tiles are the product of its grid)."""
         if dtype not in DTYPE_BYTES:
             raise WorkloadError(f"{workload}: dtype={dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
         self.workload = workload
         self.dtype = dtype
+        self.count_only = count_only
+        self.counted = 0  #: tile ops declared so far (made, unless ``count_only``)
         self.itemsize = DTYPE_BYTES[dtype]
         self.flops: list[float] = []
         self.out_bytes: list[float] = []
@@ -95,6 +99,19 @@ class TileBuilder:
     def _err(self, msg: str) -> WorkloadError:
         return WorkloadError(f"{self.workload}: {msg}")
 
+    def _count(self, n: int) -> bool:
+        """Count ``n`` more tile ops; True if only counting (the caller then makes none)."""
+        self.counted += n
+        return self.count_only
+
+    def _flops(self, spec: dict[str, Any], name: str) -> float:
+        """:func:`~doppler.kernels.flops_of`, its refusal (a malformed spec, or sizes whose FLOPs overflow a
+        float) a WorkloadError naming the logical op."""
+        try:
+            return flops_of(spec)
+        except ValueError as e:
+            raise self._err(f"{name}: {e}") from None
+
     def _check_grid(self, name: str, shape: Sequence[int], grid: Sequence[int]) -> None:
         if len(shape) != len(grid):
             raise self._err(f"tensor {name!r} has rank {len(shape)} but a grid of rank {len(grid)}")
@@ -110,7 +127,7 @@ class TileBuilder:
     def _add_op(self, name: str, kind: OpKind, spec: dict[str, Any], group: int, block: Sequence[int]) -> int:
         i = len(self.flops)
         spec["dtype"] = self.dtype
-        self.flops.append(flops_of(spec, label=name))
+        self.flops.append(self._flops(spec, name))
         self.out_bytes.append(float(math.prod(spec["shape"]) * self.itemsize))
         self.kinds.append(int(kind))
         self.group_of.append(group)
@@ -183,13 +200,15 @@ class TileBuilder:
         if name in self.inputs:
             raise self._err(f"input {name!r} declared twice")
         t = Tensor(name, shape, grid)
-        for blk in t.blocks():
+        for blk in t.blocks() if not self.count_only else ():
             t.tiles[blk] = {"input": name, "block": list(blk), "slice": t.tile_slice(blk), "shape": list(t.block_shape)}
         self.inputs[name] = list(shape)
         self.input_init[name] = dict(init or {"init": "normal", "std": 1.0})
         return t
 
     def output(self, name: str, t: Tensor) -> None:
+        if self.count_only:
+            return
         tiles = []
         for blk in t.blocks():
             ref = t.tiles[blk]
@@ -217,9 +236,12 @@ class TileBuilder:
         out_grid = [info[c][1] for c in out]
         red_grid = [info[c][1] for c in red]
         bshape = [s // g for s, g in zip(out_shape, out_grid)]
-        self.untiled_flops += flops_of(
-            {"kernel": kernel, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts], "shape": out_shape}
+        self.untiled_flops += self._flops(
+            {"kernel": kernel, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts], "shape": out_shape}, name
         )
+        n_out, n_red = math.prod(out_grid), math.prod(red_grid)
+        if self._count(n_out * n_red + (n_out if n_red > 1 else 0)):
+            return Tensor(name, tuple(out_shape), tuple(out_grid))
         combos = list(itertools.product(*(range(g) for g in red_grid)))
         gp = self._new_group(name, kind, out_grid + red_grid)
         ga = self._new_group(f"{name}.agg", OpKind.ADD, out_grid) if len(combos) > 1 else -1
@@ -281,10 +303,9 @@ class TileBuilder:
         base = dict(params or {})
         logical = {"kernel": "map", "fn": fn, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts],
                    "shape": out_shape, "params": base}  # fmt: skip
-        try:
-            self.untiled_flops += flops_of(logical)
-        except ValueError as e:
-            raise self._err(f"{name}: {e}") from None
+        self.untiled_flops += self._flops(logical, name)
+        if self._count(math.prod(out_grid)):
+            return Tensor(name, tuple(out_shape), tuple(out_grid))
         g = self._new_group(name, kind, out_grid)
         result = {}
         for oblk in itertools.product(*(range(gg) for gg in out_grid)):
@@ -319,10 +340,9 @@ class TileBuilder:
             raise self._err(f"{name}: letters {letters!r} do not match rank {len(shape)}")
         bshape = [s // g for s, g in zip(shape, grid)]
         base = dict(params or {})
-        try:
-            self.untiled_flops += flops_of({"kernel": "fill", "fn": fn, "inputs": [], "shape": shape})
-        except ValueError as e:
-            raise self._err(f"{name}: {e}") from None
+        self.untiled_flops += self._flops({"kernel": "fill", "fn": fn, "inputs": [], "shape": shape}, name)
+        if self._count(math.prod(grid)):
+            return Tensor(name, tuple(shape), tuple(grid))
         g = self._new_group(name, kind, grid)
         result = {}
         for oblk in itertools.product(*(range(gg) for gg in grid)):
@@ -357,6 +377,8 @@ class TileBuilder:
             out_grid.append(1)
             fixed.append((b, lo - b * bs[ax], hi - b * bs[ax]))
         bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        if self._count(math.prod(out_grid)):
+            return Tensor(name, tuple(out_shape), tuple(out_grid))
         g = self._new_group(name, kind, out_grid)
         result = {}
         for oblk in itertools.product(*(range(gg) for gg in out_grid)):
@@ -368,6 +390,8 @@ class TileBuilder:
 
     # ------------------------------------------------------------ finish
     def finish(self, name: str, params: Mapping[str, Any]) -> DataflowGraph:
+        if self.count_only:
+            raise RuntimeError("a counting TileBuilder makes no graph")
         block = np.full((len(self.blocks), MAX_BLOCK_DIMS), -1, np.int32)
         for i, b in enumerate(self.blocks):
             block[i, : len(b)] = b

@@ -18,7 +18,8 @@ and a kernel spec the engine runs.
   re-tiling emit ``assemble`` ops, and only where a tile is not a slice of one existing tile.
 
 Nothing from a data file is executed: a factory is imported only when named by the caller, and
-a ``.pt2`` file is read only with :func:`torch.export.load`. An op with no lowering fails the
+a ``.pt2`` file is read by :mod:`doppler.pt2_archive` (JSON and raw tensor bytes; no unpickling, no
+``torch.export.load``). An op with no lowering fails the
 whole import with one message that lists every such op and how often it occurs.
 """
 
@@ -46,6 +47,8 @@ __all__ = ["GraphImportError", "auto_blocks", "export_model", "import_model", "l
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: the largest constant (in elements) recorded inside a graph file
 MAX_RECORDED_ELEMENTS = 1 << 20
+#: the largest tensor (in elements) evaluated at import time (a causal mask of 16k x 16k positions)
+MAX_FOLDED_ELEMENTS = 1 << 28
 
 
 class GraphImportError(ValueError):
@@ -141,15 +144,18 @@ def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequenc
 
 
 def load_pt2(path: Path):
-    """An :class:`~torch.export.ExportedProgram` from a ``.pt2`` file (``torch.export.load`` only)."""
-    import torch
+    """The program of a ``.pt2`` file, read by :func:`doppler.pt2_archive.read_pt2`: its JSON program and raw
+    tensor bytes only; ``torch.export.load`` (which unpickles and evaluates what the file says) is never called."""
+    from doppler.pt2_archive import Pt2Error, read_pt2
 
     if not path.is_file():
         raise GraphImportError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     try:
-        return torch.export.load(str(path))
-    except Exception as e:
-        raise GraphImportError(f"{path}: not a torch.export program ({_one_line(e)})") from None
+        return read_pt2(path)
+    except Pt2Error as e:
+        raise GraphImportError(f"{path}: {e}") from None
+    except OSError as e:
+        raise GraphImportError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def parse_input_shapes(items: Sequence[str]) -> dict[str, list[int]]:
@@ -436,6 +442,10 @@ _BINARY = {"aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor"
            "aten.rsub.Scalar": "rsub"}  # fmt: skip
 
 
+#: what a lowering handler raises on arguments of shapes or values it was not written for
+_MALFORMED = (ArithmeticError, ValueError, TypeError, IndexError, KeyError, AttributeError, RuntimeError)
+
+
 def _target(node: Any) -> str:
     return str(node.target)
 
@@ -540,6 +550,9 @@ class _Lowering:
                         self.env[node] = self.handlers[_target(node)](node, *self._args(node))
                     except (GraphImportError, WorkloadError) as e:
                         raise GraphImportError(f"op {node.name} ({_target(node)}): {e}") from None
+                    except _MALFORMED as e:  # arguments no export of a real module gives (a .pt2 file's own)
+                        raise GraphImportError(f"op {node.name} ({_target(node)}): cannot lower its arguments "
+                                               f"({_one_line(e)})") from None  # fmt: skip
             elif node.op == "output":
                 self._outputs(node)
         if not self.b.flops:
@@ -584,6 +597,11 @@ class _Lowering:
                 return torch.zeros(tuple(meta.shape), dtype=meta.dtype)
             return v
 
+        for v in (node, *node.all_input_nodes):
+            meta = v.meta.get("val")
+            if isinstance(meta, torch.Tensor) and meta.numel() > MAX_FOLDED_ELEMENTS:
+                raise GraphImportError(f"op {node.name} ({_target(node)}): a constant of {meta.numel()} elements is too "
+                                       f"large to compute at import (at most {MAX_FOLDED_ELEMENTS})")  # fmt: skip
         args = fx.node.map_aggregate(node.args, look)
         kwargs = fx.node.map_aggregate(dict(node.kwargs), look)
         try:

@@ -34,10 +34,10 @@ import torch
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import check_seed
+from doppler.io_util import check_seed, make_run_dir
 from doppler.listsched import LIST_SCHEDULES
 from doppler.malloc import tune_malloc
-from doppler.policy.architectures import build_policy
+from doppler.policy.architectures import MAX_MP_STEPS, MAX_WIDTH, build_policy
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
@@ -194,9 +194,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         self._check_types()
-        for name, lo in (("hidden", 1), ("mlp_hidden", 1), ("mp_steps", 0), ("update_epochs", 1), ("distill_updates", 0)):
+        for name, lo, hi in (("hidden", 1, MAX_WIDTH), ("mlp_hidden", 1, MAX_WIDTH), ("mp_steps", 0, MAX_MP_STEPS),
+                             ("update_epochs", 1, None), ("distill_updates", 0, None)):  # fmt: skip
             if int(getattr(self, name)) < lo:
                 raise TrainError(f"{name} must be >= {lo}, got {getattr(self, name)}")
+            if hi is not None and int(getattr(self, name)) > hi:
+                raise TrainError(f"{name} must be at most {hi}, got {getattr(self, name)}")
         for name in ("eps_start", "eps_end", "real_eps", "running_decay"):
             if not 0 <= float(getattr(self, name)) <= 1:
                 raise TrainError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -782,12 +785,13 @@ class Trainer:
     def _keep_better(self, kept: tuple[float, dict[str, torch.Tensor]], run_dir: Path | None) -> None:
         """Distillation must not leave the greedy decode worse than the best it reached (a policy that
         cannot tell identical tiles apart may fail to match, and keep imitating until it breaks; one
-        that can may pass the incumbent's decode and drift off it): restore those weights if it did."""
+        that can may pass the incumbent's decode and drift off it): restore those weights if it did.
+        Then save: the last checkpoint of distillation holds ``kept``, this one the weights it ends with."""
         score, weights = kept
         if self._greedy_score() > score * (1 + 1e-9):
             self.policy.load_state_dict(weights)
-            if run_dir is not None:
-                self.save(run_dir)
+        if run_dir is not None:
+            self.save(run_dir)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -804,7 +808,7 @@ class Trainer:
         if run_dir is not None and self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")))  # (a file in its place: exit 2)
         if "il" in cfg.stages:
             self._loop("il", cfg.il_episodes, lambda: self.il_episode, self.imitation_update, run_dir, on_progress)
         if "sim" in cfg.stages:
@@ -812,12 +816,15 @@ class Trainer:
                 for task in self.tasks:
                     self._seed_incumbent(task, cfg.sim_seed_methods)
             self._loop("sim", cfg.episodes, lambda: self.episode, self.rl_update, run_dir, on_progress)
-            if cfg.distill_updates > 0 and any(t.best_order is not None for t in self.tasks):
-                self.distill_best = (self._greedy_score(), self._weights())  # before distillation
+            # distillation is done once its best weights are kept (a run resumed after that changes nothing)
+            done = self.distill_step >= cfg.distill_updates and self.distill_best is None
+            if cfg.distill_updates > 0 and not done and any(t.best_order is not None for t in self.tasks):
+                if self.distill_best is None:  # before distillation (a run resumed during it has its own)
+                    self.distill_best = (self._greedy_score(), self._weights())
                 self._loop("distill", cfg.distill_updates, lambda: self.distill_step, self.distill_update, run_dir,
                            on_progress)  # fmt: skip
-                self._keep_better(self.distill_best, run_dir)
-                self.distill_best = None
+                kept, self.distill_best = self.distill_best, None
+                self._keep_better(kept, run_dir)
         if "real" in cfg.stages:
             self.enter_real_stage()
             self._loop("real", cfg.real_episodes, lambda: self.real_episode, self.real_update, run_dir, on_progress)
@@ -857,7 +864,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> dict[str, Any]:
         """Everything needed to continue exactly (loadable with ``weights_only=True``)."""
-        return {
+        st = {
             "format": CHECKPOINT_FORMAT,
             "policy_config": dict(self.policy.config),
             "state_dict": self.policy.state_dict(),
@@ -885,6 +892,9 @@ class Trainer:
                 for t in self.tasks
             ],
         }  # fmt: skip
+        if self.distill_best is not None:  # during distillation: the best greedy decode so far and its weights
+            st["distill_best"] = {"score": self.distill_best[0], "state_dict": self.distill_best[1]}
+        return st
 
     def save(self, run_dir: str | Path) -> None:
         """Write ``checkpoint.pt``, ``config.json`` and ``best_assignment.json`` atomically."""
@@ -902,25 +912,27 @@ class Trainer:
                episodes: int | None = None) -> "Trainer":  # fmt: skip
         """Continue the run saved in ``run_dir`` exactly, on the same graphs and cluster; ``episodes``
         may extend Stage II (everything else is the run's own configuration)."""
-        from doppler.policy.checkpoint import read_checkpoint
+        from doppler.policy.checkpoint import read_checkpoint, require_training_state
 
         ckpt = Path(run_dir) / "checkpoint.pt"
         if not ckpt.is_file():
             raise TrainError(f"{ckpt}: no checkpoint to resume from")
         ck = read_checkpoint(ckpt)
+        require_training_state(ck, ckpt)
         if "pretrain" in ck:
             raise TrainError(f"{run_dir}: a pretraining run (made by `doppler pretrain`, not `doppler train`): continue "
                              "it with `doppler pretrain -o DIR --resume`, or fine-tune it with `train --init DIR`")  # fmt: skip
-        saved = config_from_json(json.loads(ck["config"]))
+        saved = saved_config(ck, ckpt)
         if episodes is not None:
             saved.episodes = episodes
         trained_on = json.loads(ck["cluster"])
         if trained_on != cluster.to_json():
             raise TrainError(f"{ckpt}: trained on cluster {trained_on.get('name')!r}, not {cluster.name!r}")
         trainer = cls.create(graphs, cluster, saved)
-        trainer.load_state(ck)
+        with loading_state(ckpt):
+            trainer.load_state(ck)
         if trainer.episode < saved.episodes:  # Stage II is extended: distil its new best again afterwards
-            trainer.distill_step = 0
+            trainer.distill_step, trainer.distill_best = 0, None
         return trainer
 
     def load_state(self, ck: dict[str, Any]) -> None:
@@ -930,20 +942,22 @@ class Trainer:
         ):
             raise TrainError("the checkpoint was trained on other graphs (fingerprints differ)")
         self.policy.load_state_dict(ck["state_dict"])
-        self.optimizer.load_state_dict(ck["optimizer"])
+        load_optimizer_state(self.optimizer, ck["optimizer"])
         torch.set_rng_state(ck["torch_rng"])
         self.rng.bit_generator.state = json.loads(ck["numpy_rng"])
         self.il_episode, self.episode = int(ck["il_episode"]), int(ck["episode"])
         self.distill_step = int(ck["distill_step"])
+        best = ck.get("distill_best")  # saved during distillation
+        self.distill_best = None if best is None else (float(best["score"]), best["state_dict"])
         self.real_episode = int(ck.get("real_episode", 0))
-        self.history = json.loads(ck["history"])
+        self.history = history_from_json(ck["history"], stages=True)
         for t, g in zip(self.tasks, ck["graphs"]):
-            t.baseline = g["baseline"]
+            t.baseline = None if g["baseline"] is None else _finite(g["baseline"], "baseline")
             if hasattr(t.oracle, "calls"):
-                t.oracle.calls = g["oracle_calls"]
+                t.oracle.calls = int(g["oracle_calls"])
             if g["best"] is not None:
-                t.best_makespan_s = float(g["best_makespan_s"])
-                t.best_order, t.best_step_device, t.best_assignment = (np.asarray(x, dtype=np.int64) for x in g["best"])
+                t.best_makespan_s = _finite(g["best_makespan_s"], "best_makespan_s")
+                t.best_order, t.best_step_device, t.best_assignment = _replayable_best(g["best"], t)
 
 
 def config_to_json(cfg: TrainConfig) -> dict[str, Any]:
@@ -955,13 +969,130 @@ def config_to_json(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def config_from_json(obj: dict[str, Any]) -> TrainConfig:
+    """The configuration :func:`config_to_json` wrote (a checkpoint's ``config``); values of the wrong type are
+    kept as they are, for :meth:`TrainConfig.validate` to name."""
+    if not isinstance(obj, dict):
+        raise TrainError(f"a training configuration must be a JSON object, got {type(obj).__name__}")
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     kw = {k: v for k, v in obj.items() if k in names}
-    kw["stages"] = tuple(kw.get("stages", TrainConfig.stages))
-    kw["real_seed_methods"] = tuple(kw.get("real_seed_methods", TrainConfig.real_seed_methods))
-    kw["sim_seed_methods"] = tuple(kw.get("sim_seed_methods", TrainConfig.sim_seed_methods))
+    for key in ("stages", "real_seed_methods", "sim_seed_methods"):
+        value = kw.get(key, getattr(TrainConfig, key))
+        kw[key] = tuple(value) if isinstance(value, list) else value
     kw.setdefault("device_identity", False)  # a run saved before the option existed had none
     return TrainConfig(**kw)
+
+
+def saved_config(ck: dict[str, Any], path: str | Path) -> TrainConfig:
+    """The training configuration a checkpoint holds, validated: it was valid when saved, so a refusal means a
+    damaged file, and says so naming it (not as the command-line option it would be)."""
+    cfg = config_from_json(json.loads(ck["config"]))
+    try:
+        cfg.validate()
+    except TrainError as e:
+        raise TrainError(f"{path}: a damaged checkpoint: its configuration does not hold ({e})") from None
+    return cfg
+
+
+def _finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} is {value!r}, not a finite number")
+    return float(value)
+
+
+#: what a row of :attr:`Trainer.history` holds besides its stage flags, by stage (the training curve draws them)
+HISTORY_ROW_KEYS = {"il": ("episode", "agree_sel", "agree_plc"), "sim": ("episode", "mean_ratio", "best_ratio"),
+                    "distill": ("greedy_ratio",), "real": ("episode", "mean_ratio")}  # fmt: skip
+
+
+def history_from_json(text: str, *, stages: bool = False) -> list[dict[str, float]]:
+    """A checkpoint's ``history``: rows of named numbers; with ``stages`` (a training run's, which the training
+    curve draws), each holding the numbers of its stage (:data:`HISTORY_ROW_KEYS`). ValueError if not."""
+    rows = json.loads(text)
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in r.values())
+        for r in rows
+    ):
+        raise ValueError("history is not a list of rows of numbers")
+    for i, row in enumerate(rows if stages else ()):
+        stage = next((s for s in ("il", "distill", "real") if row.get(f"stage_{s}")), "sim")
+        missing = [k for k in HISTORY_ROW_KEYS[stage] if k not in row]
+        if missing:
+            raise ValueError(f"history row {i} (stage {stage}) has no {', '.join(missing)}")
+    return rows
+
+
+def _replayable_best(best: Any, task: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A checkpoint's best ``[op order, device per step, device per op]`` of ``task``, checked as the rollout
+    replays it (each op once, after the ops it reads; devices of the cluster; the two device lists agreeing):
+    ValueError naming what is wrong."""
+    order, step_device, assignment = (np.asarray(x, dtype=np.int64) for x in best)
+    n = task.graph.num_ops
+    if any(a.shape != (n,) for a in (order, step_device, assignment)):
+        raise ValueError(f"best holds lists of {[a.shape for a in (order, step_device, assignment)]} entries, not {n}")
+    if not np.array_equal(np.sort(order), np.arange(n)):
+        raise ValueError("the best op order does not hold each op once")
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    if np.any(position[task.graph.src] >= position[task.graph.dst]):
+        raise ValueError("the best op order puts an op before an op it reads")
+    if assignment.min() < 0 or assignment.max() >= task.cluster.num_devices:
+        raise ValueError(f"the best assignment names a device outside 0..{task.cluster.num_devices - 1}")
+    if not np.array_equal(step_device, assignment[order]):
+        raise ValueError("the best devices per step are not the best assignment's")
+    return order, step_device, assignment
+
+
+def _like(value: Any, own: Any) -> bool:
+    """Whether a loaded optimizer setting is of the kind of the optimizer's own (a finite number, a flag, ...)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if number(own):
+        return number(value) and math.isfinite(value)
+    if isinstance(own, (tuple, list)):
+        return isinstance(value, (tuple, list)) and len(value) == len(own) and all(map(_like, value, own))
+    return type(value) is type(own)
+
+
+def load_optimizer_state(optimizer: torch.optim.Adam, state: dict[str, Any]) -> None:
+    """A checkpoint's Adam state into ``optimizer``, checked as its next step will use it: each group's settings
+    of the kind of the optimizer's own, each parameter's state the step count and the moments of its shape.
+    torch checks only that the groups hold as many parameters, so any of those was an error in the next step."""
+    own = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, settings in zip(optimizer.param_groups, own):
+        bad = next((k for k, v in settings.items() if not _like(group.get(k), v)), None)
+        if bad is not None:
+            raise ValueError(f"the optimizer's {bad} is {group.get(bad)!r}, not like {settings[bad]!r}")
+        moments = {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group["amsgrad"] else set())
+        for param in group["params"]:
+            st = optimizer.state.get(param)
+            if not st:  # (a parameter that has not stepped yet)
+                continue
+            if set(st) != moments | {"step"}:
+                raise ValueError(f"the optimizer's state of a parameter holds {sorted(st)}, not "
+                                 f"{sorted(moments | {'step'})}")  # fmt: skip
+            for name, value in st.items():
+                shape = torch.Size([]) if name == "step" else param.shape
+                if not (torch.is_tensor(value) and value.is_floating_point() and value.shape == shape):
+                    raise ValueError(f"the optimizer's {name} is {_tensor_kind(value)} for a parameter of shape "
+                                     f"{list(param.shape)}")  # fmt: skip
+
+
+def _tensor_kind(value: Any) -> str:
+    return f"a {value.dtype} tensor of shape {list(value.shape)}" if torch.is_tensor(value) else repr(value)[:40]
+
+
+@contextlib.contextmanager
+def loading_state(path: str | Path) -> Iterator[None]:
+    """A checkpoint's training state (optimizer, generators, counters, per-graph records) going into a trainer:
+    what does not fit, being damaged, is a TrainError naming the file, not torch's or numpy's own error."""
+    try:
+        yield
+    except (AttributeError, IndexError, KeyError, OverflowError, RuntimeError, TypeError, ValueError) as e:
+        text = str(e).splitlines()[0][:120] if str(e) else "no message"
+        raise TrainError(f"{path}: a damaged checkpoint: its training state does not load ({type(e).__name__}: "
+                         f"{text})") from None  # fmt: skip
 
 
 def train_and_assign(graph: DataflowGraph, cl: Cluster, run_dir: Path, cfg: TrainConfig,

@@ -45,6 +45,7 @@ __all__ = [
     "WORKLOADS",
     "WorkloadError",
     "build",
+    "count_ops",
     "describe",
     "list_workloads",
     "param_spec",
@@ -60,9 +61,8 @@ def _normal(std: float) -> dict[str, Any]:
     return {"init": "normal", "std": float(std)}
 
 
-def _build_chainmm(p: dict[str, Any]) -> DataflowGraph:
+def _chainmm(b: TileBuilder, p: dict[str, Any]) -> None:
     n, rb, cb, ib = p["n"], p["row_blocks"], p["col_blocks"], p["inner_blocks"]
-    b = TileBuilder("chainmm", p["dtype"])
     A = b.input("A", (n, n), (rb, ib))
     B = b.input("B", (n, n), (ib, cb))
     C = b.input("C", (n, n), (rb, ib))
@@ -73,13 +73,11 @@ def _build_chainmm(p: dict[str, Any]) -> DataflowGraph:
     ab = b.contract("ik,kj->ij", A, B, name="AB")
     y = b.map("add", "ij,ij->ij", ab, cde, name="Y")
     b.output("Y", y)
-    return b.finish("chainmm", p)
 
 
-def _build_ffnn(p: dict[str, Any]) -> DataflowGraph:
+def _ffnn(b: TileBuilder, p: dict[str, Any]) -> None:
     bs, di, dh, do = p["batch"], p["d_in"], p["d_hidden"], p["d_out"]
     bb, ib, hb, ob = p["batch_blocks"], p["in_blocks"], p["hidden_blocks"], p["out_blocks"]
-    b = TileBuilder("ffnn", p["dtype"])
     X = b.input("X", (bs, di), (bb, ib))
     W1 = b.input("W1", (di, dh), (ib, hb), _normal(1 / math.sqrt(di)))
     b1 = b.input("b1", (dh,), (hb,), _normal(0.1))
@@ -92,7 +90,6 @@ def _build_ffnn(p: dict[str, Any]) -> DataflowGraph:
     y = b.map("add", "bo,o->bo", y, b2, name="bias2")
     y = tiled_softmax(b, y, "bo", "o", scale=1.0, name="softmax")
     b.output("Y", y)
-    return b.finish("ffnn", p)
 
 
 def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
@@ -154,16 +151,13 @@ def _llama_block_ops(b: TileBuilder, p: dict[str, Any], t: dict[str, Tensor], *,
     return b.map("add", "bsd,bsd->bsd", h1, dn, name="mlp_residual")
 
 
-def _build_llama_block(p: dict[str, Any]) -> DataflowGraph:
-    b = TileBuilder("llama_block", p["dtype"])
+def _llama_block(b: TileBuilder, p: dict[str, Any]) -> None:
     t = _llama_inputs(b, p)
     out = _llama_block_ops(b, p, t, mask_fill=False)
     b.output("out", out)
-    return b.finish("llama_block", p)
 
 
-def _build_llama_layer(p: dict[str, Any]) -> DataflowGraph:
-    b = TileBuilder("llama_layer", p["dtype"])
+def _llama_layer(b: TileBuilder, p: dict[str, Any]) -> None:
     t = _llama_inputs(b, p)
     D, V = p["dim"], p["vocab"]
     w_norm = b.input("w_final_norm", (D,), (p["dim_blocks"],), {"init": "norm_weight"})
@@ -174,7 +168,6 @@ def _build_llama_layer(p: dict[str, Any]) -> DataflowGraph:
     hn = tiled_rmsnorm(b, last, w_norm, eps=p["eps"], name="final_norm")
     logits = b.contract("bsd,dv->bv", hn, w_head, name="lm_head")
     b.output("logits", logits)
-    return b.finish("llama_layer", p)
 
 
 def _build_random(p: dict[str, Any]) -> DataflowGraph:
@@ -229,7 +222,7 @@ class _Workload:
     description: str
     defaults: dict[str, Any]
     presets: dict[str, dict[str, Any]]
-    build: Callable[[dict[str, Any]], DataflowGraph]
+    ops: Callable[[TileBuilder, dict[str, Any]], None] | None  # declares a tiled workload's ops (None: random)
     reference: Callable[[dict[str, Any], Mapping[str, np.ndarray]], dict[str, np.ndarray]] | None
     divides: tuple[tuple[str, str], ...]  # (blocks key, dimension key)
 
@@ -252,7 +245,7 @@ WORKLOADS: dict[str, _Workload] = {
         "A.B + C.(D.E) with n x n matrices",
         {"n": 8192, "row_blocks": 4, "col_blocks": 2, "inner_blocks": 2, "dtype": "float32"},
         {"tiny": {"n": 16}, "small": {"n": 1024}, "paper": {}},
-        _build_chainmm,
+        _chainmm,
         ref_chainmm,
         (("row_blocks", "n"), ("col_blocks", "n"), ("inner_blocks", "n")),
     ),
@@ -266,7 +259,7 @@ WORKLOADS: dict[str, _Workload] = {
             "small": {"batch": 1024, "d_in": 1024, "d_hidden": 2048, "d_out": 1024},
             "paper": {},
         },
-        _build_ffnn,
+        _ffnn,
         ref_ffnn,
         (("batch_blocks", "batch"), ("in_blocks", "d_in"), ("hidden_blocks", "d_hidden"), ("out_blocks", "d_out")),
     ),
@@ -275,7 +268,7 @@ WORKLOADS: dict[str, _Workload] = {
         "one LLaMA decoder block (RMSNorm, rotary causal attention, SwiGLU MLP) on a batch of sequences",
         dict(_LLAMA_DEFAULTS),
         {"tiny": dict(_LLAMA_TINY), "small": dict(_LLAMA_SMALL), "paper": {}},
-        _build_llama_block,
+        _llama_block,
         ref_llama_block,
         _LLAMA_DIVIDES,
     ),
@@ -285,7 +278,7 @@ WORKLOADS: dict[str, _Workload] = {
         "and vocabulary head",
         {**_LLAMA_DEFAULTS, "vocab": 32000, "vocab_blocks": 4},
         {"tiny": {**_LLAMA_TINY, "vocab": 64}, "small": {**_LLAMA_SMALL, "vocab": 8000}, "paper": {}},
-        _build_llama_layer,
+        _llama_layer,
         ref_llama_layer,
         _LLAMA_DIVIDES + (("vocab_blocks", "vocab"),),
     ),
@@ -299,19 +292,18 @@ WORKLOADS: dict[str, _Workload] = {
             "small": {"num_ops": 200, "flops_median": 1e7, "bytes_median": 1e5},
             "paper": {},
         },
-        _build_random,
+        None,
         None,
         (),
     ),
 }
 
 _POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 (a seed: any integer >= 0)
-#: the largest graphs a workload may build (checked before anything is allocated; docs/cli.md)
+#: the largest graphs a workload may build (checked before anything is allocated: a tiled workload's ops are
+#: counted first, docs/cli.md)
 MAX_OPS = 2_000_000
 #: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
 MAX_EDGES = 20_000_000
-#: the largest product of a tiled workload's block counts (its tile-op count grows with it)
-MAX_BLOCK_PRODUCT = 2_000_000
 _NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
 
 
@@ -365,7 +357,8 @@ def _coerce(workload: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
-def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str, Any]]:
+def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str, Any], int]:
+    """The workload, its parameters (defaults, preset, then ``params``, each checked) and its op count."""
     w = _get(name)
     size = params.get("size", "paper")
     if size not in SIZES:
@@ -394,24 +387,35 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
     if "max_fan_in" in p and p["num_ops"] * p["max_fan_in"] > MAX_EDGES:
         raise WorkloadError(f"{name}: num_ops x max_fan_in = {p['num_ops'] * p['max_fan_in']} is over the maximum of "
                             f"{MAX_EDGES} edges")  # fmt: skip
-    blocks = [int(v) for k, v in p.items() if k.endswith("_blocks")]
-    if blocks and math.prod(blocks) > MAX_BLOCK_PRODUCT:
-        raise WorkloadError(
-            f"{name}: the block counts multiply to {math.prod(blocks)}, over the maximum of {MAX_BLOCK_PRODUCT} "
-            "(the graph would have too many tile ops)"
-        )
     for bk, dk in w.divides:
         if p[dk] % p[bk]:
             raise WorkloadError(f"{name}: {bk}={p[bk]} does not divide {dk}={p[dk]}")
     if "head_dim" in p and p["head_dim"] % 2:
         raise WorkloadError(f"{name}: head_dim={p['head_dim']} must be even (rotary embedding)")
-    return w, p
+    if w.ops is None:
+        return w, p, p["num_ops"]
+    counter = TileBuilder(name, p["dtype"], count_only=True)  # its tile ops, counted without making any
+    w.ops(counter, p)
+    if counter.counted > MAX_OPS:
+        raise WorkloadError(f"{name}: these block counts make {counter.counted:,} tile ops, over the maximum of "
+                            f"{MAX_OPS:,} (use fewer blocks)")  # fmt: skip
+    return w, p, counter.counted
+
+
+def count_ops(name: str, **params: Any) -> int:
+    """How many ops :func:`build` makes with these parameters, counted without making any (in milliseconds);
+    raises what :func:`build` raises for parameters it refuses, the maximum size among them."""
+    return _resolve(name, params)[2]
 
 
 def build(name: str, **params: Any) -> DataflowGraph:
     """Build workload ``name`` (see :func:`list_workloads`, :func:`param_spec`)."""
-    w, p = _resolve(name, params)
-    return w.build(p)
+    w, p, _ = _resolve(name, params)
+    if w.ops is None:
+        return _build_random(p)
+    b = TileBuilder(name, p["dtype"])
+    w.ops(b, p)
+    return b.finish(name, p)
 
 
 def parse_set(items: Sequence[str], workload: str | None = None) -> dict[str, Any]:

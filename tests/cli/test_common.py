@@ -37,3 +37,16 @@ def test_usage_errors_from_the_command_line_are_one_line_exit_2() -> None:
         assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ") and words in res.stderr, res.stderr
     res = subprocess.run([sys.executable, "-m", "doppler", "--version"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.startswith("doppler ")
+
+
+def test_an_error_is_one_line_whatever_line_breaks_its_text_holds(tmp_path) -> None:
+    """Python's splitlines (and a terminal or a log reader) ends a line at more than "\\n": "\\x1e", "\\x85" and
+    "\\u2028" in a file's name or text once split an error line in two (found by tests/fuzz)."""
+    from typer.testing import CliRunner
+
+    from doppler.cli import app
+
+    for name in ("a\x1eb.json", "a\u2028b.json", "a\x85b.json", "a\nb.json"):
+        res = CliRunner().invoke(app, ["graph", "info", str(tmp_path / name)])
+        assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, repr(res.stderr)
+        assert res.stderr.startswith("error: ") and "no such graph file" in res.stderr

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +168,60 @@ def test_device_type_cuda_runs_on_a_gpu_or_says_there_is_none(files) -> None:
         assert res.exit_code == 2 and "no CUDA device is visible" in res.output and "Traceback" not in res.output
     cal = run("calibrate", "-o", files["dir"] / "gpu.json", "--device-type", "cuda", "--runs", 1, "--sizes", "32,64")
     assert cal.exit_code == (0 if torch.cuda.is_available() else 2), cal.output
+
+
+def synthetic_graph_file(d: Path) -> Path:
+    """A 4-op cost-only graph and an assignment of it to 2 devices (a.json), in ``d``."""
+    from doppler.graph import DataflowGraph
+
+    g = DataflowGraph.from_arrays(np.ones(4), np.full(4, 64.0), np.array([0, 1, 2]), np.array([1, 2, 3]), name="chain")
+    save_graph(g, d / "g.txt")
+    (d / "a.json").write_text(json.dumps([0, 1, 0, 1]))
+    return d / "g.txt"
+
+
+def _babble(sock: socket.socket) -> None:
+    """Answer every connection with bytes that are not Dask's (an SSH server's banner)."""
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except OSError:  # the test closed the socket
+            return
+        with conn:
+            conn.sendall(b"SSH-2.0-OpenSSH_8.9p1\r\n" * 50)
+
+
+@pytest.mark.parametrize("command, peer", [("execute", "refused"), ("execute", "silent"), ("execute", "babbling"),
+                                           ("validate", "refused"), ("calibrate", "refused")])  # fmt: skip
+def test_an_unreachable_scheduler_fails_within_the_timeout_in_one_line(tmp_path, command, peer) -> None:
+    """Nothing listens on the port (Dask retries until the time-out), something accepts and never
+    answers (Dask's handshake alone would wait for ever), or something answers with other bytes (a
+    half-made Dask client would wait at exit): exit 2 within --timeout, the process gone."""
+    g = synthetic_graph_file(tmp_path)
+    args = {"execute": ["-a", tmp_path / "a.json", "-c", "unit:2"], "validate": ["-c", "unit:2", "--n", 2],
+            "calibrate": ["-o", tmp_path / "cal.json", "--runs", 1, "--sizes", "32"]}[command]  # fmt: skip
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # bound, so no other process takes the port meanwhile
+        if peer != "refused":
+            sock.listen()  # silent: the kernel completes the TCP handshake; nobody ever reads or writes
+        if peer == "babbling":
+            threading.Thread(target=_babble, args=(sock,), daemon=True).start()
+        # else not listening: every connection is refused
+        addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+        pos = [] if command == "calibrate" else [g]
+        t0 = time.monotonic()
+        argv = [sys.executable, "-m", "doppler", command, *map(str, [*pos, *args]), "--engine", "dask",
+                "--scheduler", addr, "--timeout", "3"]  # fmt: skip
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - t0
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error:") and addr in errors[0], res.stderr
+    assert took < 40, took  # --timeout 3, and a loaded machine's start-up; the old wait was 60 s (silent: for ever)
+
+
+def test_the_timeout_help_states_the_connection_bound() -> None:
+    from doppler.cli.engine_cmds import TIMEOUT_OPT
+    from doppler.engine.dask_cluster import SETUP_TIMEOUT_S
+
+    assert f"at most {SETUP_TIMEOUT_S:g} s" in TIMEOUT_OPT.help

@@ -78,6 +78,7 @@ def test_train_json_summary_and_run_dir(trained) -> None:
     # the run directory
     assert json.loads((run_dir / "config.json").read_text())["torch_threads"] == 1  # --threads 1
     assert (run_dir / "checkpoint.pt").stat().st_size > 1000
+    assert not (run_dir / ".doppler.lock").exists()  # one writer's lock, gone with the run
     assert Path(summary["checkpoint"]) == run_dir / "checkpoint.pt"
     png = run_dir / "training_curve.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

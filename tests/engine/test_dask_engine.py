@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import threading
 import time
@@ -240,6 +241,14 @@ def test_too_few_workers_for_an_external_scheduler():
     res = run(g, [0, 1, 0], num_devices=D, engine="dask", cluster=cluster("unit:2"), time_scale=1e-3, scheduler=addr)
     assert res.info["scheduler"] == addr and res.info["local_cluster"] is False
     check_trace(g, res.trace, eps=5e-3)  # an external cluster's times carry Dask's clock-offset estimate
+
+
+def test_a_workers_address_is_refused_at_once_as_not_a_scheduler():
+    addr = sorted(dask_cluster.local_client(D).nthreads())[0]
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=rf"scheduler at {re.escape(addr)}: .* \w*Worker, not a scheduler"):
+        dask_cluster.get_conn(addr, D, timeout_s=5.0)
+    assert time.monotonic() - t0 < 5
 
 
 def test_measure_overhead():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import time
 import warnings
@@ -18,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from doppler.io_util import to_jsonable
+from doppler.io_util import OutputLock, to_jsonable
 
 #: the `--json` option every command takes
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
@@ -79,9 +80,15 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+#: a line break and the blanks around it: every character at which ``str.splitlines`` (and a terminal or a log
+#: reader) may end a line, not only "\n" (a key "\x1e" in a cluster file once split an error line in two)
+LINE_BREAK = re.compile(r"\s*[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]\s*")
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     """Warnings as one clean line on stderr (no source file, no code line)."""
-    err_console.print(f"[yellow]warning:[/] {escape(str(message))}", markup=True, highlight=False, soft_wrap=True)
+    text = re.sub(LINE_BREAK, " ", str(message).strip())
+    err_console.print(f"[yellow]warning:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
@@ -100,6 +107,7 @@ def handle_errors() -> Iterator[None]:
             msg = f"{e.filename}: {e.strerror}" if e.filename else str(e)
         else:
             msg = str(e)
+        msg = re.sub(LINE_BREAK, " ", msg.strip())  # one line, whatever a file's quoted text holds
         err_console.print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -109,6 +117,18 @@ def handle_errors() -> Iterator[None]:
         err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}", markup=True,
                           highlight=False, soft_wrap=True)  # fmt: skip
         raise typer.Exit(1) from None
+
+
+def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: dict[str, Any] | None = None) -> None:
+    """One writer per output: lock each output directory of ``dirs`` and file of ``files`` ({label: path};
+    ``None`` paths skipped; a label names the option in a refusal, "" none) with an
+    :class:`~doppler.io_util.OutputLock`, now, before the command's work, and hold them until the command
+    ends (its context ``ctx`` closes: at its end, on an error, on Ctrl-C). An output another live doppler
+    process holds is an :class:`~doppler.io_util.OutputPathError` (exit 2) at once."""
+    for directory, outputs in ((True, dirs or {}), (False, files or {})):
+        for label, path in outputs.items():
+            if path is not None:
+                ctx.with_resource(OutputLock(path, directory=directory, label=label))
 
 
 #: seconds between the plain progress lines of :func:`live_progress` when stderr is not a terminal

@@ -19,6 +19,7 @@ from doppler.cli._common import (
     console,
     emit_json,
     handle_errors,
+    hold_outputs,
     live_progress,
 )
 
@@ -61,6 +62,7 @@ def _assign_with_progress(graph, cl, method: str, **kw: Any):
 
 @app.command("assign")
 def assign_cmd(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
     method: str = typer.Option(..., "--method", "-m", help="Assignment method (see `doppler compare --help`)."),
@@ -91,6 +93,7 @@ def assign_cmd(
         # (--init may be the output: it is read in full first, and refining an assignment in place is a use)
         check_outputs_apart({"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint},
                             {"--output": output})  # fmt: skip
+        hold_outputs(ctx, files={"--output": output})  # one writer: anneal may run for long
         kw = _method_kwargs(checkpoint, samples, plc_ties)
         if threads is not None:
             if threads < 1:
@@ -194,6 +197,7 @@ def _compare_checkpoints(items: list[str], names: list[str]) -> dict[str, Path]:
 
 @app.command("compare")
 def compare_cmd(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
     methods: str = typer.Option(
@@ -228,6 +232,7 @@ def compare_cmd(
         check_outputs_apart({"G": graph_path, "--cluster": cluster_name,
                              **{f"--checkpoint ({m})": p for m, p in chosen.items()}},
                             {"--csv": csv_path, **saves})  # every output checked before any method runs  # fmt: skip
+        hold_outputs(ctx, dirs={"--save-dir": save_dir}, files={"--csv": csv_path})
         graph, cl = _load(graph_path, cluster_name)
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from doppler.io_util import make_run_dir
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, live_progress
+from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, err_console, handle_errors, hold_outputs,
+                                 live_progress)  # fmt: skip
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -21,6 +21,7 @@ WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 
 @app.command("demo")
 def demo_cmd(
+    ctx: typer.Context,
     budget_s: float = typer.Option(5.0, "--budget-s", help="Search budget of anneal per workload (s)."),
     out_dir: Path = typer.Option(Path("out/demo"), "--out", "-o", help="Where to write graph pictures and Gantt charts."),
     cluster_name: str = typer.Option("p100x4", "--cluster", "-c", help="Cluster preset or JSON file."),
@@ -40,7 +41,7 @@ def demo_cmd(
             raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
         methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
-        make_run_dir(out_dir)  # before minutes of work, not when the first picture is written
+        hold_outputs(ctx, dirs={"": out_dir})  # made and locked before minutes of work, not at the first picture
         with live_progress(lambda ev: ev.stats["step"]) as on_progress:
             steps = [0]
 

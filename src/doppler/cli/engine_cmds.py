@@ -8,13 +8,16 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress, write_trace_files
+from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, handle_errors, hold_outputs,
+                                 live_progress, write_trace_files)  # fmt: skip
 
 ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
 SCHEDULER_OPT = typer.Option(
     None, "--scheduler", help="Dask: address of a running scheduler (tcp://host:8786); default: a LocalCluster on 127.0.0.1."
 )
-TIMEOUT_OPT = typer.Option(600.0, "--timeout", help="Seconds one run may take before it is stopped.")
+TIMEOUT_OPT = typer.Option(
+    600.0, "--timeout", help="Seconds one run may take before it is stopped; also bounds reaching a --scheduler (at most 60 s)."
+)
 DEVICE_TYPE_OPT = typer.Option(
     "cpu", "--device-type", help="Local engine devices: cpu (numpy workers) or cuda (torch on the GPU; more devices than GPUs split each GPU)."
 )
@@ -38,6 +41,7 @@ def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
 
 @app.command("execute")
 def execute_cmd(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file."),
     engine: str = ENGINE_OPT,
@@ -80,6 +84,8 @@ def execute_cmd(
         check_outputs_apart({"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name},
                             {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
                              "--ops-csv": csv_path})  # before the runs, not after them
+        hold_outputs(ctx, files={"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
+                                 "--ops-csv": csv_path})  # fmt: skip
         graph = load_graph(graph_path)
         synthetic = not (graph.specs and any(sp is not None for sp in graph.specs))  # a cost-only graph
         if check and synthetic:
@@ -170,6 +176,7 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
 
 @app.command("calibrate")
 def calibrate_cmd(
+    ctx: typer.Context,
     output: Path = typer.Option(..., "--output", "-o", help="Cluster JSON file to write."),
     engine: str = ENGINE_OPT,
     devices: int = typer.Option(2, "--devices", "-d", help="Number of engine devices to calibrate."),
@@ -198,6 +205,7 @@ def calibrate_cmd(
         from doppler.io_util import check_output_file
 
         check_output_file(output, "--output")  # before the measurements, not after them
+        hold_outputs(ctx, files={"--output": output})
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, timeout_s=timeout_s,
                             scheduler=scheduler, device_type=device_type, progress=on_progress)  # fmt: skip
@@ -242,6 +250,7 @@ def calibrate_cmd(
 
 @app.command("validate")
 def validate_cmd(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Calibrated cluster JSON (from `doppler calibrate`)."),
     engine: str = ENGINE_OPT,
@@ -280,6 +289,7 @@ def validate_cmd(
         from doppler.io_util import check_outputs_apart
 
         check_outputs_apart({"G": graph_path, "--cluster": cluster_name}, {"--plot": plot, "--output": output})
+        hold_outputs(ctx, files={"--plot": plot, "--output": output})
         graph = load_graph(graph_path)
         with live_progress(labels={"validate": "validating"}, counts=True) as on_progress:
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, timeout_s=timeout_s,

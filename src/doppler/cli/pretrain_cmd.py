@@ -6,35 +6,38 @@ from typing import Optional
 
 import typer
 
-from doppler.io_util import make_run_dir
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress
+from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, handle_errors, hold_outputs,
+                                 live_progress)  # fmt: skip
 
 
 @app.command("pretrain")
 def pretrain_cmd(
+    ctx: typer.Context,
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, TensorBoard)."),
-    budget_h: float = typer.Option(1.0, "--budget-h", help="Training time in hours (Stage I for all of it by default; a Stage II learning rate decays over it)."),
+    budget_h: Optional[float] = typer.Option(None, "--budget-h", help="Training time in hours (Stage I for all of it by default; a Stage II learning rate decays over it) (default: 1; with --resume, the run's own)."),
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda."),
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
     il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization_log.md)."),
     pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1; with --init, the checkpoint's)."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count, and another count keeps the streams of the workers in both). Each holds a core: at most the cores doppler may use."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count, and another count keeps the streams of the workers in both). Each holds a core: at most the cores doppler may use. A worker that has not joined within 180 s, or a gradient exchange that waits over 600 s, ends the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
     with handle_errors():
+        hold_outputs(ctx, dirs={"": output})  # one writer (worker 0, this process), before torch is imported
         from doppler.methods.anneal import usable_cores
         from doppler.pretrain import pretrain_config
         from doppler.pretrain_parallel import Recipe, run_workers
         from doppler.policy.checkpoint import CheckpointError
         from doppler.train import TrainError
 
-        if not budget_h > 0 or budget_h > 1000:
+        if budget_h is not None and (not budget_h > 0 or budget_h > 1000):
             raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
+        budget_s = None if budget_h is None else budget_h * 3600  # None: a resumed run's own, else 1 h
         cores = usable_cores()
 
         def check_workers(n: int, why: str = "") -> None:
@@ -58,7 +61,7 @@ def pretrain_cmd(
                                     "configuration")  # fmt: skip
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
-                recipe = Recipe("resume", budget_h * 3600, path=str(output))
+                recipe = Recipe("resume", budget_s, path=str(output))
                 pt = recipe.build(0)
                 if workers is None:  # the run's own count; another one keeps the streams of the workers in both
                     workers = pt.saved_workers
@@ -70,17 +73,16 @@ def pretrain_cmd(
                 from doppler.policy.checkpoint import resolve_checkpoint
 
                 path, _ = resolve_checkpoint(None if init == "pretrained" else init)
-                recipe = Recipe("init", budget_h * 3600, path=str(path), seed=seed,
+                recipe = Recipe("init", budget_s or 3600.0, path=str(path), seed=seed,
                                 overrides=dict(device=device, torch_threads=threads, **per_update))  # fmt: skip
                 pt = recipe.build(0)
             elif not resume:
-                recipe = Recipe("create", budget_h * 3600, cfg=pretrain_config(seed=seed, device=device,
+                recipe = Recipe("create", budget_s or 3600.0, cfg=pretrain_config(seed=seed, device=device,
                                                                               torch_threads=threads, **overrides,
                                                                               **per_update))  # fmt: skip
                 pt = recipe.build(0)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
-        make_run_dir(output)
         t0 = time.perf_counter()
         ref = "HEFT" if pt.cfg.sim_seed_methods == ("heft",) else "best cheap"
 

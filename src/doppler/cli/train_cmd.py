@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import typer
 
-from doppler.io_util import make_run_dir
-from doppler.cli._common import JSON_OPT, UserError, app, console, emit_json, handle_errors, live_progress
+from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, handle_errors, hold_outputs,
+                                 live_progress)  # fmt: skip
 
 
 def _parse_stages(stages: str) -> tuple[str, ...]:
@@ -174,6 +174,7 @@ def train_cmd(
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
     with handle_errors():
+        hold_outputs(ctx, dirs={"": output})  # one writer: before torch's import and before the run is read or checked
         from doppler.policy.checkpoint import CheckpointError
         from doppler.train import INIT_SEARCH_EVALS, TrainConfig, TrainError
 
@@ -204,7 +205,6 @@ def train_cmd(
                 _check_resume_options(typed, trainer, cfg, output)
         except (TrainError, CheckpointError) as e:
             raise UserError(str(e)) from None
-        make_run_dir(output)
         if trainer.identity_left_out and not json_out:
             console.print(f"--init: the checkpoint's device identity ({trainer.identity_left_out} devices) was learned on "
                           "another cluster; it starts again at zero" if trainer.cfg.learns_device_identity else

@@ -1,9 +1,16 @@
 """The Dask engine's clusters: a cached client per scheduler (our own LocalCluster of same-host,
 single-threaded workers, or an external scheduler), opened on first use and discarded when broken.
+
+Every wait is bounded. Reaching an external scheduler takes at most the run's ``timeout_s``, capped
+at :data:`SETUP_TIMEOUT_S` (plus :data:`CONNECT_GRACE_S`), then :data:`WORKER_WAIT_S` for its workers;
+starting our LocalCluster (its worker processes, our client's connection, the workers registering)
+takes at most :data:`SETUP_TIMEOUT_S`, whatever ``timeout_s`` (a short time-out meant for runs must not
+fail a cold start); closing a cluster at most :data:`CLOSE_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import threading
 from dataclasses import dataclass, field
@@ -18,8 +25,10 @@ __all__ = ["Conn", "close_clusters", "discard", "get_conn", "local_client"]
 
 #: longest wait for a LocalCluster to start, a client to connect, the set-up of a run (seconds)
 SETUP_TIMEOUT_S = 60.0
-#: how long to wait for an external scheduler to have enough workers (seconds)
+#: how long to wait for an external scheduler to have enough workers, once connected (seconds)
 WORKER_WAIT_S = 2.0
+#: how long past its own time-out Dask's connection attempt may take to report its error before it is given up (seconds)
+CONNECT_GRACE_S = 1.0
 #: how long a failed run's cluster gets to close (seconds)
 CLOSE_TIMEOUT_S = 10.0
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -88,7 +97,49 @@ def _local_config() -> dict[str, Any]:
     }
 
 
-def _open(scheduler: str | None, num_devices: int) -> Conn:
+def _probe(address: str, timeout_s: float) -> None:
+    """Raise unless a Dask scheduler at ``address`` answers Dask's handshake and says what it is within
+    ``timeout_s``.
+
+    Dask's ``Client(address, timeout=...)`` retries a refused connection until its time-out (which
+    overrides ``distributed.comm.timeouts.connect``), but waits for ever on the handshake of a peer that
+    accepts the connection and never answers; and a peer that is not a scheduler (other bytes, a worker)
+    leaves a half-made client whose clean-up at exit waits twice the time-out. This probe is one bounded
+    exchange on its own event loop (on a helper thread: the caller may run one), closed whatever happens.
+    """
+    from distributed.comm import connect
+
+    async def handshake() -> None:
+        comm = await connect(address, timeout=timeout_s)  # retries a refused connection until timeout_s
+        try:
+            await comm.write({"op": "identity"})
+            kind = str((await comm.read()).get("type", "?"))
+        finally:
+            await comm.close()
+        if "Scheduler" not in kind:  # a worker's or a nanny's address, say
+            raise ConnectionError(f"it is a Dask {kind}, not a scheduler")
+
+    box: dict[str, BaseException] = {}
+
+    def call() -> None:
+        try:
+            asyncio.run(asyncio.wait_for(handshake(), timeout_s + CONNECT_GRACE_S))
+        except asyncio.TimeoutError:
+            box["error"] = TimeoutError(f"no answer within {timeout_s:g} s (not a Dask scheduler's port?)")
+        except OSError as e:  # refused until the time-out, no such host, a closed connection, not a scheduler
+            box["error"] = e
+        except BaseException as e:  # noqa: BLE001 - bytes that are not Dask's (an absurd frame length, ...)
+            box["error"] = ConnectionError(f"the peer does not speak Dask's protocol ({type(e).__name__}: "
+                                           f"{_first_line(str(e))[:120]})")  # fmt: skip
+
+    th = threading.Thread(target=call, name="doppler-dask-probe", daemon=True)
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]
+
+
+def _open(scheduler: str | None, num_devices: int, connect_timeout_s: float) -> Conn:
     key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
     cluster = client = None
     try:
@@ -103,11 +154,13 @@ def _open(scheduler: str | None, num_devices: int) -> Conn:
                     memory_limit=0,
                     worker_class=SameHostNanny,
                     env=dict(_ONE_THREAD),
+                    death_timeout=SETUP_TIMEOUT_S,  # a worker process that does not start in time fails the start
                     scheduler_kwargs={"dashboard_address": ":0"},  # no fixed port (dashboard itself off)
                 )
                 client = Client(cluster, set_as_default=False, timeout=SETUP_TIMEOUT_S)
         else:
-            client = Client(scheduler, set_as_default=False, timeout=SETUP_TIMEOUT_S)
+            _probe(scheduler, connect_timeout_s)
+            client = Client(scheduler, set_as_default=False, timeout=connect_timeout_s)
         try:
             client.wait_for_workers(num_devices, timeout=SETUP_TIMEOUT_S if cluster is not None else WORKER_WAIT_S)
         except TimeoutError:
@@ -115,7 +168,8 @@ def _open(scheduler: str | None, num_devices: int) -> Conn:
         threads = {str(a): int(t) for a, t in client.nthreads().items()}
         workers = sorted(threads)
         if len(workers) < num_devices:
-            raise EngineError(f"the Dask scheduler has {len(workers)} workers, {num_devices} devices need as many")
+            at = "" if scheduler is None else f" at {scheduler}"
+            raise EngineError(f"the Dask scheduler{at} has {len(workers)} workers, {num_devices} devices need as many")
         client.run(_warm_worker, workers=workers)
         client.get_task_stream(count=0)  # installs the scheduler's task-stream plugin
         return Conn(client, cluster, workers, key, threads)
@@ -124,8 +178,12 @@ def _open(scheduler: str | None, num_devices: int) -> Conn:
         raise
     except Exception as e:  # noqa: BLE001
         _close(client, cluster)
-        where = "a LocalCluster" if scheduler is None else f"the Dask scheduler at {scheduler}"
-        raise EngineError(f"could not start or reach {where}: {type(e).__name__}: {e}") from e
+        what = "start a LocalCluster" if scheduler is None else f"reach the Dask scheduler at {scheduler}"
+        raise EngineError(f"could not {what}: {type(e).__name__}: {_first_line(str(e))}") from e
+
+
+def _first_line(message: str) -> str:
+    return message.splitlines()[0] if message else ""
 
 
 def _close(client: Any, cluster: Any) -> None:
@@ -138,7 +196,10 @@ def _close(client: Any, cluster: Any) -> None:
             pass
 
 
-def get_conn(scheduler: str | None, num_devices: int) -> Conn:
+def get_conn(scheduler: str | None, num_devices: int, timeout_s: float = SETUP_TIMEOUT_S) -> Conn:
+    """The cached connection for ``scheduler`` (None: our LocalCluster of ``num_devices`` workers), opened
+    if there is none or it is broken; reaching an external scheduler waits at most ``timeout_s`` (capped
+    at :data:`SETUP_TIMEOUT_S`). Raises EngineError, naming the scheduler, if it cannot be opened."""
     key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
     with _LOCK:
         conn = _CONNS.get(key)
@@ -149,7 +210,7 @@ def get_conn(scheduler: str | None, num_devices: int) -> Conn:
             discard(conn)
             conn = None
         if conn is None:
-            conn = _open(scheduler, num_devices)
+            conn = _open(scheduler, num_devices, min(float(timeout_s), SETUP_TIMEOUT_S))
             _CONNS[key] = conn
         return conn
 

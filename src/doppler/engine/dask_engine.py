@@ -17,6 +17,9 @@ Cluster
     the process (repeated runs do not pay start-up) until :func:`~doppler.engine.dask_cluster.close_clusters`
     (registered with :mod:`atexit`). A failed run discards its cluster (or its
     client, for an external scheduler), so the next run gets a healthy one.
+    Reaching an external scheduler waits at most ``timeout_s`` (capped at
+    ``SETUP_TIMEOUT_S``); starting the LocalCluster at most ``SETUP_TIMEOUT_S``
+    (:mod:`~doppler.engine.dask_cluster`).
 
 Execution
     Input tiles are scattered to their device's worker before the clock starts
@@ -475,7 +478,7 @@ def run_dask(
     measured once per cluster). See the module docstring.
     """
     D = int(placed.num_devices)
-    conn = get_conn(scheduler, D)
+    conn = get_conn(scheduler, D, timeout_s)  # reaching a --scheduler waits at most timeout_s too
     try:
         if conn.overhead_s is None:
             conn.overhead_s = _chain_overhead(conn, OVERHEAD_CHAIN_OPS)

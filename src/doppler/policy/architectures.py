@@ -21,6 +21,12 @@ from doppler.policy.single import SinglePolicy
 BASELINE_POLICIES: dict[str, type[nn.Module]] = {"single_policy": SinglePolicy, "gdp": GdpPolicy, "placeto": PlacetoPolicy}
 #: architectures whose output layer has one unit per device (they serve that device count only)
 FIXED_DEVICE_COUNT = ("gdp", "placeto")
+#: the most message-passing steps of a policy (DOPPLER's encoder repeats one layer this many times per encoding:
+#: a checkpoint's or a configuration's count past it would stall every decode; the paper uses 6)
+MAX_MP_STEPS = 64
+#: the widest embedding or hidden layer of a policy (``hidden``, ``mlp_hidden``): a GRU of this width holds
+#: 100 M weights; the default is 128
+MAX_WIDTH = 4096
 
 
 def build_policy(method: str, *, num_devices: int, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128,

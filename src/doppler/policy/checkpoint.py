@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import atomic_write_bytes, write_json
+from doppler.torch_files import load_failure, load_plain
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written: doppler.policy.infer runs without it
     import torch
@@ -41,25 +41,6 @@ def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str
     write_json(run_dir / "config.json", config_json, indent=2)
 
 
-def _load_error(e: Exception) -> str:
-    """``torch.load``'s failure in one short phrase. A weights-only refusal gives the unpickler's reason
-    (for a file that is not a torch file at all, or one that pickles code), not torch's advice to load
-    the file unsafely, which doppler never does."""
-    def first_sentence(text: str) -> str:
-        text = re.sub(r"^\s*\[enforce fail at [^\]]*\]", "", text)  # torch's C++ source location
-        return " ".join(text.split()).lstrip(" .:").split(". ", 1)[0][:120]
-
-    text = str(e)
-    if "Weights only load failed" in text:
-        reason = first_sentence(text.split("WeightsUnpickler error:", 1)[-1].split("Check the documentation", 1)[0])
-        return "not a file of plain tensors: " + (reason or "refused by the weights-only loader")
-    if isinstance(e, EOFError):
-        return "the file ends early: empty or cut short"
-    if isinstance(e, OSError) or "PytorchStreamReader" in text:
-        return f"a damaged or cut-short zip archive: {first_sentence(text) or type(e).__name__}"
-    return f"{type(e).__name__}: {first_sentence(text) or 'no message'}"
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (a file, or a run directory holding ``checkpoint.pt``) with ``weights_only=True``."""
     p = Path(path)
@@ -81,9 +62,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     import torch
 
     try:
-        ck = torch.load(p, map_location="cpu", weights_only=True)
+        ck = load_plain(p)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
-        raise CheckpointError(f"{p}: not a readable doppler checkpoint ({_load_error(e)})") from None
+        raise CheckpointError(f"{p}: not a readable doppler checkpoint ({load_failure(e)})") from None
     weights = ck.get("state_dict") if isinstance(ck, dict) else None
     if isinstance(weights, dict):  # NaN or inf weights make NaN scores: refused here, not met in a decode
         bad = next((k for k, w in weights.items()
@@ -93,7 +74,121 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
                                   "diverged or damaged checkpoint")  # fmt: skip
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
+    _check_layout(ck, p)
     return ck
+
+
+#: the fields every checkpoint holds (a policy's), by the kind of their value
+_POLICY_FIELDS: dict[str, Any] = {"policy_config": dict, "state_dict": dict, "graphs": list}
+#: the fields that continue a run (``--resume``; pretraining's ``--init``), which every checkpoint that ``doppler
+#: train`` and ``doppler pretrain`` write holds ("count": an integer >= 0; "object", "list": the JSON text of one)
+TRAINING_FIELDS: dict[str, Any] = {
+    "optimizer": dict, "torch_rng": "tensor", "numpy_rng": "object", "config": "object", "il_episode": "count",
+    "episode": "count", "distill_step": "count", "history": "list",
+}  # fmt: skip
+_OPTIONAL_FIELDS: dict[str, Any] = {"real_episode": "count", "pretrain": "object", "distill_best": dict}
+_KIND_NAMES = {dict: "a dict", list: "a list", "tensor": "a tensor", "count": "an integer >= 0",
+               "object": "the JSON text of an object", "list": "the JSON text of a list"}  # fmt: skip
+
+
+def _is_kind(value: Any, kind: Any) -> bool:
+    import torch
+
+    if kind == "count":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind == "tensor":
+        return torch.is_tensor(value)
+    if isinstance(kind, str):
+        try:
+            doc = json.loads(value) if isinstance(value, str) else None
+        except (ValueError, RecursionError):
+            return False
+        return isinstance(doc, dict if kind == "object" else list)
+    return isinstance(value, kind)
+
+
+def _check_layout(ck: dict[str, Any], p: Path) -> None:
+    """CheckpointError unless ``ck`` holds every field of a checkpoint, each of its kind, graphs that each
+    have a name, a fingerprint and an op count, and a ``policy_config`` that builds exactly the network of
+    its ``state_dict`` (checked on the meta device: nothing is allocated for sizes the file made up). The
+    ``policy_config`` then holds every setting, its defaults filled in, so that readers need not know them."""
+    def check(fields: dict[str, Any]) -> None:
+        for key, kind in fields.items():
+            if key not in ck:
+                raise CheckpointError(f"{p}: a damaged checkpoint: it has no {key!r}")
+            if not _is_kind(ck[key], kind):
+                raise CheckpointError(f"{p}: a damaged checkpoint: {key} is {_shown(ck[key])}, not {_KIND_NAMES[kind]}")
+
+    check(_POLICY_FIELDS)
+    check({k: v for k, v in {**TRAINING_FIELDS, **_OPTIONAL_FIELDS}.items() if k in ck})
+    if ck["graphs"] or not (ck.get("cluster") is None or ck.get("cluster") == ""):  # (a policy trained on no one
+        check({"cluster": "object"})  # graph may name no cluster: the pretrained policy's form)
+    for i, g in enumerate(ck["graphs"]):
+        if not (isinstance(g, dict) and isinstance(g.get("name"), str) and isinstance(g.get("fingerprint"), str)
+                and _is_kind(g.get("num_ops"), "count")):  # fmt: skip
+            raise CheckpointError(f"{p}: a damaged checkpoint: graphs[{i}] is {_shown(g)}, not an object with a name, "
+                                  "a fingerprint and num_ops")  # fmt: skip
+    ck["policy_config"] = _built_config(ck["policy_config"], ck["state_dict"], p, "state_dict")
+    best = ck.get("distill_best")
+    if best is not None:  # (the weights distillation may restore: the same network's)
+        if not (isinstance(best.get("score"), (int, float)) and isinstance(best.get("state_dict"), dict)):
+            raise CheckpointError(f"{p}: a damaged checkpoint: distill_best is {_shown(best)}, not a score and a "
+                                  "state_dict")  # fmt: skip
+        _built_config(ck["policy_config"], best["state_dict"], p, "distill_best.state_dict")
+
+
+def require_training_state(ck: dict[str, Any], path: str | Path) -> None:
+    """CheckpointError unless ``ck`` (read by :func:`read_checkpoint`, which checked the kind of each field it
+    holds) holds the state that continues its run: a policy-only checkpoint has none."""
+    missing = [key for key in TRAINING_FIELDS if key not in ck]
+    if missing:
+        raise CheckpointError(f"{path}: holds a policy but not the state of a run to continue (no "
+                              f"{', '.join(map(repr, missing))})")  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    """A value of a damaged checkpoint in a message: its type, and the value itself if short."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 and text.isprintable() else f"a {type(value).__name__}"
+
+
+def _built_config(config: dict[str, Any], weights: dict[str, Any], p: Path, where: str) -> dict[str, Any]:
+    """The config of the policy ``config`` builds (the same values, and the defaults of those it leaves out), if
+    that policy's weights have exactly the names and shapes of ``weights``; else CheckpointError."""
+    import torch
+
+    from doppler.policy.architectures import MAX_MP_STEPS, policy_from_config
+
+    steps = config.get("steps", 0)  # (a loop count, not a weight: DOPPLER's encoder repeats one layer)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_MP_STEPS:
+        raise CheckpointError(f"{p}: a damaged checkpoint: policy_config steps is {steps!r}, not a message-passing "
+                              f"step count from 0 to {MAX_MP_STEPS}")  # fmt: skip
+    bad_weight = next((k for k, w in weights.items() if not (isinstance(k, str) and torch.is_tensor(w))), None)
+    if bad_weight is not None:
+        raise CheckpointError(f"{p}: a damaged checkpoint: {where} entry {_shown(bad_weight)} is "
+                              f"{_shown(weights[bad_weight])}, not a tensor")  # fmt: skip
+    try:
+        with torch.device("meta"):
+            policy = policy_from_config(config)
+    except Exception as e:  # noqa: BLE001 - a constructor fed the file's values: any failure means a bad file
+        raise CheckpointError(f"{p}: a damaged checkpoint: its policy_config builds no policy ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:100] if str(e) else 'no message'})") from None  # fmt: skip
+    built = dict(policy.config)
+    kept = {**built, "architecture": built.get("architecture", "doppler")}  # (DOPPLER's own config names none)
+    changed = [k for k, v in config.items() if kept.get(k) != v or type(kept.get(k)) is not type(v)]
+    if changed:
+        k = changed[0]
+        raise CheckpointError(f"{p}: a damaged checkpoint: policy_config {k} is {_shown(config[k])}, which the policy "
+                              f"does not keep as it is ({_shown(kept.get(k))})")  # fmt: skip
+    expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    saved = {k: tuple(w.shape) for k, w in weights.items()}
+    if saved != expected:
+        k = next(k for k in sorted(set(saved) | set(expected)) if saved.get(k) != expected.get(k))
+        what = ("missing" if k not in saved else "not a weight of this policy" if k not in expected else
+                f"of shape {list(saved[k])}, not {list(expected[k])}")  # fmt: skip
+        raise CheckpointError(f"{p}: a damaged checkpoint: {where} weight {k!r} is {what} (its policy_config "
+                              f"says {_shown(config)})")  # fmt: skip
+    return built
 
 
 def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Module,
@@ -138,7 +233,7 @@ def identity_serves(meta: dict, cluster: Cluster) -> bool:
         return {k: v for k, v in obj.items() if k not in ("name", "meta")}
 
     known = meta.get("policy_config", {}).get("device_identity")
-    return (bool(known) and meta.get("cluster") is not None
+    return (bool(known) and bool(meta.get("cluster"))
             and devices_and_links(json.loads(meta["cluster"])) == devices_and_links(cluster.to_json()))  # fmt: skip
 
 
