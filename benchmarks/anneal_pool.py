@@ -23,7 +23,7 @@ from doppler.corpus import held_out_split, validation_split
 from doppler.io_util import write_json
 from doppler.methods import assign
 from doppler.methods.anneal import anneal_search
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 
 def main() -> None:

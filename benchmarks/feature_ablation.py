@@ -20,7 +20,7 @@ import numpy as np
 
 from doppler.methods import assign
 from doppler.corpus import held_out_split
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 

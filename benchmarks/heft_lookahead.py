@@ -28,7 +28,7 @@ import numpy as np
 from doppler.corpus import held_out_split, validation_split
 from doppler.io_util import write_json
 from doppler.methods import assign
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 

@@ -74,7 +74,7 @@ DECODE_BOTH_WAYS = BOTH_WAYS + """
     from doppler.policy.decode import make_plan, run_heads
     from doppler.policy.features import graph_features
     from doppler.policy.infer import load_shipped
-    from doppler.simulate import simulate, simulate_many
+    from doppler.sim import simulate, simulate_many
 
     policy = load_shipped()
     rng = np.random.default_rng(SEED)
@@ -191,7 +191,7 @@ def test_python_and_compiled_cheap_methods_assign_alike():
 
 SIMULATE_BOTH_WAYS = BOTH_WAYS + """
     from doppler.corpus import sample_pair
-    from doppler.simulate import lower_bound, simulate
+    from doppler.sim import lower_bound, simulate
 
     rng = np.random.default_rng(7)
     runs = []
@@ -228,7 +228,7 @@ def test_python_and_compiled_simulations_agree_with_every_option():
 def test_simulate_cmd_never_starts_numba(tmp_path):
     from doppler import workloads
     from doppler.formats import save_graph
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     g = workloads.build("llama_block")
     save_graph(g, tmp_path / "g.json")

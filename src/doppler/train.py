@@ -43,7 +43,7 @@ from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
 from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "heft_lookahead", "enumerative", "anneal")

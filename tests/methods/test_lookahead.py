@@ -12,7 +12,7 @@ from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.methods.critical_path import critical_path_schedule
 from doppler.methods.lookahead import lookahead_labels
-from doppler.simulate import simulate, simulate_many
+from doppler.sim import simulate, simulate_many
 
 
 @pytest.mark.parametrize("method, base", [("lookahead", "critical_path"), ("heft_lookahead", "heft")])
@@ -69,7 +69,7 @@ def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
     from doppler.methods import _rollout_kernels as R
     from doppler.methods._kernels import empty_schedule, heft_core, heft_place
     from doppler.methods.heft import heft_inputs
-    from doppler.simulate import SimContext
+    from doppler.sim import SimContext
 
     g = workloads.build("random", num_ops=40, seed=3)
     cl = cluster("p100x4")
@@ -78,7 +78,7 @@ def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
     heft_dev = heft_core(order, *arrays)[0]
     np.testing.assert_array_equal(heft_dev, assign(g, cl, "heft").devices)
     ctx = SimContext(g, cl)
-    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    sim = (ctx.arrays, *ctx.noise(0.0, 0))
     out, vals = np.empty((3, 40), np.int64), np.empty(3)
     for h in (0, 17, 39):
         v = order[h]

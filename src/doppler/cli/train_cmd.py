@@ -247,7 +247,7 @@ def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
 def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
     from doppler.methods import assign
     from doppler.report import training_curve
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     graphs = []
     refs: dict[str, float] = {}

@@ -8,8 +8,6 @@ threads take them side by side, as the annealer's threads take its proposals
 
 from __future__ import annotations
 
-import importlib
-
 import numba
 import numpy as np
 
@@ -19,8 +17,7 @@ _jit.start()  # the step calls compiled kernels: numba must have started (dopple
 
 from doppler.methods._anneal_kernels import PRANGE_ONLY  # noqa: E402
 from doppler.methods._kernels import heft_branch  # noqa: E402
-
-_simulate = importlib.import_module("doppler.simulate")
+from doppler.sim.kernel import sim_rows  # noqa: E402
 
 
 @numba.njit(cache=True)
@@ -39,18 +36,16 @@ def heft_rollout_step(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev
     """Op ``order[h]`` on every device but ``own``, in device order: HEFT's completion of the partial
     schedule (``dev`` ... ``cnt``) into ``out[j]`` and its simulated makespan into ``vals[j]``, on
     ``threads`` cores; returns the index of the least. A simulation stops early (``inf``) once it is
-    sure to end above ``cap`` or above an earlier row of its thread (``doppler.simulate._sim_rows``):
+    sure to end above ``cap`` or above an earlier row of its thread (:func:`~doppler.sim.kernel.sim_rows`):
     the least makespan, when it is below ``cap``, and the first row that reaches it are exact, which
     is all the rollout uses."""
-    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams, op_f, edge_f,
-     copies_in) = sim  # fmt: skip
+    arrays, op_f, edge_f = sim  # the simulator's arrays (doppler.sim.kernel) and its noise factors
     chunks = max(1, min(threads, out.shape[0]))
     for t in numba.prange(chunks):
         _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
                   cnt, out)  # fmt: skip
     for t in numba.prange(chunks):
-        _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw,
-                            streams, out, op_f, edge_f, False, False, copies_in, None, t, chunks, vals, True, cap)  # fmt: skip
+        sim_rows(arrays, out, op_f, edge_f, False, False, None, t, chunks, vals, True, cap)
     return np.argmin(vals)
 
 
@@ -58,11 +53,9 @@ def heft_rollout_step(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev
 def heft_rollout_step_serial(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
                              cnt, sim, cap, out, vals):  # pragma: no cover - compiled  # fmt: skip
     """:func:`heft_rollout_step` on one core, outside any parallel region: the same numbers."""
-    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams, op_f, edge_f,
-     copies_in) = sim  # fmt: skip
+    arrays, op_f, edge_f = sim
     _branches(0, 1, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt, out)
-    _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams,
-                        out, op_f, edge_f, False, False, copies_in, None, 0, 1, vals, True, cap)  # fmt: skip
+    sim_rows(arrays, out, op_f, edge_f, False, False, None, 0, 1, vals, True, cap)
     return np.argmin(vals)
 
 

@@ -7,7 +7,7 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   where its rollout is cheap (``|V|^2 (D-1) <= ROLLOUT_START_MAX_WORK``; ties: in that
   order, the rollout last), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
-  and scores them in one :func:`doppler.simulate.simulate_many` call. Moves:
+  and scores them in one :func:`doppler.sim.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
     neighbours (a predecessor or successor);
   - *swap*: two ops on different devices exchange devices;
@@ -86,7 +86,7 @@ from doppler.assignment import Assignment, check_assignment
 from doppler.methods.registry import MethodError, assign, register
 from doppler.graph import DataflowGraph, _csr
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 #: the cheap methods whose best assignment a search starts from (anneal's start set, and the first
 #: incumbent of DOPPLER's Stage II): measured, this start made the greedy decode at least as good as
@@ -228,7 +228,7 @@ def anneal_search(
     use, at most ``batch_size``). It changes the speed only: the batch's makespans, and so the
     search for a given seed and evaluation count, are the same numbers with any count.
     ``prune`` (default on) stops simulating a proposal once a lower bound on its makespan shows it
-    loses to an earlier one of its batch or would be refused (:func:`doppler.simulate._sim_rows`); it
+    loses to an earlier one of its batch or would be refused (:func:`doppler.sim.kernel.sim_rows`); it
     too changes the speed only.
     ``pool`` (default :data:`POOL`): each proposal is the best of ``pool`` moves by ``scorer`` (default
     :meth:`MoveScorer.time_added`); the others are not simulated (1: every drawn move is, the search
@@ -279,7 +279,7 @@ def anneal_search(
     moves = _Moves(graph, nd, rng, device_prefs, guided_share)
     from doppler.methods import _anneal_kernels as K
 
-    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    sim = (ctx.arrays, *ctx.noise(0.0, 0))
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     log_ratio = math.log(t_end / t_start)
     optimal_ms = float(ctx.lower_bound()) * (1.0 + 1e-12)  # nothing can beat the lower bound

@@ -41,7 +41,7 @@ from doppler.graph import DataflowGraph
 from doppler.listsched import empty_state, est_into, place, take_candidate
 from doppler.methods.registry import register
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 #: simulated makespans within this relative distance of the best count as tied teacher choices
 LABEL_RTOL = 1e-6
@@ -209,7 +209,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     best_s = float(ctx.simulate_many(devices[None, :])[0])
     if nd == 1:
         return devices, best_s, n  # nothing to choose
-    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    sim = (ctx.arrays, *ctx.noise(0.0, 0))
     threads = search_threads(threads, nd - 1)
     branches = np.empty((nd - 1, n), np.int64)  # every device but HEFT's own, in device order
     makespan_s = np.empty(nd - 1)

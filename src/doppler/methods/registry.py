@@ -200,7 +200,7 @@ class CompareRow:
 def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None) -> CompareRow:
     """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated."""
     from doppler.report import memory_overruns
-    from doppler.simulate import traced
+    from doppler.sim import traced
 
     result = traced(graph, cluster, a)
     peak = result.peak_memory_bytes
@@ -225,7 +225,7 @@ def compare(
     methods finished; ``stats["method"]``: the one starting). ``method_kwargs[name]``: extra options of one method (e.g.
     ``{"doppler": {"checkpoint": path}}``).
     """
-    from doppler.simulate import lower_bound, simulate
+    from doppler.sim import lower_bound, simulate
 
     if not methods:
         raise MethodError("no methods to compare: give at least one method name")

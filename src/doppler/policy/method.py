@@ -101,7 +101,7 @@ def doppler_method(
     )  # fmt: skip
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
-    from doppler.simulate import context, simulate_many
+    from doppler.sim import context, simulate_many
 
     guided = bool(budget_s) and guided_share > 0
     fast = None
