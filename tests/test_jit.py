@@ -151,15 +151,26 @@ def test_nothing_runs_as_python_once_numba_has_started():
         assert not on
 
 
-def test_a_kernel_is_replaced_by_its_dispatcher_where_modules_hold_it():
+def test_once_numba_has_started_a_kernel_runs_its_dispatcher():
+    """A kernel stays the same object in every module that holds it (no module is rewritten); its
+    calls, and those of compiled kernels that call it, run its dispatcher."""
     import importlib
 
     _jit.start()
     listsched = importlib.import_module("doppler.listsched")
     decode = importlib.import_module("doppler.policy.decode")
+    kernel = importlib.import_module("doppler.sim.kernel")
     assert decode.features_into is listsched.features_into
-    assert not isinstance(listsched.features_into, _jit.Kernel)
-    assert all(k.dispatcher is not None for k in _jit._KERNELS)
+    assert isinstance(kernel.heap_push, _jit.Kernel) and all(k.dispatcher is not None for k in _jit._KERNELS)
+    ht, hi = np.zeros(4), np.zeros(4, np.int64)
+    assert kernel.heap_push(ht, hi, 0, 0, 2.0, 7) == 1 and kernel.heap_push.dispatcher.signatures
+    from doppler.sim import context
+    from doppler.workloads import build
+
+    g = build("chainmm")
+    ctx = context(g, "p100x4")  # sim_kernel calls heap_push and heap_pop: numba types them as their dispatchers
+    # every op on device 0 (one stream, never idle): the sum of their times
+    assert ctx.makespan(np.zeros(g.num_ops, np.int64)) == pytest.approx(ctx.comp[:, 0].sum(), rel=1e-12)
 
 
 METHODS_BOTH_WAYS = BOTH_WAYS + """
