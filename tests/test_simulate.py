@@ -752,12 +752,61 @@ def test_accepts_assignment_objects_lists_and_arrays() -> None:
 def test_a_context_is_explicit_and_reflects_the_cluster_it_was_given() -> None:
     g = from_edges([1, 2], [(0, 1)], [1, 1])
     c1 = unit(2)
-    assert context(g, c1) is not context(g, c1)  # no hidden cache: callers hold the context they reuse
+    assert context(g, c1) is not context(g, c1)  # a new one: callers hold the context they reuse
     assert context(g, c1.scaled_links(2.0)).bw[0, 1] == 0.5
     assert context(g, "unit:3").num_devices == 3  # a preset name, as on the command line
     assert "_doppler_sim_contexts" not in g.__dict__  # nothing is stored on the graph
     with pytest.raises(SimulationError, match="expected a DataflowGraph"):
         context("g.json", c1)
+
+
+def test_the_public_functions_build_one_context_per_graph_and_cluster(monkeypatch) -> None:
+    """simulate, simulate_many and lower_bound find the pair's context in a small per-thread cache:
+    each (graph, cluster) pair is built once, the results are a held context's, and the cache keeps
+    at most its SIZE most recent pairs."""
+    import threading
+
+    from doppler.sim import simulator
+
+    built = []
+
+    def counted(self, g, c) -> None:
+        built.append((g.name, c.name))
+        SimContext.__init__(self, g, c)
+
+    monkeypatch.setattr(simulator._WeakContext, "__init__", counted)
+    graphs = [from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1], name=f"g{i}") for i in range(3)]
+    clusters = [unit(2), unit(2).scaled_links(2.0)]
+    a = [0, 1, 0]
+    for _ in range(3):
+        for g in graphs[:2]:
+            for c in clusters:
+                held = context(g, c)
+                assert simulate(g, c, a).makespan_s == held.simulate(a).makespan_s
+                traced_end = simulate(g, c, a, trace=True).trace.op_end
+                assert traced_end.tolist() == held.simulate(a, trace=True).trace.op_end.tolist()
+                assert simulate_many(g, c, [a, [1, 1, 1]]).tolist() == held.simulate_many([a, [1, 1, 1]]).tolist()
+                assert lower_bound(g, c) == held.lower_bound()
+    assert len(built) == 4 == simulator._Cache.SIZE  # four pairs, each built once
+    simulate(graphs[2], clusters[0], a)  # a fifth pair pushes out the least recent one
+    simulate(graphs[0], clusters[0], a)
+    assert built[4:] == [("g2", clusters[0].name), ("g0", clusters[0].name)]
+    other = threading.Thread(target=simulate, args=(graphs[2], clusters[0], a))  # another thread: its own cache
+    other.start()
+    other.join()
+    assert len(built) == 7
+
+
+def test_the_public_functions_keep_no_graph_or_cluster_alive() -> None:
+    import gc
+    import weakref
+
+    g, c = from_edges([1, 2], [(0, 1)], [1, 1]), unit(2)
+    assert simulate(g, c, [0, 1]).makespan_s == 4.0 and lower_bound(g, c) == 3.0
+    refs = weakref.ref(g), weakref.ref(c)
+    del g, c
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
 
 
 @pytest.mark.parametrize("sim", [simulate, simulate_python])

@@ -2,13 +2,18 @@
 checks an assignment and options, runs :mod:`doppler.sim.kernel` and builds the result) and the
 public functions :func:`simulate`, :func:`simulate_many`, :func:`lower_bound` and :func:`traced`.
 
-The public functions build a context per call; a loop that simulates many assignments of one graph
-holds its own (``ctx = context(g, c)``), so each call pays only for the checks and the event loop.
+A loop that simulates many assignments of one graph holds its own context (``ctx = context(g, c)``),
+so each call pays only for the checks and the event loop. The public functions take the graph and
+cluster on each call; they find the context of the pair in a small per-thread cache (:class:`_Cache`)
+that holds neither the graph nor the cluster alive: graphs and clusters are immutable (their
+docstrings say so), so a context built once stays right for as long as both exist.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -351,12 +356,71 @@ def _check_batch(graph: DataflowGraph, assignments: Any, num_devices: int) -> np
     return devs
 
 
+# =========================================================================== the public functions' cache
+class _WeakContext(SimContext):
+    """A :class:`SimContext` that holds its graph and cluster weakly: the cache's, which must not keep
+    them alive (a public function holds both while it uses the context)."""
+
+    @property  # type: ignore[override]
+    def graph(self) -> DataflowGraph:
+        return self._graph_ref()
+
+    @graph.setter
+    def graph(self, graph: DataflowGraph) -> None:
+        self._graph_ref = weakref.ref(graph)
+
+    @property  # type: ignore[override]
+    def cluster(self) -> Cluster:
+        return self._cluster_ref()
+
+    @cluster.setter
+    def cluster(self, cluster: Cluster) -> None:
+        self._cluster_ref = weakref.ref(cluster)
+
+
+class _Cache:
+    """The contexts of the last :attr:`SIZE` (graph, cluster) pairs that a thread passed to the public
+    functions, most recent first: a loop that calls ``simulate(g, c, a)`` builds one context, not one
+    per call. Keyed by the objects themselves, weakly (never by ``id()``, which a new object may
+    reuse); an entry goes when its graph or cluster does. Per thread, as a held context is: a context
+    reuses scratch arrays between calls."""
+
+    SIZE = 4
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def get(self, graph: DataflowGraph, cluster: "Cluster | str") -> SimContext:
+        if not (isinstance(graph, DataflowGraph) and isinstance(cluster, Cluster)):
+            return context(graph, cluster)  # checks them; a preset name or a path is resolved on each call
+        entries = getattr(self._local, "entries", None)  # [(graph ref, cluster ref, [context])]
+        if entries is None:
+            entries = self._local.entries = []
+        for i, (g, c, box) in enumerate(entries):
+            if g() is graph and c() is cluster:  # both alive (the caller holds them): box still holds the context
+                if i:
+                    entries.insert(0, entries.pop(i))
+                return box[0]
+        ctx = _WeakContext(graph, cluster)
+        box = [ctx]
+
+        def drop(_: weakref.ref) -> None:  # the graph or the cluster is gone: free its context now
+            box.clear()
+
+        entries.insert(0, (weakref.ref(graph, drop), weakref.ref(cluster, drop), box))
+        entries[:] = [e for e in entries if e[2]][: self.SIZE]
+        return ctx
+
+
+_CACHE = _Cache()
+
+
 # =========================================================================== public API
 def simulate(graph: DataflowGraph, cluster: Cluster, assignment: "Assignment | Sequence[int] | np.ndarray",
              **options: Any) -> SimResult:  # fmt: skip
     """Simulate ``graph`` on ``cluster`` under ``assignment`` (device index per op):
-    :meth:`SimContext.simulate`, with its options, on a context built for this call."""
-    return context(graph, cluster).simulate(assignment, **options)
+    :meth:`SimContext.simulate`, with its options, on the pair's context (built on the first call)."""
+    return _CACHE.get(graph, cluster).simulate(assignment, **options)
 
 
 def traced(graph: DataflowGraph, cluster: Cluster, assignment: Assignment) -> SimResult:
@@ -372,8 +436,8 @@ def traced(graph: DataflowGraph, cluster: Cluster, assignment: Assignment) -> Si
 def simulate_many(graph: DataflowGraph, cluster: Cluster, assignments: np.ndarray | Sequence[Sequence[int]],
                   **options: Any) -> np.ndarray:  # fmt: skip
     """Makespans of a batch ``assignments[B, num_ops]``: :meth:`SimContext.simulate_many`, with its
-    options, on a context built for this call."""
-    return context(graph, cluster).simulate_many(assignments, **options)
+    options, on the pair's context (built on the first call)."""
+    return _CACHE.get(graph, cluster).simulate_many(assignments, **options)
 
 
 def lower_bound(graph: DataflowGraph, cluster: Cluster) -> float:
@@ -381,4 +445,4 @@ def lower_bound(graph: DataflowGraph, cluster: Cluster) -> float:
     the larger of :func:`~doppler.sim.bounds.critical_path_bound` (the compute-only critical path,
     each op on its fastest device) and :func:`~doppler.sim.bounds.work_bound` (the total work over the
     total device speed, streams counted, done correctly for per-kind rates)."""
-    return context(graph, cluster).lower_bound()
+    return _CACHE.get(graph, cluster).lower_bound()
