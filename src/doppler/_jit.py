@@ -1,19 +1,19 @@
 """numba kernels that import numba only when first called, and that can run as plain Python.
 
-Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take about
-1 s, more than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
+Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take
+longer than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
 declares its kernels with :func:`jit` instead of ``numba.njit``:
 
 * ``import doppler`` imports no numba: a kernel is a :class:`Kernel` that holds the plain function;
 * the first call of any kernel outside :func:`as_python` starts numba (:func:`start`): every kernel
   becomes a ``numba.njit`` dispatcher, and the dispatchers replace the kernels wherever a module of
-  the package holds one, so compiled kernels call compiled kernels, as before;
+  the package holds one, so compiled kernels call compiled kernels;
 * inside :func:`as_python` (before numba has started) a kernel runs as Python, or as its numpy twin
   where ``jit(python=...)`` names one: the scalar loops that numba makes fast and Python makes slow
   (``tests/test_jit.py`` checks each twin against its kernel).
 
 A command that does one small job (``doppler assign --method doppler``, zero-shot greedy) runs it
-inside :func:`as_python` and never starts numba; everything else compiles, as before.
+inside :func:`as_python` and never starts numba; everything else compiles.
 """
 
 from __future__ import annotations
