@@ -1,6 +1,6 @@
-"""The README, docs/ (with the records in docs/research/) and the model card stand alone: every relative
-link names a file inside the repository, and every ``#anchor`` names a heading of the page it points to
-(GitHub's slugs)."""
+"""The README, docs/ (with the records in docs/research/), benchmarks/README.md and the model card stand
+alone: every relative link names a file inside the repository, and every ``#anchor`` names a heading of the
+page it points to (GitHub's slugs)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs/research").glob("*.md"),
-                ROOT / "src/doppler/policy/pretrained/MODEL_CARD.md"])
+                ROOT / "benchmarks/README.md", ROOT / "src/doppler/policy/pretrained/MODEL_CARD.md"])
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
