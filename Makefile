@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow clean
+.PHONY: demo test clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,6 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow"
-
-test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -90,7 +90,7 @@ def run_job(job: Job) -> dict:
 
     cfg = TrainConfig(method=job.method, episodes=job.episodes, il_episodes=job.il_episodes, seed=job.seed,
                       torch_threads=1, checkpoint_every=10**9, device=job.device,
-                      device_identity=False)  # as measured (docs/learned_baselines.md): before identity was the default
+                      device_identity=False)  # as measured (docs/research/learned_baselines.md): before identity was the default
     if job.regime == "alone":
         cfg.sim_seed_methods, cfg.search_every, cfg.distill_updates = (), 0, 0
     tr = Trainer.create([g], cl, cfg)

@@ -1,7 +1,7 @@
 """numba kernels that import numba only when first called, and that can run as plain Python.
 
-Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take about
-1 s, more than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
+Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take
+longer than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
 declares its kernels with :func:`jit` instead of ``numba.njit``:
 
 * ``import doppler`` imports no numba: a kernel is a :class:`Kernel` that holds the plain function;
@@ -14,7 +14,7 @@ declares its kernels with :func:`jit` instead of ``numba.njit``:
   (``tests/test_jit.py`` checks each twin against its kernel).
 
 A command that does one small job (``doppler assign --method doppler``, zero-shot greedy) runs it
-inside :func:`as_python` and never starts numba; everything else compiles, as before.
+inside :func:`as_python` and never starts numba; everything else compiles.
 """
 
 from __future__ import annotations

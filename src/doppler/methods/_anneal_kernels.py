@@ -1,8 +1,8 @@
 """numba kernels of ANNEAL: its moves and its loop (imported lazily: numba is slow to import).
 
-One compiled call runs many batches (propose, simulate, accept). With the loop in Python around
-:func:`doppler.sim.simulate_many`, half the time or more went to the loop itself; compiled,
-the annealer scores 1.7-2.4x more assignments per second (``benchmarks/anneal_speed.py``).
+One compiled call runs many batches (propose, simulate, accept), so the annealer's own loop
+(moves, acceptance) costs little beside the simulations (``benchmarks/anneal_speed.py`` prints the
+share; docs/research/anneal.md, "Speed").
 
 numba's cache of this module is keyed on this file alone, and the loop compiles the simulator's
 kernel into itself: after editing ``doppler/sim/kernel.py``, clear the caches (``make clean``

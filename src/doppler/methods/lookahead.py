@@ -22,8 +22,7 @@ every device with the ops before it where earlier steps put them, every later op
 rule (earliest finish with insertion), each completion simulated. Never worse than HEFT, for the
 same reason. It costs ``|V| x D`` HEFT completions (``O(|V|^2 D^2)``). The devices of one step are
 tried side by side on every core (:mod:`doppler.methods._rollout_kernels`; the same assignment on any
-number): 0.02-0.07 s at 136-240 ops on 8 devices and 1.3-1.7 s at 973 ops on this project's 2-core
-machine, 1.4x faster than one core (``python benchmarks/heft_lookahead.py --speed``). With
+number; its times are in docs/research/anneal.md, "Speed"). With
 ``budget_s`` it stops deciding when the time is up and returns HEFT's completion of the ops decided
 so far (anytime).
 """
