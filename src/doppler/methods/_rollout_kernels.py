@@ -1,7 +1,7 @@
 """numba kernel of HEFT_LOOKAHEAD's step, on every core (imported lazily: numba is slow to import).
 
 One step of the rollout tries an op on every device but HEFT's own: each try is a HEFT completion
-(:func:`doppler.methods._kernels.heft_branch`) and a simulation. The tries are independent, so
+(:func:`doppler.listsched.heft_completion`) and a simulation. The tries are independent, so
 threads take them side by side, as the annealer's threads take its proposals
 (:mod:`doppler.methods._anneal_kernels`, whose notes on ``prange`` and numba's cache hold here too).
 """
@@ -15,8 +15,8 @@ from doppler import _jit
 
 _jit.start()  # the step calls compiled kernels: numba must have started (doppler._jit)
 
+from doppler.listsched import heft_completion  # noqa: E402
 from doppler.methods._anneal_kernels import PRANGE_ONLY  # noqa: E402
-from doppler.methods._kernels import heft_branch  # noqa: E402
 from doppler.sim.kernel import sim_rows  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, 
     """Rows ``t, t + chunks, ...`` of :func:`heft_rollout_step`'s completions (row ``j``: device ``j``, or
     ``j + 1`` from HEFT's own device ``own`` on)."""
     for j in range(t, out.shape[0], chunks):
-        heft_branch(order, h, j + (j >= own), pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts,
+        heft_completion(order, h, j + (j >= own), pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts,
                     ends, cnt, out[j])  # fmt: skip
 
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from doppler._jit import jit
-from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import (
-    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy, place, take_candidate,
+    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy,
+    largest_key_candidate, place, take_candidate, tied,
 )  # fmt: skip
 from doppler.policy import LEAK
 from doppler.policy.features import GraphFeatures, normalise_device_features
@@ -57,8 +57,8 @@ def _pick_numpy(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):
     ids = idx[:count]
     w = weights_or_scores[ids]
     top = w.max()
-    tied = ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)]
-    return int(tied.min()) if tied.size else int(ids[0])  # NaN scores compare false: take the first candidate
+    ties = ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)]
+    return int(ties.min()) if ties.size else int(ids[0])  # NaN scores compare false: take the first candidate
 
 
 @jit(cache=True, python=_pick_numpy)
@@ -141,7 +141,7 @@ def _record_view_numpy(b, h, raw, x, feats, est_tied, by_finish):
     gap = 9 if by_finish else 5
     best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
     feats[b, h] = x
-    est_tied[b, h] = raw[:, gap] <= TIE_RTOL * abs(best)
+    est_tied[b, h] = tied.py_func(raw[:, gap], best)
 
 
 def _add_row_numpy(dst, i, src, j):
@@ -158,14 +158,14 @@ def add_row(dst, i, src, j):  # pragma: no cover - compiled
 @jit(cache=True, inline="always", python=_record_view_numpy)
 def record_view(b, h, raw, x, feats, est_tied, by_finish):  # pragma: no cover - compiled
     """Record what step ``h`` of episode ``b`` saw: the normalised device features ``x`` and which
-    devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices),
-    or with ``by_finish`` for the earliest finish (HEFT's)."""
+    devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices,
+    :func:`~doppler.listsched.tied`), or with ``by_finish`` for the earliest finish (HEFT's)."""
     gap = 9 if by_finish else 5
     best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
     for d in range(x.shape[0]):
         for f in range(x.shape[1]):
             feats[b, h, d, f] = x[d, f]
-        est_tied[b, h, d] = raw[d, gap] <= TIE_RTOL * abs(best)
+        est_tied[b, h, d] = tied(raw[d, gap], best)
 
 
 @jit(cache=True, inline="always")
@@ -223,11 +223,7 @@ def _rollout_kernel(
                 if v < 0 or v >= n or pos[v] < 0:
                     return h
             elif sel_heuristic:
-                v = cand[0]
-                for j in range(1, ncand):
-                    c = cand[j]
-                    if sel_key[c] > sel_key[v] or (sel_key[c] == sel_key[v] and c < v):
-                        v = c
+                v = largest_key_candidate(sel_key, cand, ncand)
             else:
                 v = pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
             # ---- PLC

@@ -1,4 +1,5 @@
-"""The list-schedule state shared by the CRITICAL PATH teacher and the learned policy.
+"""The list-schedule state shared by the CRITICAL PATH teacher and the learned policy (the rules that
+act on it: :mod:`doppler.listsched.rules`).
 
 A list scheduler places ops one at a time; after each placement it knows, per
 op, the device it went to and its estimated start and finish, and per device the
