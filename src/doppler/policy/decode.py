@@ -184,6 +184,31 @@ def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, pla
     return ncand
 
 
+@jit(cache=True, inline="always")
+def choose_device(v, ties, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits, all_devs, tied_devs,
+                  rule, ties_only, mode, u_coin, u_draw, eps):  # pragma: no cover - compiled  # fmt: skip
+    """PLC's device for op ``v`` outside teacher mode: with ``rule``, the lowest device its list schedule's
+    rule ties for first (``ties[D]``); else the learned head's pick (:func:`plc_logits_into`, :func:`pick`)
+    among those tied devices (``ties_only``) or among all of them."""
+    if rule:
+        d = 0
+        while not ties[d]:
+            d += 1
+        return d
+    if ties_only:
+        count = 0
+        for dd in range(ties.shape[0]):
+            if ties[dd]:
+                tied_devs[count] = dd
+                count += 1
+        if count == 1:  # nothing to choose: any pick of one device returns it
+            return tied_devs[0]
+        plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
+        return pick(logits, tied_devs, count, mode, u_coin, u_draw, eps)
+    plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
+    return pick(logits, all_devs, ties.shape[0], mode, u_coin, u_draw, eps)
+
+
 @jit(cache=True)
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
@@ -239,24 +264,9 @@ def _rollout_kernel(
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:
                     return h
-            elif plc_heuristic:
-                d = 0
-                while not est_tied[b, h, d]:
-                    d += 1
-            elif plc_ties_only:
-                count = 0
-                for dd in range(nd):
-                    if est_tied[b, h, dd]:
-                        tied_devs[count] = dd
-                        count += 1
-                if count == 1:  # nothing to choose: any pick of one device returns it
-                    d = tied_devs[0]
-                else:
-                    plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
-                    d = pick(logits, tied_devs, count, mode, u[2], u[3], eps)
             else:
-                plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
-                d = pick(logits, all_devs, nd, mode, u[2], u[3], eps)
+                d = choose_device(v, est_tied[b, h], x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits,
+                                  all_devs, tied_devs, plc_heuristic, plc_ties_only, mode, u[2], u[3], eps)  # fmt: skip
             if heft_model:
                 insert_busy(d, raw[d, 4], raw[d, 4] + comp[v, d], busy_start, busy_end, busy_count)
             ncand = commit_step(v, d, b, h, raw[d, 4], comp, dev, start, finish, free, assigned, placed, plc_placed,
