@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow fuzz clean
+.PHONY: demo test fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,6 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow"
-
-test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
 
 # The long run of the fuzzing suite (docs/fuzzing.md): FUZZ_EXAMPLES random examples per fuzz test (a costly
 # one takes a share of them) instead of `make test`'s short run.

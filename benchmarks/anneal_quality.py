@@ -26,7 +26,7 @@ from doppler import workloads
 from doppler.methods import assign
 from doppler.presets import cluster
 from doppler.io_util import write_json
-from doppler.simulate import lower_bound, simulate
+from doppler.sim import lower_bound, simulate
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 

@@ -34,7 +34,7 @@ from doppler import workloads
 from doppler.methods import assign
 from doppler.methods.anneal import search_threads
 from doppler.presets import cluster
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 CASES = (("llama_layer", "v100x8"), ("llama_block", "p100x4"), ("ffnn", "h100x8"), ("chainmm", "p100x4"))
 LARGE = ("llama_block-2k/v100x8", "chainmm-2k/mixed3x8", "random-3k/h100x8:16")

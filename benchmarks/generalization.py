@@ -49,7 +49,7 @@ from doppler.policy.method import MEASURED_GUIDED_SHARE
 from doppler.corpus import held_out_split
 from doppler.presets import DGX1_V100_NVLINKS, cluster
 from doppler.io_util import write_json
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 

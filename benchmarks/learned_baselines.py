@@ -75,7 +75,7 @@ def run_job(job: Job) -> dict:
 
     torch.set_num_threads(1)
     from doppler import workloads
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     g, cl = workloads.build(job.workload), make_cluster(job.cluster)
     t0 = time.perf_counter()
@@ -90,7 +90,7 @@ def run_job(job: Job) -> dict:
 
     cfg = TrainConfig(method=job.method, episodes=job.episodes, il_episodes=job.il_episodes, seed=job.seed,
                       torch_threads=1, checkpoint_every=10**9, device=job.device,
-                      device_identity=False)  # as measured (docs/learned_baselines.md): before identity was the default
+                      device_identity=False)  # as measured (docs/research/learned_baselines.md): before identity was the default
     if job.regime == "alone":
         cfg.sim_seed_methods, cfg.search_every, cfg.distill_updates = (), 0, 0
     tr = Trainer.create([g], cl, cfg)
@@ -158,7 +158,7 @@ def zero_shot_job(method: str, seed: int, episodes: int, il_episodes: int) -> di
     from doppler.methods import assign
     from doppler.policy.features import graph_features
     from doppler.policy.rollout import rollout
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
     from doppler.train import TrainConfig, Trainer
 
     cfg = TrainConfig(method=method, episodes=episodes, il_episodes=il_episodes, seed=seed, op_features="structural",

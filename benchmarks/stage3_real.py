@@ -33,7 +33,7 @@ from doppler import workloads
 from doppler.engine import build_program, run
 from doppler.engine.calibrate import calibrate
 from doppler.hardware import Cluster
-from doppler.simulate import simulate
+from doppler.sim import simulate
 from doppler.train import Trainer, TrainConfig
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from doppler import workloads
 from doppler import presets
 from doppler.methods import assign
-from doppler.simulate import simulate_many
+from doppler.sim import simulate_many
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 METHODS = ("round_robin_block", "critical_path", "heft", "random")

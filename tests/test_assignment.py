@@ -92,7 +92,7 @@ def test_readme_training_api(tmp_path) -> None:
 def test_an_assignment_array_that_a_cast_would_rewrite_is_refused() -> None:
     import doppler
     from doppler.assignment import Assignment, AssignmentError
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     g, c = doppler.workloads.build("ffnn", size="tiny"), doppler.cluster("p100x4")
     n = g.num_ops
@@ -109,7 +109,7 @@ def test_an_assignment_array_that_a_cast_would_rewrite_is_refused() -> None:
 def test_an_assignment_made_for_another_graph_is_refused_unless_its_devices_are_given() -> None:
     import doppler
     from doppler.assignment import AssignmentError
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     c = doppler.cluster("p100x4")
     g1 = doppler.workloads.build("random", num_ops=40, seed=1)

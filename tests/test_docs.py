@@ -1,5 +1,6 @@
-"""The README, docs/ and the model card stand alone: every relative link names a file inside the
-repository, and every ``#anchor`` names a heading of the page it points to (GitHub's slugs)."""
+"""The README, docs/ (with the records in docs/research/), benchmarks/README.md and the model card stand
+alone: every relative link names a file inside the repository, and every ``#anchor`` names a heading of the
+page it points to (GitHub's slugs)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "src/doppler/policy/pretrained/MODEL_CARD.md"])
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "docs/research").glob("*.md"),
+                ROOT / "benchmarks/README.md", ROOT / "src/doppler/policy/pretrained/MODEL_CARD.md"])
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -56,6 +58,7 @@ def links(page: Path) -> list[tuple[int, str]]:
 
 def test_the_pages_exist_and_have_links() -> None:
     assert (ROOT / "README.md") in PAGES and len(PAGES) >= 10
+    assert (ROOT / "docs/research/generalization_log.md") in PAGES
     assert sum(len(links(p)) for p in PAGES) > 50
 
 

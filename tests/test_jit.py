@@ -74,7 +74,7 @@ DECODE_BOTH_WAYS = BOTH_WAYS + """
     from doppler.policy.decode import make_plan, run_heads
     from doppler.policy.features import graph_features
     from doppler.policy.infer import load_shipped
-    from doppler.simulate import simulate, simulate_many
+    from doppler.sim import simulate, simulate_many
 
     policy = load_shipped()
     rng = np.random.default_rng(SEED)
@@ -151,15 +151,26 @@ def test_nothing_runs_as_python_once_numba_has_started():
         assert not on
 
 
-def test_a_kernel_is_replaced_by_its_dispatcher_where_modules_hold_it():
+def test_once_numba_has_started_a_kernel_runs_its_dispatcher():
+    """A kernel stays the same object in every module that holds it (no module is rewritten); its
+    calls, and those of compiled kernels that call it, run its dispatcher."""
     import importlib
 
     _jit.start()
     listsched = importlib.import_module("doppler.listsched")
     decode = importlib.import_module("doppler.policy.decode")
+    kernel = importlib.import_module("doppler.sim.kernel")
     assert decode.features_into is listsched.features_into
-    assert not isinstance(listsched.features_into, _jit.Kernel)
-    assert all(k.dispatcher is not None for k in _jit._KERNELS)
+    assert isinstance(kernel.heap_push, _jit.Kernel) and all(k.dispatcher is not None for k in _jit._KERNELS)
+    ht, hi = np.zeros(4), np.zeros(4, np.int64)
+    assert kernel.heap_push(ht, hi, 0, 0, 2.0, 7) == 1 and kernel.heap_push.dispatcher.signatures
+    from doppler.sim import context
+    from doppler.workloads import build
+
+    g = build("chainmm")
+    ctx = context(g, "p100x4")  # sim_kernel calls heap_push and heap_pop: numba types them as their dispatchers
+    # every op on device 0 (one stream, never idle): the sum of their times
+    assert ctx.makespan(np.zeros(g.num_ops, np.int64)) == pytest.approx(ctx.comp[:, 0].sum(), rel=1e-12)
 
 
 METHODS_BOTH_WAYS = BOTH_WAYS + """
@@ -191,7 +202,7 @@ def test_python_and_compiled_cheap_methods_assign_alike():
 
 SIMULATE_BOTH_WAYS = BOTH_WAYS + """
     from doppler.corpus import sample_pair
-    from doppler.simulate import lower_bound, simulate
+    from doppler.sim import lower_bound, simulate
 
     rng = np.random.default_rng(7)
     runs = []
@@ -228,7 +239,7 @@ def test_python_and_compiled_simulations_agree_with_every_option():
 def test_simulate_cmd_never_starts_numba(tmp_path):
     from doppler import workloads
     from doppler.formats import save_graph
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     g = workloads.build("llama_block")
     save_graph(g, tmp_path / "g.json")

@@ -16,7 +16,7 @@ LAYERS = [
     {"hardware", "cluster_file", "presets", "costs"},
     {"tiling", "references", "workloads", "formats", "assignment", "corpus", "pt2_archive", "torch_import"},
     {"listsched", "trace"},
-    {"simulate"},
+    {"sim"},
     {"report"},
     {"methods"},
     {"policy"},
@@ -47,7 +47,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             out += [(node.lineno, a.name.removeprefix("doppler.")) for a in node.names if a.name.startswith("doppler.")]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("doppler."):
             name = node.value.removeprefix("doppler.")
-            if name.replace(".", "").isidentifier() and (SRC / name.split(".")[0]).with_suffix(".py").exists():
+            top = SRC / name.split(".")[0]
+            if name.replace(".", "").isidentifier() and (top.with_suffix(".py").exists() or top.is_dir()):
                 out.append((node.lineno, name))  # importlib.import_module("doppler.x") by name
     return out
 
@@ -68,3 +69,20 @@ def test_the_learned_method_registers_on_import_doppler() -> None:
     import doppler
 
     assert "doppler" in doppler.list_methods()
+
+
+def test_no_package_binds_a_name_of_one_of_its_modules_to_something_else() -> None:
+    """``doppler.simulate`` is a function: a module ``doppler/simulate.py`` would be hidden behind it,
+    reachable only with importlib. So a package's ``__init__`` imports nothing from elsewhere under
+    the name of one of its own modules."""
+    clashes = []
+    for init in sorted(SRC.rglob("__init__.py")):
+        package = ".".join(("doppler", *init.parent.relative_to(SRC).parts))
+        for node in ast.walk(ast.parse(init.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module == package:
+                continue
+            for alias in node.names:
+                name = alias.asname or alias.name
+                if (init.parent / f"{name}.py").exists() or (init.parent / name / "__init__.py").exists():
+                    clashes.append(f"{package}.{name} (line {node.lineno}: from {node.module} import {alias.name})")
+    assert not clashes, f"names of modules bound to something else: {', '.join(clashes)}"

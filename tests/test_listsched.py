@@ -82,7 +82,7 @@ def test_python_twins_of_the_device_features_equal_the_kernels_bit_for_bit(clust
     zero-byte edges, under both list-schedule models: every raw feature column, float64. HEFT's
     insertion is also compared on rows it did not compute itself."""
     from doppler.graph import from_edges
-    from doppler.listsched import (
+    from doppler.listsched.state import (
         _features_into_lists,
         _heft_features_into_lists,
         _insertion_starts_into_lists,

@@ -10,7 +10,7 @@ import pytest
 from doppler.graph import OpKind, from_edges
 from doppler.presets import cluster
 from doppler.report import format_time, gantt, time_unit
-from doppler.simulate import lower_bound, simulate
+from doppler.sim import lower_bound, simulate
 
 
 def _graph():

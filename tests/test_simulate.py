@@ -3,7 +3,6 @@ numba vs pure-Python vs SimPy agreement, and input errors."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from doppler.assignment import Assignment, AssignmentError
 from doppler.graph import DataflowGraph, OpKind, from_edges
 from doppler.hardware import Cluster, Device, homogeneous
 from doppler.presets import unit
-from doppler.simulate import (
+from doppler.sim import (
     SimContext,
     SimulationError,
     context,
@@ -24,6 +23,7 @@ from doppler.simulate import (
     simulate_many,
     work_bound,
 )
+from doppler.sim.kernel import ARRAYS, sim_many, sim_rows
 from tests.reference.python_sim import simulate_many_python, simulate_python
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -377,20 +377,18 @@ def test_simulate_many_equals_loop(case, opts, batch, data) -> None:
 def test_rows_split_over_threads_give_the_serial_numbers(case, batch, threads, data) -> None:
     """The annealer's multi-core batches split rows over threads (thread t: rows t, t + k, ...; any
     k, even more than the rows); every split gives exactly the serial kernel's makespans."""
-    S = importlib.import_module("doppler.simulate")  # the module: the package exports a function of that name
-
     g, c, _ = case
     ctx = SimContext(g, c)
     A = np.array(
         [data.draw(st.lists(st.integers(0, c.num_devices - 1), min_size=g.num_ops, max_size=g.num_ops)) for _ in range(batch)],
         dtype=np.int64,
     )
-    args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
+    args = (ctx.arrays, A, *ctx.noise(0.0, 0), False, False, None)
     split = np.full(batch, np.nan)
     for t in range(threads):
-        S._sim_rows(*args, t, threads, split, False, np.inf)
-    np.testing.assert_array_equal(split, S._sim_many_kernel(*args))
-    np.testing.assert_array_equal(S._sim_many_kernel(*args), ctx.simulate_many(A))
+        sim_rows(*args, t, threads, split, False, np.inf)
+    np.testing.assert_array_equal(split, sim_many(*args))
+    np.testing.assert_array_equal(sim_many(*args), ctx.simulate_many(A))
 
 
 @SETTINGS
@@ -400,8 +398,6 @@ def test_pruned_rows_keep_the_best_row_exact(case, batch, threads, bsp, contenti
     that reaches it exactly when it is at most the cap; a row comes back as inf only when it is worse
     than the cap or than a row before it in the same thread, and every other row is its exact
     makespan. Noise, BSP and link contention too."""
-    S = importlib.import_module("doppler.simulate")
-
     g, c, _ = case
     ctx = SimContext(g, c)
     A = np.array(
@@ -412,12 +408,13 @@ def test_pruned_rows_keep_the_best_row_exact(case, batch, threads, bsp, contenti
         A[1] = A[0]  # a tie: the first of the two must stay
     op_f, edge_f = ctx.noise(data.draw(st.sampled_from([0.0, 0.3])), 1)
     copies_in = ctx.copies_in & (not bsp)  # BSP has no devices that copy
-    args = (*ctx.static_arrays(), A, op_f, edge_f, bsp, contention and not bsp, copies_in, None)
-    full = S._sim_many_kernel(*args)
+    arrays = tuple(copies_in if name == "copies_in" else x for name, x in zip(ARRAYS, ctx.arrays))
+    args = (arrays, A, op_f, edge_f, bsp, contention and not bsp, None)
+    full = sim_many(*args)
     cap = data.draw(st.sampled_from([np.inf, float(np.median(full)), float(full.min()) * 0.9]))
     pruned = np.full(batch, np.nan)
     for t in range(threads):
-        S._sim_rows(*args, t, threads, pruned, True, cap)
+        sim_rows(*args, t, threads, pruned, True, cap)
         rows = np.arange(t, batch, threads)
         if rows.size == 0:
             continue
@@ -434,16 +431,15 @@ def test_pruned_rows_keep_the_best_row_exact(case, batch, threads, bsp, contenti
 def test_pruning_cuts_a_row_whose_critical_path_exceeds_the_cap() -> None:
     """A chain a -> b across two devices: the assignment's critical path (1 + 2 bytes/1 B/s + 1 = 4 s)
     exceeds a cap of 3.5 s, which cuts it; a cap of 4 s does not, and the row gives 4 s."""
-    S = importlib.import_module("doppler.simulate")
     g = from_edges([1, 1], [(0, 1)], [2, 0])
     ctx = SimContext(g, unit(2))
     A = np.array([[0, 1], [0, 0]], dtype=np.int64)
-    args = (*ctx.static_arrays(), A, *ctx.noise(0.0, 0), False, False, ctx.copies_in, None)
+    args = (ctx.arrays, A, *ctx.noise(0.0, 0), False, False, None)
     out = np.full(2, np.nan)
-    S._sim_rows(*args, 0, 2, out, True, 3.5)
-    S._sim_rows(*args, 1, 2, out, True, 3.5)
+    sim_rows(*args, 0, 2, out, True, 3.5)
+    sim_rows(*args, 1, 2, out, True, 3.5)
     assert out[0] == np.inf and out[1] == 2.0
-    S._sim_rows(*args, 0, 1, out, True, 4.0)
+    sim_rows(*args, 0, 1, out, True, 4.0)
     np.testing.assert_array_equal(out, [4.0, 2.0])  # row 1 is better than row 0: not cut
 
 
@@ -715,7 +711,7 @@ def test_work_bound_solves_the_lp_when_devices_differ_by_kind() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_work_bound_with_one_speed_factor_per_device_equals_the_lp_optimum(seed: int) -> None:
     # per-kind rates r_k times a per-device factor s_d: the closed form (no solver) is the LP's optimum
-    from doppler.simulate import _dual_lp_beta
+    from doppler.sim.bounds import _dual_lp_beta
 
     rng = np.random.default_rng(seed)
     kinds = [OpKind.MATMUL, OpKind.ADD, OpKind.MATMUL, OpKind.ADD]
@@ -756,12 +752,61 @@ def test_accepts_assignment_objects_lists_and_arrays() -> None:
 def test_a_context_is_explicit_and_reflects_the_cluster_it_was_given() -> None:
     g = from_edges([1, 2], [(0, 1)], [1, 1])
     c1 = unit(2)
-    assert context(g, c1) is not context(g, c1)  # no hidden cache: callers hold the context they reuse
+    assert context(g, c1) is not context(g, c1)  # a new one: callers hold the context they reuse
     assert context(g, c1.scaled_links(2.0)).bw[0, 1] == 0.5
     assert context(g, "unit:3").num_devices == 3  # a preset name, as on the command line
     assert "_doppler_sim_contexts" not in g.__dict__  # nothing is stored on the graph
     with pytest.raises(SimulationError, match="expected a DataflowGraph"):
         context("g.json", c1)
+
+
+def test_the_public_functions_build_one_context_per_graph_and_cluster(monkeypatch) -> None:
+    """simulate, simulate_many and lower_bound find the pair's context in a small per-thread cache:
+    each (graph, cluster) pair is built once, the results are a held context's, and the cache keeps
+    at most its SIZE most recent pairs."""
+    import threading
+
+    from doppler.sim import simulator
+
+    built = []
+
+    def counted(self, g, c) -> None:
+        built.append((g.name, c.name))
+        SimContext.__init__(self, g, c)
+
+    monkeypatch.setattr(simulator._WeakContext, "__init__", counted)
+    graphs = [from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1], name=f"g{i}") for i in range(3)]
+    clusters = [unit(2), unit(2).scaled_links(2.0)]
+    a = [0, 1, 0]
+    for _ in range(3):
+        for g in graphs[:2]:
+            for c in clusters:
+                held = context(g, c)
+                assert simulate(g, c, a).makespan_s == held.simulate(a).makespan_s
+                traced_end = simulate(g, c, a, trace=True).trace.op_end
+                assert traced_end.tolist() == held.simulate(a, trace=True).trace.op_end.tolist()
+                assert simulate_many(g, c, [a, [1, 1, 1]]).tolist() == held.simulate_many([a, [1, 1, 1]]).tolist()
+                assert lower_bound(g, c) == held.lower_bound()
+    assert len(built) == 4 == simulator._Cache.SIZE  # four pairs, each built once
+    simulate(graphs[2], clusters[0], a)  # a fifth pair pushes out the least recent one
+    simulate(graphs[0], clusters[0], a)
+    assert built[4:] == [("g2", clusters[0].name), ("g0", clusters[0].name)]
+    other = threading.Thread(target=simulate, args=(graphs[2], clusters[0], a))  # another thread: its own cache
+    other.start()
+    other.join()
+    assert len(built) == 7
+
+
+def test_the_public_functions_keep_no_graph_or_cluster_alive() -> None:
+    import gc
+    import weakref
+
+    g, c = from_edges([1, 2], [(0, 1)], [1, 1]), unit(2)
+    assert simulate(g, c, [0, 1]).makespan_s == 4.0 and lower_bound(g, c) == 3.0
+    refs = weakref.ref(g), weakref.ref(c)
+    del g, c
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None
 
 
 @pytest.mark.parametrize("sim", [simulate, simulate_python])
@@ -837,7 +882,7 @@ def test_large_graph_runs() -> None:
 def test_noise_above_the_bound_is_an_error_that_says_why(sigma) -> None:
     from doppler.graph import from_edges
     from doppler.presets import cluster
-    from doppler.simulate import MAX_NOISE_SIGMA, SimulationError, simulate
+    from doppler.sim import MAX_NOISE_SIGMA, SimulationError, simulate
 
     g = from_edges([1.0, 1.0], [(0, 1)], [1.0, 1.0])
     with pytest.raises(SimulationError, match=rf"<= {MAX_NOISE_SIGMA:g}.*overflow"):

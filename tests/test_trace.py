@@ -10,7 +10,7 @@ import pytest
 
 from doppler import workloads
 from doppler.presets import cluster
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 
 @pytest.fixture()

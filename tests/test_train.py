@@ -12,7 +12,7 @@ import torch
 
 from doppler import cluster, workloads
 from doppler.methods import assign
-from doppler.simulate import simulate
+from doppler.sim import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
 from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
 from doppler.train import Trainer, TrainConfig, TrainError, advantages, lookahead_mask

@@ -8,7 +8,7 @@ from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph, GraphError, OpKind
 from doppler.hardware import Cluster
 from doppler.presets import cluster
-from doppler.simulate import SimResult, lower_bound, simulate, simulate_many
+from doppler.sim import SimResult, lower_bound, simulate, simulate_many
 from doppler import workloads  # noqa: E402  (doppler.workloads.build(...))
 from doppler.policy import method as _learned_method  # noqa: E402, F401 - registers the learned method "doppler"
 

@@ -1,26 +1,26 @@
 """numba kernels that import numba only when first called, and that can run as plain Python.
 
-Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take about
-1 s, more than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
+Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take
+longer than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
 declares its kernels with :func:`jit` instead of ``numba.njit``:
 
 * ``import doppler`` imports no numba: a kernel is a :class:`Kernel` that holds the plain function;
 * the first call of any kernel outside :func:`as_python` starts numba (:func:`start`): every kernel
-  becomes a ``numba.njit`` dispatcher, and the dispatchers replace the kernels wherever a module of
-  the package holds one, so compiled kernels call compiled kernels, as before;
+  gets its ``numba.njit`` dispatcher, which its calls run from then on; numba types a kernel as its
+  dispatcher, so a compiled kernel that calls another (a module global, resolved when it compiles)
+  calls the compiled one. No module's globals are rewritten: a kernel stays the same object;
 * inside :func:`as_python` (before numba has started) a kernel runs as Python, or as its numpy twin
   where ``jit(python=...)`` names one: the scalar loops that numba makes fast and Python makes slow
   (``tests/test_jit.py`` checks each twin against its kernel).
 
 A command that does one small job (``doppler assign --method doppler``, zero-shot greedy) runs it
-inside :func:`as_python` and never starts numba; everything else compiles, as before.
+inside :func:`as_python` and never starts numba; everything else compiles.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -32,8 +32,8 @@ _PYTHON_CALLS = 0  # as_python's depth over all threads (a cheap first test in K
 
 
 class Kernel:
-    """A kernel before numba has started: calls run its Python function (or twin) inside
-    :func:`as_python`, else start numba and run the compiled function."""
+    """A kernel: calls run its Python function (or twin) inside :func:`as_python` (before numba has
+    started), else its dispatcher (starting numba on the first such call)."""
 
     def __init__(self, py_func: Callable, options: dict[str, Any], python: Callable | None) -> None:
         functools.update_wrapper(self, py_func)
@@ -71,22 +71,18 @@ def jit(*, python: Callable | None = None, **options: Any) -> Callable[[Callable
 
 
 def start() -> None:
-    """Import numba and compile (or load from its cache, on first call) every kernel: each
-    :class:`Kernel` held in a module of the package is replaced by its dispatcher."""
+    """Import numba and give every :class:`Kernel` its dispatcher (compiled, or loaded from numba's
+    cache, on its first call); numba types a kernel as its dispatcher from then on."""
     global _STARTED
     with _LOCK:
         if _STARTED:
             return
         import numba
+        from numba.extending import typeof_impl
 
         for kernel in _KERNELS:
             kernel.dispatcher = numba.njit(**kernel.options)(kernel.py_func)
-        for module in list(sys.modules.values()):
-            if getattr(module, "__name__", "").partition(".")[0] != "doppler":
-                continue
-            for name, value in list(vars(module).items()):
-                if isinstance(value, Kernel):
-                    setattr(module, name, value.dispatcher)
+        typeof_impl.register(Kernel)(lambda kernel, c: typeof_impl(kernel.dispatcher, c))
         _STARTED = True
 
 

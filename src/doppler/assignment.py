@@ -33,8 +33,8 @@ class Assignment:
     graph_fingerprint: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     #: ``(graph, cluster, result)``: the method's own traced WC simulation of ``devices`` (default options;
-    #: ``result`` a ``doppler.simulate.SimResult``), where it ran one; a caller that reports the schedule
-    #: on the same graph and cluster need not simulate it again (``doppler.simulate.traced``; not saved)
+    #: ``result`` a ``doppler.sim.SimResult``), where it ran one; a caller that reports the schedule
+    #: on the same graph and cluster need not simulate it again (``doppler.sim.traced``; not saved)
     simulation: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -550,11 +550,10 @@ def run_op(
     """Run one op spec on its operands (in spec ``inputs`` order) with the array namespace ``xp``.
 
     ``dtype`` is the dtype of constant tiles (``fill``); default: the spec's. The output is
-    always contiguous in row-major order: einsum may return a transposed layout, and a
-    consumer then ran up to 17x slower on it than on the same values in row-major order
-    (llama_block's partial-sum adds, 2 CPU devices), so an op's time depended on whether its
-    operands came straight from the producer or through a transfer's row-major copy, which
-    no cost model can see.
+    always contiguous in row-major order: einsum may return a transposed layout, on which a
+    consumer can run many times slower than on the same values in row-major order, so an op's
+    time would depend on whether its operands came straight from the producer or through a
+    transfer's row-major copy, which no cost model can see.
     """
     kernel = spec.get("kernel") if isinstance(spec, Mapping) else None
     fn = NUMPY_KERNELS.get(kernel) if isinstance(kernel, str) else None

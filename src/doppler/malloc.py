@@ -4,9 +4,9 @@ Both heavy loops of doppler allocate and free the same large buffers over and ov
 the real engine (a fresh output array per op) and training (the re-scoring
 tensors of every update). Left alone, glibc returns freed memory to the kernel
 (``mmap`` for blocks above a moving threshold, heap trimming, per-thread arenas
-deleted whole), and the next allocation pays a page fault per 4 kB page. Measured:
-0 to 40,000 faults per engine run of ``llama_block`` (up to +40% makespan, at
-random), and millions per training update at 10k ops.
+deleted whole), and the next allocation pays a page fault per 4 kB page: a random
+number of faults per engine run, which makes makespans noisy, and many per training
+update on large graphs (docs/research/results_log.md has the counts).
 
 :func:`tune_malloc` sets, once per process: ``M_ARENA_MAX=1`` (one arena),
 ``M_MMAP_THRESHOLD=32 MB`` (blocks below come from the heap) and no trimming. The

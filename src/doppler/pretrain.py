@@ -8,8 +8,8 @@ update:
 1. Stage I (the first ``il_episodes``; by default the whole budget): imitate the list-schedule
    rule on the states the policy visits (DAgger), which gives the floor "as good as its
    teacher". The default list schedule is HEFT's (``list_schedule="heft"``: ops fill idle gaps,
-   earliest finish); with CRITICAL PATH's (append, earliest start) the shipped policy was 1.205x
-   the best cheap method on the validation split, with HEFT's 1.09-1.16x (docs/generalization_log.md).
+   earliest finish, as the work-conserving engine does), not CRITICAL PATH's (append, earliest
+   start).
 2. Stage II (after, only if ``il_episodes`` is set below the budget): the incumbent of the pair is the best of the cheap methods
    (``critical_path``, ``heft``, ``metis``, ``enumerative``, ``round_robin_block``),
    improved by ``search_evals`` evaluations of simulated annealing (expert iteration); then
@@ -19,15 +19,15 @@ update:
 
 3. From a pretrained policy (``doppler pretrain --init``, :meth:`Pretrainer.from_init`): Stage II
    only, in the action space of zero-shot decoding (:data:`FROM_INIT`: the device head breaks only
-   the ties of HEFT's rule), with neither search nor self-imitation. Free, policy gradient on the
-   corpus was flat; restricted to the ties, two seeds of five ended about 1% better on the shifted
-   validation split, the others level; the shipped policy is the best of them
-   (docs/generalization_log.md).
+   the ties of HEFT's rule), with neither search nor self-imitation. The shipped policy is such a
+   run's final checkpoint (its model card says which and why).
 
-The policy reads only position-free op features (``op_features="structural"``): measured on
-the held-out split, see ``benchmarks/generalization.py``. Stage II's learning rate decays
-linearly over the wall-clock budget (Stage I's is constant: decaying it, measured, did not help). Checkpoints (every ``checkpoint_every_s`` seconds and at the end)
-hold the corpus generator's state, so ``--resume`` continues the same stream of pairs.
+The policy reads only position-free op features (``op_features="structural"``), so that nothing
+it learns names a position inside one graph. Stage II's learning rate decays linearly over the
+wall-clock budget; Stage I's is constant. Checkpoints (every ``checkpoint_every_s`` seconds and at
+the end) hold the corpus generator's state, so ``--resume`` continues the same stream of pairs.
+
+What each of these choices measured is in docs/research/generalization_log.md.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ __all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_co
 def pretrain_config(**overrides: Any) -> TrainConfig:
     """The training hyper-parameters of pretraining (a :class:`TrainConfig`; overrides by name).
 
-    Stage I runs for the whole budget: Stage II on the corpus (``il_episodes`` below the
-    budget's) is kept but measured harmful to zero-shot quality so far (docs/generalization_log.md)."""
+    Stage I runs for the whole budget; Stage II on the corpus runs only when ``il_episodes`` is set
+    below the budget's."""
     base = dict(
         stages=("il", "sim"), il_episodes=10**9, list_schedule="heft", episodes=10**9, batch=16, il_batch=8, lr=2e-4, lr_final=2e-5,
         il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5, search_every=0,

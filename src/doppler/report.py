@@ -20,7 +20,7 @@ from doppler.io_util import atomic_write_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from doppler.hardware import Cluster
-    from doppler.simulate import SimResult
+    from doppler.sim import SimResult
     from doppler.trace import Trace
 
 class FigureFormatError(ValueError):

@@ -1,6 +1,6 @@
 """The :class:`Trace` of one run: per-op and per-transfer times, critical path, JSON.
 
-Both the simulator (:mod:`doppler.simulate`) and the real execution engine
+Both the simulator (:mod:`doppler.sim`) and the real execution engine
 return it, so everything downstream (reports, the CLI) reads one format.
 """
 

@@ -43,7 +43,7 @@ from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
 from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
 from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 STAGES = ("il", "sim", "real")
 TEACHERS = ("critical_path", "lookahead", "heft", "heft_lookahead", "enumerative", "anneal")
@@ -52,8 +52,7 @@ BASELINES = ("running", "mean", "loo")
 IDENTITY_METHODS = ("doppler", "doppler_plc")  # whose device head is learned: device identity on by default
 TEACHER_BUDGET_S = 10.0  # budget of an anneal or heft_lookahead teacher
 #: evaluations of each local search when fine-tuning a pretrained policy (``doppler train --init``), where
-#: the fine-tuned decode is what these searches find: on llama_layer/p100x4, 500 episodes ended within 2%
-#: of a 60 s anneal on 5 seeds of 5 with it, on 2 of 5 with the default 20,000 (docs/generalization_log.md)
+#: the fine-tuned decode is what these searches find, so they are longer than the default 20,000
 INIT_SEARCH_EVALS = 100_000
 
 
@@ -82,7 +81,7 @@ def _flag(field_name: str) -> str:
 
 @dataclass
 class TrainConfig:
-    """Every hyper-parameter of a training run (defaults: measured, see docs/results.md)."""
+    """Every hyper-parameter of a training run (one field each, with what it sets)."""
 
     stages: tuple[str, ...] = ("il", "sim")  # which stages to run, in order
     episodes: int = 4000  # Stage II episodes (all graphs together)
@@ -142,8 +141,8 @@ class TrainConfig:
     engine_device_type: str = "cpu"  # Stage III devices of the local engine: cpu | cuda
     seed: int = 0
     checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
-    torch_threads: int = 2  # intra-op threads (2 beat 1 by 1.5x on a 2-core machine, benchmarks/train_speed.py; two
-    # processes with 2 each on 2 cores run ~17x slower than one: use 1 there)
+    torch_threads: int = 2  # intra-op threads (benchmarks/train_speed.py compares 1 and 2; two processes
+    # with 2 each on 2 cores oversubscribe them and run far slower than one: use 1 there)
     device: str = "cpu"  # where the networks run (cpu, cuda); rollouts and the simulator stay on the CPU
 
     @property
@@ -151,9 +150,7 @@ class TrainConfig:
         """Weight of distillation's on-policy term. By default it is on only where the device head can
         tell devices apart (``device_identity``): the term names the best assignment's devices, and
         without identity the head cannot keep them apart from their renamed copies, so the labels fight
-        the replay. On the paper graphs (p100x4) without identity the term made distillation take
-        1.5-7x the updates, or not match in 1,000; with identity it matched in fewer updates, and at
-        973 ops it took the decode from 1.25x to 1.01x its best (docs/generalization_log.md)."""
+        the replay. ``distill_on_policy`` overrides the default."""
         if self.distill_on_policy is not None:
             return float(self.distill_on_policy)
         return 1.0 if self.learns_device_identity else 0.0
@@ -161,10 +158,8 @@ class TrainConfig:
     @property
     def learns_device_identity(self) -> bool:
         """Whether the policy learns a state per device (``device_identity``; by default wherever DOPPLER's
-        device head is learned). With it, every one of 7 demo trainings on p100x4 distilled its best
-        assignment into the greedy decode, where without it one of three llama_layer seeds did not
-        (5% worse), and fine-tuning on v100x8 decoded at 1.00-1.03x a minute of annealing instead of
-        1.27-1.30x (docs/generalization_log.md)."""
+        device head is learned), so that distillation can make the greedy decode reproduce the best
+        assignment on clusters of alike devices. ``device_identity`` overrides the default."""
         if self.device_identity is not None:
             return bool(self.device_identity)
         return self.method in IDENTITY_METHODS

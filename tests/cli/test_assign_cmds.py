@@ -100,7 +100,7 @@ def test_assign_threads_same_search_and_bad_counts_exit_2(graph_file: Path, tmp_
 def test_compare_json_and_csv(graph_file: Path, tmp_path: Path) -> None:
     from doppler.presets import cluster
     from doppler.methods import assign
-    from doppler.simulate import lower_bound, simulate
+    from doppler.sim import lower_bound, simulate
 
     csv_path = tmp_path / "cmp.csv"
     t0 = time.perf_counter()

@@ -145,7 +145,7 @@ def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
     assert out["time_scale"] == 1e-5 and out["makespan_s"] > 0
     from doppler.formats import load_graph
     from doppler.presets import cluster
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     raw = simulate(load_graph(gp), cluster("unit:2"), np.arange(h.num_ops) % 2, link_contention=True).makespan_s
     assert out["simulated_makespan_s"] == pytest.approx(raw * 1e-5)  # scaled like the synthetic kernels

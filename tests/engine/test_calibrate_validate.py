@@ -12,7 +12,7 @@ from doppler.engine.validate import agreement, validate, validation_assignments
 from doppler.graph import OpKind
 from doppler.hardware import Cluster, Device
 from doppler.presets import cluster
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 
 def test_calibration_graph_has_every_workload_kind() -> None:

@@ -10,7 +10,7 @@ import pytest
 from doppler import workloads
 from doppler.methods import MethodError, assign
 from doppler.presets import cluster
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_bad_options(setup):
 
 def test_stops_once_the_lower_bound_is_reached():
     from doppler.graph import from_edges
-    from doppler.simulate import lower_bound
+    from doppler.sim import lower_bound
 
     # two independent chains of equal work on two devices: one chain per device is optimal
     g = from_edges([3, 3, 3, 3], [(0, 1), (2, 3)], [100, 100, 100, 100])
@@ -240,7 +240,7 @@ def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
     waited for it) or the producer of the input that arrived last (checked with
     :meth:`Trace.arrival_s`), so the chain ends at the makespan and starts at time 0."""
     from doppler.methods._anneal_kernels import critical_chain, critical_move
-    from doppler.simulate import SimContext
+    from doppler.sim import SimContext
 
     g = workloads.build(name, size="tiny") if name != "random" else workloads.build(name, num_ops=60, seed=2)
     c = cluster(preset)
@@ -303,7 +303,7 @@ def test_move_features_match_a_reference_over_every_edge(name, preset):
     critical-chain steps)."""
     from doppler.methods import _anneal_kernels as K
     from doppler.methods.anneal import _Moves
-    from doppler.simulate import SimContext
+    from doppler.sim import SimContext
 
     g = workloads.build(name, size="tiny") if name != "random" else workloads.build(name, num_ops=60, seed=2)
     c = cluster(preset)
@@ -353,7 +353,7 @@ def test_a_scored_proposal_is_the_best_scored_move_of_its_pool():
 
     from doppler.methods import _anneal_kernels as K
     from doppler.methods.anneal import MoveScorer, _Moves
-    from doppler.simulate import SimContext
+    from doppler.sim import SimContext
 
     g, c = workloads.build("llama_block", size="tiny"), cluster("v100x8")
     ctx, n, nd = SimContext(g, c), g.num_ops, c.num_devices

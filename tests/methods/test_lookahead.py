@@ -12,7 +12,7 @@ from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.methods.critical_path import critical_path_schedule
 from doppler.methods.lookahead import lookahead_labels
-from doppler.simulate import simulate, simulate_many
+from doppler.sim import simulate, simulate_many
 
 
 @pytest.mark.parametrize("method, base", [("lookahead", "critical_path"), ("heft_lookahead", "heft")])
@@ -67,18 +67,18 @@ def test_an_invalid_trajectory_is_refused():
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
     from doppler.methods import _rollout_kernels as R
-    from doppler.methods._kernels import empty_schedule, heft_core, heft_place
+    from doppler.listsched import empty_schedule, heft_list_schedule, heft_place
     from doppler.methods.heft import heft_inputs
-    from doppler.simulate import SimContext
+    from doppler.sim import SimContext
 
     g = workloads.build("random", num_ops=40, seed=3)
     cl = cluster("p100x4")
     order, _, arrays = heft_inputs(g, cl)
     pred_ptr, pred_idx, pred_bytes, comp, lat, inv = arrays
-    heft_dev = heft_core(order, *arrays)[0]
+    heft_dev = heft_list_schedule(order, *arrays)[0]
     np.testing.assert_array_equal(heft_dev, assign(g, cl, "heft").devices)
     ctx = SimContext(g, cl)
-    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    sim = (ctx.arrays, *ctx.noise(0.0, 0))
     out, vals = np.empty((3, 40), np.int64), np.empty(3)
     for h in (0, 17, 39):
         v = order[h]
@@ -93,7 +93,7 @@ def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
             # choices, so HEFT makes them again)
             only_d = comp.copy()
             only_d[v, np.arange(4) != d] = np.inf
-            np.testing.assert_array_equal(row, heft_core(order, pred_ptr, pred_idx, pred_bytes, only_d, lat, inv)[0])
+            np.testing.assert_array_equal(row, heft_list_schedule(order, pred_ptr, pred_idx, pred_bytes, only_d, lat, inv)[0])
         assert (out[:, v] == others).all()
         exact = ctx.simulate_many(out)
         # no cap: a row stops early (inf) only once it is sure to lose to an earlier row of its thread;

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from doppler.methods import METHODS, assign, list_methods
 from doppler.graph import DataflowGraph, OpKind
 from doppler.hardware import Cluster, Device, homogeneous
-from doppler.simulate import lower_bound, simulate, simulate_many
+from doppler.sim import lower_bound, simulate, simulate_many
 
 BUILTIN = ["single", "round_robin", "random", "round_robin_block", "critical_path", "heft", "metis", "enumerative", "lookahead",
            "heft_lookahead", "anneal"]

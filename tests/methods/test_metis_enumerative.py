@@ -69,7 +69,7 @@ def test_enumerative_fallback_is_balanced_greedy():
 
 
 def test_enumerative_beats_round_robin_on_slow_links():
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     g = workloads.build("ffnn")
     c = cluster("p100x4").scaled_links(10)

@@ -14,7 +14,7 @@ from doppler.methods import MethodError, assign
 from doppler.methods.anneal import _Moves
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR
 from doppler.pretrain import Pretrainer, pretrain_config
-from doppler.simulate import simulate, traced
+from doppler.sim import simulate, traced
 from doppler.policy.checkpoint import read_checkpoint
 
 
@@ -147,7 +147,7 @@ def test_samples_in_batches_keep_the_best_of_greedy_and_every_sample(tiny_ckpt, 
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
     from doppler.policy.rollout import run_plan
-    from doppler.simulate import simulate_many
+    from doppler.sim import simulate_many
 
     g, cl = workloads.build("random", num_ops=40, seed=2), cluster("p100x4")
     policy, _ = load_policy(tiny_ckpt)

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from doppler import cluster, workloads
-from doppler.methods.critical_path import TIE_RTOL
 from doppler.graph import from_edges
 from doppler.presets import unit
-from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, PlacementState
+from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, TIE_RTOL, PlacementState
 from doppler.policy.features import chain_members, graph_features
 from doppler.policy.networks import LEAK, DopplerPolicy
 from doppler.policy.rollout import RolloutError, candidate_steps, evaluate_actions, rollout

@@ -1,4 +1,4 @@
-"""The pure-Python reference simulator: the same semantics as ``doppler.simulate``'s compiled
+"""The pure-Python reference simulator: the same semantics as ``doppler.sim``'s compiled
 event loop, written straightforwardly (heapq, lists, dicts). The tests require bit-identical
 makespans and traces from both; it is test-only code, not part of the product.
 """
@@ -11,13 +11,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from doppler.assignment import as_devices, check_assignment
-from doppler.simulate import SimContext, SimResult, check_options, context
+from doppler.sim import SimContext, SimResult, check_options, context
 
 
 def simulate_python(graph, cluster, assignment: Any, *, mode: str = "wc", trace: bool = False,
                     noise_sigma: float = 0.0, seed: int = 0, link_contention: bool = False,
                     dispatch: str = "fifo", priority: Sequence[float] | None = None) -> SimResult:  # fmt: skip
-    """``doppler.simulate.simulate`` with the same options and checks, run by the reference loop."""
+    """``doppler.sim.simulate`` with the same options and checks, run by the reference loop."""
     ctx = context(graph, cluster)
     mode, sigma, seed = check_options(mode, noise_sigma, seed)
     key = ctx._dispatch_key(dispatch, priority, mode)
@@ -30,7 +30,7 @@ def simulate_python(graph, cluster, assignment: Any, *, mode: str = "wc", trace:
 
 
 def simulate_many_python(graph, cluster, assignments: Any, **options: Any) -> np.ndarray:
-    """Row by row :func:`simulate_python` (the same options as ``doppler.simulate.simulate_many``)."""
+    """Row by row :func:`simulate_python` (the same options as ``doppler.sim.simulate_many``)."""
     return np.array([simulate_python(graph, cluster, row, **options).makespan_s for row in np.asarray(assignments)])
 
 

@@ -1,6 +1,6 @@
 """A straightforward SimPy implementation of the execution semantics (docs/design.md, Execution semantics).
 
-It exists to validate ``doppler.simulate`` (identical makespans and traces) and
+It exists to validate ``doppler.sim`` (identical makespans and traces) and
 to show how much faster the compiled event loop is. It follows the textbook
 SimPy style: one ``simpy.Resource`` per device (capacity = its streams), one
 ``simpy.Resource`` (capacity 1) per ordered link in link-contention mode, one
@@ -51,7 +51,7 @@ import simpy
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 DISPATCH = 2  # lower priority than simpy's URGENT (0) and NORMAL (1)
 

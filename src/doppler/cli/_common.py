@@ -62,7 +62,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
         types.append(WorkloadError)
     with contextlib.suppress(ImportError):
-        from doppler.simulate import SimulationError
+        from doppler.sim import SimulationError
 
         types.append(SimulationError)
     with contextlib.suppress(ImportError):

@@ -109,7 +109,7 @@ def assign_cmd(
         from doppler._jit import as_python
         from doppler.methods.registry import runs_as_python
         from doppler.report import format_time, memory_overruns
-        from doppler.simulate import lower_bound, traced
+        from doppler.sim import lower_bound, traced
 
         small_job = runs_as_python(graph, cl.num_devices, method, budget_s, **kw)
         with as_python(small_job):  # one small job: no numba start-up, and no live progress

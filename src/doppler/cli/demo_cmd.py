@@ -74,7 +74,7 @@ def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episo
     from doppler import workloads
     from doppler.methods import assign, compare, score
     from doppler.report import draw_graph, gantt
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
     from doppler.train import TrainConfig, train_and_assign
 
     say(f"{name}: building the tile graph")
@@ -148,7 +148,7 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
     from doppler.engine import build_program, run
     from doppler.engine.calibrate import calibrate
     from doppler.report import gantt
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     with Status("real engine: calibrating 2 CPU devices", console=progress_console):
         cal = calibrate(2, runs=2)

@@ -70,7 +70,7 @@ def execute_cmd(
         from doppler.assignment import load_assignment
         from doppler.engine import check_options, check_time_scale, run
         from doppler.formats import load_graph
-        from doppler.simulate import simulate
+        from doppler.sim import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
         check_options(engine, num_devices, repeats, timeout_s, seed, device_type)

@@ -141,7 +141,7 @@ def info_cmd(
     from rich.table import Table
 
     with handle_errors():
-        from doppler.simulate import lower_bound
+        from doppler.sim import lower_bound
 
         graph = load_graph(graph_path)
         if cluster_name is None:  # the graph's own device count applies only to the default cluster, never to one typed

@@ -19,7 +19,7 @@ def pretrain_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
     threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
-    il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; 5e-4 measured steadier, docs/generalization_log.md)."),
+    il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; a smaller one, such as 5e-4, makes snapshots differ less)."),
     pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1; with --init, the checkpoint's)."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count, and another count keeps the streams of the workers in both). Each holds a core: at most the cores doppler may use. A worker that has not joined within 180 s, or a gradient exchange that waits over 600 s, ends the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),

@@ -41,7 +41,7 @@ def simulate_cmd(
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
         from doppler.presets import cluster
-        from doppler.simulate import check_dispatch, check_options, lower_bound, simulate
+        from doppler.sim import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
         from doppler.io_util import check_outputs_apart
@@ -165,7 +165,7 @@ def diff_cmd(
         from doppler.formats import load_graph
         from doppler.presets import cluster
         from doppler.report import format_bytes, format_time
-        from doppler.simulate import simulate
+        from doppler.sim import simulate
 
         graph = load_graph(graph_path)
         cl = cluster(cluster_name)

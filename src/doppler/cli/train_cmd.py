@@ -158,13 +158,13 @@ def train_cmd(
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' (default: critical_path,heft,metis,enumerative,round_robin_block)."),
     search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off (default: 500)."),
-    distill_on_policy: Optional[float] = typer.Option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 1 with device identity, which doppler and doppler_plc learn by default; 0 with --no-device-identity or for other methods: without identity the term slowed or stopped distillation on the paper graphs; docs/generalization_log.md)."),
+    distill_on_policy: Optional[float] = typer.Option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 1 with device identity, which doppler and doppler_plc learn by default; 0 with --no-device-identity or for other methods, where the device head cannot tell alike devices apart and the term fights the replay)."),
     search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000; with --init: 100000)."),
     real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run (default: 64), rounded up to whole updates of --batch per graph."),
     engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
     engine_device_type: str = typer.Option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda."),
     device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 2; give 1 when two trainings share a 2-core machine: with 2 each they run about 17x slower)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 2; give 1 when two trainings share a 2-core machine: with 2 each they oversubscribe it and run far slower)."),
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly, with its own options; --episodes may extend Stage II."),
     op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: full; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart)."),
@@ -247,7 +247,7 @@ def _run_with_progress(trainer, run_dir: Path, quiet: bool) -> None:
 def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
     from doppler.methods import assign
     from doppler.report import training_curve
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     graphs = []
     refs: dict[str, float] = {}

@@ -39,40 +39,16 @@ Execution
     producer's completion goes to the scheduler, which dispatches the
     consumer): see :func:`measure_overhead`.
 
-    The whole graph is submitted before the clock starts, behind a gate: first
-    one gate task per worker thread, pinned there, which blocks the thread on
-    the run's ``distributed.Event``; once every gate is executing, every op is
-    submitted, and once the scheduler holds them all and every source op (no
-    op predecessors) sits in its worker's ready queue, behind the gate, the
-    event is set. Each worker then starts its sources in priority order, with
-    no scheduler round trip. (Gating the sources through a dummy argument
-    instead would hand them to an idle worker one message at a time, in the
-    scheduler's set order, not by priority.)
+    The whole graph is submitted before the clock starts, behind one gate task
+    per worker thread blocked on the run's ``distributed.Event`` (:func:`_run_once`);
+    once every source op sits in its worker's ready queue the event is set, and
+    each worker starts its sources in priority order, with no scheduler round trip.
 
 Timings
-    Op times are the ``"compute"`` intervals of Dask's task stream (the
-    scheduler's ``TaskStreamPlugin``, through ``distributed.get_task_stream``).
-    Transfers come from each worker's incoming-transfer log
-    (``Worker.transfer_incoming_log``, which names the keys each fetch moved,
-    unlike the task stream's ``"transfer"`` entries, which are attached to one
-    consumer only). Every time is in seconds from **the moment the first gate
-    task finished** (the earliest gate ``"compute"`` stop, on the scheduler's
-    clock, as every task-stream time): what happens before -- scatter,
-    submission, the event's round trip -- is set-up, outside the makespan;
-    ``timeout_s`` counts from the moment the event is set. Dask reports worker times on the scheduler's clock by adding an
-    estimated offset that jitters by milliseconds; the workers of our
-    LocalCluster share the scheduler's host and clock, so they report their
-    raw clock (offset 0) and their times are exact. For an external scheduler
-    the times are Dask's estimates.
-
-    The trace: ``op_start``/``op_end`` from ``"compute"``; ``op_ready`` = the
-    latest arrival of an input on the op's device (the producer's end on the
-    same device, else the end of the fetch that brought it there; a fetch
-    missing from the log counts as the producer's end); a source op is ready
-    when its device's gate finished (~0). One transfer per (producer op,
-    destination device) that Dask actually moved (the first fetch if it moved
-    one twice), sorted by (producer, destination); ``tr_src_device`` is the
-    worker it came from, ``tr_bytes`` the graph's ``output_bytes``.
+    Op times come from Dask's task stream and transfers from each worker's incoming-transfer log,
+    in seconds from **the moment the first gate task finished**: scatter, submission and the
+    event's round trip are set-up, outside the makespan; ``timeout_s`` counts from the moment the
+    event is set. :mod:`doppler.engine.dask_trace` states how each field of the trace is read.
 
 Failures never hang: a kernel that raises stops the run with an
 :class:`~doppler.engine.program.EngineError` naming the op and device; a worker
@@ -82,11 +58,6 @@ the gate released and the cluster discarded (a LocalCluster is closed, its
 processes killed; an external scheduler only loses our client). Outputs are
 gathered to this process only for real kernels (a synthetic program's outputs
 are filler bytes, never gathered).
-
-:func:`measure_overhead` times a chain of no-op ops on one device: Dask's cost
-per dependent op (the producer's completion reaching the scheduler, the
-consumer's dispatch to the worker); ``benchmarks/dask_overhead.py`` prints it
-next to the local engine's.
 """
 
 from __future__ import annotations
@@ -362,7 +333,10 @@ def _run_once(
     2. Every op is submitted (pinned, priority ``-v``); we wait until the
        scheduler holds them all and every source op sits in its worker's
        ready queue, behind the gate.
-    3. The event is set: each worker runs its ready ops by priority.
+    3. The event is set: each worker runs its ready ops by priority, with no
+       scheduler round trip. (Gating the sources through a dummy argument
+       instead would hand them to an idle worker one message at a time, in the
+       scheduler's set order, not by priority.)
     """
     client = conn.client
     prog = placed.program

@@ -1,5 +1,30 @@
 """The Dask engine's trace: op times from Dask's task stream and transfers from each worker's
-incoming-transfer log, re-based to the moment the run's gates opened (see ``dask_engine``)."""
+incoming-transfer log, re-based to the moment the run's gates opened (see ``dask_engine``).
+
+Op times are the ``"compute"`` intervals of Dask's task stream (the
+scheduler's ``TaskStreamPlugin``, through ``distributed.get_task_stream``).
+Transfers come from each worker's incoming-transfer log
+(``Worker.transfer_incoming_log``, which names the keys each fetch moved,
+unlike the task stream's ``"transfer"`` entries, which are attached to one
+consumer only). Every time is in seconds from **the moment the first gate
+task finished** (the earliest gate ``"compute"`` stop, on the scheduler's
+clock, as every task-stream time): what happens before -- scatter,
+submission, the event's round trip -- is set-up, outside the makespan;
+``timeout_s`` counts from the moment the event is set. Dask reports worker times on the scheduler's clock by adding an
+estimated offset that jitters by milliseconds; the workers of our
+LocalCluster share the scheduler's host and clock, so they report their
+raw clock (offset 0) and their times are exact. For an external scheduler
+the times are Dask's estimates.
+
+The trace: ``op_start``/``op_end`` from ``"compute"``; ``op_ready`` = the
+latest arrival of an input on the op's device (the producer's end on the
+same device, else the end of the fetch that brought it there; a fetch
+missing from the log counts as the producer's end); a source op is ready
+when its device's gate finished (~0). One transfer per (producer op,
+destination device) that Dask actually moved (the first fetch if it moved
+one twice), sorted by (producer, destination); ``tr_src_device`` is the
+worker it came from, ``tr_bytes`` the graph's ``output_bytes``.
+"""
 
 from __future__ import annotations
 

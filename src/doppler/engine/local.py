@@ -15,8 +15,8 @@ differences between the two are real-system effects:
   - CPU devices: ``b``'s own worker, as one more item of its ready queue keyed by
     ``u``'s finish (ties: ops first, then transfers in (producer, device)
     order). A CPU has no copy engine: the copy takes a core, and a thread per
-    link would only time-share the receiver's core with its kernels (on 2
-    cores, that made kernels on a receiving device up to 60% slower at random).
+    link would only time-share the receiver's core with its kernels, which slows
+    them at random where there is no spare core.
     The simulator models this with ``Device.copies_inbound``, which the
     calibrated cluster carries;
   - CUDA devices: the worker of link ``a -> b`` on its own copy stream, so copies
@@ -26,8 +26,8 @@ differences between the two are real-system effects:
   that arrival.
 
 Memory: every op's output is a fresh numpy array; :func:`doppler.malloc.tune_malloc`
-keeps freed memory in the process for reuse (without it a run paid 0 to 40,000
-page faults, up to +40% makespan, at random). Receive buffers are touched when
+keeps freed memory in the process for reuse (without it a run pays a random number of
+page faults). Receive buffers are touched when
 they are allocated, before the clock starts.
 
 Devices (``device_type``):
@@ -152,8 +152,8 @@ class HostDevices:
         """Called first in every device worker thread with its device index.
 
         Pins the thread to one core of those this process may use: device ``d`` to the
-        ``d``-th (modulo their number). ``DOPPLER_PIN_THREADS=0`` turns pinning off (see
-        docs/results.md: it lowered the simulator's mean error on llama_block from 20-22% to 15-16%)."""
+        ``d``-th (modulo their number), so that the operating system does not move device workers
+        between cores during a run. ``DOPPLER_PIN_THREADS=0`` turns pinning off."""
         if os.environ.get("DOPPLER_PIN_THREADS", "1") != "0" and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
             try:

@@ -147,7 +147,7 @@ def validate(
     Cost-only graphs run synthetic kernels of ``time_scale`` x the cluster's op times, and
     their simulated makespans are scaled alike."""
     from doppler.engine import check_options, run
-    from doppler.simulate import simulate
+    from doppler.sim import simulate
 
     check_options(engine, cluster.num_devices, repeats, timeout_s, seed, device_type)
     cases = validation_assignments(graph, cluster, n, seed=seed)

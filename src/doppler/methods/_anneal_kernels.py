@@ -1,26 +1,24 @@
 """numba kernels of ANNEAL: its moves and its loop (imported lazily: numba is slow to import).
 
-One compiled call runs many batches (propose, simulate, accept). With the loop in Python around
-:func:`doppler.simulate.simulate_many`, half the time or more went to the loop itself; compiled,
-the annealer scores 1.7-2.4x more assignments per second (``benchmarks/anneal_speed.py``).
+One compiled call runs many batches (propose, simulate, accept), so the annealer's own loop
+(moves, acceptance) costs little beside the simulations (``benchmarks/anneal_speed.py`` prints the
+share; docs/research/anneal.md, "Speed").
 
 numba's cache of this module is keyed on this file alone, and the loop compiles the simulator's
-kernel into itself: after editing ``doppler/simulate.py``, clear the caches (``make clean``
+kernel into itself: after editing ``doppler/sim/kernel.py``, clear the caches (``make clean``
 removes them) or the annealer keeps the old simulator."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numba
 import numpy as np
 
 from doppler._jit import start
+from doppler.sim.kernel import sim_kernel, sim_rows
 
-_simulate = importlib.import_module("doppler.simulate")  # the module (the package exports a function of that name)
-
-start()  # the loop calls the simulator's kernel: numba must have started (doppler._jit), so this module's kernels are compiled at once
+start()  # the loop calls the simulator's kernels: numba must have started (doppler._jit) before it compiles
 
 # numba parallelises the loop over a batch's rows (``prange``) and nothing else. The prange is in this
 # function itself: a cached function that calls a cached parallel one crashed when loaded from numba's
@@ -403,10 +401,12 @@ def anneal_batches(
     simulation) when ``cur`` has changed and ``critical_refresh`` batches have passed since. Stops
     early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``. ``prune``: simulate a
     proposal only until it is sure to lose to an earlier one of its thread's rows or to be refused by
-    the Metropolis rule (``_simulate._sim_rows``; the same search). ``pool`` > 1: each proposal is the
-    best of that many moves by ``scorer`` (:func:`scored_proposal`), which are not simulated."""
-    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, op_f, edge_f,
-     copies_in) = sim  # fmt: skip
+    the Metropolis rule (:func:`~doppler.sim.kernel.sim_rows`; the same search). ``pool`` > 1: each
+    proposal is the best of that many moves by ``scorer`` (:func:`scored_proposal`), which are not
+    simulated. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and its noise
+    factors."""
+    arrays, op_f, edge_f = sim
+    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, copies_in) = arrays
     n = cur.shape[0]
     batch = np.empty((batch_size, n), np.int64)
     E = max(s_succ_idx.shape[0], 1)
@@ -431,9 +431,8 @@ def anneal_batches(
                 return
         counts[SINCE] += 1
         if critical_share > 0.0 and counts[STALE] and (counts[SINCE] >= critical_refresh or counts[NCRIT] == 0):
-            _, ntr = _simulate._sim_kernel(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes,
-                                           lat, bw, streams, cur, op_f, edge_f, False, False, copies_in, None, ready,
-                                           start, end, tsrc, tdst, tstart, tend, np.inf)  # fmt: skip
+            _, ntr = sim_kernel(arrays, cur, op_f, edge_f, False, False, None, ready, start, end, tsrc, tdst, tstart,
+                                tend, np.inf)  # fmt: skip
             counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
             _mark_chain(crit, counts[NCRIT], on_crit)
             counts[SINCE] = 0
@@ -466,9 +465,7 @@ def anneal_batches(
         vals = np.empty(b, np.float64)
         chunks = min(threads, b)
         for t in numba.prange(chunks):  # thread t simulates rows t, t + chunks, ...: the serial numbers
-            _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw,
-                                streams, devs, op_f, edge_f, False, False, copies_in, None, t, chunks, vals, prune,
-                                accept_below)  # fmt: skip
+            sim_rows(arrays, devs, op_f, edge_f, False, False, None, t, chunks, vals, prune, accept_below)
         j = np.argmin(vals)
         cand_ms = vals[j]
         delta = (cand_ms - values[CUR_MS]) / cur_ms

@@ -1,14 +1,12 @@
 """numba kernel of HEFT_LOOKAHEAD's step, on every core (imported lazily: numba is slow to import).
 
 One step of the rollout tries an op on every device but HEFT's own: each try is a HEFT completion
-(:func:`doppler.methods._kernels.heft_branch`) and a simulation. The tries are independent, so
+(:func:`doppler.listsched.heft_completion`) and a simulation. The tries are independent, so
 threads take them side by side, as the annealer's threads take its proposals
 (:mod:`doppler.methods._anneal_kernels`, whose notes on ``prange`` and numba's cache hold here too).
 """
 
 from __future__ import annotations
-
-import importlib
 
 import numba
 import numpy as np
@@ -17,10 +15,9 @@ from doppler import _jit
 
 _jit.start()  # the step calls compiled kernels: numba must have started (doppler._jit)
 
+from doppler.listsched import heft_completion  # noqa: E402
 from doppler.methods._anneal_kernels import PRANGE_ONLY  # noqa: E402
-from doppler.methods._kernels import heft_branch  # noqa: E402
-
-_simulate = importlib.import_module("doppler.simulate")
+from doppler.sim.kernel import sim_rows  # noqa: E402
 
 
 @numba.njit(cache=True)
@@ -29,7 +26,7 @@ def _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, 
     """Rows ``t, t + chunks, ...`` of :func:`heft_rollout_step`'s completions (row ``j``: device ``j``, or
     ``j + 1`` from HEFT's own device ``own`` on)."""
     for j in range(t, out.shape[0], chunks):
-        heft_branch(order, h, j + (j >= own), pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts,
+        heft_completion(order, h, j + (j >= own), pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts,
                     ends, cnt, out[j])  # fmt: skip
 
 
@@ -39,18 +36,16 @@ def heft_rollout_step(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev
     """Op ``order[h]`` on every device but ``own``, in device order: HEFT's completion of the partial
     schedule (``dev`` ... ``cnt``) into ``out[j]`` and its simulated makespan into ``vals[j]``, on
     ``threads`` cores; returns the index of the least. A simulation stops early (``inf``) once it is
-    sure to end above ``cap`` or above an earlier row of its thread (``doppler.simulate._sim_rows``):
+    sure to end above ``cap`` or above an earlier row of its thread (:func:`~doppler.sim.kernel.sim_rows`):
     the least makespan, when it is below ``cap``, and the first row that reaches it are exact, which
     is all the rollout uses."""
-    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams, op_f, edge_f,
-     copies_in) = sim  # fmt: skip
+    arrays, op_f, edge_f = sim  # the simulator's arrays (doppler.sim.kernel) and its noise factors
     chunks = max(1, min(threads, out.shape[0]))
     for t in numba.prange(chunks):
         _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
                   cnt, out)  # fmt: skip
     for t in numba.prange(chunks):
-        _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw,
-                            streams, out, op_f, edge_f, False, False, copies_in, None, t, chunks, vals, True, cap)  # fmt: skip
+        sim_rows(arrays, out, op_f, edge_f, False, False, None, t, chunks, vals, True, cap)
     return np.argmin(vals)
 
 
@@ -58,11 +53,9 @@ def heft_rollout_step(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev
 def heft_rollout_step_serial(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
                              cnt, sim, cap, out, vals):  # pragma: no cover - compiled  # fmt: skip
     """:func:`heft_rollout_step` on one core, outside any parallel region: the same numbers."""
-    (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams, op_f, edge_f,
-     copies_in) = sim  # fmt: skip
+    arrays, op_f, edge_f = sim
     _branches(0, 1, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt, out)
-    _simulate._sim_rows(s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, s_comp, out_bytes, s_lat, bw, streams,
-                        out, op_f, edge_f, False, False, copies_in, None, 0, 1, vals, True, cap)  # fmt: skip
+    sim_rows(arrays, out, op_f, edge_f, False, False, None, 0, 1, vals, True, cap)
     return np.argmin(vals)
 
 

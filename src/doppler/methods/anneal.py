@@ -7,7 +7,7 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   where its rollout is cheap (``|V|^2 (D-1) <= ROLLOUT_START_MAX_WORK``; ties: in that
   order, the rollout last), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
-  and scores them in one :func:`doppler.simulate.simulate_many` call. Moves:
+  and scores them in one :func:`doppler.sim.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
     neighbours (a predecessor or successor);
   - *swap*: two ops on different devices exchange devices;
@@ -16,61 +16,46 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   - *group*: all tiles of one logical op (``graph.group``) move to one device,
     or their devices rotate by a random offset (graphs without groups: an op
     and all its neighbours move to one device);
-  - *critical* (``critical_share`` of the proposals, default 0.25): a step of the
+  - *critical* (``critical_share`` of the proposals, default :data:`CRITICAL_SHARE`): a step of the
     current schedule's critical chain, the ops that set its makespan, each held
     back by the next (the op that freed its device, or the producer of its last
     input). A step across two devices is a transfer on the chain: one of its two
     ops joins the other's device. A step on one device: one of the two leaves for
     a random other device. The chain is found again (one traced simulation) when
     the current assignment has changed and ``CRITICAL_REFRESH`` batches have passed.
-    Measured with 5 s searches (3-5 seeds): with a share of 0.3-0.5, 0.8% lower
-    makespans over the 7 held-out rows that any search improves (4% on random-3k)
-    and 1.6% on llama_block and llama_layer on p100x4 with 10x slower links; on
-    p100x4 itself a share of 0.5 was 0.7% worse and 0.25 the same as none, hence
-    0.25 (docs/generalization_log.md).
-* *Pools*: each proposal is the best of ``POOL`` (4) moves drawn as above, by a score computed
-  without simulating (:class:`MoveScorer`; by default the compute time plus the transfer time
-  (latency + bytes / bandwidth on each edge of the moved ops) that the move adds, less is better).
-  Measured with 2 s searches on the 40 validation pairs (2 seeds): 0.8175x -> 0.8107x the best cheap
-  method, better on 11 pairs and worse on 9, and 3.5% better on the 13 pairs of 300 ops or more; 5 s
-  on the 10 held-out rows (3 seeds): 0.9271x -> 0.9207x, better on 8, worse on none.
-  Logistic scores of ten features of the move, trained on 51,200 simulated moves of training pairs,
-  ranked moves better (AUC 0.86-0.87 against 0.73) but searched worse (0.8172x, 0.8174x), so the
-  default is the unlearned one (docs/generalization_log.md, "Pools of moves").
+* *Pools*: each proposal is the best of ``pool`` (default :data:`POOL`) moves drawn as above, by a
+  score computed without simulating (:class:`MoveScorer`; by default the compute time plus the
+  transfer time (latency + bytes / bandwidth on each edge of the moved ops) that the move adds,
+  less is better). Only that move is simulated.
 * The best proposal of the batch is accepted if it is no worse, otherwise with
   probability ``exp(-relative_increase / T)``. ``T`` cools geometrically from
   ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations
   (default ``max(5000, 1000 * num_ops)``, capped at ``max_evals``); each
   new cycle restarts (reheats) from the best assignment found so far.
-* Defaults (``batch_size=8``, cycles of ``1000 * num_ops`` evaluations) were
-  chosen with ``benchmarks/anneal_quality.py`` on the paper workloads. On
-  p100x4 with 10x slower links, 60 s runs reached 14.78 ms on llama_layer with
-  the earlier defaults (batches of 32, cycles of ``100 * num_ops``), and
-  13.98 ms with these. On the fast cluster the two are within 0.3%.
 * Stops after ``budget_s`` seconds of wall clock (default 10 s, the start
   evaluation included) or ``max_evals`` simulator evaluations, whichever comes
-  first (the time is checked between compiled calls of about 10 ms of
-  search), or as soon as the best
-  makespan equals the lower bound (it is then optimal).
+  first (the time is checked between compiled calls of about ``CHUNK_S`` of
+  search), or as soon as the best makespan equals the lower bound (it is then optimal).
 
 Each proposal is simulated only as far as it can still matter (``prune``, on by default): it
 stops once a lower bound on its makespan (its critical path after the ops already started, and
 each device's work left) is above the best proposal before it on its core, or above the makespan
 under which the Metropolis rule would accept it (its uniform is drawn before the batch is
 simulated). Only the batch's best proposal, and only if it may be accepted, enters the search, so
-the search is the same, 1.2-3.3x faster on one core on six of the seven rows of
-``benchmarks/anneal_speed.py`` (0.97x on random-3k, where the bounds come late).
+pruning changes the speed, never the search.
 
 Each batch is simulated on ``threads`` cores (default: every core the process may use, at most
 ``batch_size``), one row per core at a time. The makespans are the same numbers as on one core, so
-the search is too; on 2 cores it scores 1.6-1.9x the assignments per second
-(``benchmarks/anneal_speed.py``). Training keeps it on one core (its torch threads use the rest).
+the search is too. Training keeps it on one core (its torch threads use the rest).
 
 Every decision depends only on the seed and on counts of evaluations, never on
 the clock, so a run is deterministic for a given seed and a given number of
 evaluations (pass ``max_evals`` without ``budget_s`` for results independent of
 machine speed), and a longer budget continues the exact trajectory of a shorter
 one. The best simulated makespan is reported as ``estimated_makespan_s``.
+
+The measurements behind the defaults (start set, critical share, pools, batches and cycles) and
+the speed of each part are in docs/research/anneal.md.
 """
 
 from __future__ import annotations
@@ -86,19 +71,14 @@ from doppler.assignment import Assignment, check_assignment
 from doppler.methods.registry import MethodError, assign, register
 from doppler.graph import DataflowGraph, _csr
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 #: the cheap methods whose best assignment a search starts from (anneal's start set, and the first
-#: incumbent of DOPPLER's Stage II): measured, this start made the greedy decode at least as good as
-#: enumerative in 8 of 8 settings (5 of 8 without) and within 10% of a 60 s anneal in 6 of 8 (3 of 8),
-#: benchmarks/doppler_quality.py
+#: incumbent of DOPPLER's Stage II)
 WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 #: anneal's start set also holds HEFT_LOOKAHEAD's assignment where its rollout is cheap: ``|V|^2 (D-1)``
 #: (its ``|V| (D-1)`` HEFT completions times the ops each places) at most this: about 320 ops on 8
-#: devices or 840 on 2, 0.3-0.4 s on one core at the limit (0.15-0.35 s on two). A size rule, not a clock, so a seed and an
-#: evaluation count still fix the search. Measured with 5 s searches: 0.838x
-#: -> 0.809x the best cheap method on the 40 validation pairs, no change on the held-out rows
-#: (docs/generalization_log.md, "As a start for annealing")
+#: devices or 840 on 2. A size rule, not a clock, so a seed and an evaluation count still fix the search
 ROLLOUT_START_MAX_WORK = 7e5
 
 DEFAULT_BUDGET_S = 10.0
@@ -108,9 +88,7 @@ CHUNK_S = 0.01
 CRITICAL_SHARE = 0.25
 CRITICAL_REFRESH = 4
 #: moves drawn per proposal, of which the one that adds the least compute and transfer time is
-#: simulated (:meth:`MoveScorer.time_added`). Measured with 2 s searches on the 40 validation pairs (2
-#: seeds): 0.8175x -> 0.8107x the best cheap method (3.5% better on the 13 pairs of 300 ops or more);
-#: learned scores of the same features searched worse (0.8172x, 0.8174x); docs/generalization_log.md
+#: simulated (:meth:`MoveScorer.time_added`)
 POOL = 4
 
 
@@ -223,16 +201,15 @@ def anneal_search(
     """Simulated annealing (see the module docstring). Returns the best assignment found.
 
     ``critical_share``: the share of proposals that move ops of the critical chain (default
-    :data:`CRITICAL_SHARE`; 0: only the blind moves, the search before they existed).
+    :data:`CRITICAL_SHARE`; 0: only the blind moves).
     ``threads``: cores that simulate each batch of proposals (default: every core this process may
     use, at most ``batch_size``). It changes the speed only: the batch's makespans, and so the
     search for a given seed and evaluation count, are the same numbers with any count.
     ``prune`` (default on) stops simulating a proposal once a lower bound on its makespan shows it
-    loses to an earlier one of its batch or would be refused (:func:`doppler.simulate._sim_rows`); it
+    loses to an earlier one of its batch or would be refused (:func:`doppler.sim.kernel.sim_rows`); it
     too changes the speed only.
     ``pool`` (default :data:`POOL`): each proposal is the best of ``pool`` moves by ``scorer`` (default
-    :meth:`MoveScorer.time_added`); the others are not simulated (1: every drawn move is, the search
-    before pools existed).
+    :meth:`MoveScorer.time_added`); the others are not simulated (1: every drawn move is).
 
     ``extra_starts`` join the start set (e.g. a policy's decodes); with ``device_prefs[n, D]``
     (a learned preference of each op for each device) a share ``guided_share`` of the moves
@@ -279,7 +256,7 @@ def anneal_search(
     moves = _Moves(graph, nd, rng, device_prefs, guided_share)
     from doppler.methods import _anneal_kernels as K
 
-    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    sim = (ctx.arrays, *ctx.noise(0.0, 0))
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
     log_ratio = math.log(t_end / t_start)
     optimal_ms = float(ctx.lower_bound()) * (1.0 + 1e-12)  # nothing can beat the lower bound

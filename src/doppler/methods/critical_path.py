@@ -20,10 +20,12 @@ The algorithm, exactly:
    device) and ``free[d]`` is the finish time of the last op put on ``d`` (no
    insertion into idle gaps). Put ``v`` on the device with the smallest EST
    (ties: lowest device id, where devices whose EST is within a relative
-   ``1e-9`` of the minimum count as tied; the device's ``streams`` setting is
-   ignored: one op at a time), then ``finish[v] = EST + compute(v, d)``
+   :data:`~doppler.listsched.TIE_RTOL` (``1e-9``) of the minimum count as
+   tied; the device's ``streams`` setting is ignored: one op at a time),
+   then ``finish[v] = EST + compute(v, d)``
    with ``d``'s own compute time and ``free[d] = finish[v]``.
 
+The rules and their state live in :mod:`doppler.listsched`; this module runs them and records them.
 The list schedule's length (the largest ``finish``) is reported as the method's
 ``estimated_makespan_s``; the real makespan comes from the WC simulator.
 
@@ -43,14 +45,7 @@ from doppler.assignment import Assignment
 from doppler.methods.registry import register
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
-from doppler.listsched import PlacementState
-
-TIE_RTOL = 1e-9
-
-
-def _tied(values: np.ndarray, best: float) -> np.ndarray:
-    """Entries equal to ``best`` up to a relative ``TIE_RTOL``."""
-    return np.abs(values - best) <= TIE_RTOL * abs(best)
+from doppler.listsched import PlacementState, earliest_start_device
 
 
 @dataclass
@@ -93,7 +88,41 @@ class CriticalPathTrace:
         return np.flatnonzero(self.device_tied[h])
 
 
+class _Record:
+    """What :func:`_schedule` records at each step for :class:`CriticalPathTrace` (the candidate sets,
+    their b-level ties, every device's EST and the devices tied for the smallest)."""
+
+    def __init__(self, n: int, nd: int, key: np.ndarray, roots: list[int]) -> None:
+        self.key = key
+        self.est_s = np.empty((n, nd))
+        self.device_tied = np.zeros((n, nd), dtype=bool)
+        self.cand_set = set(roots)
+        self.cand_ptr = np.zeros(n + 1, dtype=np.int64)
+        self.cand_chunks: list[np.ndarray] = []
+        self.tied_chunks: list[np.ndarray] = []
+
+    def candidates(self, h: int) -> None:
+        """Step ``h``'s candidates (ascending op id) and those tied for the largest b-level."""
+        cands = np.fromiter(sorted(self.cand_set), dtype=np.int64, count=len(self.cand_set))
+        ck = self.key[cands]
+        self.cand_chunks.append(cands)
+        self.tied_chunks.append(ck == ck.max())
+        self.cand_ptr[h + 1] = self.cand_ptr[h] + cands.size
+
+    def fields(self) -> dict:
+        return dict(
+            est_s=self.est_s,
+            device_tied=self.device_tied,
+            cand_ptr=self.cand_ptr,
+            cand_ops=np.concatenate(self.cand_chunks) if self.cand_chunks else np.empty(0, np.int64),
+            cand_tied=np.concatenate(self.tied_chunks) if self.tied_chunks else np.empty(0, bool),
+        )
+
+
 def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
+    """CRITICAL PATH's list schedule (module docstring): SEL pops the candidate heap keyed on (largest
+    b-level, lowest op id), the rule of :func:`~doppler.listsched.largest_key_candidate`; PLC is
+    :func:`~doppler.listsched.earliest_start_device` on the state's EST."""
     n, nd = graph.num_ops, cm.num_devices
     bl = cm.b_level(graph)
     succ_ptr = graph.succ_ptr.tolist()
@@ -109,42 +138,31 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
     one_dev = np.zeros(1, dtype=np.int64)
     order = np.empty(n, dtype=np.int64)
     chosen_dev = np.empty(n, dtype=np.int64)
-    if record:
-        est_all = np.empty((n, nd))
-        dev_tied = np.zeros((n, nd), dtype=bool)
-        cand_set = {v for _, v in heap}
-        cand_ptr = np.zeros(n + 1, dtype=np.int64)
-        cand_chunks: list[np.ndarray] = []
-        tied_chunks: list[np.ndarray] = []
+    ties = np.empty(nd, dtype=bool)
+    rec = _Record(n, nd, key, [v for _, v in heap]) if record else None
 
     for h in range(n):
-        if record:
-            cands = np.fromiter(sorted(cand_set), dtype=np.int64, count=len(cand_set))
-            ck = key[cands]
-            cand_chunks.append(cands)
-            tied_chunks.append(ck == ck.max())
-            cand_ptr[h + 1] = cand_ptr[h] + cands.size
+        if rec is not None:
+            rec.candidates(h)
         _, v = heapq.heappop(heap)
         one_op[0] = v
         est = state.est(one_op)
-        best = float(est[0].min())
-        tied = _tied(est[0], best)
-        d = int(np.argmax(tied))  # lowest tied device id
+        d = int(earliest_start_device(est[0], ties))
         one_dev[0] = d
         state.place(one_op, one_dev, est[:, d])
         order[h] = v
         chosen_dev[h] = d
-        if record:
-            est_all[h] = est[0]
-            dev_tied[h] = tied
-            cand_set.discard(v)
+        if rec is not None:
+            rec.est_s[h] = est[0]
+            rec.device_tied[h] = ties
+            rec.cand_set.discard(v)
         for k in range(succ_ptr[v], succ_ptr[v + 1]):
             w = succ_idx[k]
             indeg[w] -= 1
             if indeg[w] == 0:
                 heapq.heappush(heap, (neg_key[w], w))
-                if record:
-                    cand_set.add(w)
+                if rec is not None:
+                    rec.cand_set.add(w)
 
     finish = state.finish_s[0]
     out = {
@@ -156,14 +174,8 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
         "finish_s": finish,
         "makespan_s": float(finish.max()) if n else 0.0,
     }
-    if record:
-        out.update(
-            est_s=est_all,
-            device_tied=dev_tied,
-            cand_ptr=cand_ptr,
-            cand_ops=np.concatenate(cand_chunks) if cand_chunks else np.empty(0, np.int64),
-            cand_tied=np.concatenate(tied_chunks) if tied_chunks else np.empty(0, bool),
-        )
+    if rec is not None:
+        out.update(rec.fields())
     return out
 
 

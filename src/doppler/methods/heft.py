@@ -14,7 +14,8 @@
 
 :func:`heft_schedule` accepts explicit ``compute_s[n, D]`` and ``comm_s[E]`` so the
 paper's example (10 tasks, 3 processors, schedule length 80) can be reproduced
-exactly. The inner loop is compiled with numba (O(E * D) plus the gap scans).
+exactly. The rule is :func:`doppler.listsched.heft_place`, compiled with numba (O(E * D) plus the gap
+scans).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from doppler.assignment import Assignment
 from doppler.methods.registry import register
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
+from doppler.listsched import heft_list_schedule
+
 
 @dataclass
 class HeftSchedule:
@@ -62,9 +65,7 @@ def heft_schedule(
     (per op and device) and/or ``comm_s[E]`` (per edge, between distinct devices)
     are given."""
     order, rank, arrays = heft_inputs(graph, cluster, compute_s=compute_s, comm_s=comm_s)
-    from doppler.methods._kernels import heft_core as core
-
-    dev, start, finish = core(order, *arrays)
+    dev, start, finish = heft_list_schedule(order, *arrays)
     return HeftSchedule(dev, order, rank, start, finish, float(finish.max()))
 
 

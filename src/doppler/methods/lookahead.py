@@ -6,7 +6,7 @@ first). For the op ``v`` of step ``h`` and every device ``d``:
 
 1. put ``v`` on ``d``;
 2. place every later op as CRITICAL PATH would (largest b-level candidate, earliest-start
-   device) from that state on;
+   device) from that state on (:func:`doppler.listsched.critical_path_completion`);
 3. simulate the finished assignment with the work-conserving simulator.
 
 ``v`` goes to the device whose completion finishes first; on a tie, to CRITICAL PATH's own
@@ -19,13 +19,12 @@ it is the PLC teacher of pretraining with ``teacher="lookahead"`` (:mod:`doppler
 
 HEFT_LOOKAHEAD is the same rollout over HEFT: ops in HEFT's order (upward rank), each op tried on
 every device with the ops before it where earlier steps put them, every later op placed by HEFT's
-rule (earliest finish with insertion), each completion simulated. Never worse than HEFT, for the
-same reason. It costs ``|V| x D`` HEFT completions (``O(|V|^2 D^2)``). The devices of one step are
-tried side by side on every core (:mod:`doppler.methods._rollout_kernels`; the same assignment on any
-number): 0.02-0.07 s at 136-240 ops on 8 devices and 1.3-1.7 s at 973 ops on this project's 2-core
-machine, 1.4x faster than one core (``python benchmarks/heft_lookahead.py --speed``). With
-``budget_s`` it stops deciding when the time is up and returns HEFT's completion of the ops decided
-so far (anytime).
+rule (earliest finish with insertion, :func:`doppler.listsched.heft_completion`), each completion
+simulated. Never worse than HEFT, for the same reason. It costs ``|V| x D`` HEFT completions
+(``O(|V|^2 D^2)``). The devices of one step are tried side by side on every core
+(:mod:`doppler.methods._rollout_kernels`; the same assignment on any number; its times are in
+docs/research/anneal.md, "Speed"). With ``budget_s`` it stops deciding when the time is up and
+returns HEFT's completion of the ops decided so far (anytime).
 """
 
 from __future__ import annotations
@@ -38,52 +37,18 @@ from doppler._jit import jit
 from doppler.assignment import Assignment
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
-from doppler.listsched import empty_state, est_into, place, take_candidate
+from doppler.listsched import (
+    critical_path_completion, earliest_start_device, empty_schedule, empty_state, est_into, heft_list_schedule, heft_place,
+    largest_key_candidate, place, take_candidate,
+)  # fmt: skip
 from doppler.methods.registry import register
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 #: simulated makespans within this relative distance of the best count as tied teacher choices
 LABEL_RTOL = 1e-6
-
-
-@jit(cache=True)
-def _earliest_device(est):  # pragma: no cover - compiled
-    """The lowest device id whose EST is within 1e-9 (relative) of the smallest: CRITICAL PATH's PLC."""
-    best = est.min()
-    for d in range(est.shape[0]):
-        if abs(est[d] - best) <= 1e-9 * abs(best):
-            return d
-    return 0
-
-
-@jit(cache=True)
-def _branch(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
-            dev, start, finish, free, assigned, indeg, cand, pos, ncand, out):  # pragma: no cover  # fmt: skip
-    """From a copy of the state: put candidate ``v`` on ``d``, finish as CRITICAL PATH; device per op into ``out``."""
-    dev = dev.copy()
-    start = start.copy()
-    finish = finish.copy()
-    free = free.copy()
-    assigned = assigned.copy()
-    indeg = indeg.copy()
-    cand = cand.copy()
-    pos = pos.copy()
-    est = np.empty(free.shape[0])
-    est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
-    place(v, d, est[d], comp, dev, start, finish, free, assigned)
-    ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
-    while ncand > 0:
-        w = cand[0]
-        for j in range(1, ncand):  # largest b-level, ties to the lowest op id
-            c = cand[j]
-            if key[c] > key[w] or (key[c] == key[w] and c < w):
-                w = c
-        est_into(w, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
-        e = _earliest_device(est)
-        place(w, e, est[e], comp, dev, start, finish, free, assigned)
-        ncand = take_candidate(w, succ_ptr, succ_idx, indeg, cand, pos, ncand)
-    out[:] = dev
+#: a step leaves the rule's choice only for a completion that simulates shorter by more than this (relative)
+IMPROVE_RTOL = 1e-12
 
 
 @jit(cache=True)
@@ -102,7 +67,7 @@ def _labelled_branches(order, step_dev, label_steps, key, pred_ptr, pred_idx, pr
             return h
         while k < label_steps.shape[0] and label_steps[k] == h:
             for d in range(nd):
-                _branch(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
+                critical_path_completion(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
                         dev, start, finish, free, assigned, indeg, cand, pos, ncand, out[k, d])  # fmt: skip
             k += 1
         est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
@@ -162,18 +127,17 @@ def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float
     branches = np.empty((nd, n), np.int64)
     ctx = SimContext(graph, cluster)
     est = np.empty(nd)
+    ties = np.empty(nd, np.bool_)
     best_s = np.inf
     for _ in range(n):
-        c = cand[:ncand]
-        top = arr.key[c].max()
-        v = int(c[arr.key[c] == top].min())
+        v = int(largest_key_candidate(arr.key, cand, ncand))
         for d in range(nd):
-            _branch(v, d, arr.key, *arr.graph_arrays, *arr.cost_arrays, dev, start, finish, free, assigned,
+            critical_path_completion(v, d, arr.key, *arr.graph_arrays, *arr.cost_arrays, dev, start, finish, free, assigned,
                     indeg, cand, pos, ncand, branches[d])  # fmt: skip
         makespan_s = ctx.simulate_many(branches)
         est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
-        d = int(_earliest_device(est))
-        if makespan_s.min() < makespan_s[d] * (1.0 - 1e-12):
+        d = int(earliest_start_device(est, ties))
+        if makespan_s.min() < makespan_s[d] * (1.0 - IMPROVE_RTOL):
             d = int(np.argmin(makespan_s))
         best_s = float(makespan_s[d])
         place(v, d, est[d], comp, dev, start, finish, free, assigned)
@@ -197,7 +161,6 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     included), the steps not reached in time keep HEFT's choice. ``threads``: the cores that take a
     step's devices side by side (default: every core this process may use; the same result)."""
     from doppler.methods import _rollout_kernels as R
-    from doppler.methods._kernels import empty_schedule, heft_core, heft_place
     from doppler.methods.anneal import search_threads
     from doppler.methods.heft import heft_inputs
 
@@ -205,11 +168,11 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     order, _, arrays = heft_inputs(graph, cluster)
     n, nd = graph.num_ops, arrays[3].shape[1]
     ctx = SimContext(graph, cluster)
-    devices = heft_core(order, *arrays)[0]
+    devices = heft_list_schedule(order, *arrays)[0]
     best_s = float(ctx.simulate_many(devices[None, :])[0])
     if nd == 1:
         return devices, best_s, n  # nothing to choose
-    sim = (*ctx.static_arrays(), *ctx.noise(0.0, 0), ctx.copies_in)
+    sim = (ctx.arrays, *ctx.noise(0.0, 0))
     threads = search_threads(threads, nd - 1)
     branches = np.empty((nd - 1, n), np.int64)  # every device but HEFT's own, in device order
     makespan_s = np.empty(nd - 1)
@@ -221,7 +184,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
         v = order[h]
         own = int(devices[v])  # HEFT's choice: its branch is the current assignment, already simulated
         k = R.rollout_step(order, h, own, arrays, state[:6], sim, threads, best_s, branches, makespan_s)
-        if makespan_s[k] < best_s * (1.0 - 1e-12):
+        if makespan_s[k] < best_s * (1.0 - IMPROVE_RTOL):
             devices = branches[k].copy()
             best_s = float(makespan_s[k])
         state[3:5] = heft_place(v, devices[v], *arrays, *state)

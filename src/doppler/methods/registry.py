@@ -31,9 +31,8 @@ MethodFn = Callable[..., "Assignment | np.ndarray"]
 
 
 #: a process that has not started numba (:mod:`doppler._jit`) runs one assignment of a graph of up to this
-#: many ops as Python, by a method that allows it (``register(..., as_python=...)``): numba's import and
-#: start-up take about 1.2 s on 2 cores. Measured in fresh processes (docs/generalization_log.md): every
-#: cheap method as Python took 0.6-1.3 s in all at 1,360-3,000 ops against 1.7-2.4 s compiled
+#: many ops as Python, by a method that allows it (``register(..., as_python=...)``): up to this size a
+#: cheap method's Python run costs less than numba's import and start-up (benchmarks/cold_assign.py)
 PYTHON_ASSIGN_MAX_OPS = 3000
 
 #: ``as_python`` of a method: never, always (up to PYTHON_ASSIGN_MAX_OPS ops), or when a predicate of the
@@ -200,7 +199,7 @@ class CompareRow:
 def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None) -> CompareRow:
     """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated."""
     from doppler.report import memory_overruns
-    from doppler.simulate import traced
+    from doppler.sim import traced
 
     result = traced(graph, cluster, a)
     peak = result.peak_memory_bytes
@@ -225,7 +224,7 @@ def compare(
     methods finished; ``stats["method"]``: the one starting). ``method_kwargs[name]``: extra options of one method (e.g.
     ``{"doppler": {"checkpoint": path}}``).
     """
-    from doppler.simulate import lower_bound, simulate
+    from doppler.sim import lower_bound, simulate
 
     if not methods:
         raise MethodError("no methods to compare: give at least one method name")

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from doppler._jit import jit
-from doppler.methods.critical_path import TIE_RTOL
 from doppler.listsched import (
-    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy, place, take_candidate,
+    LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy,
+    largest_key_candidate, place, take_candidate, tied,
 )  # fmt: skip
 from doppler.policy import LEAK
 from doppler.policy.features import GraphFeatures, normalise_device_features
@@ -44,8 +44,8 @@ MODES = ("sample", "greedy", "teacher")
 #: as tied and takes the lowest id, as the rules do. Float32 rounding differs between CPUs, between
 #: BLAS kernels for different rows of one matrix, and between torch and numpy (about 1e-7 of the
 #: value): identical ops score exactly alike on one machine and one ulp apart on another, and
-#: without a tolerance the decode then takes them in another order (measured: a makespan 22%
-#: apart on ffnn / h100x8 from heads that agreed to 5e-7).
+#: without a tolerance the decode then takes them in another order, which can move a greedy
+#: makespan far.
 GREEDY_TIE_RTOL = 1e-6
 _MODE_CODE = {"sample": 0, "greedy": 1, "teacher": 2}
 
@@ -57,8 +57,8 @@ def _pick_numpy(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):
     ids = idx[:count]
     w = weights_or_scores[ids]
     top = w.max()
-    tied = ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)]
-    return int(tied.min()) if tied.size else int(ids[0])  # NaN scores compare false: take the first candidate
+    ties = ids[w >= top - GREEDY_TIE_RTOL * max(abs(top), 1.0)]
+    return int(ties.min()) if ties.size else int(ids[0])  # NaN scores compare false: take the first candidate
 
 
 @jit(cache=True, python=_pick_numpy)
@@ -141,7 +141,7 @@ def _record_view_numpy(b, h, raw, x, feats, est_tied, by_finish):
     gap = 9 if by_finish else 5
     best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
     feats[b, h] = x
-    est_tied[b, h] = raw[:, gap] <= TIE_RTOL * abs(best)
+    est_tied[b, h] = tied.py_func(raw[:, gap], best)
 
 
 def _add_row_numpy(dst, i, src, j):
@@ -158,14 +158,14 @@ def add_row(dst, i, src, j):  # pragma: no cover - compiled
 @jit(cache=True, inline="always", python=_record_view_numpy)
 def record_view(b, h, raw, x, feats, est_tied, by_finish):  # pragma: no cover - compiled
     """Record what step ``h`` of episode ``b`` saw: the normalised device features ``x`` and which
-    devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices),
-    or with ``by_finish`` for the earliest finish (HEFT's)."""
+    devices tie for the earliest start (from the raw features ``raw``; CRITICAL PATH's PLC choices,
+    :func:`~doppler.listsched.tied`), or with ``by_finish`` for the earliest finish (HEFT's)."""
     gap = 9 if by_finish else 5
     best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
     for d in range(x.shape[0]):
         for f in range(x.shape[1]):
             feats[b, h, d, f] = x[d, f]
-        est_tied[b, h, d] = raw[d, gap] <= TIE_RTOL * abs(best)
+        est_tied[b, h, d] = tied(raw[d, gap], best)
 
 
 @jit(cache=True, inline="always")
@@ -182,6 +182,31 @@ def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, pla
     for k in range(freed, ncand):
         enter_step[b, cand[k]] = h + 1
     return ncand
+
+
+@jit(cache=True, inline="always")
+def choose_device(v, ties, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits, all_devs, tied_devs,
+                  rule, ties_only, mode, u_coin, u_draw, eps):  # pragma: no cover - compiled  # fmt: skip
+    """PLC's device for op ``v`` outside teacher mode: with ``rule``, the lowest device its list schedule's
+    rule ties for first (``ties[D]``); else the learned head's pick (:func:`plc_logits_into`, :func:`pick`)
+    among those tied devices (``ties_only``) or among all of them."""
+    if rule:
+        d = 0
+        while not ties[d]:
+            d += 1
+        return d
+    if ties_only:
+        count = 0
+        for dd in range(ties.shape[0]):
+            if ties[dd]:
+                tied_devs[count] = dd
+                count += 1
+        if count == 1:  # nothing to choose: any pick of one device returns it
+            return tied_devs[0]
+        plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
+        return pick(logits, tied_devs, count, mode, u_coin, u_draw, eps)
+    plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
+    return pick(logits, all_devs, ties.shape[0], mode, u_coin, u_draw, eps)
 
 
 @jit(cache=True)
@@ -223,11 +248,7 @@ def _rollout_kernel(
                 if v < 0 or v >= n or pos[v] < 0:
                     return h
             elif sel_heuristic:
-                v = cand[0]
-                for j in range(1, ncand):
-                    c = cand[j]
-                    if sel_key[c] > sel_key[v] or (sel_key[c] == sel_key[v] and c < v):
-                        v = c
+                v = largest_key_candidate(sel_key, cand, ncand)
             else:
                 v = pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
             # ---- PLC
@@ -243,24 +264,9 @@ def _rollout_kernel(
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:
                     return h
-            elif plc_heuristic:
-                d = 0
-                while not est_tied[b, h, d]:
-                    d += 1
-            elif plc_ties_only:
-                count = 0
-                for dd in range(nd):
-                    if est_tied[b, h, dd]:
-                        tied_devs[count] = dd
-                        count += 1
-                if count == 1:  # nothing to choose: any pick of one device returns it
-                    d = tied_devs[0]
-                else:
-                    plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
-                    d = pick(logits, tied_devs, count, mode, u[2], u[3], eps)
             else:
-                plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
-                d = pick(logits, all_devs, nd, mode, u[2], u[3], eps)
+                d = choose_device(v, est_tied[b, h], x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits,
+                                  all_devs, tied_devs, plc_heuristic, plc_ties_only, mode, u[2], u[3], eps)  # fmt: skip
             if heft_model:
                 insert_busy(d, raw[d, 4], raw[d, 4] + comp[v, d], busy_start, busy_end, busy_count)
             ncand = commit_step(v, d, b, h, raw[d, 4], comp, dev, start, finish, free, assigned, placed, plc_placed,

@@ -1,7 +1,7 @@
 """The shipped policy without torch: its weights as numpy arrays and DOPPLER's encoder in numpy.
 
-Importing torch takes about 2 s on a 2-core machine, 40 times what the greedy decode of a
-240-op graph takes. ``doppler assign --method doppler`` with the shipped policy and no
+Importing torch takes many times what the greedy decode of a graph of a few hundred ops
+takes. ``doppler assign --method doppler`` with the shipped policy and no
 guided search needs no gradients, so it runs the encoder of
 :class:`~doppler.policy.networks.DopplerPolicy` here, in numpy (float32, as torch), and decodes
 with the same compiled kernel as training (:func:`doppler.policy.decode.run_heads`).
@@ -132,7 +132,7 @@ class NumpyPolicy:
 class _Edges:
     """The message edges sorted by destination, for a sum per receiving op. The ops are grouped by how
     many messages they receive, so that each group is one gather and one sum (``np.add.reduceat``
-    over the segments took 6x as long: it loops per segment)."""
+    over the segments is slower: it loops per segment)."""
 
     perm: np.ndarray  # int64[2E]: message edge order, by destination
     src: np.ndarray  # int64[2E]: their sources, in that order

@@ -22,9 +22,8 @@ from doppler.policy import BASELINE_METHODS, LEARNED_HEADS
 # ``import doppler`` registers it, and torch would add about 2 s to every command.
 
 
-#: share of guided moves in ``--budget-s`` search: 0, the policy chooses where the search starts. Moves
-#: drawn from its device preferences (a share of 0.3) were no better in two runs of
-#: benchmarks/generalization.py (1.002x and 1.001x anneal 5 s, against 1.000x and 0.999x without)
+#: share of guided moves in ``--budget-s`` search: 0, the policy chooses where the search starts (moves
+#: drawn from its device preferences were no better: benchmarks/generalization.py compares them)
 GUIDED_SHARE = 0.0
 #: the share of guided moves that benchmarks/generalization.py measures against the default
 MEASURED_GUIDED_SHARE = 0.3
@@ -36,12 +35,12 @@ SAMPLE_CHUNK = 4
 SAMPLES_BATCH = 256
 MAX_SAMPLES = 1_000_000
 #: the policy (encoder, greedy decode, samples) stops drawing samples once it has used this share of
-#: ``--budget-s``: on 3,000 ops 32 samples took 4.1 of 5 s, and left the annealer 0.3 s
+#: ``--budget-s``, so that on large graphs the annealer keeps most of the budget
 SEARCH_SAMPLE_SHARE = 0.1
 #: zero-shot (a graph or cluster the policy was not trained on), the learned device head only breaks
-#: the ties of its list schedule's rule (the shipped policy: HEFT's earliest finish). Chosen on the
-#: shifted validation split, the one for choices that should transfer (greedy / best cheap 1.113
-#: against 1.124 free); see docs/generalization_log.md. On its own graph and cluster the head chooses freely
+#: the ties of its list schedule's rule (the shipped policy: HEFT's earliest finish); chosen on the
+#: shifted validation split (the model card gives the figures). On its own graph and cluster the head
+#: chooses freely
 ZERO_SHOT_PLC_TIES_ONLY = True
 
 
@@ -101,7 +100,7 @@ def doppler_method(
     )  # fmt: skip
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
-    from doppler.simulate import context, simulate_many
+    from doppler.sim import context, simulate_many
 
     guided = bool(budget_s) and guided_share > 0
     fast = None

@@ -8,9 +8,9 @@ PLC heads (docs/design.md, The method).
   (E * H^2 floats: 4 GB at 10k ops and H = 128); since the last layer is linear,
   ``W(e) = sum_k a_k(e) W_k + W_0`` and the message is ``sum_k a_k(e) (x_j W_k)``,
   which costs E * H * (k + 1); on large graphs one basis matrix at a time (gather,
-  scale, scatter-add), so no ``[E, k + 1, H]`` tensor is ever made. We no longer use
-  PyG's ``MessagePassing`` here: its gather of all messages at once was the cost
-  that grew fastest with graph size. A test checks both paths equal ``NNConv`` with
+  scale, scatter-add), so no ``[E, k + 1, H]`` tensor is ever made. PyG's
+  ``MessagePassing`` is not used here: its gather of all messages at once is the
+  cost that grows fastest with graph size. A test checks both paths equal ``NNConv`` with
   mapped weights.
 * :class:`GraphEncoder`: K message-passing steps with shared weights and a GRU
   update (``NNConv`` + ``GRU`` as in Gilmer et al.), over the DAG's edges in both
@@ -45,8 +45,8 @@ from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeature
 
 
 #: largest [edges, basis + 1, H] gather the conv makes in one piece (bytes). Above it, one basis
-#: matrix at a time: at 10k ops the whole gather is 100 MB and its memory traffic made training
-#: grow faster than the graph; below it, the single gather is about 10% faster (llama_layer).
+#: matrix at a time, so that memory traffic grows no faster than the graph; below it, the single
+#: gather is the faster of the two.
 GATHER_ALL_MAX_BYTES = 16 << 20
 
 

@@ -1,8 +1,8 @@
 """HEFT_LOOKAHEAD (one-step rollout over HEFT) against the cheap methods and against annealing
 given the same wall-clock time.
 
-    python benchmarks/heft_lookahead.py [--max-ops 1000] [--validation 40] [--seeds 3] [--out F.json]
-    python benchmarks/heft_lookahead.py --speed [--max-ops 1000] [--validation 12] [--reps 3]
+    python benchmarks/experiments/heft_lookahead.py [--max-ops 1000] [--validation 40] [--seeds 3] [--out F.json]
+    python benchmarks/experiments/heft_lookahead.py --speed [--max-ops 1000] [--validation 12] [--reps 3]
 
 Pairs: the held-out rows of :func:`doppler.corpus.held_out_split` and the first ``--validation``
 pairs of :func:`doppler.corpus.validation_split`, each of at most ``--max-ops`` ops (the rollout
@@ -28,7 +28,7 @@ import numpy as np
 from doppler.corpus import held_out_split, validation_split
 from doppler.io_util import write_json
 from doppler.methods import assign
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 

@@ -1,4 +1,5 @@
-"""The list-schedule state shared by the CRITICAL PATH teacher and the learned policy.
+"""The list-schedule state shared by the CRITICAL PATH teacher and the learned policy (the rules that
+act on it: :mod:`doppler.listsched.rules`).
 
 A list scheduler places ops one at a time; after each placement it knows, per
 op, the device it went to and its estimated start and finish, and per device the
@@ -68,9 +69,7 @@ NUM_DEVICE_FEATURES = len(DEVICE_FEATURES)
 #: the list-schedule model PLC's device features come from, and its rule (the Stage I teacher):
 #: ``critical_path``: ops append to their device, earliest start (``EST``); ``heft``: ops go into
 #: the earliest idle gap that fits them (HEFT's insertion), earliest finish. The WC engine fills
-#: idle gaps, so the second models it better: HEFT's order and devices are 0.934x CRITICAL PATH's
-#: makespan (geometric mean) on the held-out split, and insertion accounts for all of it on
-#: equal devices.
+#: idle gaps, so the second models it better.
 LIST_SCHEDULES = ("critical_path", "heft")
 
 

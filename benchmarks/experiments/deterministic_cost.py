@@ -1,6 +1,6 @@
 """What torch's deterministic CPU kernels cost training, side by side in one run.
 
-    python benchmarks/deterministic_cost.py [--reps 4] [--episodes 320]
+    python benchmarks/experiments/deterministic_cost.py [--reps 4] [--episodes 320]
 
 Every training update runs with ``torch.use_deterministic_algorithms(True)`` on the CPU, so that
 same-seed runs with two torch threads are identical (``doppler.train._reproducible``). This runs

@@ -1,7 +1,7 @@
 """Which op features transfer? Pretrain with each feature set, judge zero-shot on the held-out split.
 
-    python benchmarks/feature_ablation.py [--train-s 300] [--seeds 1,2,3] [--sets structural,full] [--dir D]
-    python benchmarks/feature_ablation.py --eval-only --dir D     # judge runs already in D/{set}-{seed}
+    python benchmarks/experiments/feature_ablation.py [--train-s 300] [--seeds 1,2,3] [--sets structural,full] [--dir D]
+    python benchmarks/experiments/feature_ablation.py --eval-only --dir D     # judge runs already in D/{set}-{seed}
 
 ``structural`` is the paper's five static features (compute, b-level, t-level, input and output
 communication); ``full`` adds each tile's block coordinates and two op-id values, which identify
@@ -20,7 +20,7 @@ import numpy as np
 
 from doppler.methods import assign
 from doppler.corpus import held_out_split
-from doppler.simulate import simulate
+from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
 

@@ -1,6 +1,6 @@
 """Policy search against blind search at equal time: ``doppler --budget-s S`` and ``anneal --budget-s S``.
 
-    python benchmarks/budget_search.py [--budget-s 5] [--seeds 3] [--rows NAME,...] [--baselines out/baselines.json]
+    python benchmarks/experiments/budget_search.py [--budget-s 5] [--seeds 3] [--rows NAME,...] [--baselines out/baselines.json]
                                        [--long-s 60] [--threads N]
 
 On the held-out rows of :func:`doppler.corpus.held_out_split`, both searches run one after the
@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from doppler.corpus import held_out_split
 from doppler.methods import assign
-from generalization import CHEAP, geomean, makespan  # same folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: generalization.py
+from generalization import CHEAP, geomean, makespan  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """ANNEAL with pools of moves against one move per proposal, at the same wall-clock budget.
 
-    python benchmarks/anneal_pool.py [--split validation|held_out] [--budget-s 2] [--seeds 2]
+    python benchmarks/experiments/anneal_pool.py [--split validation|held_out] [--budget-s 2] [--seeds 2]
                                      [--pools 1,4] [--out F.json]
 
 Per pair (the 40 validation pairs of :func:`doppler.corpus.validation_split`, or the 10 held-out
@@ -15,15 +15,19 @@ for the pairs of 300 ops or more. Run it on a quiet machine: the budget is wall 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
-from generalization import CHEAP, geomean  # same folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: generalization.py
+from generalization import CHEAP, geomean  # noqa: E402
 
 from doppler.corpus import held_out_split, validation_split
 from doppler.io_util import write_json
 from doppler.methods import assign
 from doppler.methods.anneal import anneal_search
-from doppler.simulate import SimContext
+from doppler.sim import SimContext
 
 
 def main() -> None:

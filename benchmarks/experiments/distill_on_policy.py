@@ -1,6 +1,6 @@
 """Distillation with and without ``--distill-on-policy``, from the same Stage II run, side by side.
 
-    python benchmarks/distill_on_policy.py [--graphs chainmm,ffnn,llama_block,llama_layer] [--seeds 3]
+    python benchmarks/experiments/distill_on_policy.py [--graphs chainmm,ffnn,llama_block,llama_layer] [--seeds 3]
                                            [--cluster p100x4] [--episodes 1000] [--weights 0,1] [--no-device-identity]
                                            [--out DIR]
 

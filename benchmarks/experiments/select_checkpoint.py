@@ -1,6 +1,6 @@
 """Choose among pretraining checkpoints, or decodes, on a validation split (never the held-out one).
 
-    python benchmarks/select_checkpoint.py [--split validation|shifted|held_out] [--k 12]
+    python benchmarks/experiments/select_checkpoint.py [--split validation|shifted|held_out] [--k 12]
         [--plc default|ties|free|both] CKPT|shipped [CKPT ...]
 
 For each checkpoint: the geometric mean over :func:`doppler.corpus.validation_split` (``--k``
