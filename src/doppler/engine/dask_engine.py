@@ -15,11 +15,9 @@ Cluster
     thread each, work stealing, the active memory manager, the profiler and
     memory limits (spilling) off. It is cached per device count for the life of
     the process (repeated runs do not pay start-up) until :func:`~doppler.engine.dask_cluster.close_clusters`
-    (registered with :mod:`atexit`). A failed run discards its cluster (or its
-    client, for an external scheduler), so the next run gets a healthy one.
-    Reaching an external scheduler waits at most ``timeout_s`` (capped at
-    ``SETUP_TIMEOUT_S``); starting the LocalCluster at most ``SETUP_TIMEOUT_S``
-    (:mod:`~doppler.engine.dask_cluster`).
+    (registered with :mod:`atexit`). A failed run discards its cluster (or its client, for an external
+    scheduler). Reaching a scheduler waits at most ``timeout_s`` (capped at ``SETUP_TIMEOUT_S``),
+    starting the LocalCluster at most ``SETUP_TIMEOUT_S`` (:mod:`~doppler.engine.dask_cluster`).
 
 Execution
     Input tiles are scattered to their device's worker before the clock starts
