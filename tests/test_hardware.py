@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from doppler.cluster_file import cluster_from_json, load_cluster
 from doppler.graph import OpKind, from_edges
 from doppler.hardware import Cluster, ClusterError, Device, homogeneous
 from doppler.presets import cluster
@@ -36,13 +37,13 @@ def _obj() -> dict:
 
 
 def test_from_json_minimal_and_default_link() -> None:
-    c = Cluster.from_json(_obj())
+    c = cluster_from_json(_obj())
     assert c.bandwidth_Bps[0, 1] == 1e9 and c.bandwidth_Bps[1, 0] == 2e9
     assert c.devices[1].streams == 2 and c.devices[0].memory_bytes == float("inf")
     obj = _obj()
     obj["devices"].append({"name": "c", "flops_per_s": 1.0})
     obj["default_link"] = {"bandwidth_Bps": 5.0, "latency_s": 0.5}
-    c3 = Cluster.from_json(obj)
+    c3 = cluster_from_json(obj)
     assert c3.bandwidth_Bps[2, 0] == 5.0 and c3.latency_s[0, 2] == 0.5 and c3.bandwidth_Bps[0, 1] == 1e9
 
 
@@ -137,7 +138,7 @@ def test_overheads_add_to_compute_time_and_survive_the_file_format(tmp_path) -> 
     np.testing.assert_allclose(cl.compute_time_s(g)[:, 0], [4 / 2 + 0.5, 8 / 2 + 1.5])
     p = tmp_path / "c.json"
     cl.save(p)
-    back = Cluster.load(p)
+    back = load_cluster(p)
     np.testing.assert_allclose(back.compute_time_s(g), cl.compute_time_s(g))
     assert not back.is_homogeneous() or back.num_devices == 1
 
@@ -152,7 +153,7 @@ def test_bad_overheads_are_errors_naming_the_device(tmp_path, field, value, need
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(obj))
     with pytest.raises(ClusterError, match=needle) as e:
-        Cluster.load(p)
+        load_cluster(p)
     assert "cpu0" in str(e.value)
 
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import doppler.train as train_module
 from doppler import cluster, workloads
+from doppler.cluster_file import cluster_from_json
 from doppler.hardware import Cluster
 from doppler.methods import assign
 from doppler.cli import app
@@ -286,7 +287,7 @@ def test_device_identity_starts_at_zero_trains_and_applies_on_its_own_cluster_on
     from doppler.policy.checkpoint import identity_serves
 
     assert identity_serves(ck, cluster("unit:3")) and not identity_serves(ck, slower)
-    renamed = Cluster.from_json({**cluster("unit:3").to_json(), "name": "my-3", "meta": {"site": "lab"}})
+    renamed = cluster_from_json({**cluster("unit:3").to_json(), "name": "my-3", "meta": {"site": "lab"}})
     assert identity_serves(ck, renamed)  # the same devices and links under another name
     assert not identity_serves(read_checkpoint(PRETRAINED_CHECKPOINT), cluster("unit:3"))  # it has none
     _usage_error(_run("train", g, "-c", "unit:2", "--method", "gdp", "--device-identity", "-o", tmp_path / "r"),

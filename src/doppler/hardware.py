@@ -376,24 +376,9 @@ class Cluster:
             "meta": to_jsonable(self.meta),
         }
 
-    @classmethod
-    def from_json(cls, obj: Any, source: str = "") -> "Cluster":
-        """Build and validate a cluster from :meth:`to_json` output; errors are prefixed by ``source``
-        (the parsing lives in :mod:`doppler.cluster_file`)."""
-        from doppler.cluster_file import cluster_from_json
-
-        return cluster_from_json(obj, source)
-
     def save(self, path: str | Path) -> None:
         """Write the cluster as JSON, atomically."""
         write_json(path, self.to_json(), indent=1)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Cluster":
-        """Read a cluster JSON file; ClusterError names the file and field on any problem."""
-        from doppler.cluster_file import load_cluster
-
-        return load_cluster(path)
 
     def __repr__(self) -> str:
         return f"Cluster(name={self.name!r}, devices={self.num_devices})"

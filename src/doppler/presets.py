@@ -53,6 +53,7 @@ from typing import Callable
 
 import numpy as np
 
+from doppler.cluster_file import load_cluster
 from doppler.hardware import MAX_DEVICES, Cluster, ClusterError, Device, homogeneous
 
 #: op kinds whose kernels are limited by memory bandwidth rather than FLOP/s (see module docstring)
@@ -189,7 +190,7 @@ def cluster(name_or_path: "str | Path | Cluster") -> Cluster:
     if isinstance(name_or_path, Cluster):
         return name_or_path
     if isinstance(name_or_path, Path):
-        return Cluster.load(name_or_path)
+        return load_cluster(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ClusterError(f"a cluster must be a preset name or a JSON file path, got {name_or_path!r}")
     text = name_or_path.strip()
@@ -215,6 +216,6 @@ def cluster(name_or_path: "str | Path | Cluster") -> Cluster:
         return builder(count)
     p = Path(text)
     if p.suffix.lower() == ".json" or p.exists() or "/" in text or "\\" in text:
-        return Cluster.load(p)
+        return load_cluster(p)
     known = ", ".join(PRESETS)
     raise ClusterError(f"unknown cluster {text!r}: not a preset ({known}, optionally with :N) nor a cluster JSON file")

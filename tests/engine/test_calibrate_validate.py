@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
+from doppler.cluster_file import cluster_from_json
 from doppler.engine import EngineError
 from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.validate import agreement, validate, validation_assignments
@@ -47,7 +48,7 @@ def test_fit_cluster_recovers_the_costs_of_a_simulated_run() -> None:
         assert fit.overhead_matrix()[k, 1] == pytest.approx(over[label], rel=1e-6, abs=1e-12)
     assert fit.bandwidth_Bps[0, 1] == pytest.approx(3e9, rel=1e-6)
     assert fit.latency_s[1, 0] == pytest.approx(6e-5, rel=1e-6)
-    back = Cluster.from_json(fit.to_json())  # the overheads survive the file format
+    back = cluster_from_json(fit.to_json())  # the overheads survive the file format
     a = rng.integers(0, 2, g.num_ops)
     assert simulate(g, back, a).makespan_s == pytest.approx(simulate(g, truth, a).makespan_s, rel=1e-6)
 
@@ -75,7 +76,7 @@ def test_fit_cluster_recovers_links_when_devices_make_their_copies() -> None:
     assert fit.bandwidth_Bps[1, 0] == pytest.approx(4e9, rel=1e-6)
     assert fit.devices[0].overhead_s == pytest.approx(0.0, abs=1e-12)  # no dispatch gaps in a simulated trace
     a = rng.integers(0, 2, g.num_ops)
-    back = Cluster.from_json(fit.to_json())
+    back = cluster_from_json(fit.to_json())
     assert back.copies_inbound.all()
     assert simulate(g, back, a).makespan_s == pytest.approx(simulate(g, truth, a).makespan_s, rel=1e-6)
     assert not replace(devs[0], copies_inbound=False).copies_inbound
