@@ -11,8 +11,7 @@ enumerative, round_robin_block and metis): lower is better, below 1 beats every 
 
 Columns: the five cheap methods; anneal at ``--budget-s`` and at ``--anneal-long-s`` seconds;
 DOPPLER zero-shot greedy, best of 64 samples, and ``--budget-s`` of search from the policy's best
-decode (the default, ``guided_share=0``; and with a share of moves drawn from the policy's device
-preferences, ``MEASURED_GUIDED_SHARE``); fine-tuned for
+decode; fine-tuned for
 ``--finetune-episodes`` from the pretrained policy on the first ``--finetune-rows`` rows, with its
 ``structural`` op features / widened to ``full`` ones (``--op-features full``), each with a
 learned state per device as ``doppler train`` has by default (``--no-device-identity``: without);
@@ -45,7 +44,6 @@ from pathlib import Path
 import numpy as np
 
 from doppler.methods import assign
-from doppler.policy.method import MEASURED_GUIDED_SHARE
 from doppler.corpus import held_out_split
 from doppler.presets import DGX1_V100_NVLINKS, cluster
 from doppler.io_util import write_json
@@ -106,7 +104,7 @@ def nvlink_byte_share(graph, devices: np.ndarray) -> float:
 
 #: the table's columns in the ``--chart`` bars (row key -> legend label)
 CHART_COLUMNS = {"heft": "heft", "greedy": "DOPPLER zero-shot greedy", "anneal_short": "anneal {b:g} s",
-                 "unguided": "DOPPLER --budget-s {b:g}", "anneal_long": "anneal {l:g} s"}  # fmt: skip
+                 "search": "DOPPLER --budget-s {b:g}", "anneal_long": "anneal {l:g} s"}  # fmt: skip
 
 
 def chart(rows: list[dict], path: str, budget_s: float, anneal_long_s: float) -> None:
@@ -181,8 +179,8 @@ def main() -> None:
     rows = []
     ident = ", no device identity" if args.device_identity is False else ""
     header = (f"| graph / cluster | ops | dev | {' | '.join(CHEAP)} | best cheap (ms) | anneal {args.budget_s:g}s | "
-              f"anneal {args.anneal_long_s:g}s | zero-shot greedy | best of 64 | doppler {args.budget_s:g}s guided moves | "
-              f"doppler {args.budget_s:g}s (default) | fine-tuned (structural / full{ident}) | greedy time (s) |")
+              f"anneal {args.anneal_long_s:g}s | zero-shot greedy | best of 64 | "
+              f"doppler {args.budget_s:g}s | fine-tuned (structural / full{ident}) | greedy time (s) |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1), flush=True)
     settings = {"seeds": args.seeds, "budget_s": args.budget_s, "anneal_long_s": args.anneal_long_s}
@@ -215,12 +213,8 @@ def main() -> None:
         a = assign(g, cl, "doppler", **kw)
         r["greedy"], r["greedy_time_s"] = makespan(g, cl, a) / ref, a.assign_time_s
         r["best64"] = makespan(g, cl, assign(g, cl, "doppler", samples=64, **kw)) / ref
-        # "unguided" is the default (the policy chooses the start); "guided" adds moves from its preferences
-        r["unguided"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "doppler", seed=s, budget_s=args.budget_s,
+        r["search"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "doppler", seed=s, budget_s=args.budget_s,
                                                                 **kw)) / ref, args.seeds)  # fmt: skip
-        r["guided"] = seeded(lambda s: makespan(g, cl, assign(g, cl, "doppler", seed=s, budget_s=args.budget_s,
-                                                              guided_share=MEASURED_GUIDED_SHARE, **kw)) / ref,
-                             args.seeds)  # fmt: skip
         r["finetuned"] = r["finetuned_full"] = None
         if i < args.finetune_rows:
             _, dev, r["finetune_s"], _ = tune(g, cl, args.finetune_episodes, str(ckpt), None, args.device_identity)
@@ -232,8 +226,8 @@ def main() -> None:
         ft = "-" if r["finetuned"] is None else f"{r['finetuned']:.3f} / {r['finetuned_full']:.3f}"
         print(f"| {case.name} | {g.num_ops} | {cl.num_devices} | " + " | ".join(f"{r[m]:.3f}" for m in CHEAP)
               + f" | {ref * 1e3:.3g} | {r['anneal_short'][0]:.3f} ±{r['anneal_short'][1]:.3f} | {r['anneal_long']:.3f} | "
-              f"{r['greedy']:.3f} | {r['best64']:.3f} | {r['guided'][0]:.3f} ±{r['guided'][1]:.3f} | "
-              f"{r['unguided'][0]:.3f} ±{r['unguided'][1]:.3f} | {ft} | {r['greedy_time_s']:.2f} |", flush=True)
+              f"{r['greedy']:.3f} | {r['best64']:.3f} | "
+              f"{r['search'][0]:.3f} ±{r['search'][1]:.3f} | {ft} | {r['greedy_time_s']:.2f} |", flush=True)
 
     if args.baselines_only:
         return
@@ -245,10 +239,8 @@ def main() -> None:
         "greedy_vs_critical_path_geomean": geomean(r["greedy"] / r["critical_path"] for r in rows),
         "greedy_vs_anneal_long_geomean": geomean(r["greedy"] / r["anneal_long"] for r in rows),
         "best64_vs_best_cheap_geomean": geomean(r["best64"] for r in rows),
-        "guided_vs_anneal_long_geomean": geomean(r["guided"][0] / r["anneal_long"] for r in rows),
-        "unguided_vs_anneal_long_geomean": geomean(r["unguided"][0] / r["anneal_long"] for r in rows),
-        "guided_vs_anneal_short_geomean": geomean(r["guided"][0] / r["anneal_short"][0] for r in rows),
-        "unguided_vs_anneal_short_geomean": geomean(r["unguided"][0] / r["anneal_short"][0] for r in rows),
+        "search_vs_anneal_long_geomean": geomean(r["search"][0] / r["anneal_long"] for r in rows),
+        "search_vs_anneal_short_geomean": geomean(r["search"][0] / r["anneal_short"][0] for r in rows),
         "anneal_short_vs_best_cheap_geomean": geomean(r["anneal_short"][0] for r in rows),
         "anneal_long_vs_best_cheap_geomean": geomean(r["anneal_long"] for r in rows),
         "max_greedy_time_s_up_to_1000_ops": max((r["greedy_time_s"] for r in small), default=float("nan")),

@@ -11,6 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 import doppler.train as train_module
+import doppler.train.tasks as tasks_module
+import doppler.train.trainer as trainer_module
 from doppler import cluster, workloads
 from doppler.cluster_file import cluster_from_json
 from doppler.hardware import Cluster
@@ -356,7 +358,7 @@ def test_pretrain_init_cli(tmp_path):
 def test_init_runs_decode_only_the_rules_tied_devices(tmp_path, monkeypatch):
     """Every sampled and greedy episode of a ``from_init`` run chooses devices among the rule's ties."""
     seen = []
-    real_rollout = train_module.rollout
+    real_rollout = trainer_module.rollout
 
     def spy(gf, enc, **kw):
         ro = real_rollout(gf, enc, **kw)
@@ -367,7 +369,8 @@ def test_init_runs_decode_only_the_rules_tied_devices(tmp_path, monkeypatch):
     base = Pretrainer.create(pretrain_config(**{**TINY, "il_episodes": 4}), budget_s=3600)
     _updates(base, 1)
     base.save(tmp_path)
-    monkeypatch.setattr(train_module, "rollout", spy)
+    monkeypatch.setattr(trainer_module, "rollout", spy)  # the sampled episodes
+    monkeypatch.setattr(tasks_module, "rollout", spy)  # the greedy decodes
     _updates(Pretrainer.from_init(tmp_path, budget_s=3600), 2)
     assert len(seen) >= 4
     for ro in seen:

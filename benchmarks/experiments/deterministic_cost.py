@@ -3,7 +3,7 @@
     python benchmarks/experiments/deterministic_cost.py [--reps 4] [--episodes 320]
 
 Every training update runs with ``torch.use_deterministic_algorithms(True)`` on the CPU, so that
-same-seed runs with two torch threads are identical (``doppler.train._reproducible``). This runs
+same-seed runs with two torch threads are identical (``doppler.train.trainer._reproducible``). This runs
 the same short training (llama_layer / p100x4, 64 imitation and ``--episodes`` Stage II episodes,
 two torch threads, no searches) with the flag and with it made a no-op, interleaved per
 repetition (the first repetition is warm-up and not counted), and prints the median episodes per

@@ -42,12 +42,13 @@ from typing import Any
 import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
-from doppler.io_util import file_sha256, make_run_dir
+from doppler.io_util import file_sha256
 from doppler.policy.checkpoint import (PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, require_training_state,
                                        write_checkpoint)  # fmt: skip
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.train import (TrainConfig, Trainer, TrainError, config_to_json, history_from_json, load_optimizer_state,
-                           loading_state, make_task, saved_config)  # fmt: skip
+from doppler.train.config import TrainConfig, TrainError, config_to_json, saved_config
+from doppler.train.state import history_from_json, loading_state
+from doppler.train.trainer import Trainer
 
 __all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
 
@@ -121,7 +122,7 @@ class Pretrainer:
         pt = cls.create(cfg, budget_s, checkpoint_every_s, rank=rank)
         tr = pt.trainer
         with loading_state(init):
-            _load_weights_and_counters(tr, ck)
+            tr.load_weights(ck)
             meta = json.loads(ck["pretrain"])
             pt.init = {"checkpoint": str(init), "sha256": file_sha256(init),
                        "updates": int(meta["updates"]), "elapsed_s": float(meta["elapsed_s"])}  # fmt: skip
@@ -137,21 +138,20 @@ class Pretrainer:
         ``il_episodes``, then Stage II with search)."""
         tr, cfg = self.trainer, self.cfg
         pairs = [sample_pair(self.corpus_rng) for _ in range(cfg.pairs_per_update)]
-        tr.tasks = [make_task(g, c, cfg) for g, c in pairs]
+        tr.use_pairs(pairs)
         if tr.il_episode < cfg.il_episodes:
             stats = tr.imitation_update()
             stage = "il"
         else:
             best_cheap_s, search_s = [], []
             for i, task in enumerate(tr.tasks):
-                tr._seed_incumbent(task, cfg.sim_seed_methods)
+                tr.seed_incumbent(task, cfg.sim_seed_methods)
                 best_cheap_s.append(task.best_makespan_s)
                 if cfg.search_evals > 0:
-                    tr._search_incumbent(task, seed=cfg.seed + self.updates * cfg.pairs_per_update + i)
+                    tr.search_incumbent(task, seed=cfg.seed + self.updates * cfg.pairs_per_update + i)
                 search_s.append(task.best_makespan_s)
             frac = min(self.elapsed_s / self.budget_s, 1.0)
-            stats = tr._reinforce(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start)
-            tr.episode += cfg.batch * len(tr.tasks)
+            stats = tr.sim_update(cfg.lr + (cfg.lr_final - cfg.lr) * frac, cfg.eps_start)
             stats["greedy_vs_cheap"] = float(np.mean([t.greedy_ratio * t.lower_bound_s / b
                                                       for t, b in zip(tr.tasks, best_cheap_s)]))
             stats["search_vs_cheap"] = float(np.mean(np.divide(search_s, best_cheap_s)))
@@ -166,10 +166,8 @@ class Pretrainer:
         (a resumed run with no budget left makes no update and leaves its checkpoint as it is)."""
         run_dir = Path(run_dir) if run_dir is not None else None
         start = self.updates
-        if run_dir is not None and self.trainer.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.trainer.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")))  # (a file there: exit 2)
+        if run_dir is not None:
+            self.trainer.open_writer(run_dir)
         last_save = time.perf_counter()
         while self.elapsed_s < self.budget_s:
             t0 = time.perf_counter()
@@ -239,7 +237,7 @@ class Pretrainer:
         pt = cls.create(cfg, budget_s)
         tr = pt.trainer
         with loading_state(ckpt):
-            _load_weights_and_counters(tr, ck)
+            tr.load_weights(ck)
             torch.set_rng_state(ck["torch_rng"])
             tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
             pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
@@ -279,10 +277,3 @@ def _streams(seed: int, rank: int) -> tuple[np.random.Generator, np.random.Gener
     if rank == 0:
         return np.random.default_rng(seed + 1), None
     return np.random.default_rng([seed + 1, rank]), np.random.default_rng([seed, rank])
-
-
-def _load_weights_and_counters(tr: Trainer, ck: dict[str, Any]) -> None:
-    """A checkpoint's policy weights, optimizer state and episode counters into trainer ``tr``."""
-    tr.policy.load_state_dict(ck["state_dict"])
-    load_optimizer_state(tr.optimizer, ck["optimizer"])
-    tr.il_episode, tr.episode = int(ck["il_episode"]), int(ck["episode"])

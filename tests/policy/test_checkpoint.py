@@ -16,7 +16,8 @@ from doppler import workloads
 from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
 from doppler.presets import cluster
 from doppler.torch_files import load_plain
-from doppler.train import TrainConfig, Trainer, TrainError, config_from_json
+from doppler.train import TrainConfig, Trainer, TrainError
+from doppler.train.config import config_from_json
 
 TINY = dict(hidden=8, mlp_hidden=8, mp_steps=1, torch_threads=1)
 

@@ -86,15 +86,6 @@ def trainer_from_init(graphs: list, cl, cfg, init: str, op_features: str | None 
     return trainer
 
 
-#: ``train``'s options that configure a run, and the TrainConfig field each one sets
-RUN_OPTIONS = {"stages": "stages", "il_episodes": "il_episodes", "batch": "batch", "method": "method", "teacher": "teacher",
-               "list_schedule": "list_schedule", "baseline": "baseline", "self_improve": "self_improve_coef", "seed": "seed",
-               "warm_start": "sim_seed_methods", "search_every": "search_every", "distill_on_policy": "distill_on_policy",
-               "search_evals": "search_evals", "real_episodes": "real_episodes", "engine": "engine",
-               "engine_device_type": "engine_device_type", "device": "device", "threads": "torch_threads",
-               "op_features": "op_features", "device_identity": "device_identity"}  # fmt: skip
-
-
 def _typed_options(ctx: typer.Context) -> dict[str, Any]:
     """The command's parameters the user gave (on the command line or from the environment), by name."""
     return {p.name: p for p in ctx.command.params
@@ -105,7 +96,11 @@ def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) ->
     """``--resume`` continues a run as it was configured: an option typed on the command line (``typed``) that
     differs from the run's own is refused (it would be ignored), and so is ``--episodes`` below the Stage II
     episodes the run has already done."""
+    from doppler.train.config import RUN_OPTIONS
+
     for name, field in RUN_OPTIONS.items():
+        if name == "episodes":  # (it may extend Stage II: below)
+            continue
         mine, theirs = getattr(cfg, field), getattr(trainer.cfg, field)
         if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
             mine, theirs = tuple(mine), tuple(theirs)
@@ -114,6 +109,8 @@ def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) ->
             given = (p.opts[0] if mine else p.secondary_opts[0]) if isinstance(mine, bool) else f"{p.opts[0]} {mine}"
             raise UserError(f"--resume continues {run_dir} as it was configured: {given} differs from the run's "
                             f"{theirs} (leave it out, or start a new run with another -o)")  # fmt: skip
+    if "set_" in typed:
+        raise UserError(f"--resume continues {run_dir} as it was configured: leave out --set")
     if "episodes" in typed and cfg.episodes < trainer.episode:
         raise UserError(f"--episodes {cfg.episodes}: the run in {run_dir} has already done {trainer.episode} Stage II "
                         "episodes (--resume can only extend it)")  # fmt: skip
@@ -151,7 +148,7 @@ def train_cmd(
     il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes (default: 1024), rounded up to whole updates."),
     batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass (default: 8)."),
     method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step)."),
-    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path, lookahead (one-step rollout of critical_path, on the states the policy visits), heft, heft_lookahead (its one-step rollout, at most 10 s), enumerative, anneal."),
+    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path (the list-schedule rule, on the states the policy visits), or a method whose assignment is cloned: heft, heft_lookahead (at most 10 s), enumerative, anneal (10 s)."),
     list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) (default: critical_path; with --init: the checkpoint's)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo (default: loo)."),
     self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off (default: 1.0)."),
@@ -170,13 +167,14 @@ def train_cmd(
     op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: full; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
     device_identity: Optional[bool] = typer.Option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc)."),
+    set_: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE", help="Any other hyper-parameter of the run (repeatable), e.g. lr=1e-3, hidden=64, distill_updates=0 (docs/doppler.md, Training configuration, lists them)."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
     with handle_errors():
         hold_outputs(ctx, dirs={"": output})  # one writer: before torch's import and before the run is read or checked
         from doppler.policy.checkpoint import CheckpointError
-        from doppler.train import INIT_SEARCH_EVALS, TrainConfig, TrainError
+        from doppler.train.config import INIT_SEARCH_EVALS, TrainConfig, TrainError, set_fields
 
         try:
             given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
@@ -194,7 +192,11 @@ def train_cmd(
                               list_schedule=list_schedule or "critical_path",
                               engine_device_type=engine_device_type, device=device, device_identity=device_identity,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
+            cfg = set_fields(cfg, set_)
             cfg.validate()
+            shaped = [item for item in set_ if item.partition("=")[0].strip() in ("hidden", "mp_steps", "mlp_hidden")]
+            if init is not None and shaped:
+                raise UserError(f"--set {shaped[0]}: the policy's sizes come from the --init checkpoint: leave it out")
             if init is not None and list_schedule is not None:
                 raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
                                 "model): leave it out")  # fmt: skip

@@ -69,18 +69,11 @@ def move_op(a, v, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log):  # prag
 
 
 @numba.njit(cache=True)
-def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share,
-               log):  # pragma: no cover - compiled  # fmt: skip
+def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, log):  # pragma: no cover - compiled
     """Mutate ``a`` in place with one random move (see :mod:`doppler.methods.anneal`); always changes
-    something when there are two devices or more. ``pref_cdf[n, D]`` (cumulative rows; 0 rows: none)
-    draws a ``guided_share`` of the moves from a learned device preference. Every write is logged in
-    ``log`` (see :func:`_put`; empty: none)."""
+    something when there are two devices or more. Every write is logged in ``log`` (see :func:`_put`;
+    empty: none)."""
     n = a.shape[0]
-    if guided_share > 0.0 and rng.random() < guided_share:
-        v = rng.integers(0, n)
-        d = min(np.searchsorted(pref_cdf[v], rng.random() * pref_cdf[v, nd - 1], side="right"), nd - 1)
-        _put(a, v, d if d != a[v] else _other_device(rng, nd, a[v]), log)
-        return
     r = rng.random()
     if r < 0.35:  # single op: to a random other device, or to a neighbour's
         move_op(a, rng.integers(0, n), rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
@@ -233,44 +226,33 @@ def critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_id
 
 
 @numba.njit(cache=True)
-def draw_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, crit,
-              ncrit, critical_share, log):  # pragma: no cover - compiled  # fmt: skip
+def draw_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, ncrit, critical_share,
+              log):  # pragma: no cover - compiled  # fmt: skip
     """One of the annealer's moves on ``a``, in place: a :func:`critical_move` with probability
     ``critical_share``, else an :func:`apply_move`; returns whether it was a critical one."""
     is_crit = critical_share > 0.0 and rng.random() < critical_share
     if is_crit:
         critical_move(a, crit, ncrit, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log)
     else:
-        apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, log)
+        apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, log)
     return is_crit
 
 
-#: the features of a proposed move that :func:`move_score` reads (:func:`move_features`)
-NUM_MOVE_FEATURES = 10
-
-
 @numba.njit(cache=True)
-def move_features(a, log, stamp, tag, old_dev, load, new_load, on_crit, is_critical, comp, out_bytes, lat, bw,
-                  pred_ptr, pred_idx, succ_ptr, succ_idx, cur_ms, out):  # pragma: no cover - compiled  # fmt: skip
-    """Features of the move just applied to ``a`` (its writes in ``log``, see :func:`_put`), against the
-    assignment before it, into ``out``; all times over ``cur_ms``, the makespan before the move:
-    0. log(1 + ops moved); 1. compute time added; 2. transfer time added on the edges of the moved ops
-    (latency + bytes / bandwidth per edge that crosses devices: an output sent to several consumers on one
-    device counts once per consumer, where the simulator may send it once); 3. share of the moved ops on the
-    critical chain (``on_crit``); 4. whether any is; 5. compute time added on the chain; 6. transfer time
-    added on edges of the chain; 7. the most loaded device's load added (``load``: compute time per
-    device before the move); 8. mean load of the ops' new devices minus their old ones'; 9. whether it is
-    a critical-chain move. ``stamp``/``old_dev``: scratch of length n, every ``stamp`` below ``tag`` on
-    entry (this call marks ``tag`` and ``tag + 1``); ``new_load``: scratch of length D."""
-    nd = load.shape[0]
-    moved = 0
+def time_added(a, log, stamp, tag, old_dev, comp, out_bytes, lat, bw, pred_ptr, pred_idx, succ_ptr, succ_idx,
+               cur_ms):  # pragma: no cover - compiled  # fmt: skip
+    """The score of the move just applied to ``a`` (its writes in ``log``, see :func:`_put`): the compute
+    time it adds plus the transfer time it adds on the edges of the moved ops (latency + bytes / bandwidth
+    per edge that crosses devices: an output sent to several consumers on one device counts once per
+    consumer, where the simulator may send it once), each over ``cur_ms``, the makespan before the move;
+    less is better. ``stamp``/``old_dev``: scratch of length n, every ``stamp`` below ``tag`` on entry
+    (this call marks ``tag`` and ``tag + 1``)."""
     for k in range(log[0]):  # the first write of an op holds its device before the move
         v = log[1 + 2 * k]
         if stamp[v] != tag:
             stamp[v] = tag
             old_dev[v] = log[2 + 2 * k]
-    new_load[:] = load
-    dcomp = dcomm = crit_n = dcomp_crit = dcomm_crit = dtarget = 0.0
+    dcomp = dcomm = 0.0
     for k in range(log[0]):
         v = log[1 + 2 * k]
         if stamp[v] != tag:  # counted already (an op written twice)
@@ -279,45 +261,17 @@ def move_features(a, log, stamp, tag, old_dev, load, new_load, on_crit, is_criti
         d0, d1 = old_dev[v], a[v]
         if d0 == d1:
             continue
-        moved += 1
-        c = comp[v, d1] - comp[v, d0]
-        dcomp += c
-        new_load[d0] -= comp[v, d0]
-        new_load[d1] += comp[v, d1]
-        dtarget += load[d1] - load[d0]
-        if on_crit[v]:
-            crit_n += 1.0
-            dcomp_crit += c
+        dcomp += comp[v, d1] - comp[v, d0]
         for p in range(pred_ptr[v], pred_ptr[v + 1]):  # edges into v: both ends' devices before and after
             u = pred_idx[p]
             u0 = old_dev[u] if stamp[u] >= tag else a[u]
-            t = _edge_s(a[u], d1, u, out_bytes, lat, bw) - _edge_s(u0, d0, u, out_bytes, lat, bw)
-            dcomm += t
-            if on_crit[u] and on_crit[v]:
-                dcomm_crit += t
+            dcomm += _edge_s(a[u], d1, u, out_bytes, lat, bw) - _edge_s(u0, d0, u, out_bytes, lat, bw)
         for p in range(succ_ptr[v], succ_ptr[v + 1]):  # edges out of v to ops that did not move (the rest: above)
             w = succ_idx[p]
             if stamp[w] >= tag and old_dev[w] != a[w]:
                 continue
-            t = _edge_s(d1, a[w], v, out_bytes, lat, bw) - _edge_s(d0, a[w], v, out_bytes, lat, bw)
-            dcomm += t
-            if on_crit[w] and on_crit[v]:
-                dcomm_crit += t
-    m = max(moved, 1)
-    max_old = max_new = 0.0
-    for d in range(nd):
-        max_old = max(max_old, load[d])
-        max_new = max(max_new, new_load[d])
-    out[0] = math.log1p(moved)
-    out[1] = dcomp / cur_ms
-    out[2] = dcomm / cur_ms
-    out[3] = crit_n / m
-    out[4] = 1.0 if crit_n > 0 else 0.0
-    out[5] = dcomp_crit / cur_ms
-    out[6] = dcomm_crit / cur_ms
-    out[7] = (max_new - max_old) / cur_ms
-    out[8] = dtarget / m / cur_ms
-    out[9] = 1.0 if is_critical else 0.0
+            dcomm += _edge_s(d1, a[w], v, out_bytes, lat, bw) - _edge_s(d0, a[w], v, out_bytes, lat, bw)
+    return dcomp / cur_ms + dcomm / cur_ms
 
 
 @numba.njit(cache=True, inline="always")
@@ -329,42 +283,23 @@ def _edge_s(d0, d1, u, out_bytes, lat, bw):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def move_score(x, mu, sd, w, b, w1, b1, w2):  # pragma: no cover - compiled
-    """A move's score (higher: more likely to lower the makespan): ``b + w.z + w2.relu(w1 z + b1)`` with
-    ``z = (x - mu) / sd`` (no hidden units: linear)."""
-    z = (x - mu) / sd
-    s = b
-    for j in range(z.shape[0]):
-        s += w[j] * z[j]
-    for h in range(b1.shape[0]):
-        t = b1[h]
-        for j in range(z.shape[0]):
-            t += w1[h, j] * z[j]
-        if t > 0.0:
-            s += w2[h] * t
-    return s
-
-
-@numba.njit(cache=True)
-def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                    guided_share, crit, ncrit, critical_share, log, best_log, stamp, tag, old_dev, load, new_load,
-                    on_crit, comp, out_bytes, lat, bw, cur_ms, scorer, feats):  # pragma: no cover - compiled  # fmt: skip
-    """Into ``row``: the best-scored (:func:`move_score`) of ``pool`` moves of ``cur``, each drawn as the
-    annealer draws one (a critical-chain move with probability ``critical_share``). The moves are
-    applied to ``cur`` and undone (``cur`` is unchanged after); the first is kept unless a later one
-    scores higher (so a score of NaN still gives a move). Returns the next free ``tag`` (every ``stamp``
-    below it; see :func:`move_features`)."""
-    mu, sd, w, b, w1, b1, w2 = scorer
+def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, ncrit,
+                    critical_share, log, best_log, stamp, tag, old_dev, comp, out_bytes, lat, bw,
+                    cur_ms):  # pragma: no cover - compiled  # fmt: skip
+    """Into ``row``: of ``pool`` moves of ``cur``, each drawn as the annealer draws one (a critical-chain
+    move with probability ``critical_share``), the one that adds the least time (:func:`time_added`).
+    The moves are applied to ``cur`` and undone (``cur`` is unchanged after); the first is kept unless a
+    later one adds less (so a score of NaN still gives a move). Returns the next free ``tag`` (every
+    ``stamp`` below it; see :func:`time_added`)."""
     best_s = -np.inf
     best_log[0] = 0
     for k in range(pool):
         log[0] = 0
-        is_crit = draw_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                            guided_share, crit, ncrit, critical_share, log)  # fmt: skip
-        move_features(cur, log, stamp, tag, old_dev, load, new_load, on_crit, is_crit, comp, out_bytes, lat, bw,
-                      pred_ptr, pred_idx, succ_ptr, succ_idx, cur_ms, feats)  # fmt: skip
+        draw_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, ncrit, critical_share,
+                  log)  # fmt: skip
+        s = -time_added(cur, log, stamp, tag, old_dev, comp, out_bytes, lat, bw, pred_ptr, pred_idx, succ_ptr,
+                        succ_idx, cur_ms)  # fmt: skip
         tag += 2
-        s = move_score(feats, mu, sd, w, b, w1, b1, w2)
         if k == 0 or s > best_s:  # keep the move as (op, new device) pairs
             best_s = s
             best_log[0] = log[0]
@@ -379,19 +314,11 @@ def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_
     return tag
 
 
-@numba.njit(cache=True, inline="always")
-def _mark_chain(crit, ncrit, on_crit):  # pragma: no cover - compiled
-    """``on_crit[v]``: whether op ``v`` is on the chain ``crit[:ncrit]``."""
-    on_crit[:] = False
-    for k in range(ncrit):
-        on_crit[crit[k]] = True
-
-
 @numba.njit(cache=True, parallel=PRANGE_ONLY)
 def anneal_batches(
     sim, cur, best, crit, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio,
-    optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf, guided_share, threads,
-    critical_share, critical_refresh, prune, pool, scorer,
+    optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, threads, critical_share,
+    critical_refresh, prune, pool,
 ):  # pragma: no cover - compiled
     """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``crit``,
     ``counts``, ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate
@@ -402,8 +329,8 @@ def anneal_batches(
     early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``. ``prune``: simulate a
     proposal only until it is sure to lose to an earlier one of its thread's rows or to be refused by
     the Metropolis rule (:func:`~doppler.sim.kernel.sim_rows`; the same search). ``pool`` > 1: each
-    proposal is the best of that many moves by ``scorer`` (:func:`scored_proposal`), which are not
-    simulated. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and its noise
+    proposal is the one of that many moves that adds the least time (:func:`scored_proposal`); the
+    others are not simulated. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and its noise
     factors."""
     arrays, op_f, edge_f = sim
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, copies_in) = arrays
@@ -416,11 +343,7 @@ def anneal_batches(
     nlog = 2 * (n + E) + 1  # room for n + E writes: every move writes distinct ops today (at most n)
     log, best_log = np.empty(nlog, np.int64), np.empty(nlog, np.int64)
     stamp, old_dev = np.zeros(n, np.int64), np.empty(n, np.int64)
-    load, new_load, on_crit = np.zeros(nd), np.zeros(nd), np.zeros(n, np.bool_)
-    _mark_chain(crit, counts[NCRIT], on_crit)  # the chain of ``cur`` found in an earlier call
-    feats = np.empty(NUM_MOVE_FEATURES)
     tag = 1
-    load_of = -1  # accepted moves plus restarts (the only writes to ``cur``) when ``load`` was computed
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return
@@ -434,25 +357,17 @@ def anneal_batches(
             _, ntr = sim_kernel(arrays, cur, op_f, edge_f, False, False, None, ready, start, end, tsrc, tdst, tstart,
                                 tend, np.inf)  # fmt: skip
             counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
-            _mark_chain(crit, counts[NCRIT], on_crit)
             counts[SINCE] = 0
             counts[STALE] = 0
-        if pool > 1:
-            if load_of != counts[ACCEPTED] + counts[RESTARTS]:  # the compute time on each device of ``cur``
-                load[:] = 0.0
-                for v in range(n):
-                    load[cur[v]] += comp[v, cur[v]]
-                load_of = counts[ACCEPTED] + counts[RESTARTS]
         for i in range(b):
             if pool > 1:
                 tag = scored_proposal(cur, batch[i], pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr,
-                                      grp_ops, pref_cdf, guided_share, crit, counts[NCRIT], critical_share, log,
-                                      best_log, stamp, tag, old_dev, load, new_load, on_crit, comp, out_bytes, lat, bw,
-                                      max(values[CUR_MS], 1e-300), scorer, feats)  # fmt: skip
+                                      grp_ops, crit, counts[NCRIT], critical_share, log, best_log, stamp, tag, old_dev,
+                                      comp, out_bytes, lat, bw, max(values[CUR_MS], 1e-300))  # fmt: skip
                 continue
             batch[i] = cur
-            draw_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, pref_cdf,
-                      guided_share, crit, counts[NCRIT], critical_share, no_log)  # fmt: skip
+            draw_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, counts[NCRIT],
+                      critical_share, no_log)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b

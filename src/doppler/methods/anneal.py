@@ -23,10 +23,9 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
     ops joins the other's device. A step on one device: one of the two leaves for
     a random other device. The chain is found again (one traced simulation) when
     the current assignment has changed and ``CRITICAL_REFRESH`` batches have passed.
-* *Pools*: each proposal is the best of ``pool`` (default :data:`POOL`) moves drawn as above, by a
-  score computed without simulating (:class:`MoveScorer`; by default the compute time plus the
-  transfer time (latency + bytes / bandwidth on each edge of the moved ops) that the move adds,
-  less is better). Only that move is simulated.
+* *Pools*: each proposal is the best of ``pool`` (default :data:`POOL`) moves drawn as above, by
+  the compute time plus the transfer time (latency + bytes / bandwidth on each edge of the moved
+  ops) that the move adds, less is better, computed without simulating. Only that move is simulated.
 * The best proposal of the batch is accepted if it is no worse, otherwise with
   probability ``exp(-relative_increase / T)``. ``T`` cools geometrically from
   ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations
@@ -63,7 +62,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -88,7 +86,7 @@ CHUNK_S = 0.01
 CRITICAL_SHARE = 0.25
 CRITICAL_REFRESH = 4
 #: moves drawn per proposal, of which the one that adds the least compute and transfer time is
-#: simulated (:meth:`MoveScorer.time_added`)
+#: simulated (:func:`~doppler.methods._anneal_kernels.time_added`)
 POOL = 4
 
 
@@ -96,13 +94,9 @@ class _Moves:
     """ANNEAL's move generator on one graph: the arrays :func:`~doppler.methods._anneal_kernels.apply_move`
     reads (all randomness from one numpy Generator)."""
 
-    def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator,
-                 device_prefs: np.ndarray | None = None, guided_share: float = 0.0):  # fmt: skip
+    def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator) -> None:
         self.nd = nd
         self.rng = rng
-        # guided moves: one op to a device drawn from a learned per-op preference (cumulative rows)
-        self.pref_cdf = np.zeros((0, nd)) if device_prefs is None else np.ascontiguousarray(np.cumsum(device_prefs, axis=1))
-        self.guided_share = float(guided_share) if device_prefs is not None else 0.0
         self.graph_arrays = tuple(np.ascontiguousarray(x, dtype=np.int64)
                                   for x in (graph.succ_ptr, graph.succ_idx, graph.pred_ptr, graph.pred_idx))  # fmt: skip
         tiles = np.flatnonzero(graph.group >= 0)
@@ -113,60 +107,14 @@ class _Moves:
         self.grp_ops = members[np.repeat(many, counts)]
 
     def args(self) -> tuple:
-        """The kernel arguments after the generator: device count, graph arrays, groups, preferences."""
-        return (self.nd, *self.graph_arrays, self.grp_ptr, self.grp_ops, self.pref_cdf, self.guided_share)
+        """The kernel arguments after the generator: device count, graph arrays, groups."""
+        return (self.nd, *self.graph_arrays, self.grp_ptr, self.grp_ops)
 
     def apply(self, a: np.ndarray) -> None:
         """Mutate ``a`` (int64) in place with one random move (always changes something when D > 1)."""
         from doppler.methods._anneal_kernels import apply_move
 
         apply_move(a, self.rng, *self.args(), np.empty(0, np.int64))
-
-
-@dataclass(frozen=True, eq=False)
-class MoveScorer:
-    """A score of a proposed move from its features (``_anneal_kernels.move_features``):
-    ``b + w.z + w2.relu(w1 z + b1)``, ``z = (x - mu) / sd``. Higher: more likely to lower the makespan.
-    ``mu``, ``sd``, ``w``: one value per feature; ``w1[hidden, features]``, ``b1``, ``w2``: per hidden unit
-    (none: a linear score); all finite, ``sd`` > 0."""
-
-    mu: np.ndarray
-    sd: np.ndarray
-    w: np.ndarray
-    b: float
-    w1: np.ndarray  # [hidden, features]
-    b1: np.ndarray
-    w2: np.ndarray
-
-    @classmethod
-    def time_added(cls) -> "MoveScorer":
-        """The compute plus transfer time a move adds (less is better): no learning."""
-        from doppler.methods._anneal_kernels import NUM_MOVE_FEATURES as F
-
-        w = np.zeros(F)
-        w[1] = w[2] = -1.0
-        return cls(np.zeros(F), np.ones(F), w, 0.0, np.zeros((0, F)), np.zeros(0), np.zeros(0))
-
-    def __post_init__(self) -> None:
-        from doppler.methods._anneal_kernels import NUM_MOVE_FEATURES as F
-
-        if np.ndim(self.b1) != 1:
-            raise MethodError(f"MoveScorer.b1 must have one value per hidden unit, got shape {np.shape(self.b1)}")
-        h = len(self.b1)
-        shapes = {"mu": (F,), "sd": (F,), "w": (F,), "b": (), "w1": (h, F), "b1": (h,), "w2": (h,)}
-        for name, shape in shapes.items():
-            x = np.asarray(getattr(self, name), dtype=np.float64)
-            if x.shape != shape:
-                raise MethodError(f"MoveScorer.{name} must have shape {shape} ({F} move features), got {x.shape}")
-            if not np.isfinite(x).all():
-                raise MethodError(f"MoveScorer.{name} must be finite")
-        if (np.asarray(self.sd) <= 0).any():
-            raise MethodError("MoveScorer.sd must be > 0")
-
-    def args(self) -> tuple:
-        """The kernel's arguments (``_anneal_kernels.move_score``), as float64 arrays."""
-        f = lambda x: np.ascontiguousarray(x, dtype=np.float64)  # noqa: E731
-        return (f(self.mu), f(self.sd), f(self.w), float(self.b), f(self.w1), f(self.b1), f(self.w2))
 
 
 @register(
@@ -189,13 +137,10 @@ def anneal_search(
     t_end: float = 1e-4,
     start: np.ndarray | None = None,
     extra_starts: dict[str, np.ndarray] | None = None,
-    device_prefs: np.ndarray | None = None,
-    guided_share: float = 0.0,
     threads: int | None = None,
     critical_share: float | None = None,
     prune: bool = True,
     pool: int = POOL,
-    scorer: MoveScorer | None = None,
     on_progress: ProgressFn | None = None,
 ) -> Assignment:
     """Simulated annealing (see the module docstring). Returns the best assignment found.
@@ -208,12 +153,10 @@ def anneal_search(
     ``prune`` (default on) stops simulating a proposal once a lower bound on its makespan shows it
     loses to an earlier one of its batch or would be refused (:func:`doppler.sim.kernel.sim_rows`); it
     too changes the speed only.
-    ``pool`` (default :data:`POOL`): each proposal is the best of ``pool`` moves by ``scorer`` (default
-    :meth:`MoveScorer.time_added`); the others are not simulated (1: every drawn move is).
+    ``pool`` (default :data:`POOL`): each proposal is the one of ``pool`` moves that adds the least
+    compute and transfer time; the others are not simulated (1: every drawn move is).
 
-    ``extra_starts`` join the start set (e.g. a policy's decodes); with ``device_prefs[n, D]``
-    (a learned preference of each op for each device) a share ``guided_share`` of the moves
-    puts one op on a device drawn from its row instead of a blind move.
+    ``extra_starts`` join the start set (e.g. a policy's decodes).
 
     ``on_progress`` gets a :class:`~doppler.progress.ProgressEvent` about four times a second: the
     time used of the budget (or the evaluations of ``max_evals``), and in ``stats`` the evaluation
@@ -222,16 +165,10 @@ def anneal_search(
     if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, (int, np.integer))
                                   or max_evals < 0):  # fmt: skip
         raise MethodError(f"max_evals must be an integer >= 0, got {max_evals!r}")
-    if not (isinstance(guided_share, (int, float, np.integer, np.floating)) and 0.0 <= float(guided_share) <= 1.0):
-        raise MethodError(f"guided_share must be in [0, 1], got {guided_share!r}")
-    if device_prefs is not None and np.shape(device_prefs) != (graph.num_ops, cluster.num_devices):
-        raise MethodError(f"device_prefs must have one row per op and one column per device "
-                          f"({graph.num_ops} x {cluster.num_devices}), got shape {np.shape(device_prefs)}")  # fmt: skip
     if batch_size < 1:
         raise MethodError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:
         raise MethodError(f"pool must be an integer >= 1, got {pool!r}")
-    scorer_args = (scorer if scorer is not None else MoveScorer.time_added()).args()
     threads = search_threads(threads, batch_size)
     critical_share = CRITICAL_SHARE if critical_share is None else float(critical_share)
     if not 0.0 <= critical_share <= 1.0:
@@ -253,7 +190,7 @@ def anneal_search(
         if max_evals is not None:
             cycle_evals = max(1, min(cycle_evals, int(max_evals)))
     cycle_evals = max(1, int(cycle_evals))
-    moves = _Moves(graph, nd, rng, device_prefs, guided_share)
+    moves = _Moves(graph, nd, rng)
     from doppler.methods import _anneal_kernels as K
 
     sim = (ctx.arrays, *ctx.noise(0.0, 0))
@@ -267,8 +204,8 @@ def anneal_search(
         t_call = time.perf_counter()
         K.anneal_batches(sim, walk.cur, walk.best, walk.crit, walk.counts, walk.values, chunk, batch_size,
                          -1 if max_evals is None else int(max_evals), cycle_evals, t_start, log_ratio, optimal_ms,
-                         rng, *moves.args(), threads, critical_share, CRITICAL_REFRESH, bool(prune), int(pool),
-                         scorer_args)  # fmt: skip
+                         rng, *moves.args(), threads, critical_share, CRITICAL_REFRESH, bool(prune),
+                         int(pool))  # fmt: skip
         took = time.perf_counter() - t_call
         chunk = max(1, min(chunk * 4, int(chunk * CHUNK_S / took) if took > 0 else chunk * 4))
         if on_progress is not None and time.perf_counter() >= next_report:

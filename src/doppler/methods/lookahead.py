@@ -14,9 +14,6 @@ choice. Because CRITICAL PATH's choice completes to the assignment the previous 
 scored, the simulated makespan never rises from step to step: LOOKAHEAD is never worse than
 CRITICAL PATH. It costs ``|V| x D`` completions and simulations.
 
-:func:`lookahead_labels` scores the same one-step branches at chosen steps of any trajectory:
-it is the PLC teacher of pretraining with ``teacher="lookahead"`` (:mod:`doppler.train`).
-
 HEFT_LOOKAHEAD is the same rollout over HEFT: ops in HEFT's order (upward rank), each op tried on
 every device with the ops before it where earlier steps put them, every later op placed by HEFT's
 rule (earliest finish with insertion, :func:`doppler.listsched.heft_completion`), each completion
@@ -45,35 +42,8 @@ from doppler.methods.registry import register
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
 
-#: simulated makespans within this relative distance of the best count as tied teacher choices
-LABEL_RTOL = 1e-6
 #: a step leaves the rule's choice only for a completion that simulates shorter by more than this (relative)
 IMPROVE_RTOL = 1e-12
-
-
-@jit(cache=True)
-def _labelled_branches(order, step_dev, label_steps, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx,
-                       indeg0, comp, lat, inv, out):  # pragma: no cover  # fmt: skip
-    """Replay one trajectory; at each step of ``label_steps`` (ascending) write every device's
-    branch into ``out[k, d]``. Returns -1, or the step at which the trajectory was invalid."""
-    n = order.shape[0]
-    nd = comp.shape[1]
-    dev, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(indeg0, nd)
-    est = np.empty(nd)
-    k = 0
-    for h in range(n):
-        v = order[h]
-        if pos[v] < 0:
-            return h
-        while k < label_steps.shape[0] and label_steps[k] == h:
-            for d in range(nd):
-                critical_path_completion(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx, comp, lat, inv,
-                        dev, start, finish, free, assigned, indeg, cand, pos, ncand, out[k, d])  # fmt: skip
-            k += 1
-        est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
-        place(v, step_dev[h], est[step_dev[h]], comp, dev, start, finish, free, assigned)
-        ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
-    return -1
 
 
 class _Arrays:
@@ -89,33 +59,6 @@ class _Arrays:
         self.indeg0 = i64(np.diff(graph.pred_ptr))
         self.cost_arrays = (cm.compute_s, cm.latency_s, cm.inv_bw)
         self.num_devices = cm.num_devices
-
-
-def lookahead_labels(graph: DataflowGraph, cluster, order: np.ndarray, step_device: np.ndarray,
-                     label_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Score every device at chosen steps of trajectories (``order[..., h]`` put on ``step_device[..., h]``;
-    one trajectory ``[n]`` or a batch ``[B, n]`` with ``label_steps[B, K]``).
-
-    Returns ``(makespan_s[..., K, D], tied[..., K, D])``: the simulated makespan of putting the op of
-    step ``label_steps[k]`` on each device and finishing as CRITICAL PATH, and the devices within
-    :data:`LABEL_RTOL` of the best (the teacher's choices). The graph's arrays and simulator context
-    are built once for the whole batch."""
-    arr = _Arrays(graph, cluster)
-    orders = np.ascontiguousarray(np.atleast_2d(order), dtype=np.int64)
-    devices = np.ascontiguousarray(np.atleast_2d(step_device), dtype=np.int64)
-    steps = np.ascontiguousarray(np.sort(np.atleast_2d(label_steps), axis=1), dtype=np.int64)
-    (B, n), K, nd = orders.shape, steps.shape[1], arr.num_devices
-    out = np.empty((B, K, nd, n), np.int64)
-    for b in range(B):
-        bad = _labelled_branches(orders[b], devices[b], steps[b], arr.key, *arr.graph_arrays, arr.indeg0,
-                                 *arr.cost_arrays, out[b])  # fmt: skip
-        if bad >= 0:
-            raise ValueError(f"step {bad}: op {int(orders[b, bad])} is not a candidate there")
-    makespan_s = SimContext(graph, cluster).simulate_many(out.reshape(-1, n)).reshape(B, K, nd)
-    tied = makespan_s <= makespan_s.min(axis=2, keepdims=True) * (1.0 + LABEL_RTOL)
-    if np.ndim(order) == 1:
-        return makespan_s[0], tied[0]
-    return makespan_s, tied
 
 
 def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float]:

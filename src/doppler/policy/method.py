@@ -22,11 +22,6 @@ from doppler.policy import BASELINE_METHODS, LEARNED_HEADS
 # ``import doppler`` registers it, and torch would add about 2 s to every command.
 
 
-#: share of guided moves in ``--budget-s`` search: 0, the policy chooses where the search starts (moves
-#: drawn from its device preferences were no better: benchmarks/generalization.py compares them)
-GUIDED_SHARE = 0.0
-#: the share of guided moves that benchmarks/generalization.py measures against the default
-MEASURED_GUIDED_SHARE = 0.3
 #: samples drawn for the start set of ``--budget-s`` search (one encoder pass, batches of SAMPLE_CHUNK)
 SEARCH_SAMPLES = 32
 SAMPLE_CHUNK = 4
@@ -50,18 +45,6 @@ def _greedy_only(budget_s: float | None = None, *, checkpoint=None, samples: int
     return checkpoint is None and not samples and not budget_s
 
 
-def device_preferences(gf, enc, ro) -> np.ndarray:
-    """``[n, D]``: the PLC head's probabilities of each device for each op, at the step it was placed in ``ro[0]``."""
-    import torch
-
-    from doppler.policy.rollout import evaluate_actions
-
-    sc = evaluate_actions(enc, ro)
-    prefs = np.empty((gf.num_ops, gf.num_devices))
-    prefs[ro.order[0]] = torch.exp(sc.plc_logp[0]).double().cpu().numpy()
-    return prefs
-
-
 # (python_max_work: as Python, a fresh greedy `doppler assign` took 0.94 s at 973 x 8 ops x devices and
 # 1.66 s at 2,280 x 8, against 1.8-2.0 s compiled, but 2.98 s at 3,000 x 16 against 2.05 s)
 @register("doppler", description="learned SEL + PLC policy (default: the shipped pretrained policy, zero-shot; "
@@ -75,7 +58,6 @@ def doppler_method(
     budget_s: float | None = None,
     checkpoint: str | Path | None = None,
     samples: int | None = None,
-    guided_share: float = GUIDED_SHARE,
     plc_ties_only: bool | None = None,
     threads: int | None = None,
     on_progress=None,
@@ -83,8 +65,7 @@ def doppler_method(
 ) -> Assignment:
     """Greedy decode of a policy; with ``samples`` K, the best of greedy and K samples; with
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
-    decodes and anneal's own start set (with ``guided_share`` > 0, that share of its moves is drawn
-    from the policy's device preferences). ``plc_ties_only``: the device head only breaks the ties of
+    decodes and anneal's own start set. ``plc_ties_only``: the device head only breaks the ties of
     its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
     ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
     if samples is not None and (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))):
@@ -102,9 +83,8 @@ def doppler_method(
     from doppler.policy.features import graph_features
     from doppler.sim import context, simulate_many
 
-    guided = bool(budget_s) and guided_share > 0
     fast = None
-    if checkpoint is None and method == "doppler" and not guided:
+    if checkpoint is None and method == "doppler":
         from doppler.policy.infer import load_shipped
 
         fast = load_shipped()
@@ -132,7 +112,6 @@ def doppler_method(
     gf = graph_features(graph, cluster)
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy", plc_ties_only=ties_only)
     rng = np.random.default_rng(seed) if samples or budget_s else None  # (greedy alone: no numpy.random import)
-    prefs = None
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
         heads = fast.heads(gf)
 
@@ -149,8 +128,7 @@ def doppler_method(
         def decode(plan):
             with torch.no_grad():  # the learned baselines' decoders run torch per step
                 return run_plan(gf, enc, plan)
-    ro = decode(greedy)
-    decoded = [ro.assignment]
+    decoded = [decode(greedy).assignment]
     if samples:  # exactly K, in batches (the same uniforms as one batch), keeping the best so far
         for start in range(0, samples, SAMPLES_BATCH):
             batch = np.concatenate([decoded[0], decode(make_plan(
@@ -170,9 +148,6 @@ def doppler_method(
                                             plc_ties_only=ties_only)).assignment)  # fmt: skip
             k += chunk
     candidates = np.concatenate(decoded)
-    if fast is None and guided and enc.head_weights()[1]:
-        with torch.no_grad():
-            prefs = device_preferences(gf, enc, ro)
     simulation = None
     if len(candidates) == 1 and not budget_s:  # one decode: its traced run also serves the caller's report
         simulation = (graph, cluster, context(graph, cluster).simulate(candidates[0], trace=True))
@@ -191,9 +166,8 @@ def doppler_method(
     from doppler.methods.anneal import anneal_search
 
     left = max(budget_s - (time.perf_counter() - t0), 1e-3)
-    found = anneal_search(graph, cluster, seed=seed, budget_s=left, device_prefs=prefs, guided_share=guided_share,
-                          extra_starts={"doppler": candidates[best]}, threads=threads,
-                          on_progress=on_progress)  # fmt: skip
+    found = anneal_search(graph, cluster, seed=seed, budget_s=left, extra_starts={"doppler": candidates[best]},
+                          threads=threads, on_progress=on_progress)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
 
