@@ -14,7 +14,8 @@ from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.sim import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
-from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
+from doppler.policy.architectures import load_policy, read_checkpoint
+from doppler.policy.checkpoint import CheckpointError
 from doppler.train import Trainer, TrainConfig, TrainError, advantages, lookahead_mask
 
 SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)

@@ -43,8 +43,8 @@ import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
 from doppler.io_util import file_sha256, make_run_dir
-from doppler.policy.checkpoint import (PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, require_training_state,
-                                       write_checkpoint)  # fmt: skip
+from doppler.policy.architectures import read_checkpoint
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, require_training_state, write_checkpoint
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train import (TrainConfig, Trainer, TrainError, config_to_json, history_from_json, load_optimizer_state,
                            loading_state, make_task, saved_config)  # fmt: skip

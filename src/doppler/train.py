@@ -42,7 +42,8 @@ from doppler.policy.features import GraphFeatures, graph_features
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
 from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
-from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
+from doppler.policy.decode import Rollout
+from doppler.policy.rollout import evaluate_actions, rollout, segment_logsumexp
 from doppler.sim import SimContext
 
 STAGES = ("il", "sim", "real")
@@ -907,7 +908,8 @@ class Trainer:
                episodes: int | None = None) -> "Trainer":  # fmt: skip
         """Continue the run saved in ``run_dir`` exactly, on the same graphs and cluster; ``episodes``
         may extend Stage II (everything else is the run's own configuration)."""
-        from doppler.policy.checkpoint import read_checkpoint, require_training_state
+        from doppler.policy.architectures import read_checkpoint
+        from doppler.policy.checkpoint import require_training_state
 
         ckpt = Path(run_dir) / "checkpoint.pt"
         if not ckpt.is_file():
