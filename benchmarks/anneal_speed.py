@@ -32,7 +32,7 @@ import numpy as np
 
 from doppler import workloads
 from doppler.methods import assign
-from doppler.methods.anneal import search_threads
+from doppler.methods.threads import search_threads
 from doppler.presets import cluster
 from doppler.sim import SimContext
 

@@ -64,7 +64,8 @@ import torch
 
 from doppler.assignment import AssignmentError, load_assignment
 from doppler.formats import load_graph
-from doppler.policy.checkpoint import CheckpointError, read_checkpoint
+from doppler.policy.architectures import read_checkpoint
+from doppler.policy.checkpoint import CheckpointError
 
 DOPPLER = [sys.executable, "-m", "doppler"]
 TIMED = {"episodes_per_s", "elapsed_s"}  # history fields that measure time, not training

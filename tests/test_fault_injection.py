@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from doppler.assignment import load_assignment
 from doppler.cli import app
 from doppler.formats import load_graph
-from doppler.policy.checkpoint import read_checkpoint
+from doppler.policy.architectures import read_checkpoint
 
 ARGS = ("-c", "unit:2", "--episodes", "32", "--il-episodes", "8", "--batch", "8", "--search-evals", "300",
         "--threads", "1", "--json")  # fmt: skip

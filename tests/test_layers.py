@@ -1,5 +1,6 @@
 """Imports run one way, from the ground up (docs/design.md, Package layout): no module imports
-one above its layer, not even lazily inside a function."""
+one above its layer, not even lazily inside a function; inside ``methods/`` and ``policy/`` no
+file imports a sibling of its own sublayer or above, so their files form no circle either."""
 
 from __future__ import annotations
 
@@ -25,6 +26,30 @@ LAYERS = [
     {"cli", "__main__", "__init__"},
 ]
 
+#: the files of a package, lowest first: a file imports only siblings of lower sublayers (not of its own:
+#: the files of one sublayer stand side by side), so the imports inside the package run one way; the
+#: package's ``__init__`` is a file like the others
+SUBLAYERS = {
+    "methods": [
+        {"registry", "_anneal_kernels"},
+        {"simple", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_kernels"},
+        {"lookahead"},
+        {"anneal"},
+        {"__init__"},
+    ],
+    "policy": [
+        {"__init__"},
+        {"features"},
+        {"checkpoint"},
+        {"decode", "networks"},
+        {"rollout"},
+        {"single", "gdp", "placeto"},
+        {"architectures"},
+        {"infer"},
+        {"method"},
+    ],
+}
+
 
 def _layer(module: str) -> int:
     top = module.split(".")[0]
@@ -34,15 +59,28 @@ def _layer(module: str) -> int:
     raise AssertionError(f"doppler.{module} is in no layer: add it to LAYERS")
 
 
+def _sublayer(package: str, name: str) -> int:
+    for i, names in enumerate(SUBLAYERS[package]):
+        if name in names:
+            return i
+    raise AssertionError(f"doppler/{package}/{name}.py is in no sublayer: add it to SUBLAYERS[{package!r}]")
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module below ``doppler.``) of every import of a doppler module in ``path``."""
+    """(line, module below ``doppler.``) of every import of a doppler module in ``path``; ``from
+    doppler.pkg import mod`` names ``pkg.mod`` where ``mod`` is a module of ``pkg``, else ``pkg``."""
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "doppler":
                 out += [(node.lineno, a.name) for a in node.names if (SRC / a.name).exists() or (SRC / f"{a.name}.py").exists()]
             elif node.module.startswith("doppler."):
-                out.append((node.lineno, node.module.removeprefix("doppler.")))
+                module = node.module.removeprefix("doppler.")
+                folder = SRC.joinpath(*module.split("."))
+                subs = [a.name for a in node.names if (folder / a.name).is_dir() or (folder / f"{a.name}.py").exists()]
+                out += [(node.lineno, f"{module}.{name}") for name in subs]
+                if len(subs) < len(node.names) or not folder.is_dir():  # a name the module itself defines
+                    out.append((node.lineno, module))
         elif isinstance(node, ast.Import):
             out += [(node.lineno, a.name.removeprefix("doppler.")) for a in node.names if a.name.startswith("doppler.")]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("doppler."):
@@ -63,6 +101,28 @@ def test_no_module_imports_one_above_its_layer(path: Path) -> None:
     mine = _layer(me)
     upward = [f"line {line}: doppler.{mod}" for line, mod in _imports(path) if _layer(mod) > mine]
     assert not upward, f"doppler.{me} (layer {mine}) imports upward: {', '.join(upward)}"
+
+
+PACKAGE_FILES = [p for p in FILES if p.parent.parent == SRC and p.parent.name in SUBLAYERS]
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=[str(p.relative_to(SRC)) for p in PACKAGE_FILES])
+def test_no_file_imports_a_sibling_of_its_own_sublayer_or_above(path: Path) -> None:
+    package, me = path.parent.name, path.stem
+    mine = _sublayer(package, me)
+    siblings = [(line, mod.split(".")[1] if "." in mod else "__init__") for line, mod in _imports(path)
+                if mod.split(".")[0] == package]  # fmt: skip
+    level = [f"line {line}: doppler/{package}/{name}.py (sublayer {_sublayer(package, name)})"
+             for line, name in siblings if name != me and _sublayer(package, name) >= mine]  # fmt: skip
+    assert not level, f"doppler/{package}/{me}.py (sublayer {mine}) imports siblings not below it: {', '.join(level)}"
+
+
+def test_a_file_in_no_sublayer_is_named_and_every_sublayer_name_is_a_file() -> None:
+    with pytest.raises(AssertionError, match=r"doppler/policy/newcomer\.py is in no sublayer: add it to SUBLAYERS\['policy'\]"):
+        _sublayer("policy", "newcomer")
+    stale = [f"doppler/{package}/{name}.py" for package, layers in SUBLAYERS.items() for names in layers for name in names
+             if not (SRC / package / f"{name}.py").is_file()]  # fmt: skip
+    assert not stale, f"SUBLAYERS names files that do not exist: {', '.join(stale)}"
 
 
 def test_the_learned_method_registers_on_import_doppler() -> None:

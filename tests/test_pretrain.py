@@ -20,7 +20,7 @@ from doppler.methods import assign
 from doppler.cli import app
 from doppler.io_util import write_json
 from doppler.pretrain import Pretrainer, pretrain_config, thin_history
-from doppler.policy.checkpoint import read_checkpoint
+from doppler.policy.architectures import read_checkpoint
 from doppler.train import TrainError
 
 TINY = dict(hidden=16, mlp_hidden=16, mp_steps=2, il_episodes=16, batch=4, search_evals=50, torch_threads=1)
@@ -182,7 +182,8 @@ def test_init_widens_structural_to_full_features_without_changing_the_policy(tmp
     import numpy as np
     import torch
 
-    from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, load_policy, widen_op_features
+    from doppler.policy.architectures import load_policy
+    from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, widen_op_features
     from doppler.policy.features import graph_features
     from doppler.policy.networks import DopplerPolicy
 
@@ -217,7 +218,8 @@ def test_device_identity_starts_at_zero_trains_and_applies_on_its_own_cluster_on
     import numpy as np
     import torch
 
-    from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, add_device_identity, load_policy
+    from doppler.policy.architectures import load_policy
+    from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, add_device_identity
     from doppler.policy.features import graph_features
     from doppler.policy.networks import DopplerPolicy
     from doppler.policy.rollout import rollout

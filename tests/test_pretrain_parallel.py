@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from typer.testing import CliRunner
 
 from doppler.cli import app
-from doppler.policy.checkpoint import read_checkpoint
+from doppler.policy.architectures import read_checkpoint
 from doppler.pretrain import Pretrainer, pretrain_config
 from doppler.pretrain_parallel import Recipe, _join, run_workers
 from doppler.train import TrainError

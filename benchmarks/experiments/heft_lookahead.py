@@ -56,7 +56,7 @@ def row(case, seeds: int) -> dict:
 
 def speed(cases, reps: int) -> None:
     """One core against every core: the median of ``reps`` alternating runs per pair, and their ratio."""
-    from doppler.methods.anneal import search_threads
+    from doppler.methods.threads import search_threads
     from doppler.methods.lookahead import heft_lookahead_schedule
 
     cores = search_threads(None, 64)

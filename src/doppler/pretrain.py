@@ -43,8 +43,8 @@ import numpy as np
 
 from doppler.corpus import TRAIN_DEVICES, TRAIN_FAMILIES, TRAIN_OPS, sample_pair
 from doppler.io_util import file_sha256
-from doppler.policy.checkpoint import (PRETRAINED_CHECKPOINT, PRETRAINED_DIR, read_checkpoint, require_training_state,
-                                       write_checkpoint)  # fmt: skip
+from doppler.policy.architectures import read_checkpoint
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, require_training_state, write_checkpoint
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train.config import TrainConfig, TrainError, config_to_json, saved_config
 from doppler.train.state import history_from_json, loading_state

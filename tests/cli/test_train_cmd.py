@@ -157,7 +157,7 @@ def test_resume_continues(tmp_path: Path, trained) -> None:
     assert s["episodes"] == 80 > summary["episodes"]
     assert s["il_episodes"] == 16  # Stage I was already complete
     assert (run2 / "checkpoint.pt").read_bytes() != before
-    from doppler.policy.checkpoint import read_checkpoint
+    from doppler.policy.architectures import read_checkpoint
 
     ck = read_checkpoint(run2 / "checkpoint.pt")
     assert ck["episode"] == 80 and ck["il_episode"] == 16
@@ -279,7 +279,8 @@ def test_assign_bad_inputs_exit_2(tmp_path: Path, trained) -> None:
 
 def test_checkpoint_is_loadable_weights_only(trained) -> None:
     _, _, _, run_dir, _ = trained
-    from doppler.policy.checkpoint import CHECKPOINT_FORMAT, load_policy
+    from doppler.policy.architectures import load_policy
+    from doppler.policy.checkpoint import CHECKPOINT_FORMAT
 
     policy, meta = load_policy(run_dir)  # a run directory works too
     assert meta["format"] == CHECKPOINT_FORMAT

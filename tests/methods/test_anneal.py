@@ -187,7 +187,7 @@ def test_threads_change_the_speed_not_the_search(setup, pool):
     """Scoring each batch on several cores gives the same makespans, so the same search: same best
     assignment, same counts, for a seed and an evaluation count (more threads than cores or than the
     batch are capped, not refused)."""
-    from doppler.methods.anneal import search_threads
+    from doppler.methods.threads import search_threads
 
     g, c = setup
     runs = [assign(g, c, "anneal", seed=4, max_evals=1200, cycle_evals=400, threads=t, pool=pool) for t in (1, 2, 3, 64)]

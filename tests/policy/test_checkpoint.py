@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from doppler import workloads
-from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
+from doppler.policy.architectures import load_policy, read_checkpoint
+from doppler.policy.checkpoint import CheckpointError
 from doppler.presets import cluster
 from doppler.torch_files import load_plain
 from doppler.train import TrainConfig, Trainer, TrainError

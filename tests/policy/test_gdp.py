@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from doppler import workloads
+from doppler.policy.decode import rule_order
 from doppler.policy.features import graph_features
 from doppler.policy.gdp import GdpPolicy
-from doppler.policy.rollout import evaluate_actions, rollout, rule_order
+from doppler.policy.rollout import evaluate_actions, rollout
 from doppler.presets import cluster
 
 

@@ -13,7 +13,8 @@ import torch
 
 from doppler import cluster, workloads
 from doppler.policy import infer
-from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, load_policy, write_checkpoint
+from doppler.policy.architectures import load_policy
+from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, write_checkpoint
 from doppler.policy.decode import make_plan
 from doppler.policy.features import graph_features
 from doppler.policy.networks import DopplerPolicy

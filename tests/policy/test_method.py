@@ -14,7 +14,7 @@ from doppler.methods import MethodError, assign
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR
 from doppler.pretrain import Pretrainer, pretrain_config
 from doppler.sim import simulate, traced
-from doppler.policy.checkpoint import read_checkpoint
+from doppler.policy.architectures import read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_zero_shot_device_choices_break_the_rules_ties_unless_told_otherwise():
     any device (on this row it leaves the tied set); only DOPPLER's dual policy has the option."""
     from doppler.policy.features import graph_features
     from doppler.policy.infer import load_shipped
-    from doppler.policy.rollout import make_plan
+    from doppler.policy.decode import make_plan
 
     g, cl = workloads.build("llama_block"), cluster("v100x8")
     gf = graph_features(g, cl)
@@ -141,7 +141,7 @@ def test_samples_drawn_in_chunks_are_the_samples_of_one_batch():
 
 def test_samples_in_batches_keep_the_best_of_greedy_and_every_sample(tiny_ckpt, monkeypatch):
     import doppler.policy.method as method
-    from doppler.policy.checkpoint import load_policy
+    from doppler.policy.architectures import load_policy
     from doppler.policy.decode import make_plan
     from doppler.policy.features import graph_features
     from doppler.policy.rollout import run_plan
@@ -226,7 +226,8 @@ def test_samples_report_their_progress_in_batches():
 def test_weights_that_overflow_decode_to_a_valid_assignment_and_nan_weights_are_refused(tmp_path, scale):
     # NaN scores compare false everywhere: the compiled arg-max once returned -1, and the decoder
     # indexed with it until the interpreter died (SIGBUS)
-    from doppler.policy.checkpoint import read_checkpoint, resolve_checkpoint
+    from doppler.policy.architectures import read_checkpoint
+    from doppler.policy.checkpoint import resolve_checkpoint
 
     ck = read_checkpoint(resolve_checkpoint(None)[0])
     ck["state_dict"] = {k: w * scale if w.is_floating_point() else w for k, w in ck["state_dict"].items()}

@@ -7,9 +7,10 @@ import numpy as np
 import torch
 
 from doppler import workloads
+from doppler.policy.decode import rule_order
 from doppler.policy.features import graph_features
 from doppler.policy.placeto import PlacetoPolicy, reachability
-from doppler.policy.rollout import rollout, rule_order
+from doppler.policy.rollout import rollout
 from doppler.presets import cluster
 
 

@@ -15,7 +15,8 @@ from doppler.presets import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, TIE_RTOL, PlacementState
 from doppler.policy.features import chain_members, graph_features
 from doppler.policy.networks import LEAK, DopplerPolicy
-from doppler.policy.rollout import RolloutError, candidate_steps, evaluate_actions, rollout
+from doppler.policy.decode import RolloutError
+from doppler.policy.rollout import candidate_steps, evaluate_actions, rollout
 
 CFG = {"hidden": 16, "steps": 2, "mlp_hidden": 12, "basis": 3}
 
@@ -384,7 +385,7 @@ def test_rule_decodes_are_critical_path_and_heft(preset, seed):
     """Both heads on their rules: the ``critical_path`` list schedule is CRITICAL PATH, the ``heft``
     one (insertion into idle gaps, earliest finish) is HEFT, wherever b-levels do not tie."""
     from doppler import assign
-    from doppler.policy.rollout import rule_decode
+    from doppler.policy.decode import rule_decode
 
     g = workloads.build("random", num_ops=80, seed=seed)
     from doppler.corpus import mixed3_cluster
@@ -403,7 +404,7 @@ def test_heft_list_schedule_fills_idle_gaps():
     """Op 1 waits on device 1 for op 0's data from device 0, so device 1 idles first. The short,
     independent op 2 fits into that gap: the ``heft`` model starts it at 0 on device 1, the appending
     ``critical_path`` model only after op 1."""
-    from doppler.policy.rollout import DecodePlan, _no_heads, _run_kernel
+    from doppler.policy.decode import DecodePlan, _no_heads, _run_kernel
 
     g = from_edges([1e9, 1e9, 1e6], [(0, 1)], output_bytes=[1e9, 1.0, 1.0])
     gf = graph_features(g, unit(2))
@@ -484,7 +485,8 @@ def test_ties_only_rescoring_is_the_distribution_the_decode_drew_from():
 
 def test_ties_only_is_refused_by_the_learned_baselines():
     from doppler.policy.architectures import policy_from_config
-    from doppler.policy.rollout import make_plan, run_plan
+    from doppler.policy.decode import make_plan
+    from doppler.policy.rollout import run_plan
 
     g, gf, _ = make(num_ops=12)
     single = policy_from_config({**CFG, "architecture": "single_policy"})

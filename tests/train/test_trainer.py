@@ -14,7 +14,8 @@ from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.sim import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
-from doppler.policy.checkpoint import CheckpointError, load_policy, read_checkpoint
+from doppler.policy.architectures import load_policy, read_checkpoint
+from doppler.policy.checkpoint import CheckpointError
 from doppler.train import Trainer, TrainConfig, TrainError
 from doppler.train.losses import advantages, on_policy_nll, policy_gradient_loss
 from doppler.train.tasks import greedy_rollout

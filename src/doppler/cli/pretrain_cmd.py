@@ -29,7 +29,7 @@ def pretrain_cmd(
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
     with handle_errors():
         hold_outputs(ctx, dirs={"": output})  # one writer (worker 0, this process), before torch is imported
-        from doppler.methods.anneal import usable_cores
+        from doppler.methods.threads import usable_cores
         from doppler.pretrain import pretrain_config
         from doppler.pretrain_parallel import Recipe, run_workers
         from doppler.policy.checkpoint import CheckpointError

@@ -29,9 +29,9 @@ def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
     not with ``device_identity=False``): elsewhere they start again at zero."""
     import dataclasses
 
-    from doppler.policy.architectures import config_sizes
+    from doppler.policy.architectures import config_sizes, read_checkpoint
     from doppler.policy.checkpoint import (
-        CheckpointError, checkpoint_method, identity_left_out, read_checkpoint, resolve_checkpoint, strip_device_identity,
+        CheckpointError, checkpoint_method, identity_left_out, resolve_checkpoint, strip_device_identity,
     )  # fmt: skip
 
     path, _ = resolve_checkpoint(None if init == "pretrained" else init)  # CheckpointError: exit 2

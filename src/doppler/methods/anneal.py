@@ -60,13 +60,13 @@ the speed of each part are in docs/research/anneal.md.
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
 from doppler.methods.registry import MethodError, assign, register
+from doppler.methods.threads import search_threads
 from doppler.graph import DataflowGraph, _csr
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
@@ -231,23 +231,6 @@ def anneal_search(
             "search_time_s": time.perf_counter() - t0,
         },
     )
-
-
-def usable_cores() -> int:
-    """The cores this process may use (its CPU affinity where the platform tells it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def search_threads(threads: int | None, batch_size: int = 8) -> int:
-    """Cores that simulate one batch: ``threads``, else every core this process may use; at most
-    ``batch_size`` (one row each) and numba's thread pool."""
-    if threads is None:
-        threads = usable_cores()
-    elif isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise MethodError(f"threads must be an integer >= 1, got {threads!r}")
-    import numba
-
-    return int(max(1, min(int(threads), batch_size, numba.config.NUMBA_NUM_THREADS)))
 
 
 def _progress_event(t0: float, evals: int, budget_s: float | None, max_evals: int | None, walk: "_Walk",

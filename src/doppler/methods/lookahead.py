@@ -39,6 +39,7 @@ from doppler.listsched import (
     largest_key_candidate, place, take_candidate,
 )  # fmt: skip
 from doppler.methods.registry import register
+from doppler.methods.threads import search_threads
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
 
@@ -104,7 +105,6 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     included), the steps not reached in time keep HEFT's choice. ``threads``: the cores that take a
     step's devices side by side (default: every core this process may use; the same result)."""
     from doppler.methods import _rollout_kernels as R
-    from doppler.methods.anneal import search_threads
     from doppler.methods.heft import heft_inputs
 
     t0 = time.perf_counter()

@@ -1,10 +1,14 @@
-"""The checkpoint format of a DOPPLER policy: writing, reading, loading and fit checks.
+"""The checkpoint format of a DOPPLER policy: writing and reading the file, its fields, and fit checks.
 
 A checkpoint is one ``checkpoint.pt`` (a dict of tensors and plain values, read with
 ``torch.load(..., weights_only=True)``) beside a readable ``config.json``. It holds the policy's
 shape (``policy_config``) and weights, the training state to continue exactly, the cluster and
 the fingerprints of the graphs it was trained on (none for a pretrained policy). The package
 ships one pretrained checkpoint, :data:`PRETRAINED_CHECKPOINT`.
+
+This module is the format alone, below every network: rebuilding a policy from a checkpoint
+(:func:`~doppler.policy.architectures.read_checkpoint`, :func:`~doppler.policy.architectures.load_policy`)
+lives with the architectures.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str
     write_json(run_dir / "config.json", config_json, indent=2)
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint (a file, or a run directory holding ``checkpoint.pt``) with ``weights_only=True``."""
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint file ``path`` names: itself, or the ``checkpoint.pt`` of a run directory."""
     p = Path(path)
     if p.is_dir():
         if not (p / "checkpoint.pt").is_file():
@@ -51,6 +55,15 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         what = "not a regular file (a pipe, socket or device)" if p.exists() else "no such checkpoint"
         raise CheckpointError(f"{path}: {what}")
+    return p
+
+
+def read_archive(path: str | Path) -> dict[str, Any]:
+    """A checkpoint (a file, or a run directory holding ``checkpoint.pt``) loaded with ``weights_only=True``
+    and checked as a file of this format: finite weights, and every field of its kind. Whether its
+    ``policy_config`` builds the network of its weights is the architectures' check: readers call
+    :func:`doppler.policy.architectures.read_checkpoint`, which makes both."""
+    p = checkpoint_file(path)
     try:
         with open(p, "rb") as f:
             head = f.read(4)
@@ -108,16 +121,14 @@ def _is_kind(value: Any, kind: Any) -> bool:
 
 
 def _check_layout(ck: dict[str, Any], p: Path) -> None:
-    """CheckpointError unless ``ck`` holds every field of a checkpoint, each of its kind, graphs that each
-    have a name, a fingerprint and an op count, and a ``policy_config`` that builds exactly the network of
-    its ``state_dict`` (checked on the meta device: nothing is allocated for sizes the file made up). The
-    ``policy_config`` then holds every setting, its defaults filled in, so that readers need not know them."""
+    """CheckpointError unless ``ck`` holds every field of a checkpoint, each of its kind, and graphs that each
+    have a name, a fingerprint and an op count."""
     def check(fields: dict[str, Any]) -> None:
         for key, kind in fields.items():
             if key not in ck:
                 raise CheckpointError(f"{p}: a damaged checkpoint: it has no {key!r}")
             if not _is_kind(ck[key], kind):
-                raise CheckpointError(f"{p}: a damaged checkpoint: {key} is {_shown(ck[key])}, not {_KIND_NAMES[kind]}")
+                raise CheckpointError(f"{p}: a damaged checkpoint: {key} is {shown_value(ck[key])}, not {_KIND_NAMES[kind]}")
 
     check(_POLICY_FIELDS)
     check({k: v for k, v in {**TRAINING_FIELDS, **_OPTIONAL_FIELDS}.items() if k in ck})
@@ -126,69 +137,24 @@ def _check_layout(ck: dict[str, Any], p: Path) -> None:
     for i, g in enumerate(ck["graphs"]):
         if not (isinstance(g, dict) and isinstance(g.get("name"), str) and isinstance(g.get("fingerprint"), str)
                 and _is_kind(g.get("num_ops"), "count")):  # fmt: skip
-            raise CheckpointError(f"{p}: a damaged checkpoint: graphs[{i}] is {_shown(g)}, not an object with a name, "
-                                  "a fingerprint and num_ops")  # fmt: skip
-    ck["policy_config"] = _built_config(ck["policy_config"], ck["state_dict"], p, "state_dict")
-    best = ck.get("distill_best")
-    if best is not None:  # (the weights distillation may restore: the same network's)
-        if not (isinstance(best.get("score"), (int, float)) and isinstance(best.get("state_dict"), dict)):
-            raise CheckpointError(f"{p}: a damaged checkpoint: distill_best is {_shown(best)}, not a score and a "
-                                  "state_dict")  # fmt: skip
-        _built_config(ck["policy_config"], best["state_dict"], p, "distill_best.state_dict")
+            raise CheckpointError(f"{p}: a damaged checkpoint: graphs[{i}] is {shown_value(g)}, not an object with a "
+                                  "name, a fingerprint and num_ops")  # fmt: skip
 
 
 def require_training_state(ck: dict[str, Any], path: str | Path) -> None:
-    """CheckpointError unless ``ck`` (read by :func:`read_checkpoint`, which checked the kind of each field it
-    holds) holds the state that continues its run: a policy-only checkpoint has none."""
+    """CheckpointError unless ``ck`` (read by :func:`~doppler.policy.architectures.read_checkpoint`, which
+    checked the kind of each field it holds) holds the state that continues its run: a policy-only
+    checkpoint has none."""
     missing = [key for key in TRAINING_FIELDS if key not in ck]
     if missing:
         raise CheckpointError(f"{path}: holds a policy but not the state of a run to continue (no "
                               f"{', '.join(map(repr, missing))})")  # fmt: skip
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """A value of a damaged checkpoint in a message: its type, and the value itself if short."""
     text = repr(value)
     return f"{type(value).__name__} {text}" if len(text) <= 40 and text.isprintable() else f"a {type(value).__name__}"
-
-
-def _built_config(config: dict[str, Any], weights: dict[str, Any], p: Path, where: str) -> dict[str, Any]:
-    """The config of the policy ``config`` builds (the same values, and the defaults of those it leaves out), if
-    that policy's weights have exactly the names and shapes of ``weights``; else CheckpointError."""
-    import torch
-
-    from doppler.policy.architectures import MAX_MP_STEPS, policy_from_config
-
-    steps = config.get("steps", 0)  # (a loop count, not a weight: DOPPLER's encoder repeats one layer)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_MP_STEPS:
-        raise CheckpointError(f"{p}: a damaged checkpoint: policy_config steps is {steps!r}, not a message-passing "
-                              f"step count from 0 to {MAX_MP_STEPS}")  # fmt: skip
-    bad_weight = next((k for k, w in weights.items() if not (isinstance(k, str) and torch.is_tensor(w))), None)
-    if bad_weight is not None:
-        raise CheckpointError(f"{p}: a damaged checkpoint: {where} entry {_shown(bad_weight)} is "
-                              f"{_shown(weights[bad_weight])}, not a tensor")  # fmt: skip
-    try:
-        with torch.device("meta"):
-            policy = policy_from_config(config)
-    except Exception as e:  # noqa: BLE001 - a constructor fed the file's values: any failure means a bad file
-        raise CheckpointError(f"{p}: a damaged checkpoint: its policy_config builds no policy ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:100] if str(e) else 'no message'})") from None  # fmt: skip
-    built = dict(policy.config)
-    kept = {**built, "architecture": built.get("architecture", "doppler")}  # (DOPPLER's own config names none)
-    changed = [k for k, v in config.items() if kept.get(k) != v or type(kept.get(k)) is not type(v)]
-    if changed:
-        k = changed[0]
-        raise CheckpointError(f"{p}: a damaged checkpoint: policy_config {k} is {_shown(config[k])}, which the policy "
-                              f"does not keep as it is ({_shown(kept.get(k))})")  # fmt: skip
-    expected = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
-    saved = {k: tuple(w.shape) for k, w in weights.items()}
-    if saved != expected:
-        k = next(k for k in sorted(set(saved) | set(expected)) if saved.get(k) != expected.get(k))
-        what = ("missing" if k not in saved else "not a weight of this policy" if k not in expected else
-                f"of shape {list(saved[k])}, not {list(expected[k])}")  # fmt: skip
-        raise CheckpointError(f"{p}: a damaged checkpoint: {where} weight {k!r} is {what} (its policy_config "
-                              f"says {_shown(config)})")  # fmt: skip
-    return built
 
 
 def widen_op_features(state_dict: dict[str, torch.Tensor], policy: torch.nn.Module,
@@ -261,26 +227,6 @@ def add_device_identity(state_dict: dict[str, torch.Tensor], policy: torch.nn.Mo
     if "plc.device_init" not in own or "plc.device_init" in state_dict:
         return state_dict
     return {**state_dict, "plc.device_init": own["plc.device_init"].new_zeros(own["plc.device_init"].shape)}
-
-
-def load_policy(path: str | Path, cluster: Cluster | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata.
-    ``cluster``: where it will decode; a policy with device identity leaves it out on any cluster but
-    its training one (:func:`identity_serves`). Without ``cluster`` the identity is kept: decode such a
-    policy on its training cluster only."""
-    from doppler.policy.architectures import policy_from_config
-
-    ck = read_checkpoint(path)
-    try:
-        config, weights = ck["policy_config"], ck["state_dict"]
-        if cluster is not None and identity_left_out(ck, cluster):
-            config, weights = strip_device_identity(config, weights)
-        policy = policy_from_config(config)
-        policy.load_state_dict(weights)
-    except (KeyError, RuntimeError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: checkpoint weights do not match the policy ({str(e).splitlines()[0][:120]})") from None
-    policy.eval()
-    return policy, ck
 
 
 def checkpoint_method(policy_config: dict) -> str:

@@ -24,7 +24,6 @@ a rollout is reproducible from the generator's state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -35,9 +34,6 @@ from doppler.listsched import (
 )  # fmt: skip
 from doppler.policy import LEAK
 from doppler.policy.features import GraphFeatures, normalise_device_features
-
-if TYPE_CHECKING:  # the re-scoring half needs torch
-    from doppler.policy.rollout import ActionScores
 
 MODES = ("sample", "greedy", "teacher")
 #: greedy decoding treats scores within this distance of the best (relative to it, or absolute below 1)
@@ -331,17 +327,6 @@ class DecodePlan:
         ``weights[B, (steps,) D]``, drawing on PLC's uniforms (``choose``)."""
         u = self.uniforms[:, step]
         return choose(weights, self.mode == _MODE_CODE["sample"], u[..., 2], u[..., 3], self.eps)
-
-
-class Decoder(Protocol):
-    """A policy's per-graph state that is not DOPPLER's :class:`Encoded` (the learned baselines):
-    it decodes a :class:`DecodePlan` into a :class:`Rollout` and re-scores a rollout's actions."""
-
-    def head_weights(self) -> tuple[float, float]: ...
-
-    def decode(self, gf: GraphFeatures, plan: DecodePlan) -> "Rollout": ...
-
-    def score(self, ro: "Rollout") -> "ActionScores": ...
 
 
 def empty_rollout(batch: int, n: int, nd: int) -> Rollout:

@@ -1,14 +1,14 @@
 """GDP (Zhou et al., 2019, "GDP: Generalized Device Placement for Dataflow Graphs"), a learned baseline.
 
 GraphSAGE op embeddings (PyG's ``SAGEConv``, over the DAG's edges in both directions), then a
-transformer over the ops in topological order (SEL's fixed rule, :func:`~doppler.policy.rollout.rule_order`,
+transformer over the ops in topological order (SEL's fixed rule, :func:`~doppler.policy.decode.rule_order`,
 with each op's rank as a learned positional input), then one output layer that gives every op a
 distribution over the cluster's devices, **in one shot**: no decision sees another's outcome, and
 no dynamic device features (there is no state to read them from). The output layer has one unit per
 device, so a GDP policy serves clusters of exactly the device count it was built for.
 
 It trains through the same loop as DOPPLER (:mod:`doppler.train`): a rollout samples every op's
-device at once, :func:`~doppler.policy.rollout.replay` list-schedules the result (the device
+device at once, :func:`~doppler.policy.decode.replay` list-schedules the result (the device
 features and EST ties that Stage I's teacher labels read), and the scores are the per-op log-softmax.
 """
 
@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from doppler.policy.decode import DecodePlan, Rollout, replay, rule_order
 from doppler.policy.features import GraphFeatures, op_feature_columns
 from doppler.policy.networks import LEAK, check_device_outputs
-from doppler.policy.rollout import ActionScores, DecodePlan, Rollout, fixed_order_scores, replay, rule_order
+from doppler.policy.rollout import ActionScores, fixed_order_scores
 
 
 class GdpPolicy(nn.Module):

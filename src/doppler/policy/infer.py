@@ -164,7 +164,7 @@ def _chain_sum(emb: np.ndarray, jumps: list, scale: float) -> np.ndarray:
 def export_weights(checkpoint: str | Path = PRETRAINED_CHECKPOINT, out: str | Path = INFERENCE_WEIGHTS) -> Path:
     """Write ``out`` (``.npz``): the weights of ``checkpoint`` as float32 arrays, its metadata, and its
     SHA-256 (needs torch; written atomically)."""
-    from doppler.policy.checkpoint import read_checkpoint
+    from doppler.policy.architectures import read_checkpoint
 
     checkpoint, out = Path(checkpoint), Path(out)
     ck = read_checkpoint(checkpoint)

@@ -93,7 +93,7 @@ def doppler_method(
         if fast is not None:
             meta, made_by = fast.meta, fast.method
         else:
-            from doppler.policy.checkpoint import load_policy
+            from doppler.policy.architectures import load_policy
 
             policy, meta = load_policy(path, cluster)
             made_by = policy.method

@@ -133,7 +133,7 @@ class PlcHead(nn.Module):
     def initial_placed(self, num_devices: int, like: torch.Tensor) -> torch.Tensor:
         """``[D, M + A]``: what each device holds before anything is placed: zero, or with device
         identity its learned state (for its own device count only: elsewhere the checkpoint is loaded
-        without it, :func:`doppler.policy.checkpoint.load_policy`)."""
+        without it, :func:`doppler.policy.architectures.load_policy`)."""
         if self.device_init is None:
             return like.new_zeros((num_devices, self.out.in_features + self.affinity))
         if self.device_init.shape[0] != num_devices:
@@ -186,7 +186,7 @@ def _chain_sum(emb: torch.Tensor, jumps: list, scale: float) -> torch.Tensor:
 
 
 class DopplerPolicy(nn.Module):
-    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (:func:`doppler.policy.checkpoint.load_policy` loads a saved one).
+    """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (:func:`doppler.policy.architectures.load_policy` loads a saved one).
 
     ``op_features`` names the static op features it reads (``"full"``: all of
     :data:`~doppler.policy.features.OP_FEATURES`; ``"structural"``: the position-free ones a

@@ -2,7 +2,7 @@
 learned baseline.
 
 One placement policy. Ops are visited in a fixed topological order (SEL's rule,
-:func:`~doppler.policy.rollout.rule_order`). Each op's node features are its static features plus
+:func:`~doppler.policy.decode.rule_order`). Each op's node features are its static features plus
 what the placement so far says about it: a one-hot of the device it was put on (zeros before), a
 "placed" flag and a "being placed now" flag. At **every step** the graph embedding is re-run over
 those features (``steps`` rounds of message passing that aggregate parents and children separately,
@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from doppler.policy.decode import DecodePlan, Rollout, replay, rule_order
 from doppler.policy.features import GraphFeatures, op_feature_columns
 from doppler.policy.networks import LEAK, check_device_outputs
-from doppler.policy.rollout import ActionScores, DecodePlan, Rollout, fixed_order_scores, replay, rule_order
+from doppler.policy.rollout import ActionScores, fixed_order_scores
 
 #: node rows (states x ops) embedded in one piece when re-scoring (bounds the memory of a chunk)
 STATE_CHUNK_ROWS = 1 << 16

@@ -24,18 +24,26 @@ a rollout is reproducible from the generator's state.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from doppler.policy.decode import (  # noqa: F401 - re-exported: the decoding half of this module lives there
-    MODES, DecodePlan, Decoder, Rollout, RolloutError, _MODE_CODE, _no_heads, _run_kernel, begin_episode, choose, commit_step,
-    empty_rollout, make_plan, pick, plc_logit, record_view, replay, rule_decode, rule_order, run_heads,
-)  # fmt: skip
 from doppler.policy import LEAK
+from doppler.policy.decode import DecodePlan, Rollout, make_plan, run_heads
 from doppler.policy.features import GraphFeatures
 from doppler.policy.networks import Encoded
+
+
+class Decoder(Protocol):
+    """A policy's per-graph state that is not DOPPLER's :class:`Encoded` (the learned baselines):
+    it decodes a :class:`DecodePlan` into a :class:`Rollout` and re-scores a rollout's actions."""
+
+    def head_weights(self) -> tuple[float, float]: ...
+
+    def decode(self, gf: GraphFeatures, plan: DecodePlan) -> Rollout: ...
+
+    def score(self, ro: Rollout) -> ActionScores: ...
 
 
 def numpy_heads(enc: Encoded) -> tuple[np.ndarray, ...]:
@@ -121,7 +129,7 @@ PLC_CHUNK_BYTES = 8 << 20
 
 def plc_logits(enc: Encoded, order: torch.Tensor, dev: torch.Tensor, device_features: torch.Tensor) -> torch.Tensor:
     """PLC logits ``[B, n, D]`` of every step, given the ops taken (``order``), their devices and the
-    device features each step saw: the batched twin of the scoring inside :func:`_rollout_kernel`.
+    device features each step saw: the batched twin of the scoring inside :func:`~doppler.policy.decode._rollout_kernel`.
 
     The sums over ops already on each device are ``[B, n, D, M + A]`` tensors, 200 MB at 10k ops.
     Steps go in chunks of about :data:`PLC_CHUNK_BYTES`, carrying the per-device sums from chunk to

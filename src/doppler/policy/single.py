@@ -20,12 +20,12 @@ import torch
 
 from doppler._jit import jit
 from doppler.listsched import features_into
+from doppler.policy.decode import (
+    DecodePlan, Rollout, RolloutError, begin_episode, commit_step, empty_rollout, pick, plc_logit, record_view,
+)  # fmt: skip
 from doppler.policy.features import GraphFeatures, normalise_device_features
 from doppler.policy.networks import LEAK, DopplerPolicy, Encoded
-from doppler.policy.rollout import (
-    ActionScores, DecodePlan, Rollout, RolloutError, begin_episode, candidate_steps, commit_step, empty_rollout, numpy_heads, pick,
-    placed_sums, plc_logit, record_view, segment_logsumexp,
-)  # fmt: skip
+from doppler.policy.rollout import ActionScores, candidate_steps, numpy_heads, placed_sums, segment_logsumexp
 
 
 @jit(cache=True)

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from doppler.policy.rollout import Rollout, evaluate_actions, rollout, segment_logsumexp
+from doppler.policy.decode import Rollout
+from doppler.policy.rollout import evaluate_actions, rollout, segment_logsumexp
 from doppler.train.config import TrainConfig
 from doppler.train.tasks import Task
 

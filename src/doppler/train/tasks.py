@@ -17,7 +17,8 @@ import torch
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.policy.features import GraphFeatures, graph_features
-from doppler.policy.rollout import Rollout, rollout
+from doppler.policy.decode import Rollout
+from doppler.policy.rollout import rollout
 from doppler.sim import SimContext
 from doppler.train.config import RULE_TEACHER, TrainConfig, TrainError
 

@@ -473,7 +473,8 @@ class Trainer:
                episodes: int | None = None) -> "Trainer":  # fmt: skip
         """Continue the run saved in ``run_dir`` exactly, on the same graphs and cluster; ``episodes``
         may extend Stage II (everything else is the run's own configuration)."""
-        from doppler.policy.checkpoint import read_checkpoint, require_training_state
+        from doppler.policy.architectures import read_checkpoint
+        from doppler.policy.checkpoint import require_training_state
 
         ckpt = Path(run_dir) / "checkpoint.pt"
         if not ckpt.is_file():
