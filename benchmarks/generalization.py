@@ -21,9 +21,9 @@ Search columns give the mean over ``--seeds`` seeds and the spread (max - min).
 Then the hardware transfer (the paper's Section 5): the pretrained policy fine-tuned on
 llama_layer / p100x4, applied to v100x8 zero-shot and after ``--transfer-episodes`` episodes
 there (the p100x4 stage's state per device is left out on v100x8, and a new one starts at zero), with the
-share of transferred bytes that stay on NVLink-connected GPU pairs; and the
-fine-tuning curve of llama_layer / p100x4 from the pretrained policy next to a from-scratch run
-(``--curve PNG``). ``--chart PNG`` draws the table's main columns as bars per row.
+share of transferred bytes that stay on NVLink-connected GPU pairs; and the fine-tuning
+histories of llama_layer / p100x4 from the pretrained policy and from scratch (``curves`` in
+``--out``). ``--chart PNG`` draws the table's main columns as bars per row.
 
 Bars (issue): zero-shot greedy never worse than critical_path; geomean vs best cheap <= 0.95
 and strictly better on >= 80% of rows; geomean vs anneal 60 s <= 1.10; --budget-s 5 geomean vs
@@ -130,7 +130,6 @@ def main() -> None:
     ap.add_argument("--distill-on-policy", type=float, default=None,
                     help="weight of distillation's labels in the greedy decode's own states, in every fine-tuning "
                     "run (doppler train --distill-on-policy; default: 1 with device identity, else 0)")
-    ap.add_argument("--curve", default=None, help="PNG of the fine-tuning curve (pretrained vs from scratch)")
     ap.add_argument("--out", default=None, help="write every number as JSON")
     ap.add_argument("--chart", default=None, help="PNG of the table's main columns, bars per row")
     ap.add_argument("--chart-from", default=None, help="draw --chart from this --out JSON of an earlier run and stop")
@@ -252,7 +251,7 @@ def main() -> None:
     for k, v in summary.items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
 
-    # ---- hardware transfer and the fine-tuning curve: llama_layer, p100x4 -> v100x8
+    # ---- hardware transfer and the fine-tuning histories: llama_layer, p100x4 -> v100x8
     from doppler import workloads
 
     g = workloads.build("llama_layer")
@@ -286,14 +285,6 @@ def main() -> None:
         nvlink_share_finetuned_full=nvlink_byte_share(g, dev_vw),
         nvlink_share_anneal=nvlink_byte_share(g, annealed_v100.devices),
     )
-    if args.curve:
-        from doppler.report import fine_tuning_curve
-
-        fine_tuning_curve({"from the pretrained policy": tr_ft.history,
-                           "from the pretrained policy, widened to full op features": tr_wide.history,
-                           "from scratch (Stage I + II)": tr_sc.history},
-                          args.curve, reference=anneal_p100 / tr_ft.tasks[0].lower_bound_s,
-                          title="llama_layer on p100x4: fine-tuning vs from scratch")  # fmt: skip
     print()
     for k, v in transfer.items():
         print(f"{k}: {v:.4g}")

@@ -42,11 +42,18 @@ SUBLAYERS = {
         {"features"},
         {"checkpoint"},
         {"decode", "networks"},
-        {"rollout"},
+        {"rollout", "fixed_output"},
         {"single", "gdp", "placeto"},
         {"architectures"},
         {"infer"},
         {"method"},
+    ],
+    "train": [
+        {"config"},
+        {"tasks"},
+        {"losses", "state"},
+        {"trainer"},
+        {"__init__"},
     ],
 }
 

@@ -179,33 +179,29 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
     return out
 
 
-def critical_path_trace(
-    graph: DataflowGraph,
-    cluster=None,
-    *,
-    compute_s: np.ndarray | None = None,
-    comm_s: np.ndarray | None = None,
-) -> CriticalPathTrace:
-    """Run the teacher and record every step (see :class:`CriticalPathTrace`).
-
-    ``compute_s[n, D]`` / ``comm_s[E]`` override the cluster's costs (for tests
-    and imported graphs with explicit costs).
-    """
-    cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
-    return CriticalPathTrace(**_schedule(graph, cm, record=True))
-
-
 def critical_path_schedule(
     graph: DataflowGraph,
     cluster=None,
     *,
     compute_s: np.ndarray | None = None,
     comm_s: np.ndarray | None = None,
+    record: bool = False,
 ) -> dict:
-    """The teacher's list schedule without the per-step record: a dict with
-    ``assignment``, ``order``, ``start_s``, ``finish_s``, ``b_level``, ``makespan_s``."""
+    """The teacher's list schedule: a dict with ``assignment``, ``order``, ``devices``, ``start_s``,
+    ``finish_s``, ``b_level``, ``makespan_s``; with ``record``, every step's record too (the other
+    fields of :class:`CriticalPathTrace`).
+
+    ``compute_s[n, D]`` / ``comm_s[E]`` override the cluster's costs (for tests
+    and imported graphs with explicit costs).
+    """
     cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
-    return _schedule(graph, cm, record=False)
+    return _schedule(graph, cm, record)
+
+
+def critical_path_trace(graph: DataflowGraph, cluster=None, **costs: np.ndarray | None) -> CriticalPathTrace:
+    """Run the teacher and record every step (see :class:`CriticalPathTrace`); ``costs``: ``compute_s``
+    and ``comm_s``, as :func:`critical_path_schedule` takes them."""
+    return CriticalPathTrace(**critical_path_schedule(graph, cluster, record=True, **costs))
 
 
 @register("critical_path", description="list scheduling: largest b-level first, earliest-start device",

@@ -22,12 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from doppler.policy.decode import DecodePlan, Rollout, replay, rule_order
-from doppler.policy.features import GraphFeatures, op_feature_columns
-from doppler.policy.networks import LEAK, check_device_outputs
+from doppler.policy.features import GraphFeatures
+from doppler.policy.fixed_output import FixedOutputPolicy
+from doppler.policy.networks import LEAK
 from doppler.policy.rollout import ActionScores, fixed_order_scores
 
 
-class GdpPolicy(nn.Module):
+class GdpPolicy(FixedOutputPolicy):
     """SAGEConv encoder (``steps`` layers) + transformer (``layers`` x ``heads``) + per-op device logits."""
 
     method = "gdp"
@@ -38,15 +39,10 @@ class GdpPolicy(nn.Module):
 
     def __init__(self, num_devices: int, hidden: int = 128, steps: int = 3, mlp_hidden: int = 128,
                  op_features: str = "full", layers: int = 2, heads: int = 4) -> None:  # fmt: skip
-        super().__init__()
+        super().__init__("gdp", num_devices, hidden=hidden, steps=steps, mlp_hidden=mlp_hidden,
+                         op_features=op_features, layers=layers, heads=heads)  # fmt: skip
         from torch_geometric.nn import SAGEConv
 
-        if num_devices < 1:
-            raise ValueError(f"num_devices must be >= 1, got {num_devices}")
-        self.num_devices = num_devices
-        self.config = {"architecture": "gdp", "num_devices": num_devices, "hidden": hidden, "steps": steps,
-                       "mlp_hidden": mlp_hidden, "op_features": op_features, "layers": layers, "heads": heads}  # fmt: skip
-        self.op_columns = op_feature_columns(op_features)
         self.embed = nn.Linear(len(self.op_columns), hidden)
         self.sage = nn.ModuleList(SAGEConv(hidden, hidden) for _ in range(steps))
         self.position = nn.Linear(1, hidden)
@@ -54,13 +50,9 @@ class GdpPolicy(nn.Module):
         self.transformer = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.out = nn.Sequential(nn.Linear(hidden, mlp_hidden), nn.LeakyReLU(LEAK), nn.Linear(mlp_hidden, num_devices))
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
     def encode(self, gf: GraphFeatures) -> "GdpDecoder":
         """Every op's device logits ``[n, D]``, in one pass."""
-        check_device_outputs("GDP", self.num_devices, gf)
+        self.check_device_outputs(gf)
         dev = self.device
         n = gf.num_ops
         order = rule_order(gf)

@@ -28,8 +28,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from doppler.policy.decode import DecodePlan, Rollout, replay, rule_order
-from doppler.policy.features import GraphFeatures, op_feature_columns
-from doppler.policy.networks import LEAK, check_device_outputs
+from doppler.policy.features import GraphFeatures
+from doppler.policy.fixed_output import FixedOutputPolicy
+from doppler.policy.networks import LEAK
 from doppler.policy.rollout import ActionScores, fixed_order_scores
 
 #: node rows (states x ops) embedded in one piece when re-scoring (bounds the memory of a chunk)
@@ -48,31 +49,22 @@ def reachability(graph, order: np.ndarray) -> np.ndarray:
     return anc
 
 
-class PlacetoPolicy(nn.Module):
+class PlacetoPolicy(FixedOutputPolicy):
     """Placement-aware message passing re-run per step + parent/child/parallel aggregation + device logits."""
 
     method = "placeto"
 
     def __init__(self, num_devices: int, hidden: int = 64, steps: int = 3, mlp_hidden: int = 128,
                  op_features: str = "full") -> None:  # fmt: skip
-        super().__init__()
-        if num_devices < 1:
-            raise ValueError(f"num_devices must be >= 1, got {num_devices}")
-        self.num_devices = num_devices
-        self.config = {"architecture": "placeto", "num_devices": num_devices, "hidden": hidden, "steps": steps,
-                       "mlp_hidden": mlp_hidden, "op_features": op_features}  # fmt: skip
-        self.op_columns = op_feature_columns(op_features)
+        super().__init__("placeto", num_devices, hidden=hidden, steps=steps, mlp_hidden=mlp_hidden,
+                         op_features=op_features)  # fmt: skip
         self.embed = nn.Linear(len(self.op_columns) + num_devices + 2, hidden)
         self.rounds = nn.ModuleList(nn.Linear(3 * hidden, hidden) for _ in range(steps))
         self.out = nn.Sequential(nn.Linear(4 * hidden, mlp_hidden), nn.LeakyReLU(LEAK), nn.Linear(mlp_hidden, num_devices))
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
     def encode(self, gf: GraphFeatures) -> "PlacetoDecoder":
         """The static inputs of the per-step embedding (nothing is embedded yet: that happens per step)."""
-        check_device_outputs("PLACETO", self.num_devices, gf)
+        self.check_device_outputs(gf)
         dev = self.device
         g = gf.graph
         order = rule_order(gf)

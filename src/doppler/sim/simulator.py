@@ -357,25 +357,26 @@ def _check_batch(graph: DataflowGraph, assignments: Any, num_devices: int) -> np
 
 
 # =========================================================================== the public functions' cache
+class _WeakAttribute:
+    """An attribute held through a weak reference (in ``_<name>_ref``): reading it gives the object
+    while something else keeps it alive, then None."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.ref_name = f"_{name}_ref"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.ref_name)()
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.ref_name, weakref.ref(value))
+
+
 class _WeakContext(SimContext):
     """A :class:`SimContext` that holds its graph and cluster weakly: the cache's, which must not keep
     them alive (a public function holds both while it uses the context)."""
 
-    @property  # type: ignore[override]
-    def graph(self) -> DataflowGraph:
-        return self._graph_ref()
-
-    @graph.setter
-    def graph(self, graph: DataflowGraph) -> None:
-        self._graph_ref = weakref.ref(graph)
-
-    @property  # type: ignore[override]
-    def cluster(self) -> Cluster:
-        return self._cluster_ref()
-
-    @cluster.setter
-    def cluster(self, cluster: Cluster) -> None:
-        self._cluster_ref = weakref.ref(cluster)
+    graph = _WeakAttribute()
+    cluster = _WeakAttribute()
 
 
 class _Cache:

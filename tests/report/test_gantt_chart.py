@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import doppler.report.gantt_chart as gantt_chart
 from doppler.graph import OpKind, from_edges
 from doppler.presets import cluster
-from doppler.report import format_time, gantt, time_unit
+from doppler.report import gantt
 from doppler.sim import lower_bound, simulate
 
 
@@ -48,17 +49,9 @@ def test_gantt_accepts_a_trace_and_needs_one(tmp_path: Path) -> None:
         gantt(g, c, simulate(g, c, [0, 1, 0]), tmp_path / "u.png")
 
 
-def test_format_time() -> None:
-    assert format_time(0.0123) == "12.3 ms"
-    assert format_time(2.5) == "2.5 s"
-    assert format_time(3e-6) == "3 µs"
-
-
 def test_large_gantt_drops_outlines_samples_transfers_and_threads_the_critical_path(tmp_path: Path, monkeypatch) -> None:
-    import doppler.report as report
-
     figs = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
+    monkeypatch.setattr(gantt_chart, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
     g = _graph()
     c = cluster("p100x4")
     tr = simulate(g, c, np.arange(g.num_ops) % 4, trace=True).trace
@@ -76,50 +69,10 @@ def test_large_gantt_drops_outlines_samples_transfers_and_threads_the_critical_p
     assert "transfer" in labels and "critical path" in labels
 
 
-def test_unit_cost_clusters_print_units(tmp_path: Path, monkeypatch) -> None:
-    import doppler.report as report
-
+def test_a_unit_cost_cluster_charts_in_units(tmp_path: Path, monkeypatch) -> None:
     g = from_edges([1, 2, 3], [(0, 1), (0, 2)], [1, 1, 1])
     c = cluster("unit:2")
-    assert format_time(12.5, c) == "12.5 units" and format_time(12.5) == "12.5 s"
-    assert time_unit(1e-3, c) == (1.0, "units")
     figs = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
+    monkeypatch.setattr(gantt_chart, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
     gantt(g, c, simulate(g, c, [0, 1, 0], trace=True), tmp_path / "u.png")
     assert figs[0].axes[0].get_xlabel() == "time (units)"
-
-
-def test_fine_tuning_curve_plots_each_run_and_the_distilled_end(tmp_path: Path, monkeypatch) -> None:
-    import matplotlib.axes
-
-    from doppler.report import fine_tuning_curve
-
-    calls = []
-    real_plot = matplotlib.axes.Axes.plot
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: calls.append(a) or real_plot(self, *a, **k))
-    rl = [{"episode": 8.0 * k, "greedy_ratio": 1.5 - 0.01 * k, "stage_il": 0.0, "stage_distill": 0.0} for k in range(1, 5)]
-    distilled = rl + [{"episode": 32.0, "greedy_ratio": r, "stage_il": 0.0, "stage_distill": 1.0} for r in (1.2, 1.9)]
-    out = tmp_path / "curve.png"
-    fine_tuning_curve({"a": rl, "b": distilled}, out, reference=1.1)
-    assert out.stat().st_size > 0
-    assert [list(c[0]) for c in calls] == [[8.0, 16.0, 24.0, 32.0], [8.0, 16.0, 24.0, 32.0], [32.0]]
-    assert list(calls[2][1]) == [1.2]  # the dot: the best greedy decode distillation passed through
-
-
-def test_held_out_chart_draws_one_bar_per_present_value(tmp_path: Path, monkeypatch) -> None:
-    import matplotlib.axes
-
-    from doppler.report import held_out_chart
-
-    calls = []
-    real = matplotlib.axes.Axes.barh
-    monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, w, **k: calls.append((list(y), list(w), k))
-                        or real(self, y, w, **k))  # fmt: skip
-    rows = [{"name": "a/x", "heft": 1.1, "anneal": [0.9, 0.02]}, {"name": "b/y", "heft": 1.0, "anneal": None}]
-    out = tmp_path / "chart.png"
-    held_out_chart(rows, {"heft": "HEFT", "anneal": "anneal 5 s"}, out)
-    assert out.stat().st_size > 0
-    (y0, w0, _), (y1, w1, k1) = calls
-    assert w0 == [1.1, 1.0] and w1 == [0.9]  # b/y has no anneal value: no bar
-    assert y0[0] < y1[0] < y0[1]  # each row's bars sit together, in column order
-    assert k1["xerr"] == [0.01] and k1["label"] == "anneal 5 s"
