@@ -54,16 +54,9 @@ class ValidationResult:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n,
-            "spearman": self.spearman,
-            "mean_abs_pct_error": self.mean_abs_pct_error,
-            "max_abs_pct_error": self.max_abs_pct_error,
-            "bias_pct": self.bias_pct,
-            "retest_spearman": self.retest_spearman,
-            **self.info,
-            "assignments": self.rows,
-        }
+        """The figures (in field order), then ``info``, then every assignment's row."""
+        figures = ("n", "spearman", "mean_abs_pct_error", "max_abs_pct_error", "bias_pct", "retest_spearman")
+        return {**{name: getattr(self, name) for name in figures}, **self.info, "assignments": self.rows}
 
 
 def _is_method(label: str) -> bool:
