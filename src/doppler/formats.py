@@ -31,6 +31,7 @@ import numpy as np
 
 from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
 from doppler.io_util import atomic_write_text, parse_json, read_text, write_json
+from doppler.memory import input_slices
 
 JSON_FORMAT = "doppler-graph"
 JSON_VERSION = 1
@@ -113,7 +114,14 @@ def graph_to_json(graph: DataflowGraph) -> dict[str, Any]:
 
 
 def graph_from_json_text(text: str, source: str = "<json>") -> DataflowGraph:
-    return graph_from_json(parse_json(text, source, GraphError), source=source)
+    """A graph from JSON text; the graph-input slices its ops read are checked here (:mod:`doppler.memory`
+    counts them), so that a malformed one is an error naming ``source`` and the op."""
+    graph = graph_from_json(parse_json(text, source, GraphError), source=source)
+    try:
+        input_slices(graph)
+    except GraphError as e:
+        raise GraphError(f"{source}: {e}") from None
+    return graph
 
 
 def _checked_in_bulk(values: list, dtype: Any) -> np.ndarray | None:

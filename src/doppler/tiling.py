@@ -89,6 +89,7 @@ class TileBuilder:
         self.groups: list[Group] = []
         self.untiled_flops = 0.0
         self.inputs: dict[str, list[int]] = {}
+        self.user_inputs: list[str] = []
         self.input_init: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, dict[str, Any]] = {}
         self._logical_names: set[str] = set()
@@ -193,8 +194,11 @@ class TileBuilder:
             raise self._err(f"{name}: {e}") from None
 
     # ----------------------------------------------------------- tensors
-    def input(self, name: str, shape: Sequence[int], grid: Sequence[int], init: dict[str, Any] | None = None) -> Tensor:
-        """Declare a graph input (not an op): its tiles are slices of the full array."""
+    def input(self, name: str, shape: Sequence[int], grid: Sequence[int], init: dict[str, Any] | None = None,
+              user: bool = False) -> Tensor:  # fmt: skip
+        """Declare a graph input (not an op): its tiles are slices of the full array. ``user``: an argument of
+        the forward (activations such as ``x``: ``meta["user_inputs"]``); otherwise a weight or a constant,
+        resident wherever it is read (:mod:`doppler.memory`)."""
         shape, grid = tuple(int(s) for s in shape), tuple(int(g) for g in grid)
         self._check_grid(name, shape, grid)
         if name in self.inputs:
@@ -204,6 +208,8 @@ class TileBuilder:
             t.tiles[blk] = {"input": name, "block": list(blk), "slice": t.tile_slice(blk), "shape": list(t.block_shape)}
         self.inputs[name] = list(shape)
         self.input_init[name] = dict(init or {"init": "normal", "std": 1.0})
+        if user:
+            self.user_inputs.append(name)
         return t
 
     def output(self, name: str, t: Tensor) -> None:
@@ -400,6 +406,7 @@ class TileBuilder:
             "params": dict(params),
             "dtype": self.dtype,
             "inputs": dict(self.inputs),
+            "user_inputs": list(self.user_inputs),
             "input_init": dict(self.input_init),
             "outputs": dict(self.outputs),
             "untiled_flops": float(self.untiled_flops),

@@ -17,6 +17,7 @@ import numpy as np
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import atomic_write_text, write_json
+from doppler.memory import InputSlices, activation_input_intervals, input_slices, resident_bytes
 
 __all__ = ["Trace"]
 
@@ -71,17 +72,18 @@ class Trace:
             return np.zeros(cluster.num_devices)
         return busy / (mk * cluster.streams)
 
-    def memory_intervals(self, graph: DataflowGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every buffer the run held: (device, alloc_s, free_s, bytes), one row per op output and per transfer.
+    def memory_intervals(self, graph: DataflowGraph,
+                         slices: InputSlices | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """Every activation buffer the run held: (device, alloc_s, free_s, bytes), one row per op output, per
+        transfer and per activation-input slice a device reads (weights are resident, not listed here:
+        :meth:`resident_bytes`; the model is :mod:`doppler.memory`'s).
 
-        The memory model (docs/cli.md, "Device memory"): an op's output buffer is
-        live on its device from the op's *start* (the kernel writes it) until
-        the latest of its own end, the end of every consumer on that device
-        (consumers read while they run) and the end of every transfer of it.
-        A received copy is live on the destination from the transfer's start
-        until the end of the last consumer there. Outputs nobody consumes (the
-        graph's results) stay live until the makespan. Inputs and weights are
-        the outputs of input ops, so they count like any other output.
+        An op's output buffer is live on its device from the op's *start* (the kernel writes it) until
+        the latest of its own end, the end of every consumer on that device (consumers read while they
+        run) and the end of every transfer of it. A received copy is live on the destination from the
+        transfer's start until the end of the last consumer there. Outputs nobody consumes (the graph's
+        results) stay live until the makespan. A slice of an activation input is live from 0 until its
+        last reader on the device ends.
         """
         n, T = self.num_ops, self.num_transfers
         dev, start, end = self.op_device, self.op_start, self.op_end
@@ -102,19 +104,42 @@ class Trace:
             pos = np.minimum(np.searchsorted(tr_key[order], edge_key), T - 1)
             found = tr_key[order][pos] == edge_key
             np.maximum.at(tr_free, order[pos[found]], end[dst[cross][found]])
+        nd = int(max(dev.max(initial=-1), self.tr_dst_device.max(initial=-1))) + 1
+        in_dev, in_alloc, in_free, in_bytes = activation_input_intervals(graph, dev, end, max(nd, 1), slices)
         return (
-            np.concatenate([dev, self.tr_dst_device]).astype(np.int64),
-            np.concatenate([start, self.tr_start]),
-            np.concatenate([out_free, tr_free]),
-            np.concatenate([graph.output_bytes[:n].astype(np.float64), self.tr_bytes]),
+            np.concatenate([dev, self.tr_dst_device, in_dev]).astype(np.int64),
+            np.concatenate([start, self.tr_start, in_alloc]),
+            np.concatenate([out_free, tr_free, in_free]),
+            np.concatenate([graph.output_bytes[:n].astype(np.float64), self.tr_bytes, in_bytes]),
         )
 
+    def resident_bytes(self, graph: DataflowGraph, num_devices: int, slices: InputSlices | None = None) -> np.ndarray:
+        """The weight bytes each device holds for the whole run (:func:`doppler.memory.resident_bytes`)."""
+        return resident_bytes(graph, self.op_device, num_devices, slices)
+
     def peak_memory_bytes(self, graph: DataflowGraph, num_devices: int) -> np.ndarray:
-        """Largest number of bytes live at once on each device (see :meth:`memory_intervals`)."""
-        device, alloc, free, nbytes = self.memory_intervals(graph)
+        """Largest number of bytes held at once on each device: the resident weights plus the peak of the
+        live activation buffers (:meth:`memory_intervals`)."""
+        slices = input_slices(graph)
+        return self.resident_bytes(graph, num_devices, slices) + self.activation_peak_bytes(graph, num_devices, slices)
+
+    def activation_peak_bytes(self, graph: DataflowGraph, num_devices: int,
+                              slices: InputSlices | None = None) -> np.ndarray:  # fmt: skip
+        """Largest number of activation bytes live at once on each device (:meth:`activation_timeline`)."""
+        device, _, live = self.activation_timeline(graph, num_devices, slices)
+        peak = np.zeros(num_devices)
+        if live.size:
+            np.maximum.at(peak, device, live)
+        return peak
+
+    def activation_timeline(self, graph: DataflowGraph, num_devices: int,
+                            slices: InputSlices | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """Every allocation and free of :meth:`memory_intervals`, by device, then time: ``(device, time_s,
+        live_bytes)``, the activation bytes live on the device just after the event. At one time on one
+        device: frees of buffers that lived a while, then allocations, then frees of zero-length buffers
+        (so those still count)."""
+        device, alloc, free, nbytes = self.memory_intervals(graph, slices)
         m = device.shape[0]
-        # events at one time on one device: frees of buffers that lived a while, then
-        # allocations, then frees of zero-length buffers (so those still count)
         ev_dev = np.concatenate([device, device, device])
         ev_t = np.concatenate([free, alloc, free])
         zero = alloc == free
@@ -126,10 +151,7 @@ class Trace:
         # running sum per device: subtract what the devices before it left (0, up to rounding)
         first = np.searchsorted(ev_dev, np.arange(num_devices))
         before = np.where(first > 0, live[np.maximum(first - 1, 0)], 0.0)
-        peak = np.zeros(num_devices)
-        if live.size:
-            np.maximum.at(peak, ev_dev, live - before[ev_dev])
-        return peak
+        return ev_dev, ev_t[order], live - before[ev_dev]
 
     def arrival_s(self, graph: DataflowGraph) -> dict[tuple[int, int], float]:
         """(op, device) -> time the op's output is available on that device."""

@@ -78,7 +78,7 @@ def _chainmm(b: TileBuilder, p: dict[str, Any]) -> None:
 def _ffnn(b: TileBuilder, p: dict[str, Any]) -> None:
     bs, di, dh, do = p["batch"], p["d_in"], p["d_hidden"], p["d_out"]
     bb, ib, hb, ob = p["batch_blocks"], p["in_blocks"], p["hidden_blocks"], p["out_blocks"]
-    X = b.input("X", (bs, di), (bb, ib))
+    X = b.input("X", (bs, di), (bb, ib), user=True)
     W1 = b.input("W1", (di, dh), (ib, hb), _normal(1 / math.sqrt(di)))
     b1 = b.input("b1", (dh,), (hb,), _normal(0.1))
     W2 = b.input("W2", (dh, do), (hb, ob), _normal(1 / math.sqrt(dh)))
@@ -97,7 +97,7 @@ def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
     bb, sb, db, hb, fb = p["batch_blocks"], p["seq_blocks"], p["dim_blocks"], p["head_blocks"], p["hidden_blocks"]
     norm_w = {"init": "norm_weight"}
     t = {
-        "x": b.input("x", (B, s, D), (bb, sb, db)),
+        "x": b.input("x", (B, s, D), (bb, sb, db), user=True),
         "w_attn_norm": b.input("w_attn_norm", (D,), (db,), norm_w),
         "w_q": b.input("w_q", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
         "w_k": b.input("w_k", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),

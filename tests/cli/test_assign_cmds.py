@@ -250,25 +250,49 @@ def test_anneal_init_starts_from_a_given_assignment(graph_file: Path, tmp_path: 
     assert bad.exit_code == 2 and "--init" in bad.output
 
 
-def test_memory_overruns_warn_in_assign_and_compare_and_strict_writes_nothing(graph_file: Path, tmp_path: Path) -> None:
+def _cluster_with_memory(tmp_path: Path, name: str, memory_bytes: float) -> Path:
     from dataclasses import replace
 
     from doppler.presets import cluster
 
     cl = cluster("p100x4")
-    small = tmp_path / "small.json"
-    replace(cl, name="small", devices=[replace(d, memory_bytes=1e3) for d in cl.devices]).save(small)
+    path = tmp_path / f"{name}.json"
+    replace(cl, name=name, devices=[replace(d, memory_bytes=memory_bytes) for d in cl.devices]).save(path)
+    return path
+
+
+def test_a_graph_no_placement_fits_exits_2_and_ignore_memory_places_it(graph_file: Path, tmp_path: Path) -> None:
+    small = _cluster_with_memory(tmp_path, "small", 100.0)
     out = tmp_path / "a.json"
-    res = run("assign", str(graph_file), "-c", str(small), "-m", "single", "-o", str(out), "--strict-memory")
-    assert res.exit_code == 2 and "single on" in res.output and "more than its 1 kB" in res.output
-    assert not out.exists()
-    res = run("assign", str(graph_file), "-c", str(small), "-m", "single", "-o", str(out), "--json")
-    assert res.exit_code == 0 and out.exists() and "--strict-memory makes this an error" in res.stderr
-    assert json.loads(res.stdout)["peak_memory_bytes"][0] > 1e3
-    res = run("compare", str(graph_file), "-c", str(small), "-m", "single,round_robin")
-    assert res.exit_code == 0 and "peak memory" in res.stdout and "(over)" in res.stdout
-    rows = json.loads(run("compare", str(graph_file), "-c", "p100x4", "-m", "single", "--json").stdout)
-    assert rows[0]["memory_overruns"] == [] and rows[0]["peak_memory_bytes"][0] > 0 == rows[0]["peak_memory_bytes"][1]
+    for args in (["assign", str(graph_file), "-c", str(small), "-m", "heft", "-o", str(out)],
+                 ["compare", str(graph_file), "-c", str(small), "-m", "single,heft"]):  # fmt: skip
+        res = run(*args)
+        assert res.exit_code == 2 and "does not fit small: the weights alone need" in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and not out.exists()
+    res = run("assign", str(graph_file), "-c", str(small), "-m", "single", "-o", str(out), "--ignore-memory", "--json")
+    assert res.exit_code == 0 and out.exists() and "does not fit" in res.stderr
+    row = json.loads(res.stdout)
+    assert row["feasible"] is False and row["memory_budget_bytes"] == [90.0] * 4 and row["resident_bytes"][0] > 100
+
+
+def test_compare_marks_the_placements_over_budget_and_never_calls_them_best(graph_file: Path, tmp_path: Path) -> None:
+    from doppler import load_graph
+    from doppler.memory import weight_bytes
+
+    g = load_graph(graph_file)
+    roomy = json.loads(run("compare", str(graph_file), "-c", "p100x4", "-m", "single,heft", "--json").stdout)
+    single_peak = roomy[0]["peak_memory_bytes"][0]
+    assert roomy[0]["feasible"] and roomy[0]["resident_bytes"][0] == weight_bytes(g) and roomy[0]["peak_memory_bytes"][1] == 0
+    # a budget under what single holds on one device, above what heft spreads over four
+    mid = _cluster_with_memory(tmp_path, "mid", single_peak * 0.95 / 0.9)
+    res = run("compare", str(graph_file), "-c", str(mid), "-m", "single,heft,critical_path", "--json")
+    assert res.exit_code == 0, res.output
+    rows = {r["method"]: r for r in json.loads(res.stdout)}
+    assert not rows["single"]["feasible"] and rows["single"]["memory_overruns"]
+    assert rows["heft"]["feasible"] and rows["critical_path"]["feasible"]
+    table = run("compare", str(graph_file), "-c", str(mid), "-m", "single,heft")
+    assert table.exit_code == 0 and "fits" in table.stdout and "(over)" in table.stdout
+    assert "over the memory budget: single" in table.stdout
 
 
 def test_bad_seeds_sizes_and_overflowing_times_exit_2_with_one_line(graph_file: Path, tmp_path: Path) -> None:

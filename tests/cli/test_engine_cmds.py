@@ -225,3 +225,21 @@ def test_the_timeout_help_states_the_connection_bound() -> None:
     from doppler.engine.dask_cluster import SETUP_TIMEOUT_S
 
     assert f"at most {SETUP_TIMEOUT_S:g} s" in TIMEOUT_OPT.help
+
+
+def test_execute_refuses_an_assignment_over_the_memory_budget_before_it_runs(files) -> None:
+    from dataclasses import replace
+
+    from doppler.hardware import Cluster
+    from doppler.cluster_file import load_cluster
+
+    tight = files["dir"] / "tight.json"
+    cl: Cluster = load_cluster(files["cal"])
+    replace(cl, devices=[replace(d, memory_bytes=500.0) for d in cl.devices]).save(tight)
+    trace = files["dir"] / "tight_trace.json"
+    res = run("execute", files["graph"], "-a", files["a"], "-c", tight, "--repeats", 1, "--trace", trace)
+    assert res.exit_code == 2 and "does not fit: cpu0 holds" in res.output and not trace.exists()
+    res = run("execute", files["graph"], "-a", files["a"], "-c", tight, "--repeats", 1, "--ignore-memory", "--json")
+    assert res.exit_code == 0 and "does not fit" in res.stderr
+    out = json.loads(res.stdout)
+    assert out["memory_budget_bytes"] == [450.0, 450.0] and max(out["simulated_peak_memory_bytes"]) > 450

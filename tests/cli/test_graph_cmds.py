@@ -217,3 +217,19 @@ def test_import_bad_input_exits_2_in_one_line(tmp_path: Path, args: list[str], m
     assert res.exit_code == 2, res.output
     assert match in res.output and len(res.output.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_info_gives_the_weights_against_the_clusters_budget(tmp_path: Path) -> None:
+    from doppler.memory import weight_bytes
+
+    out = tmp_path / "g.json"
+    assert run("graph", "build", "llama_layer", "--set", "size=tiny", "-o", str(out)).exit_code == 0
+    info = json.loads(run("graph", "info", str(out), "-c", "p100x4", "--json").stdout)
+    assert info["weight_bytes"] == weight_bytes(load_graph(out)) > 0
+    assert info["memory_budget_bytes"] == pytest.approx(4 * 16e9 * 0.9) and info["weights_fit"] is True
+    tight = json.loads(run("graph", "info", str(out), "-c", "p100x4", "--memory-fraction", "1e-9", "--json").stdout)
+    assert tight["weights_fit"] is False
+    unlimited = json.loads(run("graph", "info", str(out), "--json").stdout)
+    assert unlimited["memory_budget_bytes"] is None and unlimited["weights_fit"] is True
+    human = run("graph", "info", str(out), "-c", "p100x4")
+    assert "weights / memory budget (p100x4)" in human.stdout and "57.6 GB" in human.stdout

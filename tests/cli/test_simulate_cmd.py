@@ -178,22 +178,37 @@ def _small_memory_cluster(d: Path, memory_bytes: float) -> Path:
     return p
 
 
-def test_peak_memory_is_reported_and_strict_memory_fails_writing_nothing(files) -> None:
+def test_memory_is_reported_and_a_placement_over_budget_exits_2_writing_nothing(files) -> None:
     d = files["dir"]
     roomy = run("simulate", files["graph"], "-c", _small_memory_cluster(d, 1e9), "-a", files["good"], "--json")
     assert roomy.exit_code == 0, roomy.output
     out = json.loads(roomy.stdout)
-    assert out["peak_memory_bytes"] == [1.0, 1.0] and out["memory_overruns"] == []  # op 1 (1 byte) and its copy
-    assert out["memory_bytes"] == [1e9, 1e9]
-    tight = _small_memory_cluster(d, 0.5)
-    warned = run("simulate", files["graph"], "-c", tight, "-a", files["good"])
-    assert warned.exit_code == 0 and "warning:" in warned.output and "gpu0 holds 1 B at peak" in warned.output
+    assert out["peak_memory_bytes"] == [1.0, 1.0] and out["resident_bytes"] == [0.0, 0.0]  # op 1 (1 byte), its copy
+    assert out["memory_bytes"] == [1e9, 1e9] and out["memory_budget_bytes"] == [0.9e9, 0.9e9] and out["feasible"]
+    tight = _small_memory_cluster(d, 1.0)  # a budget of 0.9 B
     trace = d / "t.json"
-    strict = run("simulate", files["graph"], "-c", tight, "-a", files["good"], "--strict-memory", "--trace", trace)
-    assert strict.exit_code == 2 and "gpu0 holds 1 B at peak, more than its 0 B" in strict.output
-    assert "Traceback" not in strict.output and not trace.exists()
+    refused = run("simulate", files["graph"], "-c", tight, "-a", files["good"], "--trace", trace)
+    assert refused.exit_code == 2 and "gpu0 holds 1 B at peak (0 B of it weights), over its budget of 1 B" in refused.output
+    assert "Traceback" not in refused.output and not trace.exists() and len(refused.output.strip().splitlines()) == 1
+    warned = run("simulate", files["graph"], "-c", tight, "-a", files["good"], "--ignore-memory", "--json")
+    assert warned.exit_code == 0 and "warning:" in warned.stderr and "does not fit" in warned.stderr
+    assert json.loads(warned.stdout)["feasible"] is False
+    fits = run("simulate", files["graph"], "-c", tight, "-a", files["good"], "--memory-fraction", "1", "--json")
+    assert fits.exit_code == 0 and json.loads(fits.stdout)["feasible"] is True
+    bad = run("simulate", files["graph"], "-c", tight, "-a", files["good"], "--memory-fraction", "1.5")
+    assert bad.exit_code == 2 and "--memory-fraction must be a number in (0, 1]" in bad.output
 
 
 def test_times_are_seconds_on_real_clusters(files) -> None:
     res = run("simulate", files["graph"], "-c", "p100x4:2", "-a", files["good"])
     assert res.exit_code == 0 and "units" not in res.output and " µs" in res.output
+
+
+def test_gantt_memory_adds_a_panel_and_needs_the_gantt(files) -> None:
+    png, mem_png = files["dir"] / "plain.png", files["dir"] / "mem.png"
+    args = ("simulate", files["graph"], "-c", "p100x4:2", "-a", files["good"])
+    assert run(*args, "--gantt", png).exit_code == 0
+    assert run(*args, "--gantt", mem_png, "--gantt-memory").exit_code == 0
+    assert mem_png.stat().st_size > png.stat().st_size  # (a second panel)
+    alone = run(*args, "--gantt-memory")
+    assert alone.exit_code == 2 and "give --gantt too" in alone.output

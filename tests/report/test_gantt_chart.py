@@ -76,3 +76,22 @@ def test_a_unit_cost_cluster_charts_in_units(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(gantt_chart, "save_figure", lambda fig, path, dpi=None: figs.append(fig))
     gantt(g, c, simulate(g, c, [0, 1, 0], trace=True), tmp_path / "u.png")
     assert figs[0].axes[0].get_xlabel() == "time (units)"
+
+
+@pytest.mark.parametrize("name", ["ffnn", "llama_block"])
+def test_the_memory_panels_curves_peak_where_the_trace_says(tmp_path: Path, name: str) -> None:
+    """Each device's curve starts at its resident weights, its highest point is its peak memory, and after
+    the makespan it holds its weights alone."""
+    from doppler import workloads
+
+    g = workloads.build(name, size="tiny")
+    c = cluster("p100x4")
+    r = simulate(g, c, np.random.default_rng(1).integers(0, 4, g.num_ops), trace=True)
+    curves = gantt_chart.memory_curves(g, r.trace, 4)
+    for d, (t, held) in enumerate(curves):
+        assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
+        assert held[0] >= r.resident_bytes[d]
+        np.testing.assert_allclose(held.max(), r.peak_memory_bytes[d], rtol=1e-12)
+        np.testing.assert_allclose(held[-1], r.resident_bytes[d], atol=1e-6)  # after the makespan: the weights
+    out = gantt(g, c, r, tmp_path / "m.png", memory_budget_bytes=np.full(4, r.peak_memory_bytes.max()))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -134,17 +134,26 @@ def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: 
 #: seconds between the plain progress lines of :func:`live_progress` when stderr is not a terminal
 PLAIN_PROGRESS_EVERY_S = 60.0
 
-STRICT_MEMORY_HELP = "Exit 2 (and write nothing) when a device's peak memory exceeds its memory_bytes; default: a warning."
+MEMORY_FRACTION_OPT = typer.Option(0.9, "--memory-fraction", help="Share of each device's memory_bytes that a placement may fill (the rest is left for kernel workspace and the allocator); a device with no memory_bytes is unlimited.")
+IGNORE_MEMORY_OPT = typer.Option(False, "--ignore-memory", help="Place and run without the memory budget: a placement that does not fit is only a warning.")
 
 
-def check_memory(overruns: list[str], strict: bool, what: str) -> None:
-    """Warn (or, with ``strict``, fail with exit 2) when an assignment overfills some device's memory."""
-    if not overruns:
-        return
-    msg = f"{what}: {'; '.join(overruns)} (outputs and received copies live until their last reader ends)"
-    if strict:
-        raise UserError(msg)
-    warnings.warn(msg + "; --strict-memory makes this an error", stacklevel=2)
+def memory_check(graph: Any, cl: Any, result: Any, memory_fraction: float, ignore: bool, what: str) -> Any:
+    """A traced run's memory against the budget (:class:`doppler.memory.MemoryCheck`). Over budget: exit 2
+    naming the device, or, with ``ignore`` (``--ignore-memory``), a one-line warning."""
+    from doppler.memory import MemoryBudgetError, check
+    from doppler.report import memory_overruns
+
+    try:
+        chk = check(graph, cl, result.resident_bytes, result.peak_memory_bytes, memory_fraction)
+    except MemoryBudgetError as e:
+        raise UserError(str(e)) from None
+    if not chk.feasible:
+        msg = f"{what} does not fit: {'; '.join(memory_overruns(chk))}"
+        if not ignore:
+            raise UserError(msg + " (--ignore-memory runs it anyway)")
+        warnings.warn(msg, stacklevel=2)
+    return chk
 
 
 def emit_json(obj: Any) -> None:

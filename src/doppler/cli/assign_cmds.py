@@ -12,15 +12,16 @@ from rich.markup import escape
 
 from doppler.cli._common import (
     JSON_OPT,
-    STRICT_MEMORY_HELP,
+    IGNORE_MEMORY_OPT,
     UserError,
     app,
-    check_memory,
+    MEMORY_FRACTION_OPT,
     console,
     emit_json,
     handle_errors,
     hold_outputs,
     live_progress,
+    memory_check,
 )
 
 
@@ -79,10 +80,12 @@ def assign_cmd(
                                           "that simulate the search's proposals or the rollout's devices (default: every "
                                           "core; the same result, faster)."),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
-    strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
+    memory_fraction: float = MEMORY_FRACTION_OPT,
+    ignore_memory: bool = IGNORE_MEMORY_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Assign every op of a graph to a device with one method and write the assignment file."""
+    """Assign every op of a graph to a device with one method and write the assignment file (within each
+    device's memory budget, or exit 2 saying what does not fit)."""
     with handle_errors():
         from doppler.methods import assign, get_method
 
@@ -95,6 +98,7 @@ def assign_cmd(
                             {"--output": output})  # fmt: skip
         hold_outputs(ctx, files={"--output": output})  # one writer: anneal may run for long
         kw = _method_kwargs(checkpoint, samples, plc_ties)
+        kw.update(memory_fraction=memory_fraction, ignore_memory=ignore_memory)
         if threads is not None:
             if threads < 1:
                 raise UserError(f"--threads must be >= 1, got {threads}")
@@ -108,7 +112,7 @@ def assign_cmd(
             kw["start"] = load_assignment(init, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint).devices
         from doppler._jit import as_python
         from doppler.methods.registry import runs_as_python
-        from doppler.report import format_time, memory_overruns
+        from doppler.report import format_time
         from doppler.sim import lower_bound, traced
 
         small_job = runs_as_python(graph, cl.num_devices, method, budget_s, **kw)
@@ -120,8 +124,7 @@ def assign_cmd(
             result = traced(graph, cl, a)
             lb = float(lower_bound(graph, cl))
         makespan = float(result.makespan_s)
-        peak = result.peak_memory_bytes
-        check_memory(memory_overruns(peak, cl), strict_memory, f"{method} on {graph_path}")
+        chk = memory_check(graph, cl, result, memory_fraction, ignore_memory, f"{method}'s placement of {graph_path}")
         a.save(output)
         counts = [int(c) for c in np.bincount(a.devices, minlength=cl.num_devices)]
         row = {
@@ -134,7 +137,7 @@ def assign_cmd(
             "ops_per_device": counts,
             "makespan_s": makespan,
             "lower_bound_s": lb,
-            "peak_memory_bytes": peak.tolist(),
+            **chk.to_json(),
             "assign_time_s": a.assign_time_s,
             "estimated_makespan_s": a.estimated_makespan_s,
             "seed": seed,
@@ -195,6 +198,12 @@ def _compare_checkpoints(items: list[str], names: list[str]) -> dict[str, Path]:
     return out
 
 
+def _largest(values: list) -> float | str:
+    """The largest of per-device figures, for a CSV cell (an unlimited budget: empty)."""
+    finite = [v for v in values if v is not None]
+    return "" if len(finite) < len(values) or not finite else max(finite)
+
+
 @app.command("compare")
 def compare_cmd(
     ctx: typer.Context,
@@ -213,9 +222,12 @@ def compare_cmd(
                                           "lists one learned method (doppler without one: the shipped policy)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
     save_dir: Optional[Path] = typer.Option(None, "--save-dir", help="Save every method's assignment as DIR/METHOD.json."),
+    memory_fraction: float = MEMORY_FRACTION_OPT,
+    ignore_memory: bool = IGNORE_MEMORY_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Run several methods on one graph and compare their simulated makespans."""
+    """Run several methods on one graph and compare their simulated makespans and whether each placement fits
+    the memory budget."""
     with handle_errors():
         from doppler.methods import compare, get_method
 
@@ -237,17 +249,19 @@ def compare_cmd(
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
-                           method_kwargs={m: {"checkpoint": p} for m, p in chosen.items()})  # fmt: skip
+                           method_kwargs={m: {"checkpoint": p} for m, p in chosen.items()},
+                           memory_fraction=memory_fraction, ignore_memory=ignore_memory)  # fmt: skip
         if csv_path is not None:
             from doppler.io_util import atomic_write_text
 
             buf = io.StringIO()
+            per_device = ("resident_bytes", "peak_memory_bytes", "memory_budget_bytes")
             fields = [k for k in rows[0].to_json() if k != "memory_overruns"]
-            w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")  # peak: the largest over devices
+            w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")  # per device: the largest
             w.writeheader()
             for r in rows:
                 row = r.to_json()
-                w.writerow({k: ("" if row[k] is None else max(row[k]) if k == "peak_memory_bytes" else row[k])
+                w.writerow({k: ("" if row[k] is None else _largest(row[k]) if k in per_device else row[k])
                             for k in fields})  # fmt: skip
             atomic_write_text(csv_path, buf.getvalue())
         saved = []
@@ -265,7 +279,7 @@ def compare_cmd(
         console.print(comparison_table(rows, title, cl))
         over = [f"{r.method} ({'; '.join(r.memory_overruns)})" for r in rows if r.memory_overruns]
         if over:
-            console.print(f"[red]over device memory:[/] {escape(', '.join(over))}", markup=True, highlight=False)
+            console.print(f"[red]over the memory budget:[/] {escape(', '.join(over))}", markup=True, highlight=False)
         console.print(f"lower bound {format_time(rows[0].lower_bound_s, cl)}", highlight=False)
         if csv_path is not None:
             console.print(f"wrote {csv_path}", highlight=False)

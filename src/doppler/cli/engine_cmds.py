@@ -11,8 +11,8 @@ from typing import Any, Callable, Optional
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, handle_errors, hold_outputs,
-                                 live_progress, write_trace_files)  # fmt: skip
+from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
+                                 handle_errors, hold_outputs, live_progress, memory_check, write_trace_files)  # fmt: skip
 
 ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
 SCHEDULER_OPT = typer.Option(
@@ -101,9 +101,12 @@ def execute_cmd(
     timeout_s: float = TIMEOUT_OPT,
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use an assignment made for another version of the graph."),
     device_type: str = DEVICE_TYPE_OPT,
+    memory_fraction: float = MEMORY_FRACTION_OPT,
+    ignore_memory: bool = IGNORE_MEMORY_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Execute one assignment on a real engine and report the measured makespan."""
+    """Execute one assignment on a real engine and report the measured makespan (an assignment over the
+    cluster's memory budget, as simulated, is refused before it runs)."""
     with handle_errors():
 
         from doppler.assignment import load_assignment
@@ -130,6 +133,8 @@ def execute_cmd(
         if check and synthetic:
             raise UserError(f"--check: graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
         assignment = load_assignment(assignment_path, graph, num_devices, check_fingerprint=not ignore_fingerprint)
+        chk = memory_check(graph, cl, simulate(graph, cl, assignment, trace=True), memory_fraction, ignore_memory,
+                           str(assignment_path))  # before the run, as the simulator counts memory  # fmt: skip
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
                   timeout_s=timeout_s,
                   cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler, device_type=device_type)  # fmt: skip
@@ -147,6 +152,8 @@ def execute_cmd(
             "num_transfers": res.trace.num_transfers,
             "transfer_bytes": float(res.trace.tr_bytes.sum()),
             "peak_memory_bytes": res.trace.peak_memory_bytes(graph, num_devices).tolist(),
+            "simulated_peak_memory_bytes": chk.peak_memory_bytes.tolist(),
+            "memory_budget_bytes": chk.to_json()["memory_budget_bytes"],
         }
         if check:
             out.update(_check_outputs(graph, res.outputs, seed))

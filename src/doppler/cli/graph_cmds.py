@@ -4,10 +4,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import JSON_OPT, UserError, console, emit_json, err_console, graph_app, handle_errors
+from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, console, emit_json, err_console, graph_app,
+                                 handle_errors)  # fmt: skip
 from doppler.formats import load_graph, save_graph
 from doppler.io_util import check_output_file, check_outputs_apart
 
@@ -135,9 +137,11 @@ def info_cmd(
     devices: Optional[int] = typer.Option(None, "--devices", help="Device count for the lower bound."),
     cluster_name: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster preset or JSON file for the "
                                                "lower bound (default: unit, with the graph's recorded device count)."),
+    memory_fraction: float = MEMORY_FRACTION_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Size, depth, total work, critical path and makespan lower bound of a graph."""
+    """Size, depth, total work, critical path and makespan lower bound of a graph; its weights against the
+    cluster's memory budget."""
     from rich.table import Table
 
     with handle_errors():
@@ -152,6 +156,15 @@ def info_cmd(
         stats["cluster"] = cl.name
         stats["num_devices"] = cl.num_devices
         stats["lower_bound_s"] = lower_bound(graph, cl)
+        from doppler import memory
+
+        try:
+            budget = memory.budget_bytes(cl, memory_fraction)
+        except memory.MemoryBudgetError as e:
+            raise UserError(str(e)) from None
+        stats["weight_bytes"] = memory.weight_bytes(graph)
+        stats["memory_budget_bytes"] = None if np.isinf(budget).any() else float(budget.sum())
+        stats["weights_fit"] = bool(stats["weight_bytes"] <= budget.sum())
         if json_out:
             emit_json(stats)
             return
@@ -168,6 +181,11 @@ def info_cmd(
         from doppler.report import format_time
 
         table.add_row(f"lower_bound ({cl.name})", format_time(stats["lower_bound_s"], cl))
+        from doppler.report import format_bytes
+
+        offer = "unlimited" if stats["memory_budget_bytes"] is None else format_bytes(stats["memory_budget_bytes"])
+        table.add_row(f"weights / memory budget ({cl.name})", f"{format_bytes(stats['weight_bytes'])} / {offer}"
+                      + ("" if stats["weights_fit"] else " (do not fit)"))  # fmt: skip
         table.add_row("fingerprint", stats["fingerprint"])
         console.print(table)
 

@@ -8,7 +8,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import JSON_OPT, STRICT_MEMORY_HELP, app, check_memory, console, emit_json, handle_errors, write_trace_files
+from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
+                                 handle_errors, memory_check, write_trace_files)  # fmt: skip
 
 #: ``doppler simulate`` runs one simulation of a graph of up to this many ops as Python
 #: (:mod:`doppler._jit`) unless numba has started: 0.27 s at 3,000 ops with its trace (0.45 s with
@@ -23,6 +24,7 @@ def simulate_cmd(
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file (JSON object or bare list)."),
     mode: str = typer.Option("wc", "--mode", help="wc (work-conserving) or bsp (barrier per topological level)."),
     gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart (.png, .svg, .pdf, .jpg, ...: by extension)."),
+    gantt_memory: bool = typer.Option(False, "--gantt-memory", help="--gantt: add a panel of the bytes each device holds over time, against its budget."),
     trace_path: Optional[Path] = typer.Option(None, "--trace", help="Write the per-op and per-transfer trace as JSON (with op names and kinds)."),
     chrome_path: Optional[Path] = typer.Option(None, "--chrome-trace", help="Write the trace in Chrome trace-event format (Perfetto, chrome://tracing)."),
     csv_path: Optional[Path] = typer.Option(None, "--ops-csv", help="Write a per-op table: op, name, kind, device, ready_s, start_s, end_s."),
@@ -33,10 +35,12 @@ def simulate_cmd(
     dispatch: str = typer.Option(
         "fifo", "--dispatch", help="fifo (ready ops run in arrival order) or priority (in op-id order; wc only)."
     ),
-    strict_memory: bool = typer.Option(False, "--strict-memory", help=STRICT_MEMORY_HELP),
+    memory_fraction: float = MEMORY_FRACTION_OPT,
+    ignore_memory: bool = IGNORE_MEMORY_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Simulate one assignment on a cluster and report its makespan and peak memory per device."""
+    """Simulate one assignment on a cluster and report its makespan and memory per device (exit 2 if it does
+    not fit the memory budget)."""
     with handle_errors():
         from doppler.assignment import load_assignment
         from doppler.formats import load_graph
@@ -67,14 +71,15 @@ def simulate_cmd(
             )  # fmt: skip
             elapsed = time.perf_counter() - t0
             lb = lower_bound(graph, cl)
-        peak = result.peak_memory_bytes
-        from doppler.report import gantt, memory_overruns
+        chk = memory_check(graph, cl, result, memory_fraction, ignore_memory, str(assignment_path))
+        from doppler.report import gantt
 
-        overruns = memory_overruns(peak, cl)
-        check_memory(overruns, strict_memory, str(assignment_path))
+        if gantt_memory and gantt_path is None:
+            raise UserError("--gantt-memory draws a panel of the Gantt chart: give --gantt too")
         if gantt_path is not None:
-            gantt(graph, cl, result, gantt_path, lower_bound_s=lb)
-        out = _record(graph, cl, result, lb, overruns, elapsed, mode=mode, dispatch=dispatch, noise=noise, seed=seed,
+            gantt(graph, cl, result, gantt_path, lower_bound_s=lb,
+                  memory_budget_bytes=chk.memory_budget_bytes if gantt_memory else None)  # fmt: skip
+        out = _record(graph, cl, result, lb, chk, elapsed, mode=mode, dispatch=dispatch, noise=noise, seed=seed,
                       link_contention=link_contention)  # fmt: skip
         if gantt_path is not None:
             out["gantt"] = str(gantt_path)
@@ -83,13 +88,13 @@ def simulate_cmd(
         if json_out:
             emit_json(out)
             return
-        _report(graph, cl, result, lb, mode=mode, dispatch=dispatch, noise=noise)
+        _report(graph, cl, result, lb, chk, mode=mode, dispatch=dispatch, noise=noise)
         for label, p in [("gantt chart", gantt_path), *written]:
             if p is not None:
                 console.print(f"{label} -> {p}", highlight=False)
 
 
-def _record(graph, cl, result, lb: float, overruns, elapsed_s: float, **options) -> dict:
+def _record(graph, cl, result, lb: float, chk, elapsed_s: float, **options) -> dict:
     """The JSON record of one simulation (``--json``, and the basis of the trace files' metadata)."""
     tr = result.trace
     return {
@@ -105,9 +110,8 @@ def _record(graph, cl, result, lb: float, overruns, elapsed_s: float, **options)
         "num_transfers": tr.num_transfers,
         "transfer_bytes": float(tr.tr_bytes.sum()),
         "utilisation": [float(u) for u in tr.utilisation(cl)],
-        "peak_memory_bytes": result.peak_memory_bytes.tolist(),
+        **chk.to_json(),
         "memory_bytes": [None if np.isinf(m) else float(m) for m in cl.memory_bytes],
-        "memory_overruns": overruns,
         "noise_sigma": options["noise"],
         "seed": options["seed"],
         "link_contention": options["link_contention"],
@@ -115,8 +119,9 @@ def _record(graph, cl, result, lb: float, overruns, elapsed_s: float, **options)
     }
 
 
-def _report(graph, cl, result, lb: float, *, mode: str, dispatch: str, noise: float) -> None:
-    """The human summary: one line, then one row per device (ops, busy time, utilisation, memory)."""
+def _report(graph, cl, result, lb: float, chk, *, mode: str, dispatch: str, noise: float) -> None:
+    """The human summary: one line, then one row per device (ops, busy time, utilisation, resident weights,
+    peak memory and the budget)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -136,15 +141,15 @@ def _report(graph, cl, result, lb: float, *, mode: str, dispatch: str, noise: fl
     )
     util, busy = tr.utilisation(cl), tr.busy_s(cl.num_devices, cl.copies_inbound)
     ops_per_dev = np.bincount(tr.op_device, minlength=cl.num_devices)
-    peak = result.peak_memory_bytes
+    peak, budget = chk.peak_memory_bytes, chk.memory_budget_bytes
     table = Table(show_edge=False, header_style="bold")
-    for col in ("device", "ops", "busy", "utilisation", "peak memory", "memory"):
+    for col in ("device", "ops", "busy", "utilisation", "weights", "peak memory", "budget"):
         table.add_column(col, justify="left" if col == "device" else "right")
     for d, dev in enumerate(cl.devices):
-        over = peak[d] > dev.memory_bytes
+        shown = format_bytes(peak[d])
         table.add_row(dev.name, str(int(ops_per_dev[d])), format_time(float(busy[d]), cl), f"{100 * util[d]:.1f}%",
-                      Text(format_bytes(peak[d]), style="red") if over else format_bytes(peak[d]),
-                      format_bytes(dev.memory_bytes))  # fmt: skip
+                      format_bytes(chk.resident_bytes[d]), Text(shown, style="red") if peak[d] > budget[d] else shown,
+                      format_bytes(budget[d]))  # fmt: skip
     console.print(table)
 
 

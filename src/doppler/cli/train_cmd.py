@@ -257,7 +257,8 @@ def _summary(trainer, run_dir: Path, elapsed_s: float) -> dict[str, Any]:
     for task in trainer.tasks:
         devices, oracle_s = trainer.greedy(task)
         greedy_s = simulate(task.graph, task.cluster, devices).makespan_s
-        cp = simulate(task.graph, task.cluster, assign(task.graph, task.cluster, "critical_path")).makespan_s
+        cp_devices = assign(task.graph, task.cluster, "critical_path", ignore_memory=True)
+        cp = simulate(task.graph, task.cluster, cp_devices).makespan_s
         graphs.append({
             "graph": task.graph.name,
             "num_ops": task.graph.num_ops,

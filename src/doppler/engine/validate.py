@@ -89,7 +89,7 @@ def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, se
         if cluster.num_devices < spec.min_devices:
             continue
         budget = ANNEAL_BUDGET_S if spec.uses_budget else None
-        add(m, assign(graph, cluster, m, seed=seed, budget_s=budget).devices)
+        add(m, assign(graph, cluster, m, seed=seed, budget_s=budget, ignore_memory=True).devices)
     rng = np.random.default_rng(seed)
     # between single (all on one device) and the balanced methods: a share of the ops, in
     # contiguous op-id blocks, moved to the other devices, so the makespans span a wide range

@@ -24,6 +24,7 @@ import numpy as np
 
 from doppler._jit import jit
 from doppler.listsched.state import earliest_gap, est_into, insert_interval, place, take_candidate
+from doppler.listsched.ledger import hold, room_into
 
 #: estimated starts (CRITICAL PATH) or finishes (HEFT's model in the policy) within this distance of the
 #: best, relative to it, count as tied, so that rounding noise never decides a device
@@ -89,10 +90,11 @@ def critical_path_completion(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr
 
 @jit(cache=True)
 def heft_place(v, only, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends, cnt, ready,
-               no_wait):  # pragma: no cover - compiled  # fmt: skip
+               no_wait, room=None):  # pragma: no cover - compiled  # fmt: skip
     """Put op ``v`` where HEFT would: the device with the earliest finish in its earliest idle gap that
-    fits (insertion), ties to the lowest id; ``only >= 0`` restricts the choice to that device.
-    Returns the busy-interval arrays ``(starts, ends)``, grown when a device's row is full."""
+    fits (insertion), ties to the lowest id; ``only >= 0`` restricts the choice to that device, ``room``
+    (bool[D]) to the devices it marks. Returns the busy-interval arrays ``(starts, ends)``, grown when a
+    device's row is full."""
     nd = comp.shape[1]
     est_into(v, pred_ptr, pred_idx, pb, lat, inv, dev, finish, no_wait, ready)  # data-ready time per device
     best_f = np.inf
@@ -100,7 +102,7 @@ def heft_place(v, only, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, fini
     best_d = 0
     best_pos = 0
     for d in range(nd):
-        if only >= 0 and d != only:
+        if (only >= 0 and d != only) or (room is not None and not room[d]):
             continue
         t, j = earliest_gap(ready[d], comp[v, d], starts[d], ends[d], cnt[d])
         f = t + comp[v, d]
@@ -143,6 +145,26 @@ def heft_list_schedule(order, pred_ptr, pred_idx, pb, comp, lat, inv):  # pragma
         starts, ends = heft_place(order[h], -1, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish,
                                   starts, ends, cnt, ready, no_wait)  # fmt: skip
     return dev, start, finish
+
+
+@jit(cache=True)
+def heft_list_schedule_within(order, pred_ptr, pred_idx, pb, comp, lat, inv, slice_ptr, slice_idx, slice_bytes,
+                              out_bytes, held, used, cap, unheld):  # pragma: no cover - compiled  # fmt: skip
+    """:func:`heft_list_schedule` where each op goes only to a device with room for it in the memory ledger
+    (:mod:`doppler.listsched.ledger`, its arrays). Returns ``(device, start, finish, h)``: ``h`` the step
+    whose op had room nowhere (the schedule stops there), else -1."""
+    n, nd = comp.shape
+    dev, start, finish, starts, ends, cnt, ready, no_wait = empty_schedule(n, nd)
+    room = np.empty(nd, np.bool_)
+    for h in range(n):
+        v = order[h]
+        room_into(v, slice_ptr, slice_idx, slice_bytes, out_bytes, held, used, cap, unheld, room)
+        if not room.any():
+            return dev, start, finish, h
+        starts, ends = heft_place(v, -1, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
+                                  cnt, ready, no_wait, room)  # fmt: skip
+        hold(v, dev[v], slice_ptr, slice_idx, slice_bytes, held, used, unheld)
+    return dev, start, finish, -1
 
 
 @jit(cache=True)

@@ -314,11 +314,32 @@ def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_
     return tag
 
 
+@numba.njit(cache=True)
+def over_caps(a, mem, mark, gen, used):  # pragma: no cover - compiled
+    """Whether assignment ``a`` holds more weight bytes on some device than its cap. ``mem``: the weight
+    slices each op reads (CSR ``slice_ptr``, ``slice_idx``), their bytes and the caps per device;
+    ``mark`` (int64[S * D]) and ``used`` (float64[D]): scratch, ``mark`` below ``gen`` on entry."""
+    slice_ptr, slice_idx, slice_bytes, caps = mem
+    nd = caps.shape[0]
+    used[:] = 0.0
+    for v in range(a.shape[0]):
+        d = a[v]
+        for k in range(slice_ptr[v], slice_ptr[v + 1]):
+            i = slice_idx[k] * nd + d
+            if mark[i] != gen:
+                mark[i] = gen
+                used[d] += slice_bytes[slice_idx[k]]
+    for d in range(nd):
+        if used[d] > caps[d]:
+            return True
+    return False
+
+
 @numba.njit(cache=True, parallel=PRANGE_ONLY)
 def anneal_batches(
     sim, cur, best, crit, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio,
     optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, threads, critical_share,
-    critical_refresh, prune, pool,
+    critical_refresh, prune, pool, mem,
 ):  # pragma: no cover - compiled
     """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``crit``,
     ``counts``, ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate
@@ -330,7 +351,8 @@ def anneal_batches(
     proposal only until it is sure to lose to an earlier one of its thread's rows or to be refused by
     the Metropolis rule (:func:`~doppler.sim.kernel.sim_rows`; the same search). ``pool`` > 1: each
     proposal is the one of that many moves that adds the least time (:func:`scored_proposal`); the
-    others are not simulated. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and its noise
+    others are not simulated. ``mem``: a proposal that holds more weight bytes on a device than its cap
+    (:func:`over_caps`; no caps: an empty ``caps`` array) is not simulated and never accepted. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and its noise
     factors."""
     arrays, op_f, edge_f = sim
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, copies_in) = arrays
@@ -344,6 +366,11 @@ def anneal_batches(
     log, best_log = np.empty(nlog, np.int64), np.empty(nlog, np.int64)
     stamp, old_dev = np.zeros(n, np.int64), np.empty(n, np.int64)
     tag = 1
+    limited = mem[3].shape[0] > 0
+    mark = np.zeros(mem[2].shape[0] * nd if limited else 0, np.int64)
+    used = np.zeros(nd)
+    gen = 0
+    skip = np.zeros(batch_size, np.bool_)
     for _ in range(max_batches):
         if values[BEST_MS] <= optimal_ms:
             return
@@ -369,6 +396,9 @@ def anneal_batches(
             draw_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, counts[NCRIT],
                       critical_share, no_log)  # fmt: skip
         devs = batch if b == batch_size else batch[:b].copy()
+        for i in range(b):
+            gen += 1
+            skip[i] = limited and over_caps(devs[i], mem, mark, gen, used)
         counts[EVALS] += b
         counts[CYCLE_EVALS] += b
         temp = t_start * math.exp(log_ratio * min(1.0, counts[CYCLE_EVALS] / cycle_evals))
@@ -380,7 +410,7 @@ def anneal_batches(
         vals = np.empty(b, np.float64)
         chunks = min(threads, b)
         for t in numba.prange(chunks):  # thread t simulates rows t, t + chunks, ...: the serial numbers
-            sim_rows(arrays, devs, op_f, edge_f, False, False, None, t, chunks, vals, prune, accept_below)
+            sim_rows(arrays, devs, op_f, edge_f, False, False, None, t, chunks, vals, prune, accept_below, skip)
         j = np.argmin(vals)
         cand_ms = vals[j]
         delta = (cand_ms - values[CUR_MS]) / cur_ms

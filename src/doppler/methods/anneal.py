@@ -65,7 +65,7 @@ import time
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
-from doppler.methods.registry import MethodError, assign, register
+from doppler.methods.registry import MethodError, get_method, place_within, register
 from doppler.methods.threads import search_threads
 from doppler.graph import DataflowGraph, _csr
 from doppler.progress import ProgressEvent, ProgressFn
@@ -123,6 +123,7 @@ class _Moves:
                 "heft_lookahead (or --init)",
     uses_budget=True,
     deterministic=False,
+    memory_aware=True,
 )
 def anneal_search(
     graph: DataflowGraph,
@@ -142,6 +143,7 @@ def anneal_search(
     prune: bool = True,
     pool: int = POOL,
     on_progress: ProgressFn | None = None,
+    memory_budget_bytes: np.ndarray | None = None,
 ) -> Assignment:
     """Simulated annealing (see the module docstring). Returns the best assignment found.
 
@@ -157,6 +159,12 @@ def anneal_search(
     compute and transfer time; the others are not simulated (1: every drawn move is).
 
     ``extra_starts`` join the start set (e.g. a policy's decodes).
+
+    ``memory_budget_bytes[D]`` (given by :func:`~doppler.methods.assign`): the search starts from the best
+    start that fits it (simulated), and accepts no proposal holding more weight bytes on a device than
+    the budget less the live activations its start had there; the best found is simulated, and if the
+    live activations then put a device over its budget, the start is returned instead
+    (``info["memory_fallback"]``).
 
     ``on_progress`` gets a :class:`~doppler.progress.ProgressEvent` about four times a second: the
     time used of the budget (or the evaluations of ``max_evals``), and in ``stats`` the evaluation
@@ -183,8 +191,8 @@ def anneal_search(
     n = graph.num_ops
     rng = np.random.default_rng(seed)
     ctx = SimContext(graph, cluster)  # every evaluation reuses it
-    start_name, walk = _starting_point(ctx, seed, start, extra_starts, threads)
-    start_ms = walk.cur_ms
+    start_name, walk, mem = _starting_point(ctx, seed, start, extra_starts, threads, memory_budget_bytes)
+    start_ms, start_devices = walk.cur_ms, walk.cur.copy()
     if cycle_evals is None:
         cycle_evals = max(5000, 1000 * n)
         if max_evals is not None:
@@ -205,7 +213,7 @@ def anneal_search(
         K.anneal_batches(sim, walk.cur, walk.best, walk.crit, walk.counts, walk.values, chunk, batch_size,
                          -1 if max_evals is None else int(max_evals), cycle_evals, t_start, log_ratio, optimal_ms,
                          rng, *moves.args(), threads, critical_share, CRITICAL_REFRESH, bool(prune),
-                         int(pool))  # fmt: skip
+                         int(pool), mem)  # fmt: skip
         took = time.perf_counter() - t_call
         chunk = max(1, min(chunk * 4, int(chunk * CHUNK_S / took) if took > 0 else chunk * 4))
         if on_progress is not None and time.perf_counter() >= next_report:
@@ -213,10 +221,15 @@ def anneal_search(
             on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
     if on_progress is not None:  # the last word, also when the budget ran out before the first move
         on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
+    devices, best_ms = walk.best, walk.best_ms
+    fallback = memory_budget_bytes is not None and not _fits(ctx, devices, memory_budget_bytes)
+    if fallback:
+        devices, best_ms = start_devices, start_ms
     return Assignment(
-        devices=walk.best,
-        estimated_makespan_s=walk.best_ms,
+        devices=devices,
+        estimated_makespan_s=best_ms,
         info={
+            "memory_fallback": fallback,
             "start_method": start_name,
             "start_makespan_s": start_ms,
             "evals": walk.evals,
@@ -273,22 +286,51 @@ class _Walk:
 
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_starts: dict[str, np.ndarray] | None,
-                    threads: int) -> tuple[str, _Walk]:  # fmt: skip
+                    threads: int, budget: np.ndarray | None) -> tuple[str, _Walk, tuple]:  # fmt: skip
     """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``;
     then, without ``start`` and where it is cheap (:data:`ROLLOUT_START_MAX_WORK`), HEFT_LOOKAHEAD on
-    ``threads`` cores; ties to the first): (its name, a walk from it that counts the evaluations spent)."""
+    ``threads`` cores; ties to the first) that fits ``budget`` (None: any): its name, a walk from it that
+    counts the evaluations spent, and the memory caps of the compiled loop (:func:`_memory_caps`)."""
     graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
-        cands = {m: assign(graph, cluster, m, seed=seed).devices for m in WARM_START_METHODS}
+        cands = {}
+        for m in WARM_START_METHODS:  # (memory-aware ones within the budget; every start is checked below)
+            try:
+                cands[m] = place_within(get_method(m), graph, cluster, seed, None, {}, budget)[0].devices
+            except MethodError:  # no room: this start does not fit
+                continue
     for name, a in (extra_starts or {}).items():
         cands[name] = check_assignment(graph, np.asarray(a), nd)
     if start is None and nd > 1 and float(graph.num_ops) ** 2 * (nd - 1) <= ROLLOUT_START_MAX_WORK:
         from doppler.methods.lookahead import heft_lookahead_schedule
 
         cands["heft_lookahead"] = heft_lookahead_schedule(graph, cluster, threads=threads)[0]
-    names = list(cands)
+    names = [k for k in cands if budget is None or _fits(ctx, cands[k], budget)]
+    if not names:
+        raise MethodError(f"anneal: none of its starts ({', '.join(cands)}) fits the memory budget")
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
-    return names[i0], _Walk(cands[names[i0]], float(ms[i0]), len(names))
+    first = cands[names[i0]]
+    return names[i0], _Walk(first, float(ms[i0]), len(names)), _memory_caps(ctx, first, budget)
+
+
+def _fits(ctx: SimContext, devices: np.ndarray, budget: np.ndarray) -> bool:
+    """Whether ``devices`` keeps every device within ``budget`` when simulated (:mod:`doppler.memory`)."""
+    r = ctx.simulate(devices, trace=True)
+    return bool(np.all(r.peak_memory_bytes <= budget))
+
+
+def _memory_caps(ctx: SimContext, start: np.ndarray, budget: np.ndarray | None) -> tuple:
+    """The compiled loop's memory arguments (:func:`~doppler.methods._anneal_kernels.over_caps`): the weight
+    slices each op reads and, per device, the budget less the live activations ``start`` has there (no
+    budget: no caps)."""
+    s = ctx.input_slices()
+    if budget is None:
+        return (s.op_ptr, s.slice_idx, s.nbytes, np.empty(0))
+    ops, sl = s.op_slices()
+    w = s.weight[sl]
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(ops[w], minlength=ctx.num_ops))]).astype(np.int64)
+    r = ctx.simulate(start, trace=True)
+    return (ptr, np.ascontiguousarray(sl[w]), s.nbytes, budget - (r.peak_memory_bytes - r.resident_bytes))

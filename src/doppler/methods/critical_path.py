@@ -25,6 +25,10 @@ The algorithm, exactly:
    then ``finish[v] = EST + compute(v, d)``
    with ``d``'s own compute time and ``free[d] = finish[v]``.
 
+With a memory budget (``memory_budget_bytes``, given by :func:`~doppler.methods.assign`), PLC skips
+the devices where the op would overflow the budget (:mod:`doppler.listsched.ledger`); where none has
+room the method fails, naming the op.
+
 The rules and their state live in :mod:`doppler.listsched`; this module runs them and records them.
 The list schedule's length (the largest ``finish``) is reported as the method's
 ``estimated_makespan_s``; the real makespan comes from the WC simulator.
@@ -42,10 +46,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import register
+from doppler.methods.registry import no_room, register
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import PlacementState, earliest_start_device
+from doppler.listsched.ledger import MemoryLedger
 
 
 @dataclass
@@ -119,10 +124,11 @@ class _Record:
         )
 
 
-def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
+def _schedule(graph: DataflowGraph, cm: CostModel, record: bool, ledger: MemoryLedger | None = None) -> dict:
     """CRITICAL PATH's list schedule (module docstring): SEL pops the candidate heap keyed on (largest
     b-level, lowest op id), the rule of :func:`~doppler.listsched.largest_key_candidate`; PLC is
-    :func:`~doppler.listsched.earliest_start_device` on the state's EST."""
+    :func:`~doppler.listsched.earliest_start_device` on the state's EST, over the devices with room in
+    ``ledger`` (None: all)."""
     n, nd = graph.num_ops, cm.num_devices
     bl = cm.b_level(graph)
     succ_ptr = graph.succ_ptr.tolist()
@@ -147,7 +153,14 @@ def _schedule(graph: DataflowGraph, cm: CostModel, record: bool) -> dict:
         _, v = heapq.heappop(heap)
         one_op[0] = v
         est = state.est(one_op)
+        if ledger is not None:
+            room = ledger.room(v)
+            if not room.any():
+                raise no_room(graph, ledger.used, ledger.cap, v, h, "critical_path")
+            est[0, ~room] = np.inf
         d = int(earliest_start_device(est[0], ties))
+        if ledger is not None:
+            ledger.hold(v, d)
         one_dev[0] = d
         state.place(one_op, one_dev, est[:, d])
         order[h] = v
@@ -186,16 +199,18 @@ def critical_path_schedule(
     compute_s: np.ndarray | None = None,
     comm_s: np.ndarray | None = None,
     record: bool = False,
+    memory_budget_bytes: np.ndarray | None = None,
 ) -> dict:
     """The teacher's list schedule: a dict with ``assignment``, ``order``, ``devices``, ``start_s``,
     ``finish_s``, ``b_level``, ``makespan_s``; with ``record``, every step's record too (the other
     fields of :class:`CriticalPathTrace`).
 
     ``compute_s[n, D]`` / ``comm_s[E]`` override the cluster's costs (for tests
-    and imported graphs with explicit costs).
+    and imported graphs with explicit costs). ``memory_budget_bytes[D]``: place within it (module docstring).
     """
     cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
-    return _schedule(graph, cm, record)
+    ledger = None if memory_budget_bytes is None else MemoryLedger.build(graph, cm.num_devices, memory_budget_bytes)
+    return _schedule(graph, cm, record, ledger)
 
 
 def critical_path_trace(graph: DataflowGraph, cluster=None, **costs: np.ndarray | None) -> CriticalPathTrace:
@@ -205,8 +220,9 @@ def critical_path_trace(graph: DataflowGraph, cluster=None, **costs: np.ndarray 
 
 
 @register("critical_path", description="list scheduling: largest b-level first, earliest-start device",
-          as_python=True)
-def critical_path(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+          as_python=True, memory_aware=True)
+def critical_path(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
+                  memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
     """DOPPLER's CRITICAL PATH teacher (deterministic; ``seed``/``budget_s`` unused)."""
-    res = critical_path_schedule(graph, cluster)
+    res = critical_path_schedule(graph, cluster, memory_budget_bytes=memory_budget_bytes)
     return Assignment(devices=res["assignment"], estimated_makespan_s=res["makespan_s"])

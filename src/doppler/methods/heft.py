@@ -14,7 +14,8 @@
 
 :func:`heft_schedule` accepts explicit ``compute_s[n, D]`` and ``comm_s[E]`` so the
 paper's example (10 tasks, 3 processors, schedule length 80) can be reproduced
-exactly. The rule is :func:`doppler.listsched.heft_place`, compiled with numba (O(E * D) plus the gap
+exactly. With a memory budget (``memory_budget_bytes``, given by :func:`~doppler.methods.assign`),
+step 3 skips the devices where the op would overflow it (:mod:`doppler.listsched.ledger`). The rule is :func:`doppler.listsched.heft_place`, compiled with numba (O(E * D) plus the gap
 scans).
 """
 
@@ -25,10 +26,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import register
+from doppler.methods.registry import no_room, register
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import heft_list_schedule
+from doppler.listsched.ledger import MemoryLedger
+from doppler.listsched.rules import heft_list_schedule_within
 
 
 @dataclass
@@ -60,20 +63,28 @@ def heft_schedule(
     *,
     compute_s: np.ndarray | None = None,
     comm_s: np.ndarray | None = None,
+    memory_budget_bytes: np.ndarray | None = None,
 ) -> HeftSchedule:
     """HEFT's schedule. Costs come from ``cluster`` unless ``compute_s[n, D]``
     (per op and device) and/or ``comm_s[E]`` (per edge, between distinct devices)
-    are given."""
+    are given; ``memory_budget_bytes[D]``: each op only where it fits (module docstring)."""
     order, rank, arrays = heft_inputs(graph, cluster, compute_s=compute_s, comm_s=comm_s)
-    dev, start, finish = heft_list_schedule(order, *arrays)
+    if memory_budget_bytes is None:
+        dev, start, finish = heft_list_schedule(order, *arrays)
+    else:
+        ledger = MemoryLedger.build(graph, arrays[3].shape[1], memory_budget_bytes)
+        dev, start, finish, h = heft_list_schedule_within(order, *arrays, *ledger.arrays())
+        if h >= 0:
+            raise no_room(graph, ledger.used, ledger.cap, int(order[h]), h, "heft")
     return HeftSchedule(dev, order, rank, start, finish, float(finish.max()))
 
 
 # (python_max_work: as Python, a fresh `doppler assign -m heft` took 1.01-1.21 s at 1,360 x 32 to 2,280 x 8
 # ops x devices against 1.8-2.1 s compiled, and 1.93 s at 3,000 x 16 against 1.75 s)
 @register("heft", description="HEFT: upward rank order, earliest finish time with insertion", as_python=True,
-          python_max_work=45_000)  # fmt: skip
-def heft(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+          python_max_work=45_000, memory_aware=True)  # fmt: skip
+def heft(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
+         memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
     """HEFT (deterministic; ``seed``/``budget_s`` unused)."""
-    s = heft_schedule(graph, cluster)
+    s = heft_schedule(graph, cluster, memory_budget_bytes=memory_budget_bytes)
     return Assignment(devices=s.assignment, estimated_makespan_s=s.makespan_s)

@@ -5,6 +5,13 @@ Every method is a function ``fn(graph, cluster, *, seed, budget_s, **kw)`` that 
 with :func:`register`. :func:`assign` runs one by name: it validates the request, times the
 call (``assign_time_s``), checks the result and stamps ``method`` and ``graph_fingerprint``.
 :func:`compare` runs several and scores each in the simulator.
+
+Memory (:mod:`doppler.memory`): unless ``ignore_memory``, :func:`assign` returns only a placement
+that fits every device's budget (``memory_bytes x memory_fraction``). Before the method runs it refuses
+a graph that no placement fits (the weights alone, or one op alone, need more than the devices offer);
+a memory-aware method (``register(..., memory_aware=True)``) is given the budget as
+``memory_budget_bytes``; and the result is simulated and refused, naming the device, if its peak is
+over budget. Where even holding everything at once fits the smallest budget, nothing is checked.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
-from doppler import io_util
+from doppler import io_util, memory
+from doppler.memory import DEFAULT_MEMORY_FRACTION
 from doppler.graph import DataflowGraph
 from doppler.progress import ProgressEvent, ProgressFn
 
@@ -35,6 +43,11 @@ MethodFn = Callable[..., "Assignment | np.ndarray"]
 #: cheap method's Python run costs less than numba's import and start-up (benchmarks/cold_assign.py)
 PYTHON_ASSIGN_MAX_OPS = 3000
 
+#: how many times a memory-aware method places again, each device's cap lowered by its overflow, when the
+#: simulated peak of its placement (live activations on top of the weights it counted) is over budget (a
+#: search with a time budget runs once: it keeps a start that fits, ``anneal``)
+MEMORY_RETRIES = 3
+
 #: ``as_python`` of a method: never, always (up to PYTHON_ASSIGN_MAX_OPS ops), or when a predicate of the
 #: call's ``budget_s`` and keyword arguments holds
 AsPython = Union[bool, Callable[..., bool]]
@@ -50,6 +63,7 @@ class MethodSpec:
     deterministic: bool = True  # same inputs -> same assignment, whatever the seed
     as_python: AsPython = False  # one small call may run its kernels as Python (runs_as_python)
     python_max_work: int | None = None  # ... and only up to this many ops x devices (None: no limit of its own)
+    memory_aware: bool = False  # takes ``memory_budget_bytes`` and places within it
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -65,6 +79,7 @@ def register(
     deterministic: bool = True,
     as_python: AsPython = False,
     python_max_work: int | None = None,
+    memory_aware: bool = False,
 ) -> Callable[[MethodFn], MethodFn]:
     """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``. ``as_python``:
     whether one call on a small graph may run as Python (:func:`runs_as_python`); ``python_max_work``:
@@ -72,7 +87,8 @@ def register(
 
     def deco(fn: MethodFn) -> MethodFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python, python_max_work)
+        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python, python_max_work,
+                                   memory_aware)  # fmt: skip
         return fn
 
     return deco
@@ -129,14 +145,25 @@ def assign(
     *,
     seed: int = 0,
     budget_s: float | None = None,
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+    ignore_memory: bool = False,
     **kw: Any,
 ) -> Assignment:
     """Run method ``method`` and return its :class:`Assignment`.
 
     ``seed`` makes randomised methods reproducible; ``budget_s`` is a wall-clock
     budget for search methods (others ignore it); further keyword arguments go to
-    the method (e.g. ``max_evals`` for ``anneal``).
+    the method (e.g. ``max_evals`` for ``anneal``). The placement fits each device's
+    ``memory_bytes x memory_fraction``, or :class:`MethodError` says why (the module
+    docstring); ``ignore_memory`` places without looking at memory.
     """
+    return _assign(graph, cluster, method, seed, budget_s, None if ignore_memory else memory_fraction, True, kw)
+
+
+def _assign(graph: DataflowGraph, cluster: Any, method: str, seed: int, budget_s: float | None,
+            memory_fraction: float | None, refuse_over: bool, kw: dict[str, Any]) -> Assignment:  # fmt: skip
+    """:func:`assign`; ``memory_fraction`` None: memory ignored; ``refuse_over`` False: a placement over budget
+    is returned (``info["memory_feasible"]`` False) rather than refused, as :func:`compare` scores it."""
     spec = get_method(method)
     if not isinstance(graph, DataflowGraph):
         raise MethodError(f"expected a DataflowGraph, got {type(graph).__name__} (a file: doppler.load_graph(path))")
@@ -155,23 +182,100 @@ def assign(
             f"method {method!r} needs at least {spec.min_devices} devices, but cluster "
             f"{getattr(cluster, 'name', '?')!r} has {d}"
         )
+    budget = _memory_budget(graph, cluster, memory_fraction)
     t0 = time.perf_counter()
+    out, chk, tries = place_within(spec, graph, cluster, seed, budget_s, kw, budget)
+    out.assign_time_s = float(time.perf_counter() - t0)
+    out.graph_fingerprint = graph.fingerprint()
+    if chk is not None and not chk.feasible and refuse_over:
+        from doppler.report import memory_overruns
+
+        aware = f" after {tries} tries" if tries > 1 else "" if spec.memory_aware else f" ({method} does not place by memory)"
+        raise MethodError(f"{method}'s placement of {graph.name} does not fit{aware}: {'; '.join(memory_overruns(chk))}"
+                          " (--ignore-memory places it anyway)")  # fmt: skip
+    return out
+
+
+def place_within(spec: MethodSpec, graph: DataflowGraph, cluster: Any, seed: int, budget_s: float | None,
+                 kw: dict[str, Any], budget: np.ndarray | None) -> tuple[Assignment, "memory.MemoryCheck | None", int]:  # fmt: skip
+    """Run ``spec`` (no memory when ``budget`` is None). With a per-device ``budget``, a memory-aware method is
+    given it as ``memory_budget_bytes``; its placement is simulated (kept as its
+    :attr:`~Assignment.simulation`, ``info["memory_feasible"]``), and where a device is over, a method
+    without a time budget places again with fewer weights allowed there, up to :data:`MEMORY_RETRIES`
+    times. Returns the last placement, its memory check (None without a budget) and the tries made."""
+    caps, chk = budget, None
+    tries = 1 + (MEMORY_RETRIES if budget is not None and spec.memory_aware and not spec.uses_budget else 0)
+    for attempt in range(tries):
+        if caps is not None and spec.memory_aware:
+            kw = {**kw, "memory_budget_bytes": caps}
+        try:
+            out = _call(spec, graph, cluster, seed, budget_s, kw)
+        except MethodError as e:
+            if attempt == 0:
+                raise
+            from doppler.report import memory_overruns
+
+            raise MethodError(f"{spec.name}'s placement of {graph.name} does not fit: {'; '.join(memory_overruns(chk))}; "
+                              f"placed again with room kept for the live activations, {e} (--ignore-memory places "
+                              "it anyway)") from None  # fmt: skip
+        out.devices = check_assignment(graph, out.devices, int(cluster.num_devices))
+        out.method = spec.name
+        if budget is None:
+            return out, None, 1
+        from doppler.sim import traced
+
+        result = traced(graph, cluster, out)
+        out.simulation = (graph, cluster, result)
+        chk = memory.against(cluster, result.resident_bytes, result.peak_memory_bytes, budget)
+        out.info["memory_feasible"] = chk.feasible
+        if chk.feasible:
+            break
+        over = chk.peak_memory_bytes - chk.memory_budget_bytes  # a device over: fewer weights there, by more than that
+        caps = np.where(over > 0, np.minimum(caps, chk.resident_bytes) - 1.25 * over, caps)
+    return out, chk, attempt + 1
+
+
+def _call(spec: MethodSpec, graph: DataflowGraph, cluster: Any, seed: int, budget_s: float | None,
+          kw: dict[str, Any]) -> Assignment:  # fmt: skip
     try:
         out = spec.fn(graph, cluster, seed=seed, budget_s=budget_s, **kw)
     except TypeError as e:
         unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(e)) if kw else None
         if unexpected:  # (names the option the method refused, not the caller's other, internal ones)
-            raise MethodError(f"method {method!r} does not accept the option {unexpected.group(1)!r}") from None
+            raise MethodError(f"method {spec.name!r} does not accept the option {unexpected.group(1)!r}") from None
         raise
-    elapsed = time.perf_counter() - t0
-    if not isinstance(out, Assignment):
-        out = Assignment(devices=np.asarray(out))
-    out.devices = check_assignment(graph, out.devices, d)
-    out.method = method
-    out.assign_time_s = float(elapsed)
-    out.graph_fingerprint = graph.fingerprint()
-    return out
+    return out if isinstance(out, Assignment) else Assignment(devices=np.asarray(out))
 
+
+def _memory_budget(graph: DataflowGraph, cluster: Any, memory_fraction: float | None) -> np.ndarray | None:
+    """The per-device budget a placement must keep, or None where memory cannot matter (ignored, unlimited,
+    or everything fits the smallest device at once); MethodError where no placement fits."""
+    if memory_fraction is None:
+        return None
+    try:
+        budget = memory.budget_bytes(cluster, memory_fraction)
+    except memory.MemoryBudgetError as e:
+        raise MethodError(str(e)) from None
+    slices = memory.input_slices(graph)
+    if memory.always_fits(graph, budget, slices):
+        return None
+    short = memory.shortfall(graph, budget, slices)
+    if short is not None:
+        from doppler.report import shortfall_reason
+
+        raise MethodError(f"{graph.name} does not fit {cluster.name}: {shortfall_reason(graph, cluster, short, memory_fraction)}"
+                          " (--ignore-memory places it anyway)")  # fmt: skip
+    return budget
+
+
+def no_room(graph: DataflowGraph, used: np.ndarray, cap: np.ndarray, v: int, placed: int, method: str) -> MethodError:
+    """The error of a memory-aware list schedule that found no device with room for op ``v`` after ``placed``
+    ops, with the input bytes (``used``) it had put on each device against its cap."""
+    from doppler.report import format_bytes
+
+    held = ", ".join(f"{format_bytes(float(u))} of {format_bytes(float(c))}" for u, c in zip(used, cap))
+    return MethodError(f"{method}: no device has room for op {graph.op_label(v)} after {placed} of {graph.num_ops} ops "
+                       f"(weights and inputs held per device: {held})")  # fmt: skip
 
 
 @dataclass
@@ -181,8 +285,11 @@ class CompareRow:
     method: str
     makespan_s: float
     lower_bound_s: float
-    peak_memory_bytes: list[float]  # per device
-    memory_overruns: list[str]  # one phrase per device over its memory
+    peak_memory_bytes: list[float]  # per device, the resident weights included
+    resident_bytes: list[float]  # per device
+    memory_budget_bytes: list[float | None]  # per device (None: unlimited)
+    feasible: bool  # every device within its budget
+    memory_overruns: list[str]  # one phrase per device over its budget
     assign_time_s: float | None
     estimated_makespan_s: float | None
     assignment: Assignment
@@ -192,19 +299,23 @@ class CompareRow:
     def to_json(self) -> dict[str, Any]:
         """Every field but the assignment, in the order ``doppler compare --json`` prints them."""
         return {k: getattr(self, k) for k in ("method", "makespan_s", "lower_bound_s", "ratio_to_lower_bound",
-                "ratio_to_critical_path", "assign_time_s", "estimated_makespan_s", "peak_memory_bytes",
-                "memory_overruns")}  # fmt: skip
+                "ratio_to_critical_path", "assign_time_s", "estimated_makespan_s", "feasible", "resident_bytes",
+                "peak_memory_bytes", "memory_budget_bytes", "memory_overruns")}  # fmt: skip
 
 
-def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None) -> CompareRow:
-    """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated."""
+def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None,
+          memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> CompareRow:  # fmt: skip
+    """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated, its memory
+    against the budget of ``memory_fraction``."""
     from doppler.report import memory_overruns
     from doppler.sim import traced
 
     result = traced(graph, cluster, a)
-    peak = result.peak_memory_bytes
+    chk = memory.check(graph, cluster, result.resident_bytes, result.peak_memory_bytes, memory_fraction)
+    budget = [None if math.isinf(b) else float(b) for b in chk.memory_budget_bytes]
     return CompareRow(method=method or a.method, makespan_s=float(result.makespan_s), lower_bound_s=lower_bound_s,
-                      peak_memory_bytes=peak.tolist(), memory_overruns=memory_overruns(peak, cluster),
+                      peak_memory_bytes=chk.peak_memory_bytes.tolist(), resident_bytes=chk.resident_bytes.tolist(),
+                      memory_budget_bytes=budget, feasible=chk.feasible, memory_overruns=memory_overruns(chk),
                       assign_time_s=a.assign_time_s, estimated_makespan_s=a.estimated_makespan_s, assignment=a)  # fmt: skip
 
 
@@ -217,10 +328,13 @@ def compare(
     budget_s: float | None = None,
     on_progress: ProgressFn | None = None,
     method_kwargs: dict[str, dict[str, Any]] | None = None,
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
+    ignore_memory: bool = False,
 ) -> list[CompareRow]:
     """Run each method and score its assignment in the WC simulator: one :class:`CompareRow` per
     method, whose ``ratio_to_critical_path`` is against critical_path (run as the reference if not
-    in ``methods``). ``on_progress`` gets a ``"compare"`` event before each method runs (done: the
+    in ``methods``). Memory-aware methods place within the budget (unless ``ignore_memory``); a
+    placement over it is kept, its row not ``feasible``; a graph no placement fits is a MethodError. ``on_progress`` gets a ``"compare"`` event before each method runs (done: the
     methods finished; ``stats["method"]``: the one starting). ``method_kwargs[name]``: extra options of one method (e.g.
     ``{"doppler": {"checkpoint": path}}``).
     """
@@ -244,13 +358,15 @@ def compare(
     for i, m in enumerate(methods):
         if on_progress is not None:
             on_progress(ProgressEvent("compare", i, len(methods), "methods", {"method": m}))
-        a = assign(graph, cluster, m, seed=seed, budget_s=budget_s, **(method_kwargs or {}).get(m, {}))
-        rows.append(score(graph, cluster, a, lb))
+        a = _assign(graph, cluster, m, seed, budget_s, None if ignore_memory else memory_fraction, False,
+                    (method_kwargs or {}).get(m, {}))  # fmt: skip
+        rows.append(score(graph, cluster, a, lb, memory_fraction=memory_fraction))
     ref = next((r.makespan_s for r in rows if r.method == "critical_path"), None)
     if ref is None:
         if on_progress is not None:
             on_progress(ProgressEvent("compare", len(methods), len(methods), "methods", {"method": "critical_path"}))
-        ref = float(simulate(graph, cluster, assign(graph, cluster, "critical_path")).makespan_s)
+        cp = _assign(graph, cluster, "critical_path", 0, None, None if ignore_memory else memory_fraction, False, {})
+        ref = float(simulate(graph, cluster, cp).makespan_s)
     for r in rows:
         r.ratio_to_lower_bound = r.makespan_s / lb if lb > 0 else None
         r.ratio_to_critical_path = r.makespan_s / ref if ref > 0 else None

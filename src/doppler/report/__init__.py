@@ -15,7 +15,7 @@ imported inside the drawing functions, so importing this package does not load i
 from doppler.report.figures import FigureFormatError, figure_format, kind_colour, save_figure
 from doppler.report.gantt_chart import gantt
 from doppler.report.graph_plot import draw_graph, layered_positions
-from doppler.report.memory import memory_overruns
+from doppler.report.memory import memory_overruns, shortfall_reason
 from doppler.report.text import comparison_table, format_bytes, format_time, time_unit
 from doppler.report.training_plots import held_out_chart, training_curve
 
@@ -31,6 +31,7 @@ __all__ = [
     "kind_colour",
     "layered_positions",
     "memory_overruns",
+    "shortfall_reason",
     "save_figure",
     "time_unit",
     "training_curve",

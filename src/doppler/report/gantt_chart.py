@@ -14,7 +14,7 @@ import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
 from doppler.report.figures import kind_colour, save_figure
-from doppler.report.text import format_time, time_unit
+from doppler.report.text import format_bytes, format_time, time_unit
 
 if TYPE_CHECKING:  # pragma: no cover
     from doppler.hardware import Cluster
@@ -54,6 +54,7 @@ def gantt(
     detail_ops: int = 2000,
     max_transfer_lines: int = 1500,
     dpi: int = 200,
+    memory_budget_bytes: np.ndarray | None = None,
 ) -> Path:
     """Draw a Gantt chart of ``result`` (a SimResult with a trace, or a Trace) to ``path``.
 
@@ -68,6 +69,10 @@ def gantt(
     mass) are drawn for the big picture instead: bars without outlines, the
     critical path as one black thread through its ops, and at most
     ``max_transfer_lines`` transfers (a random sample, said in the legend).
+
+    With ``memory_budget_bytes`` (per device; inf: unlimited), a second panel shows the bytes each device
+    holds over time (its resident weights plus its live activations, :func:`memory_curves`) against its
+    budget.
     """
     import matplotlib
 
@@ -79,7 +84,14 @@ def gantt(
         raise ValueError("gantt() needs a result simulated with trace=True")
     path = Path(path)
     lay = _GanttLayout.of(graph, cluster, trace)
-    fig, ax = plt.subplots(figsize=(11.0, max(2.8, 0.55 * lay.num_devices + 1.9)), constrained_layout=True)
+    height = max(2.8, 0.55 * lay.num_devices + 1.9)
+    if memory_budget_bytes is None:
+        fig, ax = plt.subplots(figsize=(11.0, height), constrained_layout=True)
+    else:
+        fig, (ax, mem_ax) = plt.subplots(2, 1, figsize=(11.0, height + 2.6), sharex=True, constrained_layout=True,
+                                         gridspec_kw={"height_ratios": [height, 2.6]})  # fmt: skip
+        _draw_memory(mem_ax, graph, cluster, trace, lay, np.asarray(memory_budget_bytes, dtype=np.float64))
+        ax.tick_params(labelbottom=True)
     detailed = trace.num_ops <= detail_ops
     kinds_present = _draw_ops(ax, graph, trace, lay, detailed)
     shown = _draw_transfers(ax, trace, lay, detailed, max_transfer_lines)
@@ -213,6 +225,43 @@ def _draw_frame(ax: Any, graph: DataflowGraph, cluster: "Cluster", trace: "Trace
     if lower_bound_s is not None and lower_bound_s > 0:
         sub += f" · lower bound {format_time(lower_bound_s, cluster)} ({makespan / lower_bound_s:.2f}×)"
     ax.set_title(f"{head}\n{sub}", fontsize=10, loc="left")
+
+
+def memory_curves(graph: DataflowGraph, trace: "Trace", num_devices: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per device, ``(times_s, bytes)``: the bytes it holds from each time on (a step function), its resident
+    weights included (:meth:`Trace.activation_timeline`, :meth:`Trace.resident_bytes`): its highest point is
+    the device's peak memory."""
+    device, t, live = trace.activation_timeline(graph, num_devices)
+    resident = trace.resident_bytes(graph, num_devices)
+    return [(np.concatenate([[0.0], t[device == d]]), resident[d] + np.concatenate([[0.0], live[device == d]]))
+            for d in range(num_devices)]  # fmt: skip
+
+
+def _draw_memory(ax: Any, graph: DataflowGraph, cluster: "Cluster", trace: "Trace", lay: _GanttLayout,
+                 budget: np.ndarray) -> None:  # fmt: skip
+    """Each device's held bytes over time (GB), its budget as a dashed line of the same colour."""
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab10")
+    curves = memory_curves(graph, trace, lay.num_devices)
+    top = 1.15 * max((float(held.max()) for _, held in curves), default=0.0) or 1.0
+    shown = np.isfinite(budget) & (budget <= 2.0 * top)  # a budget far above every curve would flatten them
+    for d, (t, held) in enumerate(curves):
+        c = colours(d % 10)
+        ax.step(np.append(t, trace.makespan_s) * lay.scale, np.append(held, held[-1]) / 1e9, where="post", lw=1.0,
+                color=c, label=cluster.devices[d].name)  # fmt: skip
+        if shown[d]:
+            ax.axhline(budget[d] / 1e9, color=c, lw=0.8, ls="--")
+    far = budget[np.isfinite(budget) & ~shown]
+    note = "dashed: budget" if not far.size else f"budget {format_bytes(float(far.min()))}+ (above)"
+    ax.set_ylabel("held (GB)")
+    ax.set_xlabel(f"time ({lay.unit})")
+    ax.grid(color="#dddddd", lw=0.6)
+    ax.set_ylim(0, max(top, float(budget[shown].max()) * 1.05 if shown.any() else 0.0) / 1e9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, title=note,
+              title_fontsize=8)  # fmt: skip
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
 
 
 def _legend(ax: Any, kinds_present: list[int], shown: int, ntr: int, crit_ops: int, detailed: bool,

@@ -39,16 +39,17 @@ def format_bytes(x: float) -> str:
 
 
 def comparison_table(rows: list[Any], title: str, cluster: "Cluster | None" = None) -> "Any":
-    """A rich table of :func:`doppler.methods.compare` rows (``CompareRow``); the best makespan in
-    bold green, peak memory (largest over devices) in red where some device's peak exceeds its memory."""
+    """A rich table of :func:`doppler.methods.compare` rows (``CompareRow``): the best makespan among the
+    placements that fit the memory budget in bold green; peak memory (largest over devices) and ``no`` in
+    the ``fits`` column in red where some device is over its budget."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=title)
     table.add_column("method")
-    for col in ("makespan", "/ lower bound", "/ critical_path", "peak memory", "assign time (s)"):
+    for col in ("makespan", "/ lower bound", "/ critical_path", "fits", "peak memory", "assign time (s)"):
         table.add_column(col, justify="right")
-    best = min(r.makespan_s for r in rows)
+    best = min((r.makespan_s for r in rows if r.feasible), default=None)
     for r in rows:
         peak = max(r.peak_memory_bytes)
         table.add_row(
@@ -56,8 +57,9 @@ def comparison_table(rows: list[Any], title: str, cluster: "Cluster | None" = No
             format_time(r.makespan_s, cluster),
             f"{r.ratio_to_lower_bound:.3f}" if r.ratio_to_lower_bound is not None else "-",
             f"{r.ratio_to_critical_path:.3f}" if r.ratio_to_critical_path is not None else "-",
-            Text(f"{format_bytes(peak)} (over)", style="red") if r.memory_overruns else format_bytes(peak),
+            "yes" if r.feasible else Text("no", style="red"),
+            format_bytes(peak) if r.feasible else Text(f"{format_bytes(peak)} (over)", style="red"),
             f"{r.assign_time_s:.3f}",
-            style="bold green" if r.makespan_s == best else None,
+            style="bold green" if r.feasible and r.makespan_s == best else None,
         )
     return table

@@ -436,7 +436,7 @@ def sim_kernel(
 
 @jit(cache=True)
 def sim_rows(
-    arrays, devs, op_f, edge_f, bsp, contention, key, first, step, out, prune, cap
+    arrays, devs, op_f, edge_f, bsp, contention, key, first, step, out, prune, cap, skip=None
 ):  # pragma: no cover - compiled
     """Makespans of rows ``first, first + step, ...`` of ``devs`` into ``out``, with one set of scratch arrays.
 
@@ -444,7 +444,8 @@ def sim_rows(
     the best of the rows before it here. So if the least makespan of these rows is at most ``cap``,
     it and the first row that reaches it are exact; if not, every row is ``inf`` or within float
     rounding of ``cap`` or above it. Only that is kept (the annealer's use: only its batch's best row
-    matters, and only if its rule may accept it)."""
+    matters, and only if its rule may accept it). A row ``skip`` (bool[B]) marks is not simulated:
+    ``inf``."""
     B, n = devs.shape
     E = arrays[1].shape[0]  # succ_idx: one slot per edge
     op_ready = np.empty(n, np.float64)
@@ -456,6 +457,9 @@ def sim_rows(
     tr_end = np.empty(E, np.float64)
     best = np.inf
     for b in range(first, B, step):
+        if skip is not None and skip[b]:
+            out[b] = np.inf
+            continue
         # PRUNE_SLACK: a bound within float rounding of the best must not cut a row that ties it
         prune_at = min(best, cap) * (1.0 + PRUNE_SLACK) if prune else np.inf
         mk, _ = sim_kernel(arrays, devs[b], op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src,

@@ -24,6 +24,7 @@ from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import check_seed
+from doppler.memory import InputSlices, input_slices
 from doppler.sim.bounds import critical_path_bound, work_bound
 from doppler.sim.kernel import ARRAYS, sim_kernel, sim_many
 from doppler.trace import Trace
@@ -42,13 +43,14 @@ class SimulationError(ValueError):
 # =========================================================================== results
 @dataclass
 class SimResult:
-    """``makespan_s`` (seconds) and, with ``trace=True``, the :class:`Trace` and the peak live
-    bytes per device (:meth:`Trace.peak_memory_bytes`; the model is in docs/cli.md)."""
+    """``makespan_s`` (seconds) and, with ``trace=True``, the :class:`Trace`, the peak bytes held per
+    device and the resident weight bytes among them (the model is :mod:`doppler.memory`'s)."""
 
     makespan_s: float
     trace: Trace | None = None
     mode: str = "wc"
     peak_memory_bytes: np.ndarray | None = None  # float64[D], with trace=True
+    resident_bytes: np.ndarray | None = None  # float64[D], with trace=True
 
 
 # =========================================================================== context
@@ -80,6 +82,7 @@ class SimContext:
         self.streams = np.ascontiguousarray(cluster.streams, dtype=np.int64)
         self.copies_in = np.ascontiguousarray(cluster.copies_inbound, dtype=np.bool_)
         self.arrays = tuple(getattr(self, name) for name in ARRAYS)
+        self._slices: InputSlices | None = None
         self._ones_n = np.ones(n)
         self._ones_e = np.ones(max(self.num_edges, 1))
         self._noise_cache: tuple[float, int, np.ndarray, np.ndarray] | None = None
@@ -202,7 +205,16 @@ class SimContext:
             tr_end=np.array(tr_end, dtype=np.float64),
             mode=mode,
         )
-        return SimResult(makespan_s, tr, mode, tr.peak_memory_bytes(self.graph, self.num_devices))
+        slices = self.input_slices()
+        resident = tr.resident_bytes(self.graph, self.num_devices, slices)
+        peak = resident + tr.activation_peak_bytes(self.graph, self.num_devices, slices)
+        return SimResult(makespan_s, tr, mode, peak, resident)
+
+    def input_slices(self) -> InputSlices:
+        """The graph-input slices its ops read (:func:`doppler.memory.input_slices`), found once."""
+        if self._slices is None:
+            self._slices = input_slices(self.graph)
+        return self._slices
 
     def simulate(
         self,

@@ -114,7 +114,8 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
     if cfg.teacher != RULE_TEACHER:
         from doppler.methods import assign
 
-        task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S).devices
+        task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S,
+                                      ignore_memory=True).devices
         task.teacher_order = task.blevel_order()
         task.best_order = task.teacher_order
         task.best_step_device = task.teacher_devices[task.teacher_order]

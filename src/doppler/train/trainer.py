@@ -240,7 +240,8 @@ class Trainer:
         methods = [m for m in methods if task.cluster.num_devices >= get_method(m).min_devices]
         if not methods:
             return
-        cands = np.stack([assign(task.graph, task.cluster, m, seed=self.cfg.seed).devices for m in methods])
+        cands = np.stack([assign(task.graph, task.cluster, m, seed=self.cfg.seed, ignore_memory=True).devices
+                          for m in methods])  # fmt: skip
         task.adopt_best(cands, np.asarray(task.oracle.evaluate(cands), dtype=np.float64))
 
     @_reproducible
@@ -538,7 +539,7 @@ def train_and_assign(graph: DataflowGraph, cl: Cluster, run_dir: Path, cfg: Trai
     trainer = Trainer.create([graph], cl, cfg)
     trainer.run(run_dir, on_progress)
     train_s = time.perf_counter() - t0
-    a = assign(graph, cl, cfg.method, checkpoint=run_dir / "checkpoint.pt")
+    a = assign(graph, cl, cfg.method, checkpoint=run_dir / "checkpoint.pt", ignore_memory=True)
     curve = run_dir / "training_curve.png"
     training_curve(trainer.history, curve, title=f"DOPPLER on {graph.name} ({graph.num_ops} ops), {cl.name}")
     return {"assignment": a, "train_s": train_s, "assign_time_s": a.assign_time_s, "training_curve": curve}
