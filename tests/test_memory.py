@@ -82,7 +82,7 @@ def test_a_shortfall_names_the_weights_or_the_op_that_cannot_fit():
     assert memory.shortfall(g, np.full(4, w)) is None
 
 
-@pytest.mark.parametrize("method", ["heft", "critical_path"])
+@pytest.mark.parametrize("method", ["heft", "critical_path", "lookahead", "heft_lookahead", "enumerative"])
 @pytest.mark.parametrize("name", ["llama_block", "llama_layer"])
 def test_memory_aware_list_schedulers_place_within_the_budget(method, name):
     """Where the unlimited schedule overfills a device of a graph whose weights dominate, the memory-aware one
@@ -147,3 +147,42 @@ def test_anneal_without_a_budget_searches_as_before():
     c = cluster("v100x8")
     assert np.array_equal(assign(g, c, "anneal", max_evals=800).devices,
                           assign(g, c, "anneal", max_evals=800, ignore_memory=True).devices)  # fmt: skip
+
+
+def test_doppler_keeps_the_best_decode_that_fits_and_searches_within_the_budget():
+    g = workloads.build("llama_layer")
+    c = cluster("p100x4")
+    free = simulate(g, c, assign(g, c, "doppler", samples=8), trace=True)
+    tight = _with_memory("p100x4", free.peak_memory_bytes.max() * 0.95 / memory.DEFAULT_MEMORY_FRACTION)
+    for kw in ({"samples": 8}, {"budget_s": 0.5}):
+        try:
+            a = assign(g, tight, "doppler", **kw)
+        except MethodError as e:  # every decode over budget: refused, naming the device
+            assert "does not fit" in str(e) and "samples" in kw
+            continue
+        r = simulate(g, tight, a, trace=True)
+        assert (r.peak_memory_bytes <= memory.budget_bytes(tight)).all() and a.info["memory_feasible"]
+
+
+def test_dopplers_decode_puts_each_op_only_where_it_has_room():
+    """The shipped policy's greedy decode, masked by the memory ledger, fits where the unmasked one does not;
+    with no room anywhere for an op the decode says which step."""
+    from doppler.policy.decode import RolloutError, make_plan
+    from doppler.policy.features import graph_features
+    from doppler.policy.infer import load_shipped
+
+    g = workloads.build("llama_layer")
+    c = cluster("p100x4")
+    free = simulate(g, c, assign(g, c, "doppler"), trace=True)
+    tight = _with_memory("p100x4", free.peak_memory_bytes.max() * 0.9 / memory.DEFAULT_MEMORY_FRACTION)
+    with pytest.raises(MethodError, match="does not fit"):
+        assign(g, tight, "single")
+    a = assign(g, tight, "doppler")
+    r = simulate(g, tight, a, trace=True)
+    assert (r.peak_memory_bytes <= memory.budget_bytes(tight)).all()
+    assert r.makespan_s <= free.makespan_s * 1.05  # masking alone costs little here
+    policy = load_shipped()
+    gf = graph_features(g, c)
+    with pytest.raises(RolloutError, match="no device has room"):
+        policy.decode(gf, make_plan(g.num_ops, batch=1, mode="greedy", memory_budget_bytes=np.full(4, 1e6)),
+                      policy.heads(gf))  # fmt: skip

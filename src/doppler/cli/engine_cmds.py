@@ -151,7 +151,7 @@ def execute_cmd(
             "sim_error_pct": (sim - res.makespan_s) / res.makespan_s * 100 if res.makespan_s > 0 else None,
             "num_transfers": res.trace.num_transfers,
             "transfer_bytes": float(res.trace.tr_bytes.sum()),
-            "peak_memory_bytes": res.trace.peak_memory_bytes(graph, num_devices).tolist(),
+            "peak_memory_bytes": None if res.peak_memory_bytes is None else res.peak_memory_bytes.tolist(),
             "simulated_peak_memory_bytes": chk.peak_memory_bytes.tolist(),
             "memory_budget_bytes": chk.to_json()["memory_budget_bytes"],
         }
@@ -211,6 +211,10 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
         markup=True,
         highlight=False,
     )
+    if out.get("peak_memory_bytes") is not None:
+        pairs = ", ".join(f"{format_bytes(m)} / {format_bytes(s)}"
+                          for m, s in zip(out["peak_memory_bytes"], out["simulated_peak_memory_bytes"]))  # fmt: skip
+        console.print(f"peak memory per device, measured / simulated: {pairs}", highlight=False)
     if "outputs_match" in out:
         verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
         console.print(f"outputs {verdict} the numpy reference (max relative error "

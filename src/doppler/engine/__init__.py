@@ -54,6 +54,7 @@ class ExecutionResult:
     engine: str = "local"
     num_devices: int = 1
     info: dict[str, Any] = field(default_factory=dict)
+    peak_memory_bytes: np.ndarray | None = None  # the median run's, per device, measured (None: not measured)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -174,4 +175,5 @@ def run(
         engine=engine,
         num_devices=int(num_devices),
         info=info,
+        peak_memory_bytes=runs[median_run].peak_memory_bytes,
     )

@@ -30,6 +30,14 @@ keeps freed memory in the process for reuse (without it a run pays a random numb
 page faults). Receive buffers are touched when
 they are allocated, before the clock starts.
 
+Each device's held bytes are measured as the run goes (:class:`_Meter`): its input tiles from the
+start (a weight's for the whole run, a slice of an activation input until its last reader there
+ends), an op's output from the op's start until its last reader on the device and its last copy
+have ended (a graph output until the end), a received copy from the copy's start until its last
+reader there ends. Where outputs are not kept for the caller, the engine drops each array at that
+moment. The largest total per device is the run's ``peak_memory_bytes``; on CUDA devices it is
+``torch.cuda.max_memory_allocated`` of the device's GPU instead, where it has one GPU of its own.
+
 Devices (``device_type``):
 
 * ``"cpu"`` (:class:`HostDevices`): numpy kernels with one BLAS thread each
@@ -188,6 +196,10 @@ class HostDevices:
     def to_host(self, value: Any) -> np.ndarray:
         return value
 
+    def peak_memory_bytes(self) -> None:
+        """None: the engine's own count of the arrays each worker holds is the measurement."""
+        return None
+
 
 class CudaDevices:
     """CUDA devices: one compute stream per device, one copy stream per link, CUDA-event times.
@@ -298,6 +310,7 @@ class CudaDevices:
         torch = self.torch
         for g in self.gpus:
             torch.cuda.synchronize(g)
+            torch.cuda.reset_peak_memory_stats(g)
         self.t0 = {}
         for g in self.gpus:
             ev = torch.cuda.Event(enable_timing=True)
@@ -332,6 +345,13 @@ class CudaDevices:
 
     def to_host(self, value: Any) -> np.ndarray:
         return value.detach().cpu().numpy()
+
+    def peak_memory_bytes(self) -> np.ndarray | None:
+        """``torch.cuda.max_memory_allocated`` since the clock started, per device, where every device has a GPU
+        of its own (else None: the engine's own count)."""
+        if len(self.gpus) != self.num_devices:
+            return None
+        return np.array([float(self.torch.cuda.max_memory_allocated(g)) for g in self.gpu])
 
 
 _CUDA_DEVICE_SETS: dict[int, CudaDevices] = {}
@@ -375,6 +395,7 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
     """
     tune_malloc()
     ex = _Execution(placed, devices if devices is not None else HostDevices(placed.num_devices))
+    ex.keep_values = keep_values
     ok, at_timeout = ex.start_and_wait(timeout_s)
     if ex.failure:
         raise EngineError(ex.failure[0])
@@ -384,7 +405,27 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
         what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
         raise EngineError(f"the run passed its timeout of {timeout_s:g} s with {n - at_timeout[1]} of {n} ops "
                           f"unfinished{what}")  # fmt: skip
-    return RunRecord(ex.trace(), [ex.hw.to_host(x) if x is not None else None for x in ex.values] if keep_values else [])
+    peak = ex.hw.peak_memory_bytes()
+    return RunRecord(ex.trace(), [ex.hw.to_host(x) if x is not None else None for x in ex.values] if keep_values else [],
+                     ex.meter.peak.copy() if peak is None else peak)  # fmt: skip
+
+
+class _Meter:
+    """Bytes held per device, and the most held at once (module docstring), updated from any thread."""
+
+    def __init__(self, num_devices: int) -> None:
+        self.held = np.zeros(num_devices)
+        self.peak = np.zeros(num_devices)
+        self.lock = threading.Lock()
+
+    def alloc(self, d: int, nbytes: float) -> None:
+        with self.lock:
+            self.held[d] += nbytes
+            self.peak[d] = max(self.peak[d], self.held[d])
+
+    def release(self, d: int, nbytes: float) -> None:
+        with self.lock:
+            self.held[d] -= nbytes
 
 
 class _Execution:
@@ -409,6 +450,8 @@ class _Execution:
             shape, dt = self.prog.output_template(u)
             self.recv[(u, b)] = hw.empty(shape, dt, b)
         self.values: list[Any] = [None] * n
+        self.keep_values = True
+        self._plan_memory(g, dev, transfers)
         self.ready_key = np.zeros(n)  # host time of the latest arrival: the FIFO key
         self.op_start: list[Any] = [0.0] * n
         self.op_end: list[Any] = [0.0] * n
@@ -425,6 +468,51 @@ class _Execution:
         self.state_lock = threading.Lock()
         self.finished = 0
         self.failure: list[str] = []
+
+    def _plan_memory(self, g: Any, dev: np.ndarray, transfers: list[tuple[int, int]]) -> None:
+        """What the meter counts down: readers left of each (tile, device) and of each received copy, and the
+        uses left of each output on its own device (its readers there and its copies)."""
+        self.meter = _Meter(self.D)
+        users = set(g.meta.get("user_inputs") or ())
+        self.tile_left: dict[tuple[int, int], int] = {}
+        self.tile_bytes: dict[tuple[int, int], float] = {}
+        for v, ops in enumerate(self.prog.operands):
+            for t in {o.tile for o in ops if o.tile >= 0}:
+                key = (t, int(dev[v]))
+                self.tile_left[key] = self.tile_left.get(key, 0) + 1
+                self.tile_bytes[key] = float(self.prog.tiles[t].nbytes)
+        self.weight_tiles = {t for t, name in enumerate(self.prog.tile_inputs) if name not in users}
+        self.uses_left = np.array([len(self.consumers.get((u, int(dev[u])), ())) for u in range(self.n)], np.int64)
+        for u, _ in transfers:
+            self.uses_left[u] += 1
+        self.recv_left = {(u, b): len(self.consumers[(u, b)]) for u, b in transfers}
+        self.out_bytes = np.asarray(g.output_bytes, dtype=np.float64)
+
+    def _used(self, v: int, d: int) -> None:
+        """Op ``v`` ended on device ``d``: release what it was the last reader of there."""
+        for t in {o.tile for o in self.prog.operands[v] if o.tile >= 0}:
+            key = (t, d)
+            self.tile_left[key] -= 1
+            if self.tile_left[key] == 0 and t not in self.weight_tiles:
+                self.meter.release(d, self.tile_bytes[key])
+        for u in self.prog.graph.predecessors(v).tolist():
+            if int(self.dev[u]) == d:
+                self._output_used(u)
+            else:
+                self.recv_left[(u, d)] -= 1
+                if self.recv_left[(u, d)] == 0:
+                    self.meter.release(d, self.out_bytes[u])
+                    if not self.keep_values:
+                        self.recv[(u, d)] = None
+
+    def _output_used(self, u: int) -> None:
+        with self.locks[int(self.dev[u])]:
+            self.uses_left[u] -= 1
+            last = self.uses_left[u] == 0
+        if last:
+            self.meter.release(int(self.dev[u]), self.out_bytes[u])
+            if not self.keep_values:
+                self.values[u] = None
 
     def fail(self, msg: str) -> None:
         with self.state_lock:
@@ -457,6 +545,7 @@ class _Execution:
                     return
                 continue
             self.running[d] = v
+            self.meter.alloc(d, self.out_bytes[v])
             try:  # (gathering the operands too: whatever fails, the run stops with one message, no hang)
                 arrays = [
                     tile if tile is not None else (values[o.op] if dev[o.op] == d else recv[(o.op, d)])
@@ -469,6 +558,7 @@ class _Execution:
             self.running[d] = -1
             values[v] = out
             self.op_start[v], self.op_end[v] = start, end
+            self._used(v, d)
             self.send(v, d, key)
             with self.state_lock:
                 self.finished += 1
@@ -490,12 +580,14 @@ class _Execution:
         """Make transfer ``k`` into device ``b``; False if it failed (the run is stopped)."""
         u = self.transfers[k][0]
         a = int(self.dev[u])
+        self.meter.alloc(b, self.out_bytes[u])
         try:
             start, end, key = self.hw.copy(self.recv[(u, b)], self.values[u], a, b, k)
         except Exception as e:  # noqa: BLE001 - any copy failure stops the run with a clear message
             self.fail(f"transfer of op {self.prog.label(u)} from device {a} to device {b} failed: {type(e).__name__}: {e}")
             return False
         self.tr_start[k], self.tr_end[k] = start, end
+        self._output_used(u)
         self.arrive(u, b, key)
         return True
 
@@ -525,6 +617,8 @@ class _Execution:
                 for th in threads:
                     th.start()
                 sources = np.flatnonzero(self.waiting == 0)
+                for (_, d), nbytes in self.tile_bytes.items():  # the input tiles, placed before the clock
+                    self.meter.alloc(d, nbytes)
                 hw.start_clock()
                 for v in sources:
                     self.dev_q[int(self.dev[v])].put(0.0, int(v))

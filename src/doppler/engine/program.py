@@ -140,6 +140,7 @@ class Program:
     labels: list[str] = field(default_factory=list)
     #: input tiles already copied to a device that keeps them between runs ((tile, device set, device) -> copy)
     device_tiles: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
+    tile_inputs: list[str] = field(default_factory=list)  # the input tensor each tile is a slice of
 
     @property
     def num_ops(self) -> int:
@@ -210,6 +211,7 @@ class RunRecord:
 
     trace: "Trace"
     values: list[np.ndarray | None]
+    peak_memory_bytes: np.ndarray | None = None  # per device, measured by the engine (None: not measured)
 
 
 @dataclass
@@ -232,10 +234,12 @@ class PlacedProgram:
         return sorted(out)
 
 
-def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any) -> tuple[list[list[Operand]], list[np.ndarray]]:
+def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray],
+                 dtype: Any) -> tuple[list[list[Operand]], list[np.ndarray], list[str]]:  # fmt: skip
     """Each op's operands: another op's output, which must be one of its predecessors (it arrives over an
     edge), or a tile of a named input tensor."""
     tiles: list[np.ndarray] = []
+    names: list[str] = []
     tile_ids: dict[tuple[str, str], int] = {}
     operands: list[list[Operand]] = []
     for v in range(graph.num_ops):
@@ -266,9 +270,10 @@ def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any
                 tile = full if sl is None else full[tuple(slice(int(lo), int(hi)) for lo, hi in sl)]
                 tile_ids[key] = len(tiles)
                 tiles.append(np.ascontiguousarray(tile, dtype=dtype))
+                names.append(name)
             row.append(Operand(tile=tile_ids[key]))
         operands.append(row)
-    return operands, tiles
+    return operands, tiles, names
 
 
 def build_program(
@@ -295,8 +300,9 @@ def build_program(
             raise EngineError(f"dtype {dtype.name} is not one of {', '.join(DTYPE_BYTES)}")
         if inputs is None:
             inputs = make_inputs(graph, seed=seed, dtype=dtype)
-        operands, tiles = _input_tiles(graph, dict(inputs), dtype)
-        return Program(graph, operands, tiles, None, dtype, list(graph.specs), labels)  # type: ignore[arg-type]
+        operands, tiles, names = _input_tiles(graph, dict(inputs), dtype)
+        return Program(graph, operands, tiles, None, dtype, list(graph.specs), labels,  # type: ignore[arg-type]
+                       tile_inputs=names)  # fmt: skip
     if cluster is None:
         raise EngineError(
             f"graph {graph.name!r} has no op specs (a cost-only graph): give a cluster so that its synthetic kernels "

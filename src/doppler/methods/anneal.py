@@ -124,6 +124,7 @@ class _Moves:
     uses_budget=True,
     deterministic=False,
     memory_aware=True,
+    memory_retries=False,
 )
 def anneal_search(
     graph: DataflowGraph,
@@ -222,7 +223,7 @@ def anneal_search(
     if on_progress is not None:  # the last word, also when the budget ran out before the first move
         on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
     devices, best_ms = walk.best, walk.best_ms
-    fallback = memory_budget_bytes is not None and not _fits(ctx, devices, memory_budget_bytes)
+    fallback = memory_budget_bytes is not None and not ctx.fits_memory(devices, memory_budget_bytes)
     if fallback:
         devices, best_ms = start_devices, start_ms
     return Assignment(
@@ -306,20 +307,18 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_
     if start is None and nd > 1 and float(graph.num_ops) ** 2 * (nd - 1) <= ROLLOUT_START_MAX_WORK:
         from doppler.methods.lookahead import heft_lookahead_schedule
 
-        cands["heft_lookahead"] = heft_lookahead_schedule(graph, cluster, threads=threads)[0]
-    names = [k for k in cands if budget is None or _fits(ctx, cands[k], budget)]
+        try:
+            cands["heft_lookahead"] = heft_lookahead_schedule(graph, cluster, threads=threads,
+                                                              memory_budget_bytes=budget)[0]  # fmt: skip
+        except MethodError:  # (its HEFT start found no room)
+            pass
+    names = [k for k in cands if budget is None or ctx.fits_memory(cands[k], budget)]
     if not names:
         raise MethodError(f"anneal: none of its starts ({', '.join(cands)}) fits the memory budget")
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
     first = cands[names[i0]]
     return names[i0], _Walk(first, float(ms[i0]), len(names)), _memory_caps(ctx, first, budget)
-
-
-def _fits(ctx: SimContext, devices: np.ndarray, budget: np.ndarray) -> bool:
-    """Whether ``devices`` keeps every device within ``budget`` when simulated (:mod:`doppler.memory`)."""
-    r = ctx.simulate(devices, trace=True)
-    return bool(np.all(r.peak_memory_bytes <= budget))
 
 
 def _memory_caps(ctx: SimContext, start: np.ndarray, budget: np.ndarray | None) -> tuple:

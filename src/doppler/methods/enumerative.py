@@ -37,6 +37,11 @@ without a group fall back to per-op greedy: each goes to the device minimising
 the maximum accumulated cost including its input transfers (ties: smaller added
 cost, then lowest device id). The method is deterministic; it has no makespan
 estimate (``info["max_device_cost_s"]`` holds the final maximum load).
+
+With a memory budget (``memory_budget_bytes``, given by :func:`~doppler.methods.assign`), a plan is
+kept only if every device it uses has room for the weight slices it adds and for the group's
+outputs there (:mod:`doppler.listsched.ledger`), and an op without a group goes only to a device
+with room for it; where no plan or device has room, the method fails naming the op.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from __future__ import annotations
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import register
+from doppler.listsched.ledger import MemoryLedger
+from doppler.methods.registry import no_room, register
 from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 
@@ -76,7 +82,7 @@ def _split_keys(blocks: np.ndarray) -> list[np.ndarray]:
 
 
 class _Placer:
-    def __init__(self, graph: DataflowGraph, cm: CostModel):
+    def __init__(self, graph: DataflowGraph, cm: CostModel, ledger: MemoryLedger | None = None):
         self.g = graph
         self.cm = cm
         self.nd = cm.num_devices
@@ -84,6 +90,28 @@ class _Placer:
         self.load = np.zeros(self.nd)
         self.pb = cm.pred_bytes(graph)
         self.in_deg = np.diff(graph.pred_ptr)
+        self.ledger = ledger
+        self.placed = 0
+
+    def _fits(self, ops: np.ndarray, plan: np.ndarray) -> bool:
+        """Whether putting ``ops`` on ``plan`` keeps every device within the ledger's caps (weight slices it
+        adds, each once, and the ops' outputs)."""
+        led = self.ledger
+        add = np.zeros(self.nd)
+        np.add.at(add, plan, led.out_bytes[ops])
+        seen = set()
+        for v, d in zip(ops.tolist(), plan.tolist()):
+            for s in led.slice_idx[led.slice_ptr[v]:led.slice_ptr[v + 1]].tolist():
+                if not led.held[s, d] and (s, d) not in seen:
+                    seen.add((s, d))
+                    add[d] += led.slice_bytes[s]
+        return bool(np.all(led.used + add <= led.cap))
+
+    def _hold(self, ops: np.ndarray) -> None:
+        if self.ledger is not None:
+            for v in ops.tolist():
+                self.ledger.hold(v, int(self.dev[v]))
+        self.placed += len(ops)
 
     # ---------------------------------------------------------- single op
     def place_op(self, v: int) -> None:
@@ -99,9 +127,15 @@ class _Placer:
                 t = cm.latency_s[sd] + self.pb[lo:hi][ok, None] * cm.inv_bw[sd]  # [k, D], 0 where same device
                 cost += t.sum(axis=0)
         score = np.maximum(self.load.max(), self.load + cost)
+        if self.ledger is not None:
+            room = self.ledger.room(v)
+            if not room.any():
+                raise no_room(g, self.ledger.used, self.ledger.cap, v, self.placed, "enumerative")
+            score = np.where(room, score, np.inf)
         d = int(np.lexsort((np.arange(self.nd), cost, score))[0])
         self.dev[v] = d
         self.load[d] += cost[d]
+        self._hold(np.array([v]))
 
     # -------------------------------------------------------------- groups
     def _local_fill(self, ops: np.ndarray, plan: np.ndarray, which: np.ndarray, ctx: dict) -> np.ndarray:
@@ -194,15 +228,24 @@ class _Placer:
         new = self.load[None, :] + tot
         score = new.max(axis=1)
         total = new.sum(axis=1)
+        if self.ledger is not None:
+            ok = np.array([self._fits(ops, P[k]) for k in range(npl)])
+            if not ok.any():
+                raise no_room(g, self.ledger.used, self.ledger.cap, int(ops[0]), self.placed, "enumerative")
+            score = np.where(ok, score, np.inf)
         best = int(np.lexsort((np.arange(npl), total, score))[0])
         self.dev[ops] = P[best]
         self.load = new[best]
+        self._hold(ops)
 
 
-def enumerative_assign(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float]:
-    """(device per op, final maximum accumulated device cost in seconds)."""
+def enumerative_assign(graph: DataflowGraph, cluster,
+                       memory_budget_bytes: np.ndarray | None = None) -> tuple[np.ndarray, float]:  # fmt: skip
+    """(device per op, final maximum accumulated device cost in seconds); within ``memory_budget_bytes[D]``
+    where given (module docstring)."""
     cm = CostModel.build(graph, cluster)
-    placer = _Placer(graph, cm)
+    ledger = None if memory_budget_bytes is None else MemoryLedger.build(graph, cm.num_devices, memory_budget_bytes)
+    placer = _Placer(graph, cm, ledger)
     n = graph.num_ops
     pos = np.empty(n, dtype=np.int64)
     pos[graph.topo_order] = np.arange(n)
@@ -225,8 +268,9 @@ def enumerative_assign(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float
 
 
 @register("enumerative", description="structure-aware: enumerate tile placements per logical op, min max device cost",
-          as_python=True)
-def enumerative(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+          as_python=True, memory_aware=True)
+def enumerative(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
+                memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
     """Structure-aware enumerative heuristic (deterministic; see the module docstring)."""
-    dev, max_cost = enumerative_assign(graph, cluster)
+    dev, max_cost = enumerative_assign(graph, cluster, memory_budget_bytes)
     return Assignment(devices=dev, info={"max_device_cost_s": max_cost})

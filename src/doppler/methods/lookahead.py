@@ -38,7 +38,8 @@ from doppler.listsched import (
     critical_path_completion, earliest_start_device, empty_schedule, empty_state, est_into, heft_list_schedule, heft_place,
     largest_key_candidate, place, take_candidate,
 )  # fmt: skip
-from doppler.methods.registry import register
+from doppler.listsched.ledger import MemoryLedger
+from doppler.methods.registry import get_method, no_room, place_within, register
 from doppler.methods.threads import search_threads
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
@@ -62,8 +63,11 @@ class _Arrays:
         self.num_devices = cm.num_devices
 
 
-def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float]:
-    """The LOOKAHEAD assignment and its simulated makespan (see the module docstring)."""
+def lookahead_schedule(graph: DataflowGraph, cluster,
+                       memory_budget_bytes: np.ndarray | None = None) -> tuple[np.ndarray, float]:  # fmt: skip
+    """The LOOKAHEAD assignment and its simulated makespan (see the module docstring); with
+    ``memory_budget_bytes[D]``, each op chooses among the devices with room for it
+    (:mod:`doppler.listsched.ledger`)."""
     arr = _Arrays(graph, cluster)
     n, nd = graph.num_ops, arr.num_devices
     (pred_ptr, pred_idx, pred_bytes, succ_ptr, succ_idx), (comp, lat, inv) = arr.graph_arrays, arr.cost_arrays
@@ -73,37 +77,50 @@ def lookahead_schedule(graph: DataflowGraph, cluster) -> tuple[np.ndarray, float
     est = np.empty(nd)
     ties = np.empty(nd, np.bool_)
     best_s = np.inf
-    for _ in range(n):
+    ledger = None if memory_budget_bytes is None else MemoryLedger.build(graph, nd, memory_budget_bytes)
+    for h in range(n):
         v = int(largest_key_candidate(arr.key, cand, ncand))
         for d in range(nd):
             critical_path_completion(v, d, arr.key, *arr.graph_arrays, *arr.cost_arrays, dev, start, finish, free, assigned,
                     indeg, cand, pos, ncand, branches[d])  # fmt: skip
         makespan_s = ctx.simulate_many(branches)
         est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
+        if ledger is not None:
+            room = ledger.room(v)
+            if not room.any():
+                raise no_room(graph, ledger.used, ledger.cap, v, h, "lookahead")
+            est[~room] = np.inf
+            makespan_s[~room] = np.inf
         d = int(earliest_start_device(est, ties))
         if makespan_s.min() < makespan_s[d] * (1.0 - IMPROVE_RTOL):
             d = int(np.argmin(makespan_s))
         best_s = float(makespan_s[d])
+        if ledger is not None:
+            ledger.hold(v, d)
         place(v, d, est[d], comp, dev, start, finish, free, assigned)
         ncand = take_candidate(v, succ_ptr, succ_idx, indeg, cand, pos, ncand)
     return dev, best_s
 
 
 @register("lookahead", description="critical_path with one-step rollout: each op tries every device, "
-                                   "completes as critical_path, keeps the best simulated")  # fmt: skip
-def lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+                                   "completes as critical_path, keeps the best simulated", memory_aware=True)  # fmt: skip
+def lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
+              memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
     """LOOKAHEAD (deterministic; ``seed``/``budget_s`` unused): never worse than critical_path."""
-    devices, makespan_s = lookahead_schedule(graph, cluster)
+    devices, makespan_s = lookahead_schedule(graph, cluster, memory_budget_bytes)
     return Assignment(devices=devices, estimated_makespan_s=makespan_s)
 
 
 def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | None = None,
-                            on_progress: ProgressFn | None = None,
-                            threads: int | None = None) -> tuple[np.ndarray, float, int]:  # fmt: skip
+                            on_progress: ProgressFn | None = None, threads: int | None = None,
+                            memory_budget_bytes: np.ndarray | None = None) -> tuple[np.ndarray, float, int]:  # fmt: skip
     """The HEFT_LOOKAHEAD assignment, its simulated makespan and the number of steps decided by the
     rollout (see the module docstring). With ``budget_s`` (counted from this call, numba's start
     included), the steps not reached in time keep HEFT's choice. ``threads``: the cores that take a
-    step's devices side by side (default: every core this process may use; the same result)."""
+    step's devices side by side (default: every core this process may use; the same result). With
+    ``memory_budget_bytes[D]``, it starts from memory-aware HEFT (placed again where live activations
+    overflow, :func:`~doppler.methods.registry.place_within`) and keeps a step's better completion only
+    if that fits the budget when simulated."""
     from doppler.methods import _rollout_kernels as R
     from doppler.methods.heft import heft_inputs
 
@@ -111,7 +128,10 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     order, _, arrays = heft_inputs(graph, cluster)
     n, nd = graph.num_ops, arrays[3].shape[1]
     ctx = SimContext(graph, cluster)
-    devices = heft_list_schedule(order, *arrays)[0]
+    if memory_budget_bytes is None:
+        devices = heft_list_schedule(order, *arrays)[0]
+    else:
+        devices = place_within(get_method("heft"), graph, cluster, 0, None, {}, memory_budget_bytes)[0].devices
     best_s = float(ctx.simulate_many(devices[None, :])[0])
     if nd == 1:
         return devices, best_s, n  # nothing to choose
@@ -127,7 +147,8 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
         v = order[h]
         own = int(devices[v])  # HEFT's choice: its branch is the current assignment, already simulated
         k = R.rollout_step(order, h, own, arrays, state[:6], sim, threads, best_s, branches, makespan_s)
-        if makespan_s[k] < best_s * (1.0 - IMPROVE_RTOL):
+        if makespan_s[k] < best_s * (1.0 - IMPROVE_RTOL) and (
+                memory_budget_bytes is None or ctx.fits_memory(branches[k], memory_budget_bytes)):  # fmt: skip
             devices = branches[k].copy()
             best_s = float(makespan_s[k])
         state[3:5] = heft_place(v, devices[v], *arrays, *state)
@@ -140,11 +161,13 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
 
 @register("heft_lookahead", description="heft with one-step rollout: each op tries every device, completes as heft, "
                                         "keeps the best simulated; --budget-s makes it anytime",
-          uses_budget=True)  # fmt: skip
+          uses_budget=True, memory_aware=True, memory_retries=False)  # fmt: skip
 def heft_lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                   on_progress: ProgressFn | None = None, threads: int | None = None) -> Assignment:  # fmt: skip
+                   on_progress: ProgressFn | None = None, threads: int | None = None,
+                   memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
     """HEFT_LOOKAHEAD (``seed`` unused): never worse than heft. ``info["rollout_steps"]``: the ops the
     rollout decided (all of them, unless ``budget_s`` ran out first). ``threads``: cores (default all;
     the same assignment)."""
-    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress, threads)
+    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress, threads,
+                                                           memory_budget_bytes)  # fmt: skip
     return Assignment(devices=devices, estimated_makespan_s=makespan_s, info={"rollout_steps": decided})

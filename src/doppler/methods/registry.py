@@ -45,7 +45,7 @@ PYTHON_ASSIGN_MAX_OPS = 3000
 
 #: how many times a memory-aware method places again, each device's cap lowered by its overflow, when the
 #: simulated peak of its placement (live activations on top of the weights it counted) is over budget (a
-#: search with a time budget runs once: it keeps a start that fits, ``anneal``)
+#: search given a time budget runs once, and so do methods that keep to the budget themselves: ``anneal``)
 MEMORY_RETRIES = 3
 
 #: ``as_python`` of a method: never, always (up to PYTHON_ASSIGN_MAX_OPS ops), or when a predicate of the
@@ -64,6 +64,7 @@ class MethodSpec:
     as_python: AsPython = False  # one small call may run its kernels as Python (runs_as_python)
     python_max_work: int | None = None  # ... and only up to this many ops x devices (None: no limit of its own)
     memory_aware: bool = False  # takes ``memory_budget_bytes`` and places within it
+    memory_retries: bool = True  # ... and places again with lower caps where live activations overflow
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -80,6 +81,7 @@ def register(
     as_python: AsPython = False,
     python_max_work: int | None = None,
     memory_aware: bool = False,
+    memory_retries: bool = True,
 ) -> Callable[[MethodFn], MethodFn]:
     """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``. ``as_python``:
     whether one call on a small graph may run as Python (:func:`runs_as_python`); ``python_max_work``:
@@ -88,7 +90,7 @@ def register(
     def deco(fn: MethodFn) -> MethodFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
         METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python, python_max_work,
-                                   memory_aware)  # fmt: skip
+                                   memory_aware, memory_retries)  # fmt: skip
         return fn
 
     return deco
@@ -200,11 +202,12 @@ def place_within(spec: MethodSpec, graph: DataflowGraph, cluster: Any, seed: int
                  kw: dict[str, Any], budget: np.ndarray | None) -> tuple[Assignment, "memory.MemoryCheck | None", int]:  # fmt: skip
     """Run ``spec`` (no memory when ``budget`` is None). With a per-device ``budget``, a memory-aware method is
     given it as ``memory_budget_bytes``; its placement is simulated (kept as its
-    :attr:`~Assignment.simulation`, ``info["memory_feasible"]``), and where a device is over, a method
-    without a time budget places again with fewer weights allowed there, up to :data:`MEMORY_RETRIES`
-    times. Returns the last placement, its memory check (None without a budget) and the tries made."""
+    :attr:`~Assignment.simulation`, ``info["memory_feasible"]``), and where a device is over, a method that
+    allows it (``memory_retries``; not a search given a time budget) places again with fewer weights
+    allowed there, up to :data:`MEMORY_RETRIES` times. Returns the last placement, its memory check (None without a budget) and the tries made."""
     caps, chk = budget, None
-    tries = 1 + (MEMORY_RETRIES if budget is not None and spec.memory_aware and not spec.uses_budget else 0)
+    retry = spec.memory_aware and spec.memory_retries and not (spec.uses_budget and budget_s)  # (a timed search: once)
+    tries = 1 + (MEMORY_RETRIES if budget is not None and retry else 0)
     for attempt in range(tries):
         if caps is not None and spec.memory_aware:
             kw = {**kw, "memory_budget_bytes": caps}

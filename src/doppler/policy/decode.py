@@ -32,6 +32,8 @@ from doppler.listsched import (
     LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy,
     largest_key_candidate, place, take_candidate, tied,
 )  # fmt: skip
+from doppler.listsched.ledger import hold, room_into
+from doppler.memory import input_slices
 from doppler.policy import LEAK
 from doppler.policy.features import GraphFeatures, normalise_device_features
 
@@ -181,11 +183,12 @@ def commit_step(v, d, b, h, est_d, comp, dev, start, finish, free, assigned, pla
 
 
 @jit(cache=True, inline="always")
-def choose_device(v, ties, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits, all_devs, tied_devs,
-                  rule, ties_only, mode, u_coin, u_draw, eps):  # pragma: no cover - compiled  # fmt: skip
+def choose_device(v, ties, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits, room_devs, nroom,
+                  tied_devs, rule, ties_only, mode, u_coin, u_draw, eps):  # pragma: no cover - compiled  # fmt: skip
     """PLC's device for op ``v`` outside teacher mode: with ``rule``, the lowest device its list schedule's
     rule ties for first (``ties[D]``); else the learned head's pick (:func:`plc_logits_into`, :func:`pick`)
-    among those tied devices (``ties_only``) or among all of them."""
+    among those tied devices (``ties_only``) or among the ``nroom`` devices ``room_devs`` (every device,
+    or those with memory for the op)."""
     if rule:
         d = 0
         while not ties[d]:
@@ -202,7 +205,19 @@ def choose_device(v, ties, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, 
         plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
         return pick(logits, tied_devs, count, mode, u_coin, u_draw, eps)
     plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits)
-    return pick(logits, all_devs, ties.shape[0], mode, u_coin, u_draw, eps)
+    return pick(logits, room_devs, nroom, mode, u_coin, u_draw, eps)
+
+
+@jit(cache=True, inline="always")
+def restrict_to_room(raw, room, by_finish, ties):  # pragma: no cover - compiled
+    """``ties[D]``: the devices with ``room`` tied for the earliest start (with ``by_finish``, finish) among
+    the devices with room: the list schedule's rule within the memory budget."""
+    best = np.inf
+    for d in range(room.shape[0]):
+        if room[d]:
+            best = min(best, raw[d, 4] + (raw[d, 8] if by_finish else 0.0))
+    for d in range(room.shape[0]):
+        ties[d] = room[d] and tied(raw[d, 4] + (raw[d, 8] if by_finish else 0.0) - best, best)
 
 
 @jit(cache=True)
@@ -211,8 +226,14 @@ def _rollout_kernel(
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
     plc_ties_only, order, step_dev, assignment, enter_step, feats, est_tied,
+    slice_ptr, slice_idx, slice_bytes, out_bytes, cap,
 ):  # pragma: no cover - compiled  # fmt: skip
-    """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate.
+    """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate (or,
+    with a memory budget, ``-2 - h``: no device had room for step ``h``'s op).
+
+    ``slice_ptr`` ... ``cap``: the memory ledger's arrays (:mod:`doppler.listsched.ledger`; ``cap`` empty:
+    no budget). With a budget, PLC chooses only among the devices with room for the op, and the rule's
+    ties (``est_tied``) are those among them.
 
     ``sel_heuristic``: SEL takes the candidate with the largest ``sel_key`` (ties: lowest op id);
     ``plc_heuristic``: PLC takes the lowest device tied for the smallest EST (CRITICAL PATH's rules).
@@ -222,13 +243,22 @@ def _rollout_kernel(
     B, n = order.shape
     nd = comp.shape[1]
     nf = feats.shape[3]
-    all_devs = np.arange(nd)
     tied_devs = np.empty(nd, np.int64)
     busy_start = np.empty((nd, n if heft_model else 0))
     busy_end = np.empty_like(busy_start)
     busy_count = np.zeros(nd, np.int64)
     never_free = np.zeros(nd)
+    limited = cap.shape[0] > 0 and mode != 2
+    held = np.zeros((slice_bytes.shape[0] if limited else 0, nd), np.bool_)
+    used = np.zeros(nd)
+    unheld = np.zeros(1)
+    room = np.ones(nd, np.bool_)
+    room_devs = np.arange(nd)
     for b in range(B):
+        if limited:  # a fresh ledger per episode
+            held[:] = False
+            used[:] = 0.0
+            unheld[0] = slice_bytes.sum()
         dev = assignment[b]
         start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, plc_init, dev,
                                                                                        enter_step)  # fmt: skip
@@ -256,13 +286,27 @@ def _rollout_kernel(
                               assigned, raw)  # fmt: skip
             normalise_device_features(raw, inv_time_scale, x)
             record_view(b, h, raw, x, feats, est_tied, heft_model)
+            nroom = nd
+            if limited:
+                room_into(v, slice_ptr, slice_idx, slice_bytes, out_bytes, held, used, cap, unheld, room)
+                nroom = 0
+                for dd in range(nd):
+                    if room[dd]:
+                        room_devs[nroom] = dd
+                        nroom += 1
+                if nroom == 0:
+                    return -2 - h
+                restrict_to_room(raw, room, heft_model, est_tied[b, h])
             if mode == 2:
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:
                     return h
             else:
                 d = choose_device(v, est_tied[b, h], x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits,
-                                  all_devs, tied_devs, plc_heuristic, plc_ties_only, mode, u[2], u[3], eps)  # fmt: skip
+                                  room_devs, nroom, tied_devs, plc_heuristic, plc_ties_only, mode, u[2], u[3],
+                                  eps)  # fmt: skip
+            if limited:
+                hold(v, d, slice_ptr, slice_idx, slice_bytes, held, used, unheld)
             if heft_model:
                 insert_busy(d, raw[d, 4], raw[d, 4] + comp[v, d], busy_start, busy_end, busy_count)
             ncand = commit_step(v, d, b, h, raw[d, 4], comp, dev, start, finish, free, assigned, placed, plc_placed,
@@ -309,6 +353,8 @@ class DecodePlan:
     #: the learned PLC head only breaks the ties of its list schedule's rule (zero-shot decoding,
     #: :data:`doppler.policy.method.ZERO_SHOT_PLC_TIES_ONLY`); teacher mode replays any device
     plc_ties_only: bool = False
+    #: per-device memory caps (bytes): PLC places each op only where it has room (None: no budget)
+    memory_budget_bytes: np.ndarray | None = None
 
     @classmethod
     def replaying(cls, order: np.ndarray, step_device: np.ndarray) -> "DecodePlan":
@@ -354,17 +400,31 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
 
         raise ValueError(device_identity_mismatch(plc_init.shape[0], gf.num_devices))
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
+    ledger = _ledger_arrays(gf, plan.memory_budget_bytes)
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
         plan.mode, plan.sel_mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
         gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft", plan.plc_ties_only and not plan.teacher,
-        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
+        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied, *ledger,
     )  # fmt: skip
     if bad >= 0:
         raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
+    if bad <= -2:
+        raise RolloutError(f"step {-2 - bad}: no device has room for the op within the memory budget")
     ro.plc_ties_only = plan.plc_ties_only and not plan.teacher and not plc_rule
     return ro
+
+
+def _ledger_arrays(gf: GraphFeatures, budget: np.ndarray | None) -> tuple:
+    """The rollout kernel's memory arguments: the graph's input slices per op, their bytes, the ops' output
+    bytes and the caps (:mod:`doppler.listsched.ledger`); without a budget, empty ones."""
+    if budget is None:
+        empty_i, empty_f = np.zeros(1, np.int64), np.empty(0)
+        return empty_i, np.empty(0, np.int64), empty_f, empty_f, empty_f
+    s = input_slices(gf.graph)
+    return (s.op_ptr, s.slice_idx, s.nbytes, np.ascontiguousarray(gf.graph.output_bytes, dtype=np.float64),
+            np.ascontiguousarray(budget, dtype=np.float64))  # fmt: skip
 
 
 def _no_heads(n: int, nd: int) -> tuple:
@@ -424,12 +484,14 @@ def make_plan(
     devices_by_step: np.ndarray | None = None,
     greedy_sel: bool = False,
     plc_ties_only: bool = False,
+    memory_budget_bytes: np.ndarray | None = None,
 ) -> DecodePlan:
     """The :class:`DecodePlan` of ``batch`` episodes of an ``n``-op graph: ``mode`` sample, greedy or
     teacher (replay ``order[B, n]`` with ``devices_by_step[B, n]``); ``eps``: epsilon-greedy exploration
     in sample mode, whose uniforms come from ``rng``; ``greedy_sel``: in sample mode, SEL decodes
     greedily (only PLC samples); ``plc_ties_only``: the learned PLC head chooses only among the devices
-    its list schedule's rule ties for first."""
+    its list schedule's rule ties for first; ``memory_budget_bytes[D]``: PLC places each op only where it
+    has room (:mod:`doppler.listsched.ledger`)."""
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
     if mode == "teacher":
@@ -443,7 +505,8 @@ def make_plan(
         raise ValueError("sample mode needs a random generator: pass rng=np.random.default_rng(seed)")
     uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
     return DecodePlan(batch, _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode],
-                      float(eps), uniforms, forced_order, forced_dev, bool(plc_ties_only))  # fmt: skip
+                      float(eps), uniforms, forced_order, forced_dev, bool(plc_ties_only),
+                      memory_budget_bytes)  # fmt: skip
 
 
 def run_heads(gf: GraphFeatures, heads: tuple, plan: DecodePlan, learned: str = "both",

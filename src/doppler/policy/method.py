@@ -49,7 +49,8 @@ def _greedy_only(budget_s: float | None = None, *, checkpoint=None, samples: int
 # 1.66 s at 2,280 x 8, against 1.8-2.0 s compiled, but 2.98 s at 3,000 x 16 against 2.05 s)
 @register("doppler", description="learned SEL + PLC policy (default: the shipped pretrained policy, zero-shot; "
           "--checkpoint: a trained one; --samples K: best of K; --budget-s S: search from the policy's best sample)",
-          deterministic=False, uses_budget=True, as_python=_greedy_only, python_max_work=40_000)  # fmt: skip
+          deterministic=False, uses_budget=True, as_python=_greedy_only, python_max_work=40_000,
+          memory_aware=True)  # fmt: skip
 def doppler_method(
     graph: DataflowGraph,
     cluster: Cluster,
@@ -62,11 +63,17 @@ def doppler_method(
     threads: int | None = None,
     on_progress=None,
     method: str = "doppler",
+    memory_budget_bytes: np.ndarray | None = None,
 ) -> Assignment:
     """Greedy decode of a policy; with ``samples`` K, the best of greedy and K samples; with
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
     decodes and anneal's own start set. ``plc_ties_only``: the device head only breaks the ties of
     its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
+    ``memory_budget_bytes[D]`` (given by :func:`~doppler.methods.assign`): DOPPLER's decodes place each op
+    only on a device with room for it (the memory ledger of its list schedule), the best decode that
+    fits when simulated is kept, and the search keeps to the budget
+    (:func:`~doppler.methods.anneal.anneal_search`). The learned baselines' decodes are not masked; their
+    placement is checked.
     ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
     if samples is not None and (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))):
         raise MethodError(f"--samples must be a whole number, got {samples!r}")
@@ -79,7 +86,7 @@ def doppler_method(
     from doppler.policy.checkpoint import (
         CheckpointError, check_checkpoint_fits, identity_left_out, resolve_checkpoint, trained_on_graph,
     )  # fmt: skip
-    from doppler.policy.decode import make_plan
+    from doppler.policy.decode import RolloutError, make_plan
     from doppler.policy.features import graph_features
     from doppler.sim import context, simulate_many
 
@@ -110,12 +117,13 @@ def doppler_method(
     ties_only = bool(plc_ties_only)
     t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
     gf = graph_features(graph, cluster)
-    greedy = make_plan(gf.num_ops, batch=1, mode="greedy", plc_ties_only=ties_only)
+    plan_kw = {"plc_ties_only": ties_only, "memory_budget_bytes": memory_budget_bytes if method == "doppler" else None}
+    greedy = make_plan(gf.num_ops, batch=1, mode="greedy", **plan_kw)
     rng = np.random.default_rng(seed) if samples or budget_s else None  # (greedy alone: no numpy.random import)
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
         heads = fast.heads(gf)
 
-        def decode(plan):
+        def decode_plan(plan):
             return fast.decode(gf, plan, heads)
     else:
         import torch
@@ -125,17 +133,24 @@ def doppler_method(
         with torch.no_grad():
             enc = policy.encode(gf)
 
-        def decode(plan):
+        def decode_plan(plan):
             with torch.no_grad():  # the learned baselines' decoders run torch per step
                 return run_plan(gf, enc, plan)
+
+    def decode(plan):
+        try:
+            return decode_plan(plan)
+        except RolloutError as e:  # (with a memory budget: an op with room nowhere)
+            raise MethodError(f"{method}: {e}") from None
+
     decoded = [decode(greedy).assignment]
     if samples:  # exactly K, in batches (the same uniforms as one batch), keeping the best so far
         for start in range(0, samples, SAMPLES_BATCH):
             batch = np.concatenate([decoded[0], decode(make_plan(
                 gf.num_ops, batch=min(SAMPLES_BATCH, samples - start), mode="sample", rng=rng,
-                plc_ties_only=ties_only)).assignment])  # fmt: skip
+                **plan_kw)).assignment])  # fmt: skip
             makespans = simulate_many(graph, cluster, batch)
-            decoded[0] = batch[[int(np.argmin(makespans))]]
+            decoded[0] = batch[[_best_fitting(graph, cluster, batch, makespans, memory_budget_bytes)]]
             if on_progress is not None:
                 drawn = min(start + SAMPLES_BATCH, samples)
                 on_progress(ProgressEvent(task="samples", done=drawn, total=samples, unit="samples",
@@ -145,7 +160,7 @@ def doppler_method(
         while k < SEARCH_SAMPLES and time.perf_counter() - t_policy < SEARCH_SAMPLE_SHARE * budget_s:
             chunk = min(SAMPLE_CHUNK, SEARCH_SAMPLES - k)
             decoded.append(decode(make_plan(gf.num_ops, batch=chunk, mode="sample", rng=rng,
-                                            plc_ties_only=ties_only)).assignment)  # fmt: skip
+                                            **plan_kw)).assignment)  # fmt: skip
             k += chunk
     candidates = np.concatenate(decoded)
     simulation = None
@@ -154,7 +169,7 @@ def doppler_method(
         makespans = np.array([simulation[2].makespan_s])
     else:
         makespans = simulate_many(graph, cluster, candidates)
-    best = int(np.argmin(makespans))
+    best = _best_fitting(graph, cluster, candidates, makespans, memory_budget_bytes)
     drawn = samples or len(candidates) - 1
     info = {"zero_shot": zero_shot, "pretrained": shipped, "samples": drawn, "checkpoint": str(path),
             "plc_ties_only": ties_only, "trained_on_graph": trained_on_graph(meta, graph)}  # fmt: skip
@@ -167,9 +182,24 @@ def doppler_method(
 
     left = max(budget_s - (time.perf_counter() - t0), 1e-3)
     found = anneal_search(graph, cluster, seed=seed, budget_s=left, extra_starts={"doppler": candidates[best]},
-                          threads=threads, on_progress=on_progress)  # fmt: skip
+                          threads=threads, on_progress=on_progress, memory_budget_bytes=memory_budget_bytes)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
+
+
+def _best_fitting(graph: DataflowGraph, cluster: Cluster, rows: np.ndarray, makespans: np.ndarray,
+                  budget: np.ndarray | None) -> int:
+    """The row of least makespan among those that fit ``budget`` (simulated, in order of makespan), or of
+    least makespan where none fits or there is no budget."""
+    order = np.argsort(makespans, kind="stable")
+    if budget is not None:
+        from doppler.sim import context
+
+        ctx = context(graph, cluster)
+        for i in order:
+            if ctx.fits_memory(rows[i], budget):
+                return int(i)
+    return int(order[0])
 
 
 for _heads, _name in LEARNED_HEADS.items():

@@ -210,6 +210,11 @@ class SimContext:
         peak = resident + tr.activation_peak_bytes(self.graph, self.num_devices, slices)
         return SimResult(makespan_s, tr, mode, peak, resident)
 
+    def fits_memory(self, devices: np.ndarray, budget_bytes: np.ndarray) -> bool:
+        """Whether assignment ``devices`` keeps every device's peak within ``budget_bytes[D]`` (one traced run;
+        the model is :mod:`doppler.memory`'s)."""
+        return bool(np.all(self.simulate(devices, trace=True).peak_memory_bytes <= budget_bytes))
+
     def input_slices(self) -> InputSlices:
         """The graph-input slices its ops read (:func:`doppler.memory.input_slices`), found once."""
         if self._slices is None:
