@@ -153,3 +153,10 @@ def test_no_package_binds_a_name_of_one_of_its_modules_to_something_else() -> No
                 if (init.parent / f"{name}.py").exists() or (init.parent / name / "__init__.py").exists():
                     clashes.append(f"{package}.{name} (line {node.lineno}: from {node.module} import {alias.name})")
     assert not clashes, f"names of modules bound to something else: {', '.join(clashes)}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(SRC)) for p in FILES])
+def test_no_module_docstring_is_over_60_lines(path: Path) -> None:
+    """A module's docstring states its contract; measurements and histories live in docs/research/."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    assert len(doc.splitlines()) <= 60, f"{path.name}: a {len(doc.splitlines())}-line module docstring"

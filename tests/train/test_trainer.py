@@ -451,3 +451,37 @@ def test_create_names_a_wrong_object_and_takes_a_preset_name():
         with pytest.raises(TrainError, match=match):
             Trainer.create(*args)
     assert Trainer.create([g], "unit:2", cfg).tasks[0].cluster.num_devices == 2
+
+
+def test_with_a_memory_budget_episodes_keep_weights_within_it_and_incumbents_fit():
+    """Every sampled and greedy episode puts each op only where its device has room for the weights it adds
+    (the rule and the head alike), the log-likelihoods are those of that masked choice, and every incumbent
+    (warm start, sample, local search) fits the budget when simulated."""
+    import dataclasses
+
+    from doppler import memory
+
+    g = workloads.build("llama_block", size="tiny")
+    c = cluster("p100x4")
+    free = simulate(g, c, assign(g, c, "heft"), trace=True)
+    tight = dataclasses.replace(c, devices=[dataclasses.replace(d, memory_bytes=free.peak_memory_bytes.max() * 0.6 / 0.9)
+                                            for d in c.devices])  # fmt: skip
+    budget = memory.budget_bytes(tight)
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=32, episodes=48, batch=8, distill_updates=5, search_every=16,
+                      search_evals=200, **SMALL)  # fmt: skip
+    tr = Trainer.create([g], tight, cfg)
+    task = tr.tasks[0]
+    assert np.array_equal(task.memory_budget_bytes, budget)
+    enc = tr.policy.encode(task.features)
+    ro = rollout(task.features, enc, batch=6, mode="sample", eps=0.2, rng=np.random.default_rng(0),
+                 memory_budget_bytes=budget)  # fmt: skip
+    assert ro.room is not None and ro.room[np.arange(6)[:, None], np.arange(g.num_ops), ro.step_device].all()
+    for a in ro.assignment:
+        assert (memory.resident_bytes(g, a, 4) <= budget).all()
+    sc = evaluate_actions(enc, ro)
+    assert torch.isinf(sc.plc_logp[torch.from_numpy(~ro.room)]).all()  # no probability where there is no room
+    tr.run()
+    r = simulate(g, tight, task.best_assignment, trace=True)
+    assert (r.peak_memory_bytes <= budget).all()
+    unlimited = Trainer.create([g], tight, dataclasses.replace(cfg, memory_fraction=None))
+    assert unlimited.tasks[0].memory_budget_bytes is None

@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import typer
 
-from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, handle_errors, hold_outputs,
-                                 live_progress)  # fmt: skip
+from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json, handle_errors,
+                                 hold_outputs, live_progress)  # fmt: skip
 
 
 def _parse_stages(stages: str) -> tuple[str, ...]:
@@ -167,6 +167,8 @@ def train_cmd(
     op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: full; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
     device_identity: Optional[bool] = typer.Option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc)."),
+    memory_fraction: float = MEMORY_FRACTION_OPT,
+    ignore_memory: bool = typer.Option(False, "--ignore-memory", help="Train without the memory budget: episodes may place ops where they do not fit."),
     set_: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE", help="Any other hyper-parameter of the run (repeatable), e.g. lr=1e-3, hidden=64, distill_updates=0 (docs/doppler.md, Training configuration, lists them)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -191,6 +193,7 @@ def train_cmd(
             cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
                               list_schedule=list_schedule or "critical_path",
                               engine_device_type=engine_device_type, device=device, device_identity=device_identity,
+                              memory_fraction=None if ignore_memory else memory_fraction,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg = set_fields(cfg, set_)
             cfg.validate()

@@ -30,13 +30,9 @@ keeps freed memory in the process for reuse (without it a run pays a random numb
 page faults). Receive buffers are touched when
 they are allocated, before the clock starts.
 
-Each device's held bytes are measured as the run goes (:class:`_Meter`): its input tiles from the
-start (a weight's for the whole run, a slice of an activation input until its last reader there
-ends), an op's output from the op's start until its last reader on the device and its last copy
-have ended (a graph output until the end), a received copy from the copy's start until its last
-reader there ends. Where outputs are not kept for the caller, the engine drops each array at that
-moment. The largest total per device is the run's ``peak_memory_bytes``; on CUDA devices it is
-``torch.cuda.max_memory_allocated`` of the device's GPU instead, where it has one GPU of its own.
+Each device's held bytes are counted as its arrays are allocated and released (:class:`_Meter`, the
+rules of :mod:`doppler.memory`); the largest total is the run's ``peak_memory_bytes`` (on CUDA
+devices with a GPU each: ``torch.cuda.max_memory_allocated``).
 
 Devices (``device_type``):
 
@@ -411,7 +407,11 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
 
 
 class _Meter:
-    """Bytes held per device, and the most held at once (module docstring), updated from any thread."""
+    """Bytes held per device, and the most held at once, updated from any thread. The engine allocates input
+    tiles before the clock (a weight's held for the whole run, a slice of an activation input until its last
+    reader there ends), an op's output at the op's start until its last reader on the device and its last
+    copy have ended (a graph output until the end), a received copy at the copy's start until its last reader
+    there ends; outputs not kept for the caller are dropped at that moment."""
 
     def __init__(self, num_devices: int) -> None:
         self.held = np.zeros(num_devices)

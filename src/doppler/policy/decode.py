@@ -226,14 +226,14 @@ def _rollout_kernel(
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
     plc_ties_only, order, step_dev, assignment, enter_step, feats, est_tied,
-    slice_ptr, slice_idx, slice_bytes, out_bytes, cap,
+    slice_ptr, slice_idx, slice_bytes, out_bytes, cap, room_rec,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes; returns -1 on success, else the step at which a forced op was not a candidate (or,
     with a memory budget, ``-2 - h``: no device had room for step ``h``'s op).
 
     ``slice_ptr`` ... ``cap``: the memory ledger's arrays (:mod:`doppler.listsched.ledger`; ``cap`` empty:
-    no budget). With a budget, PLC chooses only among the devices with room for the op, and the rule's
-    ties (``est_tied``) are those among them.
+    no budget). With a budget, PLC chooses only among the devices with room for the op (recorded in
+    ``room_rec[B, n, D]``), and the rule's ties (``est_tied``) are those among them.
 
     ``sel_heuristic``: SEL takes the candidate with the largest ``sel_key`` (ties: lowest op id);
     ``plc_heuristic``: PLC takes the lowest device tied for the smallest EST (CRITICAL PATH's rules).
@@ -297,6 +297,7 @@ def _rollout_kernel(
                 if nroom == 0:
                     return -2 - h
                 restrict_to_room(raw, room, heft_model, est_tied[b, h])
+                room_rec[b, h] = room
             if mode == 2:
                 d = forced_dev[b, h]
                 if d < 0 or d >= nd:
@@ -327,6 +328,7 @@ class Rollout:
     est_tied: np.ndarray  # bool[B, n, D]: the devices the list schedule's rule ties for first (smallest EST;
     # with the ``heft`` list schedule, earliest finish): the PLC teacher's choices
     plc_ties_only: bool = False  # PLC chose only among ``est_tied`` (DecodePlan.plc_ties_only)
+    room: np.ndarray | None = None  # bool[B, n, D]: the devices with memory for the op (a decode with a budget)
 
     @property
     def batch(self) -> int:
@@ -401,18 +403,21 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
         raise ValueError(device_identity_mismatch(plc_init.shape[0], gf.num_devices))
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
     ledger = _ledger_arrays(gf, plan.memory_budget_bytes)
+    limited = plan.memory_budget_bytes is not None and not plan.teacher
+    room = np.ones((plan.batch, gf.num_ops, gf.num_devices) if limited else (0, 0, 0), np.bool_)
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
         plan.mode, plan.sel_mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
         gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft", plan.plc_ties_only and not plan.teacher,
-        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied, *ledger,
+        ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied, *ledger, room,
     )  # fmt: skip
     if bad >= 0:
         raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
     if bad <= -2:
         raise RolloutError(f"step {-2 - bad}: no device has room for the op within the memory budget")
     ro.plc_ties_only = plan.plc_ties_only and not plan.teacher and not plc_rule
+    ro.room = room if limited else None
     return ro
 
 

@@ -187,6 +187,8 @@ def evaluate_actions(enc: Encoded | Decoder, ro: Rollout) -> ActionScores:
     if ro.plc_ties_only:  # the decode chose among the rule's tied devices: the distribution it drew from
         tied = torch.from_numpy(ro.est_tied).to(device)
         logits = logits.masked_fill(~tied, -torch.inf)
+    elif ro.room is not None:  # ... or among the devices with memory for the op
+        logits = logits.masked_fill(~torch.from_numpy(ro.room).to(device), -torch.inf)
     plc_logp = torch.log_softmax(logits, dim=-1)
     logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
     finite_logp = plc_logp.masked_fill(~torch.isfinite(plc_logp), 0.0)  # 0 * log 0 is 0, with finite gradients

@@ -45,7 +45,7 @@ RUN_OPTIONS = {"stages": "stages", "episodes": "episodes", "il_episodes": "il_ep
                "search_every": "search_every", "distill_on_policy": "distill_on_policy", "search_evals": "search_evals",
                "real_episodes": "real_episodes", "engine": "engine", "engine_device_type": "engine_device_type",
                "device": "device", "threads": "torch_threads", "op_features": "op_features",
-               "device_identity": "device_identity"}  # fmt: skip
+               "device_identity": "device_identity", "memory_fraction": "memory_fraction"}  # fmt: skip
 
 
 class TrainError(ValueError):
@@ -123,6 +123,8 @@ class TrainConfig:
     torch_threads: int = 2  # intra-op threads (benchmarks/train_speed.py compares 1 and 2; two processes
     # with 2 each on 2 cores oversubscribe them and run far slower than one: use 1 there)
     device: str = "cpu"  # where the networks run (cpu, cuda); rollouts and the simulator stay on the CPU
+    memory_fraction: float | None = 0.9  # episodes place each op only where the device's memory_bytes x this
+    # has room for it, and incumbents fit it (doppler.memory); None: memory ignored (--ignore-memory)
 
     @property
     def on_policy_weight(self) -> float:
@@ -149,6 +151,8 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             value, default = getattr(self, f.name), _default(f)
             if value is None and default is None:
+                continue
+            if value is None and f.name == "memory_fraction":
                 continue
             if isinstance(default, bool) or (default is None and f.name == "device_identity"):
                 ok, what = isinstance(value, bool), "true or false"
@@ -213,6 +217,8 @@ class TrainConfig:
             value = float(getattr(self, name))
             if not 0 < value <= 1 and not (name == "lr_final" and value == 0):
                 raise TrainError(f"{flag(name)} must be a learning rate in (0, 1], got {getattr(self, name)}")
+        if self.memory_fraction is not None and not 0 < float(self.memory_fraction) <= 1:
+            raise TrainError(f"--memory-fraction must be a number in (0, 1], got {self.memory_fraction}")
         for name in ("self_improve_coef", "distill_on_policy"):
             if getattr(self, name) is not None and not 0 <= float(getattr(self, name)) <= 100:
                 raise TrainError(f"{flag(name)} must be a weight in [0, 100], got {getattr(self, name)}")

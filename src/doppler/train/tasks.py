@@ -20,6 +20,7 @@ from doppler.policy.features import GraphFeatures, graph_features
 from doppler.policy.decode import Rollout
 from doppler.policy.rollout import rollout
 from doppler.sim import SimContext
+from doppler.methods import MethodError
 from doppler.train.config import RULE_TEACHER, TrainConfig, TrainError
 
 #: budget of an anneal or heft_lookahead teacher
@@ -66,6 +67,7 @@ class Task:
     best_step_device: np.ndarray | None = None
     best_assignment: np.ndarray | None = None
     greedy_ratio: float = math.nan  # the last Stage II greedy decode's makespan over the lower bound
+    memory_budget_bytes: np.ndarray | None = None  # per device: episodes and incumbents keep within it
     _blevel_order: np.ndarray | None = field(default=None, repr=False)
 
     def blevel_order(self) -> np.ndarray:
@@ -77,9 +79,23 @@ class Task:
             self._blevel_order = critical_path_schedule(self.graph, self.cluster)["order"]
         return self._blevel_order
 
+    def fits(self, devices: np.ndarray) -> bool:
+        """Whether ``devices`` keeps every device within the task's memory budget (simulated; no budget: yes)."""
+        if self.memory_budget_bytes is None:
+            return True
+        from doppler.sim import context
+
+        return context(self.graph, self.cluster).fits_memory(devices, self.memory_budget_bytes)
+
     def record(self, ro: Rollout, makespans_s: np.ndarray) -> None:
-        """The fastest episode of ``ro`` becomes the incumbent if it is faster."""
+        """The fastest episode of ``ro`` that fits the memory budget becomes the incumbent if it is faster."""
         b = int(np.argmin(makespans_s))
+        if self.memory_budget_bytes is not None:
+            fitting = [int(i) for i in np.argsort(makespans_s, kind="stable")
+                       if makespans_s[i] < self.best_makespan_s and self.fits(ro.assignment[i])][:1]  # fmt: skip
+            if not fitting:
+                return
+            b = fitting[0]
         if makespans_s[b] < self.best_makespan_s:
             self.best_makespan_s = float(makespans_s[b])
             self.best_order = ro.order[b].copy()
@@ -87,8 +103,9 @@ class Task:
             self.best_assignment = ro.assignment[b].copy()
 
     def adopt_best(self, cands: np.ndarray, makespans_s: np.ndarray) -> None:
-        """The fastest of assignments ``cands`` replaces the incumbent if it is faster (replayed along the
-        b-level order)."""
+        """The fastest of assignments ``cands`` that fits the memory budget replaces the incumbent if it is
+        faster (replayed along the b-level order)."""
+        makespans_s = np.array([m if self.fits(c) else np.inf for c, m in zip(cands, makespans_s)])
         b = int(np.argmin(makespans_s))
         if makespans_s[b] < self.best_makespan_s:
             order = self.blevel_order()
@@ -110,12 +127,17 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
         raise TrainError(f"graph {graph.name!r}: its makespan lower bound on {cluster.name!r} is 0 (no op has any work "
                          "and no data moves): nothing to learn")  # fmt: skip
     task = Task(graph=graph, cluster=cluster, features=graph_features(graph, cluster), oracle=oracle or sim,
-                lower_bound_s=lower_bound_s, teacher_devices=None, teacher_order=None)  # fmt: skip
+                lower_bound_s=lower_bound_s, teacher_devices=None, teacher_order=None,
+                memory_budget_bytes=_memory_budget(graph, cluster, cfg.memory_fraction))  # fmt: skip
     if cfg.teacher != RULE_TEACHER:
         from doppler.methods import assign
 
-        task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S,
-                                      ignore_memory=True).devices
+        memory = {"ignore_memory": True} if cfg.memory_fraction is None else {"memory_fraction": cfg.memory_fraction}
+        try:
+            task.teacher_devices = assign(graph, cluster, cfg.teacher, seed=cfg.seed, budget_s=TEACHER_BUDGET_S,
+                                          **memory).devices  # fmt: skip
+        except MethodError as e:
+            raise TrainError(f"--teacher {cfg.teacher}: {e}") from None
         task.teacher_order = task.blevel_order()
         task.best_order = task.teacher_order
         task.best_step_device = task.teacher_devices[task.teacher_order]
@@ -124,10 +146,27 @@ def make_task(graph: DataflowGraph, cluster: Cluster, cfg: TrainConfig, oracle: 
     return task
 
 
+def _memory_budget(graph: DataflowGraph, cluster: Cluster, memory_fraction: float | None) -> np.ndarray | None:
+    """The per-device budget a task's episodes keep to (None: ignored, unlimited, or everything fits at once);
+    TrainError where no placement fits."""
+    if memory_fraction is None:
+        return None
+    from doppler import memory
+
+    budget = memory.budget_bytes(cluster, memory_fraction)
+    if memory.always_fits(graph, budget):
+        return None
+    if memory.shortfall(graph, budget) is not None:
+        raise TrainError(f"graph {graph.name!r} does not fit {cluster.name!r} within --memory-fraction "
+                         f"{memory_fraction:g} (`doppler graph info -c` gives its weights against the budget)")  # fmt: skip
+    return budget
+
+
 def greedy_rollout(task: Task, enc, plc_ties_only: bool = False) -> tuple[Rollout, float]:
     """Decode greedily (no gradients), score it with the task's oracle, keep it if it is the best."""
     with torch.no_grad():
-        ro = rollout(task.features, enc, batch=1, mode="greedy", plc_ties_only=plc_ties_only)
+        ro = rollout(task.features, enc, batch=1, mode="greedy", plc_ties_only=plc_ties_only,
+                     memory_budget_bytes=task.memory_budget_bytes)  # fmt: skip
     mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
     task.record(ro, mk)
     return ro, float(mk[0])

@@ -164,7 +164,8 @@ class Trainer:
         for task in self.tasks:
             enc = self.policy.encode(task.features)
             if task.teacher_devices is None:  # DAgger: the rule labels the states the policy visits
-                ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng)
+                ro = rollout(task.features, enc, batch=cfg.il_batch, mode="sample", eps=0.0, rng=self.rng,
+                             memory_budget_bytes=task.memory_budget_bytes)  # fmt: skip
             else:  # behaviour cloning of the teacher's one trajectory (its labels depend on no state)
                 ro = rollout(task.features, enc, batch=1, mode="teacher", order=task.teacher_order,
                              devices_by_step=task.teacher_devices[task.teacher_order])  # fmt: skip
@@ -206,7 +207,8 @@ class Trainer:
         if task.best_assignment is None:
             return
         found = anneal_search(task.graph, task.cluster, seed=seed, max_evals=self.cfg.search_evals,
-                              start=task.best_assignment, threads=1).devices  # one core: torch's threads hold the rest
+                              start=task.best_assignment, threads=1,  # one core: torch's threads hold the rest
+                              memory_budget_bytes=task.memory_budget_bytes).devices  # fmt: skip
         task.adopt_best(found[None, :], np.asarray(task.oracle.evaluate(found[None, :]), dtype=np.float64))
 
     def real_update(self) -> dict[str, float]:
@@ -259,7 +261,7 @@ class Trainer:
                 enc = self.policy.encode(task.features)
             with self._phase("rollout"):
                 ro = rollout(task.features, enc, batch=cfg.batch, mode="sample", eps=eps, rng=self.rng,
-                             plc_ties_only=cfg.plc_ties_only)  # fmt: skip
+                             plc_ties_only=cfg.plc_ties_only, memory_budget_bytes=task.memory_budget_bytes)  # fmt: skip
             with self._phase("oracle"):
                 mk = np.asarray(task.oracle.evaluate(ro.assignment), dtype=np.float64)
             cost = mk / task.lower_bound_s
@@ -354,7 +356,7 @@ class Trainer:
     @torch.no_grad()
     def greedy(self, task: Task) -> tuple[np.ndarray, float]:
         enc = self.policy.encode(task.features)
-        ro = rollout(task.features, enc, batch=1, mode="greedy")
+        ro = rollout(task.features, enc, batch=1, mode="greedy", memory_budget_bytes=task.memory_budget_bytes)
         return ro.assignment[0], float(task.oracle.evaluate(ro.assignment)[0])
 
     # ------------------------------------------------------------------ the run
