@@ -186,3 +186,27 @@ def test_dopplers_decode_puts_each_op_only_where_it_has_room():
     with pytest.raises(RolloutError, match="no device has room"):
         policy.decode(gf, make_plan(g.num_ops, batch=1, mode="greedy", memory_budget_bytes=np.full(4, 1e6)),
                       policy.heads(gf))  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["gdp", "placeto"])
+def test_the_learned_baselines_choose_only_devices_with_room(method):
+    """GDP and PLACETO, under a budget, choose each op's device one at a time among the devices with room:
+    every sampled episode keeps its weights within the caps, and the scores give no probability elsewhere."""
+    import torch
+
+    from doppler.policy.architectures import build_policy
+    from doppler.policy.decode import make_plan
+    from doppler.policy.features import graph_features
+    from doppler.policy.rollout import evaluate_actions, run_plan
+
+    g = workloads.build("llama_block", size="tiny")
+    gf = graph_features(g, cluster("p100x4"))
+    budget = np.full(4, memory.weight_bytes(g) * 0.3)
+    enc = build_policy(method, num_devices=4, hidden=16, steps=2, mlp_hidden=16).encode(gf)
+    ro = run_plan(gf, enc, make_plan(g.num_ops, batch=4, mode="sample", eps=0.3, rng=np.random.default_rng(0),
+                                     memory_budget_bytes=budget))  # fmt: skip
+    assert all((memory.resident_bytes(g, a, 4) <= budget).all() for a in ro.assignment)
+    assert ro.room is not None and not ro.room.all()  # the budget bound somewhere
+    sc = evaluate_actions(enc, ro)
+    assert torch.isfinite(sc.logp_plc).all() and torch.isfinite(sc.entropy_plc).all()
+    assert torch.isinf(sc.plc_logp[torch.from_numpy(~ro.room)]).all()

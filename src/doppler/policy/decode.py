@@ -463,10 +463,13 @@ def rule_order(gf: GraphFeatures) -> np.ndarray:
     return rule_decode(gf).order[0]
 
 
-def choose(weights: np.ndarray, sample: bool, u_coin: np.ndarray, u_draw: np.ndarray, eps: float) -> np.ndarray:
+def choose(weights: np.ndarray, sample: bool, u_coin: np.ndarray, u_draw: np.ndarray, eps: float,
+           allowed: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Vectorised :func:`pick` over the last axis: ``weights[..., D]`` (logits) -> ``int64[...]``.
     Greedy: arg-max (ties within :data:`GREEDY_TIE_RTOL`: lowest index); sample: with probability ``eps``
-    uniform, else softmax."""
+    uniform, else softmax. ``allowed[..., D]``: only among those devices (each row allows one at least)."""
+    if allowed is not None:
+        weights = np.where(allowed, weights, -np.inf)
     if not sample:
         top = weights.max(axis=-1, keepdims=True)
         return np.argmax(weights >= top - GREEDY_TIE_RTOL * np.maximum(np.abs(top), 1.0), axis=-1)
@@ -474,8 +477,42 @@ def choose(weights: np.ndarray, sample: bool, u_coin: np.ndarray, u_draw: np.nda
     p = np.exp(weights - weights.max(axis=-1, keepdims=True))
     cdf = np.cumsum(p, axis=-1)
     soft = np.minimum((cdf < (u_draw * cdf[..., -1])[..., None]).sum(-1), nd - 1)
-    uniform = np.minimum((u_draw * nd).astype(np.int64), nd - 1)
+    if allowed is None:
+        uniform = np.minimum((u_draw * nd).astype(np.int64), nd - 1)
+    else:  # the k-th allowed device, k uniform
+        count = allowed.sum(-1)
+        k = np.minimum((u_draw * count).astype(np.int64), count - 1)
+        uniform = np.argmax(np.cumsum(allowed, axis=-1) > k[..., None], axis=-1)
     return np.where(u_coin < eps, uniform, soft)
+
+
+def choose_in_order(gf: GraphFeatures, plan: DecodePlan, order: np.ndarray,
+                    weights_at) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
+    """Devices ``[B, n]`` of a decoder that places the ops of ``order[B, n]`` one step at a time (PLACETO, and
+    GDP under a budget): ``weights_at(h, devices)`` gives step ``h``'s device logits ``[B, D]`` (``devices``:
+    the choices so far). With ``plan.memory_budget_bytes``, each choice is only among the devices with room
+    in the episode's memory ledger; returns those rooms ``[B, n, D]`` too (else None)."""
+    from doppler.listsched.ledger import MemoryLedger
+
+    B, n = order.shape
+    devices = np.empty((B, n), dtype=np.int64)
+    budget = plan.memory_budget_bytes
+    ledgers = [MemoryLedger.build(gf.graph, gf.num_devices, budget) for _ in range(B)] if budget is not None else []
+    room = np.ones((B, n, gf.num_devices), np.bool_) if ledgers else None
+    for h in range(n):
+        allowed = None
+        if ledgers:
+            allowed = room[:, h]
+            for b, led in enumerate(ledgers):
+                allowed[b] = led.room(int(order[b, h]))
+            if not allowed.any(-1).all():
+                raise RolloutError(f"step {h}: no device has room for the op within the memory budget")
+        u = plan.uniforms[:, h]
+        devices[:, h] = choose(weights_at(h, devices), plan.mode == _MODE_CODE["sample"], u[:, 2], u[:, 3], plan.eps,
+                               allowed)  # fmt: skip
+        for b, led in enumerate(ledgers):
+            led.hold(int(order[b, h]), int(devices[b, h]))
+    return devices, room
 
 
 def make_plan(

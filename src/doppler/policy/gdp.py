@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from doppler.policy.decode import DecodePlan, Rollout, replay, rule_order
+from doppler.policy.decode import DecodePlan, Rollout, choose_in_order, replay, rule_order
 from doppler.policy.features import GraphFeatures
 from doppler.policy.fixed_output import FixedOutputPolicy
 from doppler.policy.networks import LEAK
@@ -84,8 +84,15 @@ class GdpDecoder:
             return replay(gf, plan.forced_order, plan.forced_dev)
         order = np.tile(self.order, (plan.batch, 1))
         weights = self.logits.detach().to("cpu", torch.float64).numpy()[order]  # [B, n, D] in step order
-        return replay(gf, order, plan.choose_devices(weights))
+        if plan.memory_budget_bytes is None:
+            return replay(gf, order, plan.choose_devices(weights))
+        devices, room = choose_in_order(gf, plan, order, lambda h, _: weights[:, h])  # one op at a time: memory
+        ro = replay(gf, order, devices)
+        ro.room = room
+        return ro
 
     def score(self, ro: Rollout) -> ActionScores:
-        logp = torch.log_softmax(self.logits, dim=-1)
-        return fixed_order_scores(ro, logp[torch.from_numpy(ro.order).to(logp.device)])
+        logits = self.logits[torch.from_numpy(ro.order).to(self.logits.device)]
+        if ro.room is not None:  # the devices each choice was made among
+            logits = logits.masked_fill(~torch.from_numpy(ro.room).to(logits.device), -torch.inf)
+        return fixed_order_scores(ro, torch.log_softmax(logits, dim=-1))

@@ -117,8 +117,7 @@ def doppler_method(
     ties_only = bool(plc_ties_only)
     t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
     gf = graph_features(graph, cluster)
-    masked = memory_budget_bytes if method not in BASELINE_METHODS else None  # (the baselines decode on their own)
-    plan_kw = {"plc_ties_only": ties_only, "memory_budget_bytes": masked}
+    plan_kw = {"plc_ties_only": ties_only, "memory_budget_bytes": memory_budget_bytes}
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy", **plan_kw)
     rng = np.random.default_rng(seed) if samples or budget_s else None  # (greedy alone: no numpy.random import)
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)

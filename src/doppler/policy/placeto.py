@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from doppler.policy.decode import DecodePlan, Rollout, replay, rule_order
+from doppler.policy.decode import DecodePlan, Rollout, choose_in_order, replay, rule_order
 from doppler.policy.features import GraphFeatures
 from doppler.policy.fixed_output import FixedOutputPolicy
 from doppler.policy.networks import LEAK
@@ -124,18 +124,23 @@ class PlacetoDecoder:
         """Step through the fixed order, re-embedding the B current placements at every step."""
         if plan.teacher:
             return replay(gf, plan.forced_order, plan.forced_dev)
-        B, n = plan.batch, gf.num_ops
+        B = plan.batch
         order = np.tile(self.order, (B, 1))
-        devices = np.empty((B, n), dtype=np.int64)
-        placed = torch.full((B, n), -1, dtype=torch.int64, device=self.op_x.device)
+        placed = torch.full((B, gf.num_ops), -1, dtype=torch.int64, device=self.op_x.device)
         rows = torch.arange(B, device=self.op_x.device)
+
+        def logits_at(h: int, devices: np.ndarray) -> np.ndarray:
+            if h > 0:  # the previous step's choices, now placed
+                placed[rows, torch.from_numpy(order[:, h - 1]).to(placed.device)] = torch.from_numpy(
+                    devices[:, h - 1]).to(placed.device)  # fmt: skip
+            v = torch.from_numpy(order[:, h]).to(self.op_x.device)
+            return self.policy.state_logits(self, placed, v).to("cpu", torch.float64).numpy()
+
         with torch.no_grad():
-            for h in range(n):
-                v = torch.from_numpy(order[:, h]).to(self.op_x.device)
-                logits = self.policy.state_logits(self, placed, v).to("cpu", torch.float64).numpy()
-                devices[:, h] = plan.choose_devices(logits, h)
-                placed[rows, v] = torch.from_numpy(devices[:, h]).to(placed.device)
-        return replay(gf, order, devices)
+            devices, room = choose_in_order(gf, plan, order, logits_at)
+        ro = replay(gf, order, devices)
+        ro.room = room
+        return ro
 
     def score(self, ro: Rollout) -> ActionScores:
         """Log PLC of every step: each (episode, step) state embedded again, in checkpointed chunks."""
@@ -153,5 +158,7 @@ class PlacetoDecoder:
             b, h = s // n, s % n
             placed = torch.where(step_of_t[b] < h.unsqueeze(1), assignment[b], -1)  # [c, n]: placed before step h
             out.append(checkpoint(self.policy.state_logits, self, placed, current[s], use_reentrant=False))
-        logp = torch.log_softmax(torch.cat(out).view(B, n, -1), dim=-1)
-        return fixed_order_scores(ro, logp)
+        logits = torch.cat(out).view(B, n, -1)
+        if ro.room is not None:  # the devices each choice was made among
+            logits = logits.masked_fill(~torch.from_numpy(ro.room).to(logits.device), -torch.inf)
+        return fixed_order_scores(ro, torch.log_softmax(logits, dim=-1))

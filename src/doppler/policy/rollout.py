@@ -207,5 +207,6 @@ def fixed_order_scores(ro: Rollout, plc_logp: torch.Tensor) -> ActionScores:
     zeros = plc_logp.new_zeros((B, n))
     dev = torch.from_numpy(ro.step_device).to(plc_logp.device)
     logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
-    entropy_plc = -(torch.exp(plc_logp) * plc_logp).sum(-1)
+    finite_logp = plc_logp.masked_fill(~torch.isfinite(plc_logp), 0.0)  # (masked devices: 0 * log 0 is 0)
+    entropy_plc = -(torch.exp(plc_logp) * finite_logp).sum(-1)
     return ActionScores(zeros, logp_plc, zeros, entropy_plc, cand_logp, plc_logp, cs)
