@@ -329,6 +329,7 @@ class Rollout:
     # with the ``heft`` list schedule, earliest finish): the PLC teacher's choices
     plc_ties_only: bool = False  # PLC chose only among ``est_tied`` (DecodePlan.plc_ties_only)
     room: np.ndarray | None = None  # bool[B, n, D]: the devices with memory for the op (a decode with a budget)
+    memory_budget_bytes: np.ndarray | None = None  # the budget the episodes were decoded within (None: none)
 
     @property
     def batch(self) -> int:
@@ -402,7 +403,7 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
 
         raise ValueError(device_identity_mismatch(plc_init.shape[0], gf.num_devices))
     inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
-    ledger = _ledger_arrays(gf, plan.memory_budget_bytes)
+    ledger = ledger_arrays(gf, plan.memory_budget_bytes)
     limited = plan.memory_budget_bytes is not None and not plan.teacher
     room = np.ones((plan.batch, gf.num_ops, gf.num_devices) if limited else (0, 0, 0), np.bool_)
     bad = _rollout_kernel(
@@ -421,7 +422,7 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
     return ro
 
 
-def _ledger_arrays(gf: GraphFeatures, budget: np.ndarray | None) -> tuple:
+def ledger_arrays(gf: GraphFeatures, budget: np.ndarray | None) -> tuple:
     """The rollout kernel's memory arguments: the graph's input slices per op, their bytes, the ops' output
     bytes and the caps (:mod:`doppler.listsched.ledger`); without a budget, empty ones."""
     if budget is None:

@@ -20,8 +20,10 @@ import torch
 
 from doppler._jit import jit
 from doppler.listsched import features_into
+from doppler.listsched.ledger import hold, room_into
 from doppler.policy.decode import (
-    DecodePlan, Rollout, RolloutError, begin_episode, commit_step, empty_rollout, pick, plc_logit, record_view,
+    DecodePlan, Rollout, RolloutError, begin_episode, commit_step, empty_rollout, ledger_arrays, pick, plc_logit,
+    record_view,
 )  # fmt: skip
 from doppler.policy.features import GraphFeatures, normalise_device_features
 from doppler.policy.networks import LEAK, DopplerPolicy, Encoded
@@ -34,17 +36,30 @@ def _pair_kernel(
     op_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, eps, uniforms, forced_order, forced_dev, pair_first, pair_feats,
     order, step_dev, assignment, enter_step, feats, est_tied,
+    slice_ptr, slice_idx, slice_bytes, out_bytes, cap, pair_room,
 ):  # pragma: no cover - compiled  # fmt: skip
     """Run B episodes of the single policy; returns -1 on success, else the step at which a forced
-    (op, device) was not a valid choice. With a non-empty ``pair_feats[T, D, F]`` (teacher mode), the
-    normalised device features of every candidate at every step go to row
-    ``pair_first[b, c] + h - enter_step[b, c]`` (the order of :func:`candidate_steps`)."""
+    (op, device) was not a valid choice (or ``-2 - h``: with a memory budget, no pair had room at step
+    ``h``). With a non-empty ``pair_feats[T, D, F]`` (teacher mode), the normalised device features of
+    every candidate at every step go to row ``pair_first[b, c] + h - enter_step[b, c]`` (the order of
+    :func:`candidate_steps`), and with a budget whether each device had room for it to ``pair_room[T, D]``.
+    ``slice_ptr`` ... ``cap``: the memory ledger's arrays (``cap`` empty: no budget); a pair whose device has
+    no room for the op is never chosen."""
     B, n = order.shape
     nd = comp.shape[1]
     nf = feats.shape[3]
     record = pair_feats.shape[0] > 0
-    all_pairs = np.arange(n * nd)
+    limited = cap.shape[0] > 0 and (mode != 2 or record)
+    held = np.zeros((slice_bytes.shape[0] if limited else 0, nd), np.bool_)
+    used = np.zeros(nd)
+    unheld = np.zeros(1)
+    room = np.ones(nd, np.bool_)
+    pairs = np.arange(n * nd)
     for b in range(B):
+        if limited:  # a fresh ledger per episode
+            held[:] = False
+            used[:] = 0.0
+            unheld[0] = slice_bytes.sum()
         dev = assignment[b]
         start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, plc_init, dev,
                                                                                        enter_step)  # fmt: skip
@@ -57,25 +72,35 @@ def _pair_kernel(
                 v = forced_order[b, h]
                 d = forced_dev[b, h]
             else:
+                npairs = 0
                 for k in range(ncand):
                     c = cand[k]
                     features_into(c, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
                                   free, assigned, raw)  # fmt: skip
                     normalise_device_features(raw, inv_time_scale, x)
+                    if limited:
+                        room_into(c, slice_ptr, slice_idx, slice_bytes, out_bytes, held, used, cap, unheld, room)
                     if record:
                         i = pair_first[b, c] + h - enter_step[b, c]
                         for dd in range(nd):
                             for f in range(nf):
                                 pair_feats[i, dd, f] = x[dd, f]
+                            if limited:
+                                pair_room[i, dd] = room[dd]
                     else:
                         for dd in range(nd):
                             logits[k * nd + dd] = op_score[c] + plc_logit(c, x[dd], placed[dd], plc_op, plc_query,
                                                                           plc_dev, w_out, b_out, leak)  # fmt: skip
+                            if not limited or room[dd]:
+                                pairs[npairs] = k * nd + dd
+                                npairs += 1
                 if mode == 2:
                     v = forced_order[b, h]
                     d = forced_dev[b, h]
                 else:
-                    i = pick(logits, all_pairs, ncand * nd, mode, u[0], u[1], eps)
+                    if npairs == 0:
+                        return -2 - h
+                    i = pick(logits, pairs, npairs, mode, u[0], u[1], eps)
                     v = cand[i // nd]
                     d = i % nd
             if v < 0 or v >= n or pos[v] < 0 or d < 0 or d >= nd:
@@ -84,6 +109,8 @@ def _pair_kernel(
                           assigned, raw)  # fmt: skip
             normalise_device_features(raw, inv_time_scale, x)
             record_view(b, h, raw, x, feats, est_tied, False)
+            if limited:
+                hold(v, d, slice_ptr, slice_idx, slice_bytes, held, used, unheld)
             ncand = commit_step(v, d, b, h, raw[d, 4], comp, dev, start, finish, free, assigned, placed, plc_placed,
                                 succ_ptr, succ_idx, indeg, cand, pos, ncand, order, step_dev, enter_step)  # fmt: skip
     return -1
@@ -113,7 +140,8 @@ class PairDecoder:
     def head_weights(self) -> tuple[float, float]:
         return 1.0, 1.0
 
-    def _run(self, plan: DecodePlan, pair_first: np.ndarray, pair_feats: np.ndarray) -> Rollout:
+    def _run(self, plan: DecodePlan, pair_first: np.ndarray, pair_feats: np.ndarray,
+             budget: np.ndarray | None = None, pair_room: np.ndarray | None = None) -> Rollout:  # fmt: skip
         gf, cm = self.gf, self.gf.costs
         ro = empty_rollout(plan.batch, gf.num_ops, gf.num_devices)
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init = numpy_heads(self.enc)
@@ -123,13 +151,18 @@ class PairDecoder:
             sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
             plan.mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev, pair_first, pair_feats,
             ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,
+            *ledger_arrays(gf, budget), np.zeros((0, gf.num_devices), np.bool_) if pair_room is None else pair_room,
         )  # fmt: skip
         if bad >= 0:
             raise RolloutError(f"replayed step {bad}: op or device is not a valid choice at that step")
+        if bad <= -2:
+            raise RolloutError(f"step {-2 - bad}: no device has room for any candidate within the memory budget")
+        ro.memory_budget_bytes = budget
         return ro
 
     def decode(self, gf: GraphFeatures, plan: DecodePlan) -> Rollout:
-        return self._run(plan, np.zeros((1, 1), np.int64), np.zeros((0, gf.num_devices, self.enc.plc_dev.shape[0]), np.float32))
+        return self._run(plan, np.zeros((1, 1), np.int64), np.zeros((0, gf.num_devices, self.enc.plc_dev.shape[0]), np.float32),
+                         None if plan.teacher else plan.memory_budget_bytes)  # fmt: skip
 
     def pair_logits(self, ro: Rollout) -> tuple[torch.Tensor, object]:
         """``[T, D]``: the score of every (candidate, device) pair of every step of ``ro``, and the
@@ -139,7 +172,9 @@ class PairDecoder:
         cs = candidate_steps(ro)
         nd, nf = self.gf.num_devices, enc.plc_dev.shape[0]
         feats = np.zeros((cs.seg.shape[0], nd, nf), np.float32)
-        self._run(DecodePlan.replaying(ro.order, ro.step_device), np.ascontiguousarray(cs.first), feats)  # replay, recording every pair's features
+        room = None if ro.memory_budget_bytes is None else np.ones((cs.seg.shape[0], nd), np.bool_)
+        self._run(DecodePlan.replaying(ro.order, ro.step_device), np.ascontiguousarray(cs.first), feats,
+                  ro.memory_budget_bytes, room)  # replay, recording every pair's features (and room)  # fmt: skip
         device = enc.sel_score.device
         seg = torch.from_numpy(cs.seg).to(device)
         op = torch.from_numpy(cs.op).to(device)
@@ -150,7 +185,10 @@ class PairDecoder:
         pre = torch.from_numpy(feats).to(device) @ enc.plc_dev + enc.plc_op.index_select(0, op).unsqueeze(1) + before[..., :m]
         affinity = (before[..., m:] * enc.plc_query.index_select(0, op).unsqueeze(1)).sum(-1)
         g = torch.nn.functional.leaky_relu(pre, LEAK) @ enc.plc_w_out + enc.plc_b_out + affinity
-        return g + enc.sel_score.index_select(0, op).unsqueeze(1), cs
+        g = g + enc.sel_score.index_select(0, op).unsqueeze(1)
+        if room is not None:  # a pair whose device had no room was never a choice
+            g = g.masked_fill(~torch.from_numpy(room).to(device), -torch.inf)
+        return g, cs
 
     def score(self, ro: Rollout) -> ActionScores:
         B, n = ro.order.shape
@@ -167,7 +205,7 @@ class PairDecoder:
         plc_logp = (pair.index_select(0, chosen) - marginal.index_select(0, chosen).unsqueeze(-1)).view(B, n, -1)
         dev = torch.from_numpy(ro.step_device).to(device)
         logp_plc = plc_logp.gather(2, dev.unsqueeze(-1)).squeeze(-1)
-        ent = torch.exp(cand_logp) * cand_logp
+        ent = torch.exp(cand_logp) * cand_logp.masked_fill(~torch.isfinite(cand_logp), 0.0)  # (0 * log 0 is 0)
         entropy_sel = -torch.zeros_like(log_z).index_add_(0, seg, ent).view(B, n)
-        entropy_plc = -(torch.exp(plc_logp) * plc_logp).sum(-1)
+        entropy_plc = -(torch.exp(plc_logp) * plc_logp.masked_fill(~torch.isfinite(plc_logp), 0.0)).sum(-1)
         return ActionScores(logp_sel, logp_plc, entropy_sel, entropy_plc, cand_logp, plc_logp, cs)
