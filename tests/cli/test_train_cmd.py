@@ -373,3 +373,18 @@ def test_compare_takes_one_checkpoint_per_learned_method(tmp_path: Path, trained
                                   ("doppler", ["--checkpoint", f"doppler={ckpt}", "--checkpoint", f"doppler={ckpt}"],
                                    ["two checkpoints for doppler"])]:  # fmt: skip
         assert_usage_error(run("compare", g, "-c", "unit:2", "-m", methods, *extra), *words)
+
+
+def test_set_and_memory_options_reach_the_config(tmp_path: Path, trained) -> None:
+    _, g, _, _, _ = trained
+    base = ("train", g, "-c", "unit:2", "--stages", "il,sim", "--il-episodes", "8", "--episodes", "8", "--batch", "4")
+    res = run(*base, "--set", "lr=1e-3", "--set", "hidden=16", "--memory-fraction", "0.5", "-o", tmp_path / "R", "--json")
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "R" / "config.json").read_text())
+    assert (cfg["lr"], cfg["hidden"], cfg["memory_fraction"]) == (1e-3, 16, 0.5)
+    res = run(*base, "--ignore-memory", "-o", tmp_path / "S", "--json")
+    assert res.exit_code == 0 and json.loads((tmp_path / "S" / "config.json").read_text())["memory_fraction"] is None
+    assert_usage_error(run(*base, "--set", "lr=fast", "-o", tmp_path / "T"), "--set 'lr=fast'", "not a number")
+    assert_usage_error(run(*base, "--set", "batch=4", "-o", tmp_path / "U"), "has an option of its own: --batch")
+    assert_usage_error(run(*base, "--memory-fraction", "2", "-o", tmp_path / "V"), "--memory-fraction")
+    assert not any((tmp_path / name).exists() and any((tmp_path / name).iterdir()) for name in "TUV")
