@@ -25,14 +25,12 @@ differences between the two are real-system effects:
 * an op is ready once every input has arrived on its device; its ready time is
   that arrival.
 
-Memory: every op's output is a fresh numpy array; :func:`doppler.malloc.tune_malloc`
-keeps freed memory in the process for reuse (without it a run pays a random number of
-page faults). Receive buffers are touched when
-they are allocated, before the clock starts.
-
-Each device's held bytes are counted as its arrays are allocated and released (:class:`_Meter`, the
-rules of :mod:`doppler.memory`); the largest total is the run's ``peak_memory_bytes`` (on CUDA
-devices with a GPU each: ``torch.cuda.max_memory_allocated``).
+Memory: every op's output is a fresh numpy array; :func:`doppler.malloc.tune_malloc` keeps freed
+memory in the process for reuse (without it a run pays a random number of page faults). Receive
+buffers are touched when they are allocated, before the clock starts. Each device's held bytes are
+counted as its arrays are allocated and released (:class:`_Meter`, the rules of :mod:`doppler.memory`);
+the largest total is the run's ``peak_memory_bytes`` (CUDA devices with a GPU each:
+``torch.cuda.max_memory_allocated``).
 
 Devices (``device_type``):
 
