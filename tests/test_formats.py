@@ -277,3 +277,19 @@ def test_fuzz_corrupted_json_document(data) -> None:
             graph_from_json_text(json.dumps(doc))
         except GraphError:
             pass
+
+
+def test_module_paths_round_trip_and_a_bad_one_is_refused(tmp_path):
+    from doppler.formats import load_graph, save_graph
+    from doppler.workloads import build
+
+    g = build("llama_model", size="tiny", layers=1)
+    path = tmp_path / "g.json"
+    save_graph(g, path)
+    back = load_graph(path)
+    assert back.op_modules()[0] == g.op_modules()[0] and (back.op_modules()[1] == g.op_modules()[1]).all()
+    doc = json.loads(path.read_text())
+    doc["groups"][0]["module"] = 7
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GraphError, match="invalid groups entry .*module must be a string"):
+        load_graph(path)

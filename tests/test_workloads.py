@@ -26,6 +26,9 @@ TINY_CASES = [
     ("llama_block", {"seq_blocks": 2, "dim_blocks": 2, "head_blocks": 2, "hidden_blocks": 2}),
     ("llama_layer", {}),
     ("llama_layer", {"seq_blocks": 4, "dim_blocks": 1, "head_blocks": 1, "hidden_blocks": 2, "vocab_blocks": 2}),
+    ("llama_model", {}),
+    ("llama_model", {"n_kv_heads": 1, "head_blocks": 1, "seq_blocks": 2, "layers": 3}),
+    ("llama_model", {"n_kv_heads": 4, "head_blocks": 4, "dim_blocks": 2, "batch": 2, "batch_blocks": 2}),
 ]
 
 
@@ -255,7 +258,12 @@ def test_random_builds_100k_ops():
         ("llama_block", {"size": "tiny", "head_dim": 7}, "head_dim=7 must be even"),
         ("random", {"width": 0}, "random: width=0 must be a positive integer"),
         ("random", {"seed": -1}, "random: seed=-1 must be an integer >= 0"),
-        ("transformer", {}, "unknown workload 'transformer' (known: chainmm, ffnn, llama_block, llama_layer, random)"),
+        ("llama_model", {"layers": 0}, "llama_model: layers=0 must be a positive integer"),
+        ("llama_model", {"layers": 10_000}, "llama_model: layers=10000 is over the maximum of 1000"),
+        ("llama_model", {"n_kv_heads": 12}, "llama_model: n_kv_heads=12 does not divide n_heads=32"),
+        ("llama_model", {"n_kv_heads": 8, "head_blocks": 16},
+         "llama_model: head_blocks=16 does not divide n_kv_heads=8"),
+        ("transformer", {}, "unknown workload 'transformer' (known: chainmm, ffnn, llama_block, llama_layer, llama_model, random)"),
     ],
 )
 def test_bad_params(name, params, message):
@@ -368,3 +376,30 @@ def test_sizes_whose_flops_overflow_a_float_are_refused() -> None:
         build("chainmm", size="tiny", n=10**120)
     with pytest.raises(ValueError, match=r"must stay below 1e\+250"):
         build("chainmm", size="tiny", n=10**90)
+
+
+def test_llama_model_is_llama_2_7b_by_default_and_every_op_records_its_module():
+    g = build("llama_model")
+    p = g.meta["params"]
+    assert (p["layers"], p["dim"], p["n_heads"], p["n_kv_heads"], p["hidden"], p["vocab"]) == (32, 4096, 32, 32, 11008,
+                                                                                                 32000)
+    assert p["dtype"] == "float16"
+    weights = sum(np.prod(s) for k, s in g.meta["inputs"].items() if k not in g.meta["user_inputs"]
+                  and not k.startswith("rope"))
+    assert weights == 6_738_415_616  # LLaMA-2-7B's parameter count
+    modules, index = g.op_modules()
+    assert (index >= 0).all()
+    assert modules[0] == "model.embed_tokens" and set(modules[-2:]) == {"model.norm", "lm_head"}
+    layer_of = {m.split(".")[2] for m in modules if m.startswith("model.layers.")}
+    assert layer_of == {str(i) for i in range(32)}
+    q = [i for i in range(g.num_ops) if g.names[i].startswith("layers.7.q_proj")]
+    assert {modules[index[i]] for i in q} == {"model.layers.7.self_attn.q_proj"}
+
+
+def test_grouped_query_attention_shrinks_only_the_key_value_weights():
+    mha, gqa = build("llama_model", layers=1), build("llama_model", layers=1, n_kv_heads=8)
+    for key in ("layers.0.w_k", "layers.0.w_v"):
+        assert mha.meta["inputs"][key] == [4096, 32, 128] and gqa.meta["inputs"][key] == [4096, 8, 128]
+    assert mha.meta["inputs"]["layers.0.w_q"] == [4096, 32, 1, 128] and gqa.meta["inputs"]["layers.0.w_q"] == [4096, 8,
+                                                                                                                4, 128]
+    assert gqa.flops.sum() < mha.flops.sum()

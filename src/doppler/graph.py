@@ -87,18 +87,31 @@ class OpKind(IntEnum):
 
 @dataclass(frozen=True)
 class Group:
-    """A logical tensor op that was split into tile ops (e.g. one large matmul)."""
+    """A logical tensor op that was split into tile ops (e.g. one large matmul).
+
+    ``module`` is the dotted path of the model module the op belongs to (``"layers.3.self_attn"``,
+    ``"model.layers.3.mlp.down_proj"`` for an imported model, from ``torch.export``'s ``nn_module_stack``),
+    or ``""`` where none is known. Layer-granular methods (:mod:`doppler.methods.layered`) group ops by it.
+    """
 
     name: str
     kind: str  # e.g. "matmul", "elementwise", "softmax"
     grid: tuple[int, ...]  # number of blocks per output dimension
+    module: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "grid": list(self.grid)}
+        doc: dict[str, Any] = {"name": self.name, "kind": self.kind, "grid": list(self.grid)}
+        if self.module:
+            doc["module"] = self.module
+        return doc
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Group":
-        return cls(name=str(obj["name"]), kind=str(obj["kind"]), grid=tuple(int(g) for g in obj["grid"]))
+        module = obj.get("module", "")
+        if not isinstance(module, str):
+            raise TypeError(f"module must be a string, not {type(module).__name__}")
+        return cls(name=str(obj["name"]), kind=str(obj["kind"]), grid=tuple(int(g) for g in obj["grid"]),
+                   module=module)  # fmt: skip
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -458,6 +471,23 @@ class DataflowGraph:
 
     def op_name(self, i: int) -> str:
         return self.names[i] if self.names is not None else f"op{i}"
+
+    def op_modules(self) -> tuple[list[str], np.ndarray]:
+        """The module paths ops record (through their groups), in order of first appearance by op id, and
+        each op's index into them (int64[n]; -1 where the op records none). Cached."""
+        cached = self.__dict__.get("_op_modules")
+        if cached is None:
+            labels: dict[str, int] = {}
+            per_group = [labels.setdefault(g.module, len(labels)) if g.module else -1 for g in self.groups]
+            index = np.asarray(per_group + [-1], np.int64)[self.group]  # group -1 reads the trailing -1
+            used, first = np.unique(index[index >= 0], return_index=True)
+            order = used[np.argsort(first, kind="stable")]
+            remap = np.full(len(labels) + 1, -1, np.int64)
+            remap[order] = np.arange(order.size)
+            names = list(labels)
+            cached = ([names[k] for k in order], remap[index])
+            self.__dict__["_op_modules"] = cached
+        return cached
 
     def op_label(self, i: int) -> str:
         """``id`` plus the name when there is one, for error messages."""

@@ -83,6 +83,26 @@ def ref_llama_layer(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str,
     return {"logits": h[:, -1, :] @ x["w_head"]}  # last token of every sequence: (B, vocab)
 
 
+def ref_llama_model(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """:func:`doppler.workloads` ``llama_model``: query head ``j * R + r`` reads key/value head ``j``."""
+    cos, sin, hd = x["rope_cos"], x["rope_sin"], p["head_dim"]
+    h = x["embed_tokens"][x["tokens"].astype(np.int64)]  # (B, s, D)
+    future = np.triu(np.ones((p["seq_len"],) * 2, dtype=bool), k=1)
+    for i in range(p["layers"]):
+        w = {key[len(f"layers.{i}."):]: v for key, v in x.items() if key.startswith(f"layers.{i}.")}
+        xn = _np_rmsnorm(h, w["w_attn_norm"], p["eps"])
+        q = _np_rope(np.einsum("bsk,kjrd->bjrsd", xn, w["w_q"]), cos, sin)
+        k = _np_rope(np.einsum("bsk,kjd->bjsd", xn, w["w_k"]), cos, sin)
+        v = np.einsum("bsk,kjd->bjsd", xn, w["w_v"])
+        att = np.where(future, -np.inf, np.einsum("bjrqd,bjkd->bjrqk", q, k) / math.sqrt(hd))
+        o = np.einsum("bjrqk,bjkd->bqjrd", _np_softmax(att, axis=-1), v)
+        h = h + np.einsum("bqjrd,jrdo->bqo", o, w["w_o"])
+        hn = _np_rmsnorm(h, w["w_mlp_norm"], p["eps"])
+        g = hn @ w["w_gate"]
+        h = h + (g / (1.0 + np.exp(-g)) * (hn @ w["w_up"])) @ w["w_down"]
+    return {"logits": _np_rmsnorm(h[:, -1, :], x["w_final_norm"], p["eps"]) @ x["w_head"]}
+
+
 def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
     """Random full input arrays for a workload graph (rotary tables are the real ones)."""
     meta = graph.meta

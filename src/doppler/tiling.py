@@ -12,10 +12,11 @@ elementwise step. The built-in workloads (:mod:`doppler.workloads`) and imported
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -93,8 +94,19 @@ class TileBuilder:
         self.input_init: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, dict[str, Any]] = {}
         self._logical_names: set[str] = set()
+        #: the module path the logical ops declared now belong to (:attr:`~doppler.graph.Group.module`)
+        self.module = ""
         # per group: (kept axes of the full grid, kept grid, flattened?)
         self._block_map: list[tuple[tuple[int, ...], tuple[int, ...], bool]] = []
+
+    @contextlib.contextmanager
+    def scope(self, module: str) -> Iterator[None]:
+        """Record ``module`` as the module of every logical op declared inside the block."""
+        outer, self.module = self.module, module
+        try:
+            yield
+        finally:
+            self.module = outer
 
     # ------------------------------------------------------------- helpers
     def _err(self, msg: str) -> WorkloadError:
@@ -160,7 +172,8 @@ class TileBuilder:
                 keep.remove(ax)
         kept = tuple(full[a] for a in keep)
         flat = len(kept) > MAX_BLOCK_DIMS
-        self.groups.append(Group(name=name, kind=kind.label, grid=(int(math.prod(kept)),) if flat else kept))
+        self.groups.append(Group(name=name, kind=kind.label, grid=(int(math.prod(kept)),) if flat else kept,
+                                 module=self.module))  # fmt: skip
         self._block_map.append((tuple(keep), kept, flat))
         return len(self.groups) - 1
 
@@ -395,6 +408,23 @@ class TileBuilder:
         return self._tensor_from_ops(name, out_shape, out_grid, result)
 
     # ------------------------------------------------------------ finish
+    def blockwise(self, name: str, kind: OpKind, kernel: str, shape: Sequence[int], grid: Sequence[int],
+                  refs_of: Callable[[tuple[int, ...]], list[dict]], params: Callable | None = None) -> Tensor:  # fmt: skip
+        """One op per output block, reading the operand tiles ``refs_of(block)`` (an ``embedding`` lookup, say:
+        zero FLOPs, :mod:`doppler.kernels`)."""
+        self._claim(name)
+        out = Tensor(name, tuple(shape), tuple(grid))
+        if self._count(math.prod(out.grid)):
+            return out
+        g = self._new_group(name, kind, out.grid)
+        ids = {}
+        for blk in out.blocks():
+            spec = {"kernel": kernel, "inputs": refs_of(blk), "shape": list(out.block_shape)}
+            if params is not None:
+                spec["params"] = params(blk)
+            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec, g, blk)
+        return self._tensor_from_ops(name, shape, grid, ids)
+
     def finish(self, name: str, params: Mapping[str, Any]) -> DataflowGraph:
         if self.count_only:
             raise RuntimeError("a counting TileBuilder makes no graph")

@@ -201,21 +201,7 @@ def parse_blocks(items: Sequence[str]) -> dict[int, int]:
 
 # ============================================================================ the builder
 class _Builder(TileBuilder):
-    """A :class:`TileBuilder` with the two tile ops imports need beyond einsum, map and fill."""
-
-    def blockwise(self, name: str, kind: OpKind, kernel: str, shape: Sequence[int], grid: Sequence[int],
-                  refs_of: Callable[[tuple[int, ...]], list[dict]], params: Callable | None = None) -> Tensor:  # fmt: skip
-        """One op per output block, reading the operand tiles ``refs_of(block)``."""
-        self._claim(name)
-        out = Tensor(name, tuple(shape), tuple(grid))
-        g = self._new_group(name, kind, out.grid)
-        ids = {}
-        for blk in out.blocks():
-            spec = {"kernel": kernel, "inputs": refs_of(blk), "shape": list(out.block_shape)}
-            if params is not None:
-                spec["params"] = params(blk)
-            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec, g, blk)
-        return self._tensor_from_ops(name, shape, grid, ids)
+    """A :class:`TileBuilder` with the tile op imports need beyond einsum, map, fill and blockwise."""
 
     def assemble(self, name: str, shape: Sequence[int], grid: Sequence[int],
                  sources: Sequence[tuple[Tensor, Sequence[int]]], kind: OpKind = OpKind.FORMATION) -> Tensor:  # fmt: skip

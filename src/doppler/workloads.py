@@ -17,7 +17,9 @@ Workloads (``build(name, **params)``): ``chainmm`` (A.B + C.(D.E)), ``ffnn``
 (softmax(relu(X.W1 + b1).W2 + b2)), ``llama_block`` (one LLaMA decoder block),
 ``llama_layer`` (the block plus mask construction, final norm, last-token
 selection and the vocabulary head; both take ``batch`` sequences of ``seq_len``
-tokens (in ``batch_blocks`` blocks), each with its own causal attention) and
+tokens (in ``batch_blocks`` blocks), each with its own causal attention),
+``llama_model`` (a whole causal LM: embedding, ``layers`` decoder layers with
+grouped-query attention, final norm and head; every op records its module) and
 ``random`` (layered random DAGs, no specs).
 Every workload takes ``size=tiny|small|paper`` (default ``paper``); explicit keys
 override the preset. ``graph.meta`` records the workload, resolved parameters,
@@ -37,7 +39,7 @@ import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
 from doppler.kernels import DTYPE_BYTES
-from doppler.references import ref_chainmm, ref_ffnn, ref_llama_block, ref_llama_layer
+from doppler.references import ref_chainmm, ref_ffnn, ref_llama_block, ref_llama_layer, ref_llama_model
 from doppler.tiling import Tensor, TileBuilder, WorkloadError, tiled_rmsnorm, tiled_softmax
 
 __all__ = [
@@ -170,6 +172,84 @@ def _llama_layer(b: TileBuilder, p: dict[str, Any]) -> None:
     b.output("logits", logits)
 
 
+def _decoder_layer(b: TileBuilder, p: dict[str, Any], x: Tensor, rope: tuple[Tensor, Tensor], i: int) -> Tensor:
+    """Decoder layer ``i`` of :func:`_llama_model` on the (batch, seq, dim) hidden states ``x``, with grouped-query
+    attention: letter ``j`` is a key/value head, ``r`` one of the ``n_heads / n_kv_heads`` query heads sharing it
+    (query head ``j * R + r``, as Hugging Face's ``repeat_kv`` orders them)."""
+    D, J, hd, F = p["dim"], p["n_kv_heads"], p["head_dim"], p["hidden"]
+    R = p["n_heads"] // J
+    db, hb, fb = p["dim_blocks"], p["head_blocks"], p["hidden_blocks"]
+    path, name = f"model.layers.{i}", f"layers.{i}"
+    norm_w = {"init": "norm_weight"}
+
+    def w(key: str, shape: tuple[int, ...], grid: tuple[int, ...], fan_in: int) -> Tensor:
+        return b.input(f"{name}.{key}", shape, grid, _normal(1 / math.sqrt(fan_in)))
+
+    with b.scope(f"{path}.input_layernorm"):
+        xn = tiled_rmsnorm(b, x, b.input(f"{name}.w_attn_norm", (D,), (db,), norm_w), eps=p["eps"],
+                           name=f"{name}.attn_norm")  # fmt: skip
+    attn = f"{path}.self_attn"
+    with b.scope(f"{attn}.q_proj"):
+        q = b.contract("bsk,kjrd->bsjrd", xn, w("w_q", (D, J, R, hd), (db, hb, 1, 1), D), name=f"{name}.q_proj")
+    with b.scope(f"{attn}.k_proj"):
+        k = b.contract("bsk,kjd->bsjd", xn, w("w_k", (D, J, hd), (db, hb, 1), D), name=f"{name}.k_proj")
+    with b.scope(f"{attn}.v_proj"):
+        v = b.contract("bsk,kjd->bsjd", xn, w("w_v", (D, J, hd), (db, hb, 1), D), name=f"{name}.v_proj")
+    with b.scope(attn):
+        q = b.map("rotary", "bsjrd,sd,sd->bsjrd", q, *rope, name=f"{name}.q_rope", kind=OpKind.ROTARY)
+        k = b.map("rotary", "bsjd,sd,sd->bsjd", k, *rope, name=f"{name}.k_rope", kind=OpKind.ROTARY)
+        scores = b.contract("bqjrd,bkjd->bjrqk", q, k, name=f"{name}.scores")
+        scores = b.map("causal_mask", "bjrqk->bjrqk", scores, name=f"{name}.mask", kind=OpKind.MASK_FILL,
+                       params={"row_axis": 3, "col_axis": 4},
+                       tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
+        probs = tiled_softmax(b, scores, "bjrqk", "k", scale=1.0 / math.sqrt(hd), name=f"{name}.attn_softmax")
+        heads = b.contract("bjrqk,bkjd->bqjrd", probs, v, name=f"{name}.pv")
+    with b.scope(f"{attn}.o_proj"):
+        o = b.contract("bqjrd,jrdo->bqo", heads, w("w_o", (J, R, hd, D), (hb, 1, 1, db), J * R * hd),
+                       name=f"{name}.o_proj")  # fmt: skip
+    with b.scope(path):
+        h = b.map("add", "bsd,bsd->bsd", x, o, name=f"{name}.attn_residual")
+    with b.scope(f"{path}.post_attention_layernorm"):
+        hn = tiled_rmsnorm(b, h, b.input(f"{name}.w_mlp_norm", (D,), (db,), norm_w), eps=p["eps"],
+                           name=f"{name}.mlp_norm")  # fmt: skip
+    mlp = f"{path}.mlp"
+    with b.scope(f"{mlp}.gate_proj"):
+        g = b.contract("bsd,df->bsf", hn, w("w_gate", (D, F), (db, fb), D), name=f"{name}.gate_proj")
+    with b.scope(f"{mlp}.up_proj"):
+        u = b.contract("bsd,df->bsf", hn, w("w_up", (D, F), (db, fb), D), name=f"{name}.up_proj")
+    with b.scope(mlp):
+        a = b.map("silu_mul", "bsf,bsf->bsf", g, u, name=f"{name}.silu_mul")
+    with b.scope(f"{mlp}.down_proj"):
+        dn = b.contract("bsf,fd->bsd", a, w("w_down", (F, D), (fb, db), F), name=f"{name}.down_proj")
+    with b.scope(path):
+        return b.map("add", "bsd,bsd->bsd", h, dn, name=f"{name}.mlp_residual")
+
+
+def _llama_model(b: TileBuilder, p: dict[str, Any]) -> None:
+    """A whole LLaMA-style causal LM, prefill: token embedding, ``layers`` decoder layers, the final RMSNorm and
+    the vocabulary head on each sequence's last token (the logits generation samples from). Every logical op
+    records its module as Hugging Face's ``LlamaForCausalLM`` names it (``model.layers.3.self_attn.q_proj``)."""
+    B, s, D, V, hd = p["batch"], p["seq_len"], p["dim"], p["vocab"], p["head_dim"]
+    bb, sb, db = p["batch_blocks"], p["seq_blocks"], p["dim_blocks"]
+    tokens = b.input("tokens", (B, s), (bb, sb), {"init": "index", "high": V}, user=True)
+    rope = (b.input("rope_cos", (s, hd), (sb, 1), {"init": "rope_cos", "theta": float(p["rope_theta"])}),
+            b.input("rope_sin", (s, hd), (sb, 1), {"init": "rope_sin", "theta": float(p["rope_theta"])}))  # fmt: skip
+    with b.scope("model.embed_tokens"):
+        table = b.input("embed_tokens", (V, D), (1, db), _normal(1.0))
+        x = b.blockwise("embed_tokens", OpKind.SELECT, "embedding", (B, s, D), (bb, sb, db),
+                        lambda blk: [dict(table.tiles[(0, blk[2])]), dict(tokens.tiles[blk[:2]])])  # fmt: skip
+    for i in range(p["layers"]):
+        x = _decoder_layer(b, p, x, rope, i)
+    with b.scope("lm_head"):
+        last = b.select(x, [None, (s - 1, s), None], name="last_token")
+    with b.scope("model.norm"):
+        hn = tiled_rmsnorm(b, last, b.input("w_final_norm", (D,), (db,), {"init": "norm_weight"}), eps=p["eps"],
+                           name="final_norm")  # fmt: skip
+    with b.scope("lm_head"):
+        w_head = b.input("w_head", (D, V), (db, p["vocab_blocks"]), _normal(1 / math.sqrt(D)))
+        b.output("logits", b.contract("bsd,dv->bv", hn, w_head, name="lm_head"))
+
+
 def _build_random(p: dict[str, Any]) -> DataflowGraph:
     """Layered random DAG: ops are split into ~num_ops/width layers of random widths;
     every op past the first layer reads one op of the previous layer and up to
@@ -282,6 +362,18 @@ WORKLOADS: dict[str, _Workload] = {
         ref_llama_layer,
         _LLAMA_DIVIDES + (("vocab_blocks", "vocab"),),
     ),
+    "llama_model": _Workload(
+        "llama_model",
+        "a whole LLaMA-style causal LM, prefill (embedding, `layers` decoder layers with grouped-query attention "
+        "when n_kv_heads < n_heads, final RMSNorm, vocabulary head on the last token); LLaMA-2-7B by default",
+        {"layers": 32, **_LLAMA_DEFAULTS, "seq_len": 2048, "n_kv_heads": 32, "vocab": 32000, "vocab_blocks": 4,
+         "eps": 1e-5, "dtype": "float16"},  # fmt: skip
+        {"tiny": {**_LLAMA_TINY, "layers": 2, "n_kv_heads": 2, "head_blocks": 2, "vocab": 64},
+         "small": {**_LLAMA_SMALL, "layers": 4, "n_kv_heads": 8, "vocab": 8000}, "paper": {}},  # fmt: skip
+        _llama_model,
+        ref_llama_model,
+        _LLAMA_DIVIDES[:3] + (("head_blocks", "n_kv_heads"), ("hidden_blocks", "hidden"), ("vocab_blocks", "vocab")),
+    ),
     "random": _Workload(
         "random",
         "layered random DAG with lognormal costs (no op specs)",
@@ -302,6 +394,8 @@ _POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 (a seed: any integer >= 0)
 #: the largest graphs a workload may build (checked before anything is allocated: a tiled workload's ops are
 #: counted first, docs/cli.md)
 MAX_OPS = 2_000_000
+#: the most decoder layers ``llama_model`` builds (the largest published LLMs have under 200)
+MAX_LAYERS = 1000
 #: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
 MAX_EDGES = 20_000_000
 _NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
@@ -390,6 +484,10 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
     for bk, dk in w.divides:
         if p[dk] % p[bk]:
             raise WorkloadError(f"{name}: {bk}={p[bk]} does not divide {dk}={p[dk]}")
+    if "n_kv_heads" in p and p["n_heads"] % p["n_kv_heads"]:
+        raise WorkloadError(f"{name}: n_kv_heads={p['n_kv_heads']} does not divide n_heads={p['n_heads']}")
+    if p.get("layers", 0) > MAX_LAYERS:
+        raise WorkloadError(f"{name}: layers={p['layers']} is over the maximum of {MAX_LAYERS}")
     if "head_dim" in p and p["head_dim"] % 2:
         raise WorkloadError(f"{name}: head_dim={p['head_dim']} must be even (rotary embedding)")
     if w.ops is None:
