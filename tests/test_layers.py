@@ -32,7 +32,7 @@ LAYERS = [
 SUBLAYERS = {
     "methods": [
         {"registry", "_anneal_kernels"},
-        {"simple", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_kernels"},
+        {"simple", "layered", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_kernels"},
         {"lookahead"},
         {"anneal"},
         {"__init__"},

@@ -389,7 +389,7 @@ def test_llama_model_is_llama_2_7b_by_default_and_every_op_records_its_module():
     assert weights == 6_738_415_616  # LLaMA-2-7B's parameter count
     modules, index = g.op_modules()
     assert (index >= 0).all()
-    assert modules[0] == "model.embed_tokens" and set(modules[-2:]) == {"model.norm", "lm_head"}
+    assert modules[0] == "model.embed_tokens" and modules[-2:] == ["model.norm", "lm_head"]
     layer_of = {m.split(".")[2] for m in modules if m.startswith("model.layers.")}
     assert layer_of == {str(i) for i in range(32)}
     q = [i for i in range(g.num_ops) if g.names[i].startswith("layers.7.q_proj")]

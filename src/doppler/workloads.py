@@ -240,9 +240,8 @@ def _llama_model(b: TileBuilder, p: dict[str, Any]) -> None:
                         lambda blk: [dict(table.tiles[(0, blk[2])]), dict(tokens.tiles[blk[:2]])])  # fmt: skip
     for i in range(p["layers"]):
         x = _decoder_layer(b, p, x, rope, i)
-    with b.scope("lm_head"):
-        last = b.select(x, [None, (s - 1, s), None], name="last_token")
     with b.scope("model.norm"):
+        last = b.select(x, [None, (s - 1, s), None], name="last_token")
         hn = tiled_rmsnorm(b, last, b.input("w_final_norm", (D,), (db,), {"init": "norm_weight"}), eps=p["eps"],
                            name="final_norm")  # fmt: skip
     with b.scope("lm_head"):

@@ -12,7 +12,7 @@ from doppler.graph import DataflowGraph, OpKind
 from doppler.hardware import Cluster, Device, homogeneous
 from doppler.sim import lower_bound, simulate, simulate_many
 
-BUILTIN = ["single", "round_robin", "random", "round_robin_block", "critical_path", "heft", "metis", "enumerative", "lookahead",
+BUILTIN = ["single", "round_robin", "random", "round_robin_block", "sequential_fill", "pipeline", "critical_path", "heft", "metis", "enumerative", "lookahead",
            "heft_lookahead", "anneal"]
 FAST_KW = {"anneal": {"max_evals": 64, "batch_size": 16}}
 
