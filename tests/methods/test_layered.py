@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from doppler import cluster, memory, workloads
 from doppler.methods import MethodError, assign
-from doppler.methods.layered import MAX_UNITS, layer_units
+from doppler.methods.layered import MAX_UNITS, block_graph, layer_units, repeated_units
 from doppler.sim import simulate
 
 
@@ -108,3 +108,40 @@ def test_any_graph_gets_a_valid_contiguous_placement_or_a_clear_refusal(seed, op
         names, unit = layer_units(g)
         order = _unit_devices(g, a)
         assert (np.diff(order) >= 0).all()
+
+
+def test_the_decoder_layers_are_repeats_and_a_changed_layer_is_not():
+    g = workloads.build("llama_model", size="tiny", layers=4)
+    repeats = repeated_units(g)
+    names, unit = layer_units(g)
+    assert len(repeats) == 4 and all(set(unit[r]) == {k + 1} for k, r in enumerate(repeats))
+    assert repeated_units(workloads.build("llama_model", size="tiny", layers=2)) == []  # fewer than 3
+    assert repeated_units(workloads.build("llama_layer", size="tiny")) == []  # no modules
+    flops = g.flops.copy()
+    flops[repeats[0][5]] *= 2  # one layer costs differently: the other three still repeat
+    changed = dataclasses.replace(g, flops=flops)
+    assert [r.tolist() for r in repeated_units(changed)] == [r.tolist() for r in repeats[1:]]
+
+
+def test_a_block_graph_keeps_the_costs_and_the_edges_among_its_ops():
+    g = workloads.build("llama_model", size="tiny", layers=3)
+    ops = repeated_units(g)[1]
+    b = block_graph(g, ops)
+    assert b.num_ops == ops.size and np.array_equal(b.flops, g.flops[ops]) and np.array_equal(b.kind, g.kind[ops])
+    inside = np.isin(g.src, ops) & np.isin(g.dst, ops)
+    assert b.num_edges == int(inside.sum())
+
+
+def test_anneal_starts_from_the_repeated_layer_where_that_is_faster():
+    """With no search (max_evals 0) anneal returns its start: on a whole model the repeat start, every decoder
+    layer placed alike, faster than each cheap method's placement."""
+    g = workloads.build("llama_model", size="small", layers=6)
+    c = cluster("v100x8")
+    a = assign(g, c, "anneal", max_evals=0)
+    assert a.info["start_method"] == "repeat"
+    repeats = repeated_units(g)
+    assert all(np.array_equal(a.devices[ops], a.devices[repeats[0]]) for ops in repeats)
+    ms = simulate(g, c, a).makespan_s
+    for m in ("critical_path", "heft", "metis"):
+        assert ms < simulate(g, c, assign(g, c, m)).makespan_s
+    assert assign(g, c, "anneal", max_evals=0, budget_s=5).info["start_method"] != "repeat"  # too short a budget

@@ -6,6 +6,9 @@ The obvious answer to "why RL?": search assignments directly in the simulator.
   ``heft``, ``enumerative``, ``round_robin_block`` and ``metis``, and of ``heft_lookahead``
   where its rollout is cheap (``|V|^2 (D-1) <= ROLLOUT_START_MAX_WORK``; ties: in that
   order, the rollout last), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
+  Where the graph repeats a layer (a whole model's decoder layers) and the budget allows
+  (``REPEAT_MIN_BUDGET_S``), one layer is annealed alone and its placement copied onto every
+  repeat of the best start: the ``repeat`` start.
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
   and scores them in one :func:`doppler.sim.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
@@ -44,14 +47,13 @@ simulated). Only the batch's best proposal, and only if it may be accepted, ente
 pruning changes the speed, never the search.
 
 Each batch is simulated on ``threads`` cores (default: every core the process may use, at most
-``batch_size``), one row per core at a time. The makespans are the same numbers as on one core, so
-the search is too. Training keeps it on one core (its torch threads use the rest).
+``batch_size``), one row per core at a time: the same numbers, so the same search, as on one core.
 
 Every decision depends only on the seed and on counts of evaluations, never on
 the clock, so a run is deterministic for a given seed and a given number of
 evaluations (pass ``max_evals`` without ``budget_s`` for results independent of
 machine speed), and a longer budget continues the exact trajectory of a shorter
-one. The best simulated makespan is reported as ``estimated_makespan_s``.
+one (the ``repeat`` start aside, which needs a budget of REPEAT_MIN_BUDGET_S).
 
 The measurements behind the defaults (start set, critical share, pools, batches and cycles) and
 the speed of each part are in docs/research/anneal.md.
@@ -65,6 +67,7 @@ import time
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
+from doppler.methods.layered import block_graph, repeated_units
 from doppler.methods.registry import MethodError, get_method, place_within, register
 from doppler.methods.threads import search_threads
 from doppler.graph import DataflowGraph, _csr
@@ -78,6 +81,15 @@ WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block
 #: (its ``|V| (D-1)`` HEFT completions times the ops each places) at most this: about 320 ops on 8
 #: devices or 840 on 2. A size rule, not a clock, so a seed and an evaluation count still fix the search
 ROLLOUT_START_MAX_WORK = 7e5
+#: where the graph repeats one layer (:func:`~doppler.methods.layered.repeated_units`), the start set also holds
+#: the ``repeat`` start: the best start with every repeat placed as one of them is placed when annealed alone,
+#: for this many op simulations (evaluations x the block's ops, the evaluations within REPEAT_BLOCK_EVALS)
+REPEAT_BLOCK_WORK = 2e7
+REPEAT_BLOCK_EVALS = (5_000, 100_000)
+#: ... and only when the search has no time budget or at least this many seconds (the block search costs
+#: a few seconds), the block search stopping at this share of the budget if its evaluations take longer
+REPEAT_MIN_BUDGET_S = 20.0
+REPEAT_BUDGET_SHARE = 0.25
 
 DEFAULT_BUDGET_S = 10.0
 #: seconds of search per compiled call: the budget is checked between calls, and overshot by at most this
@@ -192,7 +204,9 @@ def anneal_search(
     n = graph.num_ops
     rng = np.random.default_rng(seed)
     ctx = SimContext(graph, cluster)  # every evaluation reuses it
-    start_name, walk, mem = _starting_point(ctx, seed, start, extra_starts, threads, memory_budget_bytes)
+    repeat = start is None and (budget_s is None or float(budget_s) >= REPEAT_MIN_BUDGET_S)
+    repeat_s = (None if budget_s is None else REPEAT_BUDGET_SHARE * float(budget_s)) if repeat else 0.0
+    start_name, walk, mem = _starting_point(ctx, seed, start, extra_starts, threads, memory_budget_bytes, repeat_s)
     start_ms, start_devices = walk.cur_ms, walk.cur.copy()
     if cycle_evals is None:
         cycle_evals = max(5000, 1000 * n)
@@ -287,11 +301,13 @@ class _Walk:
 
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_starts: dict[str, np.ndarray] | None,
-                    threads: int, budget: np.ndarray | None) -> tuple[str, _Walk, tuple]:  # fmt: skip
+                    threads: int, budget: np.ndarray | None, repeat_s: float | None = 0.0) -> tuple[str, _Walk, tuple]:  # fmt: skip
     """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``;
     then, without ``start`` and where it is cheap (:data:`ROLLOUT_START_MAX_WORK`), HEFT_LOOKAHEAD on
-    ``threads`` cores; ties to the first) that fits ``budget`` (None: any): its name, a walk from it that
-    counts the evaluations spent, and the memory caps of the compiled loop (:func:`_memory_caps`)."""
+    ``threads`` cores; ties to the first) that fits ``budget`` (None: any), then unless ``repeat_s`` is 0 the
+    ``repeat`` start made from it (:func:`_repeat_start`, its block search stopped after ``repeat_s`` seconds;
+    None: no limit) where that is faster and fits: its name, a walk from it
+    that counts the evaluations spent, and the memory caps of the compiled loop (:func:`_memory_caps`)."""
     graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
@@ -317,8 +333,32 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_
         raise MethodError(f"anneal: none of its starts ({', '.join(cands)}) fits the memory budget")
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
-    first = cands[names[i0]]
-    return names[i0], _Walk(first, float(ms[i0]), len(names)), _memory_caps(ctx, first, budget)
+    name, first, first_ms, evals = names[i0], cands[names[i0]], float(ms[i0]), len(names)
+    tiled = _repeat_start(ctx, seed, first, threads, repeat_s) if repeat_s != 0.0 else None
+    if tiled is not None and (budget is None or ctx.fits_memory(tiled, budget)):
+        tiled_ms, evals = float(ctx.simulate(tiled).makespan_s), evals + 1
+        if tiled_ms < first_ms:
+            name, first, first_ms = "repeat", tiled, tiled_ms
+    return name, _Walk(first, first_ms, evals), _memory_caps(ctx, first, budget)
+
+
+def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
+                  budget_s: float | None) -> np.ndarray | None:  # fmt: skip
+    """``base`` with every repeat of the graph's repeated layer placed as one of them is placed when annealed
+    alone (:data:`REPEAT_BLOCK_WORK`; the block's inputs taken as present everywhere), or None where the
+    graph repeats no layer."""
+    repeats = repeated_units(ctx.graph)
+    if not repeats:
+        return None
+    ref = repeats[len(repeats) // 2]
+    lo, hi = REPEAT_BLOCK_EVALS
+    evals = int(min(max(REPEAT_BLOCK_WORK // ref.size, lo), hi))
+    block = anneal_search(block_graph(ctx.graph, ref), ctx.cluster, seed=seed, max_evals=evals, budget_s=budget_s,
+                          threads=threads)  # fmt: skip
+    out = base.copy()
+    for ops in repeats:
+        out[ops] = block.devices
+    return out
 
 
 def _memory_caps(ctx: SimContext, start: np.ndarray, budget: np.ndarray | None) -> tuple:

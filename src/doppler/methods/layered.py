@@ -82,6 +82,52 @@ def layer_units(graph: DataflowGraph) -> tuple[list[str], np.ndarray]:
     return names, unit
 
 
+def repeated_units(graph: DataflowGraph, min_repeats: int = 3) -> list[np.ndarray]:
+    """The op ids (ascending) of each unit of the largest set of at least ``min_repeats`` repeats of one layer:
+    units named ``prefix.<number>`` (``model.layers.0``, ``model.layers.1``, ...) whose ops, in id order, have
+    the same kinds, FLOPs, output bytes and edges among themselves. Empty where the graph repeats no layer.
+    A placement of one repeat maps onto every other op for op."""
+    names, unit = layer_units(graph)
+    order = np.argsort(unit, kind="stable")
+    cuts = np.searchsorted(unit[order], np.arange(len(names) + 1))
+    members: dict[str, list[np.ndarray]] = {}
+    for k, name in enumerate(names):
+        m = re.fullmatch(r"(.*)\.\d+", name)
+        if m:
+            members.setdefault(m[1], []).append(order[cuts[k]:cuts[k + 1]])
+    best: list[np.ndarray] = []
+    for ops_of in members.values():
+        ref = ops_of[len(ops_of) // 2]
+        local = np.full(graph.num_ops, -1, np.int64)
+        local[ref] = np.arange(ref.size)
+        inside = (local[graph.src] >= 0) & (local[graph.dst] >= 0)
+        shape = np.sort(local[graph.src[inside]] * ref.size + local[graph.dst[inside]])
+        same = []
+        for ops in ops_of:
+            if ops.size != ref.size or not (np.array_equal(graph.kind[ops], graph.kind[ref])
+                                            and np.array_equal(graph.flops[ops], graph.flops[ref])
+                                            and np.array_equal(graph.output_bytes[ops], graph.output_bytes[ref])):  # fmt: skip
+                continue
+            local[:] = -1
+            local[ops] = np.arange(ops.size)
+            inside = (local[graph.src] >= 0) & (local[graph.dst] >= 0)
+            if np.array_equal(np.sort(local[graph.src[inside]] * ops.size + local[graph.dst[inside]]), shape):
+                same.append(ops)
+        if len(same) >= min_repeats and len(same) * same[0].size > sum(o.size for o in best):
+            best = same
+    return best
+
+
+def block_graph(graph: DataflowGraph, ops: np.ndarray) -> DataflowGraph:
+    """The graph of ``ops`` alone: their costs, kinds and the edges among them (an edge from outside is dropped:
+    its value is taken as present on every device); no specs, so no weights (:mod:`doppler.memory`)."""
+    local = np.full(graph.num_ops, -1, np.int64)
+    local[ops] = np.arange(ops.size)
+    inside = (local[graph.src] >= 0) & (local[graph.dst] >= 0)
+    return DataflowGraph.from_arrays(graph.flops[ops], graph.output_bytes[ops], local[graph.src[inside]],
+                                     local[graph.dst[inside]], kind=graph.kind[ops], name=f"{graph.name}.block")  # fmt: skip
+
+
 def _unit_weights(graph: DataflowGraph, unit: np.ndarray, num_units: int) -> tuple[list[np.ndarray], np.ndarray]:
     """Per unit, the weight slices its ops read (sorted ids), and the bytes of every slice."""
     slices = memory.input_slices(graph)
