@@ -355,3 +355,24 @@ def test_paths_with_square_brackets_are_printed_as_given(graph_file: Path, tmp_p
     res = run("assign", str(missing), "--cluster", "p100x4", "--method", "critical_path", "-o", str(out))
     assert res.exit_code == 2
     assert f"error: {missing}: no such graph file" in res.output
+
+
+def test_a_whole_model_is_placed_by_layers_and_one_too_big_for_the_cluster_exits_2(tmp_path: Path) -> None:
+    g = tmp_path / "m.json"
+    res = run("graph", "build", "llama_model", "--set", "size=small", "--set", "layers=6", "-o", str(g))
+    assert res.exit_code == 0, res.output
+    from doppler.memory import weight_bytes
+
+    need = weight_bytes(load_graph(g))
+    roomy = _cluster_with_memory(tmp_path, "roomy", need / 2.2 / 0.9)  # under half the weights per device
+    for method in ("sequential_fill", "pipeline"):
+        out = tmp_path / f"{method}.json"
+        res = run("assign", str(g), "-c", str(roomy), "-m", method, "-o", str(out))
+        assert res.exit_code == 0, res.output
+        used = sorted(set(load_assignment(out).devices.tolist()))
+        assert used == list(range(len(used))) and len(used) >= 2  # the first devices, in order
+        assert method == "sequential_fill" or len(used) == 4
+    small = _cluster_with_memory(tmp_path, "small", need / 5 / 0.9)  # four devices hold 80% of the weights
+    res = run("assign", str(g), "-c", str(small), "-m", "pipeline", "-o", str(tmp_path / "no.json"))
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+    assert "does not fit small: the weights alone need" in res.output
