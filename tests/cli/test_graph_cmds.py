@@ -233,3 +233,15 @@ def test_info_gives_the_weights_against_the_clusters_budget(tmp_path: Path) -> N
     assert unlimited["memory_budget_bytes"] is None and unlimited["weights_fit"] is True
     human = run("graph", "info", str(out), "-c", "p100x4")
     assert "weights / memory budget (p100x4)" in human.stdout and "57.6 GB" in human.stdout
+
+
+def test_info_counts_the_layer_units_of_a_whole_model(tmp_path: Path) -> None:
+    g = tmp_path / "m.json"
+    assert run("graph", "build", "llama_model", "--set", "size=tiny", "--set", "layers=5", "-o", str(g)).exit_code == 0
+    res = run("graph", "info", str(g), "--json")
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.stdout)
+    assert (stats["layer_units"], stats["repeated_layers"]) == (8, 5) and stats["ops_per_repeated_layer"] > 0
+    plain = tmp_path / "f.json"
+    assert run("graph", "build", "ffnn", "--set", "size=tiny", "-o", str(plain)).exit_code == 0
+    assert "layer_units" not in json.loads(run("graph", "info", str(plain), "--json").stdout)

@@ -165,6 +165,13 @@ def info_cmd(
         stats["weight_bytes"] = memory.weight_bytes(graph)
         stats["memory_budget_bytes"] = None if np.isinf(budget).any() else float(budget.sum())
         stats["weights_fit"] = bool(stats["weight_bytes"] <= budget.sum())
+        from doppler.methods.layered import layer_units, repeated_units
+
+        if graph.op_modules()[0]:  # where ops record their modules: the layers that place whole
+            repeats = repeated_units(graph)
+            stats["layer_units"] = len(layer_units(graph)[0])
+            stats["repeated_layers"] = len(repeats)
+            stats["ops_per_repeated_layer"] = int(repeats[0].size) if repeats else 0
         if json_out:
             emit_json(stats)
             return
@@ -186,6 +193,9 @@ def info_cmd(
         offer = "unlimited" if stats["memory_budget_bytes"] is None else format_bytes(stats["memory_budget_bytes"])
         table.add_row(f"weights / memory budget ({cl.name})", f"{format_bytes(stats['weight_bytes'])} / {offer}"
                       + ("" if stats["weights_fit"] else " (do not fit)"))  # fmt: skip
+        if "layer_units" in stats:
+            table.add_row("layer units", f"{stats['layer_units']}, of which {stats['repeated_layers']} repeat one layer"
+                          f" of {stats['ops_per_repeated_layer']} ops")  # fmt: skip
         table.add_row("fingerprint", stats["fingerprint"])
         console.print(table)
 
