@@ -8,7 +8,9 @@ Each case is a built-in ``llama_model`` prefill (float16, the default ``--memory
 * ``llama2_7b``: LLaMA-2-7B at its defaults (32 layers, dim 4096, 32 heads, seq_len 2048);
 * ``gqa_8b``: Llama-3-8B's shape (8 key/value heads for 32 query heads, hidden 14336, vocab 128256);
 * ``llama_13b``: LLaMA-2-13B's shape (40 layers, dim 5120, 40 heads, hidden 13824);
-* ``mixed8``: 4 V100-rate and 4 P100-rate 16 GB GPUs, every pair over PCIe (12 GB/s, 10 us).
+* ``mixed8``: 4 V100-rate and 4 P100-rate 16 GB GPUs, every pair over PCIe (12 GB/s, 10 us);
+* ``NAME_fp16`` (e.g. ``v100x8_fp16``): a preset with float16 compute rates (tensor cores; the presets rate
+  every dtype at float32 speed), to show how the comparison moves when compute is 8x faster.
 
 For every method (``--methods``): the simulated makespan, its ratio to ``sequential_fill``'s and to the lower
 bound, whether it fits every device's budget, the largest peak over budget (per device: peak / budget), and
@@ -22,6 +24,7 @@ with the default 60 s budgets (three searches), on 2 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -67,8 +70,21 @@ def mixed8() -> Cluster:
                    meta={"source": "benchmarks/whole_model.py"})  # fmt: skip
 
 
+def tensor_cores(base: Cluster, speedup: float = 125 / 15.7) -> Cluster:
+    """``base`` with its compute-bound rate ``speedup`` times faster (V100: 125 TFLOP/s float16 on tensor cores
+    against 15.7 float32) and its memory-bound rates twice as fast (2 bytes an element, not 4)."""
+    devices = [dataclasses.replace(d, flops_per_s=d.flops_per_s * speedup,
+                                   flops_per_s_by_kind={k: v * 2 for k, v in d.flops_per_s_by_kind.items()})
+               for d in base.devices]  # fmt: skip
+    return dataclasses.replace(base, name=f"{base.name}_fp16", devices=devices)
+
+
 def _cluster(name: str) -> Cluster:
-    return mixed8() if name == "mixed8" else resolve_cluster(name)
+    if name == "mixed8":
+        return mixed8()
+    if name.endswith("_fp16"):
+        return tensor_cores(resolve_cluster(name[: -len("_fp16")]))
+    return resolve_cluster(name)
 
 
 def run_case(model: str, cluster_name: str, methods: list[tuple[str, str, dict[str, Any]]], budget_s: float,
