@@ -415,3 +415,14 @@ def test_a_cost_only_graph_is_placed_but_not_executed(tmp_path: Path) -> None:
         assert res.exit_code == 2, res.output
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and f"{g}: built on the meta device (cost-only)" in lines[0], res.output
+
+
+def test_hugging_face_rmsnorm_is_two_ops_despite_its_dtype_asserts() -> None:
+    """torch.export's dtype asserts read the normalised tensor: they must not stop the fusion of the
+    weight multiply into the norm (two ops per RMSNorm, as `llama_block` builds it)."""
+    model, example = _gqa()
+    g = lower_program(export_model(model, example)[0])
+    weight = [v for v, spec in enumerate(g.specs)
+              if any(r.get("input") == "model.layers.0.input_layernorm.weight" for r in spec["inputs"])]  # fmt: skip
+    assert len(weight) == 1 and g.kind[weight[0]] == int(OpKind.NORM)
+    assert (g.kind == int(OpKind.NORM)).sum() == 2 * (2 * 2 + 1)  # two norms per layer and the final one

@@ -635,8 +635,9 @@ class _Lowering:
         nodes = list(gm.graph.nodes)
         self.cost_only = _cost_only(state)
         dynamic = self._dynamic_nodes(nodes, kinds)
-        for n in reversed(nodes):  # consumers of a node's value, seen through identity ops
-            self.uses[n] = sum(self.uses.get(u, 1) if _target(u) in _IDENTITY else 1 for u in n.users)
+        for n in reversed(nodes):  # consumers of a node's value, seen through identity ops; asserts read none
+            self.uses[n] = sum(self.uses.get(u, 1) if _target(u) in _IDENTITY else 0 if _target(u) in _SKIP else 1
+                               for u in n.users)  # fmt: skip
         missing = Counter(_target(n) for n in nodes
                           if n.op == "call_function" and n in dynamic and _target(n) not in self.handlers
                           and _target(n) not in _SKIP)  # fmt: skip
