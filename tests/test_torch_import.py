@@ -426,3 +426,33 @@ def test_hugging_face_rmsnorm_is_two_ops_despite_its_dtype_asserts() -> None:
               if any(r.get("input") == "model.layers.0.input_layernorm.weight" for r in spec["inputs"])]  # fmt: skip
     assert len(weight) == 1 and g.kind[weight[0]] == int(OpKind.NORM)
     assert (g.kind == int(OpKind.NORM)).sum() == 2 * (2 * 2 + 1)  # two norms per layer and the final one
+
+
+def _family(name: str, device: str):
+    """A 2-layer model of another family, built from its config on ``device``, and 16 token ids."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+    cfg, cls = {
+        "qwen2": (transformers.Qwen2Config(**small, num_key_value_heads=2), transformers.Qwen2ForCausalLM),
+        "gemma": (transformers.GemmaConfig(**small, num_key_value_heads=1, head_dim=16), transformers.GemmaForCausalLM),
+        "phi3": (transformers.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0), transformers.Phi3ForCausalLM),
+    }[name]  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = cls(cfg).eval()
+    ids = torch.randint(0, 128, (1, 16)) if device == "cpu" else torch.empty(1, 16, dtype=torch.long, device="meta")
+    return model, (ids,)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma", "phi3"])
+def test_other_families_import_with_real_weights_and_on_the_meta_device(name: str) -> None:
+    """Families the factories do not cover (GQA, multi-query attention, a scaled embedding, a fused
+    gate/up projection split with chunk): the module's numbers with weights, the same costs without."""
+    model, example = _family(name, "cpu")
+    ep, example = export_model(model, example)
+    real = lower_program(ep, dtype="float64")
+    ref = _logits_f64(model, example)
+    (out,) = assemble_outputs(real, evaluate_numpy(real, model_inputs(real, model, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    meta = lower_program(export_model(*_family(name, "meta"))[0], dtype="float64")
+    assert meta.meta["cost_only"] and (meta.num_ops, meta.flops.sum()) == (real.num_ops, real.flops.sum())

@@ -58,6 +58,8 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 MAX_RECORDED_ELEMENTS = 1 << 20
 #: the largest tensor (in elements) evaluated at import time (a causal mask of 16k x 16k positions)
 MAX_FOLDED_ELEMENTS = 1 << 28
+#: ``meta["cost_only"]`` of a graph whose model has no values
+NO_VALUES = "built on the meta device: no weights or constants"
 
 
 class GraphImportError(ValueError):
@@ -530,7 +532,7 @@ def _cost_only(state: Mapping[str, Any]) -> str:
     import torch
 
     meta = any(isinstance(v, torch.Tensor) and v.is_meta for v in state.values())
-    return "built on the meta device: no weights or constants" if meta else ""
+    return NO_VALUES if meta else ""
 
 
 def _on_one_device(tree: Any) -> Any:
@@ -574,7 +576,8 @@ class _Lowering:
             "aten.squeeze.dims": self._squeeze, "aten.permute.default": self._permute,
             "aten.transpose.int": self._transpose, "aten.t.default": self._t, "aten.slice.Tensor": self._slice,
             "aten.select.int": self._select, "aten.split.Tensor": self._split,
-            "aten.split_with_sizes.default": self._split, "aten.cat.default": self._cat,
+            "aten.split_with_sizes.default": self._split, "aten.chunk.default": self._split,
+            "aten.cat.default": self._cat,
             "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
         for t in _UNARY:
@@ -603,7 +606,9 @@ class _Lowering:
         """A known torch tensor as a recorded constant input (once per tensor). In a cost-only lowering,
         or for a tensor on the meta device, an input of its shape with no value (``init: "meta"``)."""
         key = id(value)
-        if key not in self.const_inputs and (self.cost_only or value.is_meta):
+        if value.is_meta:
+            self.cost_only = NO_VALUES
+        if key not in self.const_inputs and self.cost_only:
             self.const_inputs[key] = self.input_tensor(f"const.{hint}", value, {"init": "meta"})
         if key not in self.const_inputs:
             if value.numel() > MAX_RECORDED_ELEMENTS:
@@ -927,11 +932,17 @@ class _Lowering:
         return self._ew("pow", [args[0]], node, {"c": float(args[1])})
 
     def _scalar_of(self, v: Any) -> float | None:
+        """``v`` as a number, if it is one or a one-element constant. A one-element constant with no value
+        (on the meta device: Gemma's embedding normalizer) reads as 1, so that the op and its cost are those
+        of the real model; a cost-only graph is never executed."""
         import torch
 
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
-        if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_meta:
+        if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_meta:
+            self.cost_only = NO_VALUES
+            return 1.0
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
             return float(v.reshape(()))
         return None
 
@@ -1187,8 +1198,8 @@ class _Lowering:
         x = self.tensor(args[0], node.name)
         dim = int(args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(x.shape)
         n = x.shape[dim]
-        if _target(node) == "aten.split.Tensor":
-            size = int(args[1])
+        if _target(node) in ("aten.split.Tensor", "aten.chunk.default"):
+            size = int(args[1]) if _target(node) == "aten.split.Tensor" else -(-n // int(args[1]))
             sizes = [min(size, n - lo) for lo in range(0, n, size)]
         else:
             sizes = [int(s) for s in args[1]]
