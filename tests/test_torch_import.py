@@ -20,6 +20,7 @@ from doppler.torch_import import (
     import_model,
     lower_program,
     model_inputs,
+    parameter_dtype,
     parse_blocks,
     parse_input_shapes,
 )
@@ -229,3 +230,229 @@ def test_option_parsing() -> None:
         import_model(f"{EXAMPLES / 'models.py'}:mlp", input_shapes={"nope": [2, 2]})
     with pytest.raises(GraphImportError, match="torch.export failed"):
         import_model(f"{EXAMPLES / 'models.py'}:mlp", input_shapes={"x": [32, 100]})
+
+
+# ============================================================================ whole models (#53)
+GQA_TILING = {128: 2, 32: 2, 344: 2, 512: 2}  # dim, key/value width (2 heads x 16) and sequence, hidden, vocab
+
+
+def _gqa(meta: bool = False):
+    """A 2-layer LlamaForCausalLM with 8 query heads over 2 key/value heads and its default use_cache."""
+    pytest.importorskip("transformers")
+    return hf_models.gqa_llama(meta=meta)
+
+
+def _mistral():
+    """A 2-layer MistralForCausalLM (4 query heads over 2 key/value heads, a sliding window longer than the
+    sequence), as built from its config: use_cache left at its default."""
+    pytest.importorskip("transformers")
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=64, sliding_window=32)  # fmt: skip
+    return MistralForCausalLM(cfg).eval(), (torch.randint(0, 96, (1, 16)),)
+
+
+def _logits_f64(model: nn.Module, example) -> np.ndarray:
+    with torch.no_grad():
+        return model.double()(*example, use_cache=False).logits.numpy()
+
+
+@pytest.mark.parametrize("case", ["llama", "mistral"])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_grouped_query_attention_equals_the_module(case: str, tiled: bool) -> None:
+    """A stock *ForCausalLM with fewer key/value heads than query heads and its cache on imports as it
+    is; keys and values are read per group (repeat_kv's copies are never made)."""
+    model, example = _gqa() if case == "llama" else _mistral()
+    ep, example = export_model(model, example)
+    blocks = (GQA_TILING if case == "llama" else {64: 2, 32: 2, 96: 2, 16: 2}) if tiled else {}
+    g = lower_program(ep, blocks=blocks, dtype="float64")
+    ref = _logits_f64(model, example)
+    (out,) = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, model, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())  # rotary tables in float32
+    assert not any(grp.name.endswith(".expand") for grp in g.groups)
+    assert sum(grp.kind == "mask_fill" for grp in g.groups) == 2  # the folded mask is causal: one per layer
+
+
+class _EnableGqa(nn.Module):
+    """Attention over 2 key/value heads for 4 query heads through SDPA's own enable_gqa, causal and masked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.kv = nn.Linear(32, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q(x).view(1, 8, 4, 8).transpose(1, 2)
+        k = self.kv(x).view(1, 8, 2, 8).transpose(1, 2)
+        upper = torch.ones(8, 8, dtype=torch.bool).triu()
+        a = nn.functional.scaled_dot_product_attention(q, k, 2 * k, is_causal=True, enable_gqa=True)
+        return a + nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=upper, enable_gqa=True)
+
+
+@pytest.mark.parametrize("blocks", [{}, {32: 2, 16: 2}])
+def test_sdpa_enable_gqa_equals_the_module(blocks: dict[int, int]) -> None:
+    module, example = _EnableGqa().eval(), (torch.randn(1, 8, 32),)
+    ep, example = export_model(module, example)
+    g = lower_program(ep, blocks=blocks, dtype="float64")
+    ref = _forward(module, example, torch.float64)
+    (out,) = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, module, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_repeat_kv_read_by_matrix_products_is_copied() -> None:
+    """Eager attention multiplies repeat_kv's output with matmul: the repeat is then copied, and correct."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")  # fmt: skip
+    model, example = LlamaForCausalLM(cfg).eval(), (torch.randint(0, 64, (1, 8)),)
+    ep, example = export_model(model, example)
+    g = lower_program(ep, blocks={32: 2, 16: 2}, dtype="float64")
+    ref = _logits_f64(model, example)
+    (out,) = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, model, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+
+
+def test_imported_ops_record_their_modules() -> None:
+    """Every op records the module it runs in, named as named_modules() names it."""
+    g = import_model(f"{EXAMPLES / 'hf_models.py'}:gqa_llama", blocks=GQA_TILING)
+    labels, index = g.op_modules()
+    module = [labels[k] if k >= 0 else "" for k in index]
+    reads_q = [v for v, spec in enumerate(g.specs)
+               if any(r.get("input") == "model.layers.1.self_attn.q_proj.weight" for r in spec["inputs"])]  # fmt: skip
+    assert len(reads_q) == 2 * 2 * 2  # output blocks (2 of the 128 columns) x contraction blocks, tokens in 2
+    q_proj = [v for v in range(g.num_ops) if module[v] == "model.layers.1.self_attn.q_proj"]
+    assert set(reads_q) <= set(q_proj) and {g.kind[v] for v in q_proj} == {int(OpKind.MATMUL), int(OpKind.ADD)}
+    assert {m.split(".")[2] for m in module if m.startswith("model.layers.")} == {"0", "1"}
+    assert {"model.embed_tokens", "model.layers.0.self_attn", "model.layers.1.mlp.down_proj", "model.norm",
+            "lm_head"} <= set(module)  # fmt: skip
+    assert g.meta["dtype"] == "float32" and "model.layers.0.self_attn.k_proj.weight" in g.meta["inputs"]
+
+
+@pytest.mark.parametrize("path, want", [
+    ("model.layers.3.self_attn.q_proj", "model.layers.3.self_attn.q_proj"),
+    ("L['self'].model.layers[3].self_attn", "model.layers.3.self_attn"),
+    ("getattr(L['self'].model.layers, '3').mlp", "model.layers.3.mlp"),
+    ("L__self__.lm_head", "lm_head"),
+    ("_doppler_wrapped.model.norm", "model.norm"),
+    ("_doppler_wrapped", ""),
+    ("", ""),
+])  # fmt: skip
+def test_module_paths_are_normalized(path: str, want: str) -> None:
+    from types import SimpleNamespace
+
+    from doppler.torch_import import module_path
+
+    node = SimpleNamespace(meta={"nn_module_stack": {"k0": ("", "Root"), "k1": (path, "torch.nn.Module")}})
+    assert module_path(node) == want
+    assert module_path(SimpleNamespace(meta={})) == ""
+
+
+def test_a_model_on_the_meta_device_imports_cost_only() -> None:
+    """The same ops, FLOPs, bytes, modules and inputs as with real weights, and no value recorded: rotary
+    tables are inputs of known shape; the causal mask, computed from shapes alone, is still recognised."""
+    from doppler.references import make_inputs
+    from doppler.tiling import WorkloadError
+
+    model, example = _gqa(meta=True)
+    assert all(p.is_meta for p in model.parameters())
+    meta = lower_program(export_model(model, example)[0], blocks=GQA_TILING)
+    real = lower_program(export_model(*_gqa())[0], blocks=GQA_TILING)
+    assert "meta device" in meta.meta["cost_only"] and "cost_only" not in real.meta
+    assert meta.num_ops == real.num_ops and meta.num_edges == real.num_edges
+    assert meta.flops.sum() == real.flops.sum() and np.array_equal(meta.output_bytes, real.output_bytes)
+    assert np.array_equal(meta.kind, real.kind) and meta.op_modules()[0] == real.op_modules()[0]
+    assert meta.meta["inputs"] == real.meta["inputs"]
+    consts = [k for k in meta.meta["inputs"] if k.startswith("const.")]
+    assert len(consts) == 4 and all(meta.meta["input_init"][k] == {"init": "meta"} for k in consts)
+    assert not any("data" in how or "std" in how for how in meta.meta["input_init"].values())
+    with pytest.raises(WorkloadError, match="built on the meta device"):
+        make_inputs(meta)
+
+
+def test_real_size_factories_allocate_no_weight() -> None:
+    pytest.importorskip("transformers")
+    for name, kv_heads in (("llama2_7b", 32), ("mistral_7b", 8), ("llama3_8b", 8)):
+        model, (ids,) = getattr(hf_models, name)(seq_len=64, layers=1)
+        assert all(p.is_meta and p.dtype == torch.float16 for p in model.parameters()) and ids.is_meta
+        assert model.config.num_key_value_heads == kv_heads and model.config.hidden_size == 4096
+    model, example = hf_models.llama3_8b(seq_len=256, layers=2)
+    ep, _ = export_model(model, example)
+    g = lower_program(ep, dtype=parameter_dtype(ep))
+    assert g.meta["cost_only"] and g.meta["dtype"] == "float16" and g.meta["inputs"]["input_ids"] == [1, 256]
+    assert g.meta["inputs"]["lm_head.weight"] == [128256, 4096]
+    assert {m.split(".")[2] for m in g.op_modules()[0] if m.startswith("model.layers.")} == {"0", "1"}
+
+
+def test_a_cost_only_graph_is_placed_but_not_executed(tmp_path: Path) -> None:
+    """simulate, assign, compare, train and graph info work on it; execute and validate refuse it in one
+    line naming the file (exit 2)."""
+    from typer.testing import CliRunner
+
+    from doppler.cli import app
+    from doppler.formats import save_graph
+
+    g, a = tmp_path / "meta.json", tmp_path / "a.json"
+    model, example = _gqa(meta=True)
+    save_graph(lower_program(export_model(model, example)[0], blocks=GQA_TILING), g)
+    runner = CliRunner()
+
+    def run(*args: object):
+        return runner.invoke(app, [str(x) for x in args])
+
+    for args in (("graph", "info", g), ("assign", g, "-c", "p100x4:2", "-m", "heft", "-o", a),
+                 ("simulate", g, "-a", a, "-c", "p100x4:2"),
+                 ("compare", g, "-c", "p100x4:2", "--methods", "critical_path,round_robin"),
+                 ("train", g, "-c", "p100x4:2", "--episodes", "16", "--il-episodes", "8", "--batch", "8",
+                  "--threads", "1", "-o", tmp_path / "run")):  # fmt: skip
+        res = run(*args)
+        assert res.exit_code == 0, (args, res.output)
+    for args in (("execute", g, "-a", a, "-c", "p100x4:2"), ("validate", g, "-c", "p100x4:2")):
+        res = run(*args)
+        assert res.exit_code == 2, res.output
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"{g}: built on the meta device (cost-only)" in lines[0], res.output
+
+
+def test_hugging_face_rmsnorm_is_two_ops_despite_its_dtype_asserts() -> None:
+    """torch.export's dtype asserts read the normalised tensor: they must not stop the fusion of the
+    weight multiply into the norm (two ops per RMSNorm, as `llama_block` builds it)."""
+    model, example = _gqa()
+    g = lower_program(export_model(model, example)[0])
+    weight = [v for v, spec in enumerate(g.specs)
+              if any(r.get("input") == "model.layers.0.input_layernorm.weight" for r in spec["inputs"])]  # fmt: skip
+    assert len(weight) == 1 and g.kind[weight[0]] == int(OpKind.NORM)
+    assert (g.kind == int(OpKind.NORM)).sum() == 2 * (2 * 2 + 1)  # two norms per layer and the final one
+
+
+def _family(name: str, device: str):
+    """A 2-layer model of another family, built from its config on ``device``, and 16 token ids."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+    cfg, cls = {
+        "qwen2": (transformers.Qwen2Config(**small, num_key_value_heads=2), transformers.Qwen2ForCausalLM),
+        "gemma": (transformers.GemmaConfig(**small, num_key_value_heads=1, head_dim=16), transformers.GemmaForCausalLM),
+        "phi3": (transformers.Phi3Config(**small, num_key_value_heads=2, pad_token_id=0), transformers.Phi3ForCausalLM),
+    }[name]  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = cls(cfg).eval()
+    ids = torch.randint(0, 128, (1, 16)) if device == "cpu" else torch.empty(1, 16, dtype=torch.long, device="meta")
+    return model, (ids,)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma", "phi3"])
+def test_other_families_import_with_real_weights_and_on_the_meta_device(name: str) -> None:
+    """Families the factories do not cover (GQA, multi-query attention, a scaled embedding, a fused
+    gate/up projection split with chunk): the module's numbers with weights, the same costs without."""
+    model, example = _family(name, "cpu")
+    ep, example = export_model(model, example)
+    real = lower_program(ep, dtype="float64")
+    ref = _logits_f64(model, example)
+    (out,) = assemble_outputs(real, evaluate_numpy(real, model_inputs(real, model, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    meta = lower_program(export_model(*_family(name, "meta"))[0], dtype="float64")
+    assert meta.meta["cost_only"] and (meta.num_ops, meta.flops.sum()) == (real.num_ops, real.flops.sum())

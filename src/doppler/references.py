@@ -15,7 +15,7 @@ import numpy as np
 from doppler.graph import DataflowGraph
 from doppler.tiling import WorkloadError
 
-__all__ = ["assemble_outputs", "make_inputs"]
+__all__ = ["assemble_outputs", "make_inputs", "require_values"]
 
 
 def _np_softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -103,9 +103,20 @@ def ref_llama_model(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str,
     return {"logits": _np_rmsnorm(h[:, -1, :], x["w_final_norm"], p["eps"]) @ x["w_head"]}
 
 
+def require_values(graph: DataflowGraph, source: str) -> None:
+    """Refuse a cost-only graph (``meta["cost_only"]``: a model imported from the meta device) where values
+    are needed: it has the costs, shapes and modules of its ops but no weights or constants to compute with.
+    Raises :class:`WorkloadError` naming ``source`` (the graph file, or the graph)."""
+    if graph.meta.get("cost_only"):
+        raise WorkloadError(f"{source}: built on the meta device (cost-only), it has no weights or constants to "
+                            "execute; simulate, assign, compare and train work on it")  # fmt: skip
+
+
 def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
-    """Random full input arrays for a workload graph (rotary tables are the real ones)."""
+    """Random full input arrays for a workload graph (rotary tables are the real ones); a cost-only graph
+    is refused (:func:`require_values`)."""
     meta = graph.meta
+    require_values(graph, f"graph {graph.name!r}")
     if "inputs" not in meta:
         raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
     init = meta.get("input_init", {})

@@ -9,6 +9,15 @@ and a kernel spec the engine runs.
   every device, as in the built-in workloads). Buffers are *known values*: everything computed
   from buffers and shapes alone (rotary tables, causal masks, position ids) is evaluated at
   import time, and what the model reads of it becomes a recorded constant input.
+* **The meta device.** A model built there has no values: no weight is read, what is computed from
+  its buffers is evaluated on the meta device (shapes only) and read as an input of known shape with
+  no value, what is computed from shapes alone (a causal mask) is still evaluated, and the graph is
+  *cost-only* (``meta["cost_only"]``): the same ops, costs and modules, nothing to execute.
+* **Modules.** Every op records the module it runs in (``nn_module_stack``), named as
+  ``named_modules()`` names it. A Hugging Face forward (one that takes ``use_cache``) is exported
+  without its cache, returning its logits only.
+* **Grouped-query attention** (``repeat_kv``, or SDPA's ``enable_gqa``) reads each key/value tile
+  once per group of query heads: the repeat is never copied for attention.
 * **Tiling.** ``blocks`` maps a dimension *size* to a block count: every axis of that size on
   an input is split into that many blocks, and grids propagate through the ops. Where two
   operands disagree, the finer grid wins when it divides (free), otherwise a tile is put
@@ -41,14 +50,16 @@ import numpy as np
 from doppler.graph import DataflowGraph, OpKind
 from doppler.tiling import Tensor, TileBuilder, WorkloadError, fmt_block, tiled_softmax
 
-__all__ = ["GraphImportError", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2", "lower_program",
-           "model_inputs", "parse_blocks", "parse_input_shapes"]
+__all__ = ["GraphImportError", "WRAPPED", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2",
+           "lower_program", "model_inputs", "module_path", "parameter_dtype", "parse_blocks", "parse_input_shapes"]
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: the largest constant (in elements) recorded inside a graph file
 MAX_RECORDED_ELEMENTS = 1 << 20
 #: the largest tensor (in elements) evaluated at import time (a causal mask of 16k x 16k positions)
 MAX_FOLDED_ELEMENTS = 1 << 28
+#: ``meta["cost_only"]`` of a graph whose model has no values
+NO_VALUES = "built on the meta device: no weights or constants"
 
 
 class GraphImportError(ValueError):
@@ -103,7 +114,8 @@ def load_factory(source: str) -> tuple[Any, tuple]:
 
 
 def _reshaped_inputs(module: Any, example: tuple, shapes: Mapping[str, Sequence[int]]) -> tuple:
-    """``example`` with the inputs named in ``shapes`` (forward's argument names) redrawn at new shapes."""
+    """``example`` with the inputs named in ``shapes`` (forward's argument names) redrawn at new shapes, on
+    the device of the input they replace (an input on the meta device stays there: it has no values)."""
     import inspect
 
     import torch
@@ -117,16 +129,55 @@ def _reshaped_inputs(module: Any, example: tuple, shapes: Mapping[str, Sequence[
     out = list(example)
     for i, name in enumerate(names):
         if name in shapes:
-            old = example[i]
-            if old.dtype.is_floating_point:
-                out[i] = torch.randn(*shapes[name], dtype=old.dtype)
+            old, shape = example[i], tuple(shapes[name])
+            if old.is_meta:
+                out[i] = torch.empty(shape, dtype=old.dtype, device="meta")
+            elif old.dtype.is_floating_point:
+                out[i] = torch.randn(*shape, dtype=old.dtype)
             else:
-                out[i] = torch.randint(0, int(old.max()) + 1, tuple(shapes[name]), dtype=old.dtype)
+                out[i] = torch.randint(0, int(old.max()) + 1, shape, dtype=old.dtype)
     return tuple(out)
 
 
+#: the attribute under which :func:`export_model` wraps a forward that returns a cache; stripped from the
+#: parameter names and module paths of the graph, which are those of the user's module
+WRAPPED = "_doppler_wrapped"
+
+
+def _without_cache(module: Any) -> Any:
+    """``module`` itself, or, when its forward takes ``use_cache`` (a Hugging Face model), a wrapper whose
+    forward has the same signature, calls it with ``use_cache=False`` and returns only its logits (or, for a
+    model without logits, its first output): the key/value cache is not part of the computation to place."""
+    import inspect
+
+    import torch
+
+    sig = inspect.signature(module.forward)
+    if "use_cache" not in sig.parameters:
+        return module
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            setattr(self, WRAPPED, inner)
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            out = getattr(self, WRAPPED)(*args, **{**kwargs, "use_cache": False})
+            logits = getattr(out, "logits", None)
+            if logits is not None:
+                return logits
+            return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+
+    LogitsOnly.forward.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *sig.parameters.values()])
+    return LogitsOnly(module)
+
+
 def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequence[int]] | None = None):
-    """``torch.export`` of ``module`` at ``example`` (non-strict; dropout and friends in eval mode)."""
+    """``torch.export`` of ``module`` at ``example`` (non-strict; dropout and friends in eval mode).
+
+    A forward that takes ``use_cache`` (a Hugging Face model) is exported with ``use_cache=False`` and
+    returning only its logits (:func:`_without_cache`). Returns ``(exported program, example)``."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
@@ -136,7 +187,7 @@ def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequenc
     logging.disable(logging.CRITICAL)  # torch logs a failed trace's whole traceback; we report one line
     try:
         with torch.no_grad():
-            return torch.export.export(module, example, strict=False), example
+            return torch.export.export(_without_cache(module), example, strict=False), example
     except Exception as e:
         raise GraphImportError(f"torch.export failed: {_one_line(e)}") from None
     finally:
@@ -391,6 +442,44 @@ def _is_square(x: Any) -> bool:
             and len(x.leaves) == 1 and x.leaves[0][1] == LETTERS[: len(x.shape)])  # fmt: skip
 
 
+def module_path(node: Any) -> str:
+    """The dotted path of the module an FX node belongs to, named as ``named_modules()`` names it
+    (``"model.layers.3.self_attn.q_proj"``): the innermost entry of ``node.meta["nn_module_stack"]``, with
+    torch.export's name of the root (``L['self']``, ``L__self__``), :data:`WRAPPED` and indexing brackets
+    removed. ``""`` (the root) for a node outside every submodule."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    last = list(stack.values())[-1]
+    path = str(last[0] if isinstance(last, (tuple, list)) else last)
+    while (m := re.fullmatch(r"getattr\((.*), '([^']*)'\)(.*)", path)) is not None:  # getattr(L['self'].layers, '0')
+        path = f"{m[1]}.{m[2]}{m[3]}"
+    path = re.sub(r"\[(\d+)\]|\['([^']*)'\]", lambda m: "." + (m[1] or m[2]), path)  # layers[0], _modules['x']
+    path = re.sub(r"^(L\.self|L__self__|self)(\.|_(?=[A-Za-z0-9])|$)", "", path)
+    path = path.replace("._modules.", ".").strip(".")
+    return "" if path == WRAPPED else path.removeprefix(WRAPPED + ".")
+
+
+class _Bcast:
+    """``src`` (a tensor or pending expression whose broadcast axes have size 1) expanded to ``shape``,
+    not yet copied: an elementwise op reads ``src`` with broadcasting, ``repeat_kv``'s reshape makes a
+    :class:`_Repeat` of it, other consumers get a copy (an ``assemble`` op per block)."""
+
+    def __init__(self, src: Any, shape: tuple[int, ...]) -> None:
+        self.src, self.shape = src, shape
+        self.copied: Tensor | None = None  # its copy, once a consumer needed one
+
+
+class _Repeat:
+    """``src`` with axis ``axis`` repeated: ``out[..., i, ...] = src[..., i // rep, ...]`` (grouped-query
+    attention's keys and values after ``repeat_kv``), not yet copied: attention reads ``src`` by groups."""
+
+    def __init__(self, src: Tensor, axis: int, rep: int) -> None:
+        self.src, self.axis, self.rep = src, axis, rep
+        self.shape = tuple(s * rep if a == axis else s for a, s in enumerate(src.shape))
+        self.copied: Tensor | None = None  # its copy, once a consumer needed one
+
+
 class _Expr:
     """A pending elementwise expression: ``leaves`` (tensor, subscripts over the output letters)
     and ``steps`` (map fn, arguments ``("leaf", i)`` or ``("step", k)``, params)."""
@@ -400,6 +489,7 @@ class _Expr:
         self.leaves: list[tuple[Tensor, str]] = []
         self.steps: list[tuple[str, list, dict]] = []
         self.tensor: Tensor | None = None  # its tile ops, once emitted
+        self.module = ""  # the module of the op that made it (its fused op's module)
 
     def leaf(self, t: Tensor, term: str) -> tuple[str, int]:
         for i, (u, tt) in enumerate(self.leaves):
@@ -436,6 +526,29 @@ def _target(node: Any) -> str:
     return str(node.target)
 
 
+def _cost_only(state: Mapping[str, Any]) -> str:
+    """Why a program's graph can record no values: its parameters, buffers or constants are on the meta
+    device (``""`` when they are not)."""
+    import torch
+
+    meta = any(isinstance(v, torch.Tensor) and v.is_meta for v in state.values())
+    return NO_VALUES if meta else ""
+
+
+def _on_one_device(tree: Any) -> Any:
+    """The arguments of a folded op, on one device: the meta device if any tensor among them is there (its
+    values do not exist), else the CPU, with a ``device="meta"`` argument (an ``arange`` of a model built
+    on the meta device) moved to the CPU, so that what can be computed from shapes alone is."""
+    import torch
+    from torch.utils import _pytree
+
+    leaves = _pytree.tree_leaves(tree)
+    if any(isinstance(x, torch.Tensor) and x.is_meta for x in leaves):
+        return _pytree.tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, tree)
+    cpu = torch.device("cpu")
+    return _pytree.tree_map(lambda x: cpu if isinstance(x, torch.device) and x.type == "meta" else x, tree)
+
+
 class _Lowering:
     """State of one lowering: the builder, values per FX node, and the buffers' known values."""
 
@@ -449,6 +562,7 @@ class _Lowering:
         self.uses: dict[Any, int] = {}  # FX node -> how many ops read its value
         self.slices: dict[int, tuple] = {}  # id(sliced tensor) -> (it, source, axis, start, end): rotate_half
         self.user_inputs: list[str] = []  # graph input names of the forward's tensor arguments, in order
+        self.cost_only = ""  # why the graph records no values ("" when it does): see _cost_only
         self.handlers: dict[str, Callable] = {
             "aten.linear.default": self._linear, "aten.mm.default": self._mm, "aten.bmm.default": self._mm,
             "aten.matmul.default": self._mm, "aten.addmm.default": self._addmm, "aten.einsum.default": self._einsum,
@@ -462,7 +576,8 @@ class _Lowering:
             "aten.squeeze.dims": self._squeeze, "aten.permute.default": self._permute,
             "aten.transpose.int": self._transpose, "aten.t.default": self._t, "aten.slice.Tensor": self._slice,
             "aten.select.int": self._select, "aten.split.Tensor": self._split,
-            "aten.split_with_sizes.default": self._split, "aten.cat.default": self._cat,
+            "aten.split_with_sizes.default": self._split, "aten.chunk.default": self._split,
+            "aten.cat.default": self._cat,
             "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
         for t in _UNARY:
@@ -488,8 +603,13 @@ class _Lowering:
         return self.b.input(self._fresh(name), shape, self.grid(shape), init)
 
     def materialize(self, value: Any, hint: str) -> Tensor:
-        """A known torch tensor as a recorded constant input (once per tensor)."""
+        """A known torch tensor as a recorded constant input (once per tensor). In a cost-only lowering,
+        or for a tensor on the meta device, an input of its shape with no value (``init: "meta"``)."""
         key = id(value)
+        if value.is_meta:
+            self.cost_only = NO_VALUES
+        if key not in self.const_inputs and self.cost_only:
+            self.const_inputs[key] = self.input_tensor(f"const.{hint}", value, {"init": "meta"})
         if key not in self.const_inputs:
             if value.numel() > MAX_RECORDED_ELEMENTS:
                 raise GraphImportError(f"{hint}: a constant of {value.numel()} elements is too large to record")
@@ -504,6 +624,10 @@ class _Lowering:
             return v
         if isinstance(v, _Expr):
             return self._emit(v)
+        if isinstance(v, (_Bcast, _Repeat)):
+            if v.copied is None:
+                v.copied = self._copy_broadcast(v, hint) if isinstance(v, _Bcast) else self._copy_repeat(v, hint)
+            return v.copied
         if isinstance(v, torch.Tensor):
             return self.materialize(v, hint)
         raise GraphImportError(f"{hint}: expected a tensor, got {type(v).__name__}")
@@ -514,9 +638,11 @@ class _Lowering:
         kinds = {s.arg.name: s for s in ep.graph_signature.input_specs}
         state = {**ep.state_dict, **getattr(ep, "constants", {})}
         nodes = list(gm.graph.nodes)
+        self.cost_only = _cost_only(state)
         dynamic = self._dynamic_nodes(nodes, kinds)
-        for n in reversed(nodes):  # consumers of a node's value, seen through identity ops
-            self.uses[n] = sum(self.uses.get(u, 1) if _target(u) in _IDENTITY else 1 for u in n.users)
+        for n in reversed(nodes):  # consumers of a node's value, seen through identity ops; asserts read none
+            self.uses[n] = sum(self.uses.get(u, 1) if _target(u) in _IDENTITY else 0 if _target(u) in _SKIP else 1
+                               for u in n.users)  # fmt: skip
         missing = Counter(_target(n) for n in nodes
                           if n.op == "call_function" and n in dynamic and _target(n) not in self.handlers
                           and _target(n) not in _SKIP)  # fmt: skip
@@ -533,7 +659,8 @@ class _Lowering:
                     self.env[node] = self._fold(node)
                 else:
                     try:
-                        self.env[node] = self.handlers[_target(node)](node, *self._args(node))
+                        with self.b.scope(module_path(node)):
+                            self.env[node] = self.handlers[_target(node)](node, *self._args(node))
                     except (GraphImportError, WorkloadError) as e:
                         raise GraphImportError(f"op {node.name} ({_target(node)}): {e}") from None
                     except _MALFORMED as e:  # arguments no export of a real module gives (a .pt2 file's own)
@@ -545,6 +672,8 @@ class _Lowering:
             raise GraphImportError("the model computes nothing from its inputs and parameters")
         graph = self.b.finish(self.name, {"source": self.name})
         graph.meta["user_inputs"] = list(self.user_inputs)
+        if self.cost_only:
+            graph.meta["cost_only"] = self.cost_only
         return graph
 
     def _dynamic_nodes(self, nodes: list, kinds: Mapping[str, Any]) -> set:
@@ -590,6 +719,7 @@ class _Lowering:
                                        f"large to compute at import (at most {MAX_FOLDED_ELEMENTS})")  # fmt: skip
         args = fx.node.map_aggregate(node.args, look)
         kwargs = fx.node.map_aggregate(dict(node.kwargs), look)
+        args, kwargs = _on_one_device((args, kwargs))
         try:
             with torch.no_grad():
                 return node.target(*args, **kwargs)
@@ -610,9 +740,12 @@ class _Lowering:
         if value is None:
             raise GraphImportError(f"{spec.target}: the exported program holds no value for it")
         if kind == "PARAMETER":
+            name = spec.target.removeprefix(WRAPPED + ".")
+            if value.is_meta:
+                return self.input_tensor(name, value, {"init": "meta"})
             v = value.detach().double()
             std = float(v.std()) if v.numel() > 1 else 0.0
-            return self.input_tensor(spec.target, value, {"init": "normal", "mean": float(v.mean()), "std": std})
+            return self.input_tensor(name, value, {"init": "normal", "mean": float(v.mean()), "std": std})
         return value.detach()  # buffers and lifted constants: known values
 
     def _outputs(self, node: Any) -> None:
@@ -632,6 +765,22 @@ class _Lowering:
                 if any("op" not in r or "xform" in r for r in v.tiles.values()):  # whole tiles: force a copy
                     v = self._copy(v, f"{name}.copy")
             self.b.output(name, v)
+
+    def _copy_broadcast(self, x: _Bcast, hint: str) -> Tensor:
+        """``x`` copied: the source tile at every offset of the broadcast axes, one ``assemble`` op per
+        block (the broadcast axes are one block)."""
+        src = self.tensor(x.src, hint)
+        axes = [a for a, (s, t) in enumerate(zip(src.shape, x.shape)) if s != t]
+        grid = [1 if a in axes else g for a, g in enumerate(src.grid)]
+        offsets = itertools.product(*(range(x.shape[a]) if a in axes else [0] for a in range(len(x.shape))))
+        return self.b.assemble(self._fresh(hint + ".expand"), x.shape, grid, [(src, list(o)) for o in offsets])
+
+    def _copy_repeat(self, x: _Repeat, hint: str) -> Tensor:
+        """``x`` copied, for a consumer other than attention (see :meth:`_copy_broadcast`)."""
+        a, shape = x.axis, list(x.src.shape)
+        split = _view(self.b, x.src, [*shape[: a + 1], 1, *shape[a + 1 :]], self._fresh(hint + ".split"))
+        full = self._copy_broadcast(_Bcast(split, (*shape[: a + 1], x.rep, *shape[a + 1 :])), hint)
+        return _view(self.b, full, x.shape, self._fresh(hint + ".repeat"))
 
     def _copy(self, t: Tensor, name: str) -> Tensor:
         name = self._fresh(name)
@@ -702,10 +851,15 @@ class _Lowering:
         pending expression: a chain of elementwise ops becomes one fused op when it is consumed."""
         import torch
 
-        operands = [self.tensor(o, node.name) if isinstance(o, torch.Tensor) else o for o in operands]
         out_shape = tuple(np.broadcast_shapes(*(tuple(o.shape) for o in operands)))
+        sources = [o.src if isinstance(o, _Bcast) else o for o in operands]
+        if tuple(np.broadcast_shapes(*(tuple(o.shape) for o in sources))) == out_shape:
+            operands = sources  # numpy broadcasting reads each not-yet-copied broadcast's source
+        operands = [self.tensor(o, node.name) if isinstance(o, (torch.Tensor, _Bcast, _Repeat)) else o
+                    for o in operands]  # fmt: skip
         r = len(out_shape)
         e = _Expr(out_shape, self.uses.get(node, 1), node.name)
+        e.module = self.b.module
         args = []
         for o in operands:
             if isinstance(o, _Expr) and (o.uses > 1 or sum(p is o for p in operands) > 1 or o.tensor is not None):
@@ -741,21 +895,30 @@ class _Lowering:
         if e.tensor is not None:
             return e.tensor
         out = LETTERS[: len(e.shape)]
+        absent = [a for a, c in enumerate(out) if c not in "".join(term for _, term in e.leaves)]
+        if any(e.shape[a] != 1 for a in absent):  # an output axis no operand has
+            raise GraphImportError(f"{e.name}: elementwise op with an axis no operand has")
+        if absent:  # size-1 axes inserted after the expression (an unsqueeze): emit without them, then view
+            kept = [c for a, c in enumerate(out) if a not in absent]
+            inner = _Expr(tuple(s for a, s in enumerate(e.shape) if a not in absent), e.uses, e.name)
+            inner.leaves = [(t, "".join(LETTERS[kept.index(c)] for c in term)) for t, term in e.leaves]
+            inner.steps, inner.module = e.steps, e.module
+            e.tensor = _view(self.b, self._emit(inner), e.shape, self._fresh(e.name + ".view"))
+            return e.tensor
         name = self._fresh(e.name)
         steps = [(f, [a if kind == "leaf" else len(e.leaves) + a for kind, a in sa], p) for f, sa, p in e.steps]
         fns = {f for f, _, _ in steps}
         whole = out[-1] if "rotate_half" in fns else ""  # rotate_half swaps the halves of the last axis
-        ts = _unify(self.b, [(t, term) for t, term in e.leaves], name, whole)
         eq = ",".join(term for _, term in e.leaves) + "->" + out
         kind = (OpKind.ROTARY if "rotate_half" in fns else OpKind.NORM if fns & {"rsqrt", "rms_scale"}
                 else OpKind.ELEMENTWISE)  # fmt: skip
-        if len(steps) == 1 and steps[0][1] == list(range(len(e.leaves))):
-            e.tensor = self.b.map(steps[0][0], eq, *ts, name=name, kind=kind, params=steps[0][2] or None)
-        else:
-            e.tensor = self.b.map("fused", eq, *ts, name=name, kind=kind,
-                                  params={"steps": [[f, a, p] for f, a, p in steps]})  # fmt: skip
-        if not set(out) <= set("".join(term for _, term in e.leaves)):  # an output axis no operand has
-            raise GraphImportError(f"{e.name}: elementwise op with an axis no operand has")
+        with self.b.scope(e.module):
+            ts = _unify(self.b, [(t, term) for t, term in e.leaves], name, whole)
+            if len(steps) == 1 and steps[0][1] == list(range(len(e.leaves))):
+                e.tensor = self.b.map(steps[0][0], eq, *ts, name=name, kind=kind, params=steps[0][2] or None)
+            else:
+                e.tensor = self.b.map("fused", eq, *ts, name=name, kind=kind,
+                                      params={"steps": [[f, a, p] for f, a, p in steps]})  # fmt: skip
         return e.tensor
 
     def _unary(self, node: Any, args: list, kwargs: dict) -> "_Expr":
@@ -769,10 +932,16 @@ class _Lowering:
         return self._ew("pow", [args[0]], node, {"c": float(args[1])})
 
     def _scalar_of(self, v: Any) -> float | None:
+        """``v`` as a number, if it is one or a one-element constant. A one-element constant with no value
+        (on the meta device: Gemma's embedding normalizer) reads as 1, so that the op and its cost are those
+        of the real model; a cost-only graph is never executed."""
         import torch
 
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
+        if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_meta:
+            self.cost_only = NO_VALUES
+            return 1.0
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             return float(v.reshape(()))
         return None
@@ -832,6 +1001,7 @@ class _Lowering:
         if isinstance(y, Tensor):
             return _view(self.b, y, shape, self._fresh(node.name + ".keepdim"))
         e = _Expr(tuple(shape), y.uses, y.name)
+        e.module = y.module
         e.leaves = [(t, "".join(LETTERS[pos[LETTERS.index(c)]] for c in term)) for t, term in y.leaves]
         e.steps = list(y.steps)
         return e
@@ -865,36 +1035,70 @@ class _Lowering:
         return y
 
     def _sdpa(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        """Attention as two contractions, a softmax and a mask. Grouped-query attention (keys and values of
+        G heads for H = G x R query heads, from ``repeat_kv`` or ``enable_gqa``) reads each key/value tile
+        once per group: the queries are viewed as (groups, R) and nothing is copied."""
         import torch
 
-        q, k, v = (self.tensor(a, node.name) for a in args[:3])
+        q = self.tensor(args[0], node.name)
         mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
         if (args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)) not in (0, 0.0):
             raise GraphImportError("scaled_dot_product_attention with dropout_p > 0 (export the model in eval mode)")
         causal = bool(args[5] if len(args) > 5 else kwargs.get("is_causal", False))
         scale = kwargs.get("scale", args[6] if len(args) > 6 else None)
-        if kwargs.get("enable_gqa", False) and q.shape[-3] != k.shape[-3]:
-            raise GraphImportError("grouped-query attention (enable_gqa) is not supported")
-        if not (len(q.shape) == len(k.shape) == len(v.shape) == 4):
+        gqa = bool(kwargs.get("enable_gqa", args[7] if len(args) > 7 else False))
+        if not (len(q.shape) == len(args[1].shape) == len(args[2].shape) == 4):
             raise GraphImportError("scaled_dot_product_attention on tensors of rank other than 4")
-        S, L, E = q.shape[2], k.shape[2], q.shape[3]
+        k, v = self._kv_groups(args[1], args[2], q.shape[1], gqa, node)
+        (B, H, S, E), G, L = q.shape, k.shape[1], k.shape[2]
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(E)
         name = self._fresh(node.name)
+        grouped = G != H
+        if grouped:
+            q = _view(self.b, q, [B, G, H // G, S, E], self._fresh(node.name + ".groups"))
+        qt, kt, st, vt, ot = (("bgrqe", "bgke", "bgrqk", "bgkf", "bgrqf") if grouped else
+                              ("bhqe", "bhke", "bhqk", "bhkf", "bhqf"))  # fmt: skip
         if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
             causal_mask = torch.ones(S, L, dtype=torch.bool).tril()
-            if bool((mask == causal_mask).all()):
+            if not mask.is_meta and bool((mask == causal_mask).all()):
                 causal, mask = True, None
             else:
-                mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
-        scores = self._einsum_op("bhqe,bhke->bhqk", [q, k], node)
+                mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+        scores = self._einsum_op(f"{qt},{kt}->{st}", [q, k], node)
         if causal:
-            scores = self.b.map("causal_mask", "bhqk->bhqk", scores, name=f"{name}.mask", kind=OpKind.MASK_FILL,
-                                params={"row_axis": 2, "col_axis": 3, "col_offset": 0},
+            scores = self.b.map("causal_mask", f"{st}->{st}", scores, name=f"{name}.mask", kind=OpKind.MASK_FILL,
+                                params={"row_axis": st.index("q"), "col_axis": st.index("k"), "col_offset": 0},
                                 tile_params=lambda off: {"row_offset": off["q"] + (L - S), "col_offset": off["k"]})  # fmt: skip
         if mask is not None:
-            scores = self._emit(self._ew("add", [scores, mask], node))
-        probs = tiled_softmax(self.b, scores, "bhqk", "k", scale=scale, name=f"{name}.softmax")
-        return self._einsum_op("bhqk,bhkf->bhqf", [probs, v], node)
+            scores = self._emit(self._ew("add", [scores, self._grouped_mask(mask, H, G, node) if grouped else mask],
+                                         node))  # fmt: skip
+        probs = tiled_softmax(self.b, scores, st, "k", scale=scale, name=f"{name}.softmax")
+        out = self._einsum_op(f"{st},{vt}->{ot}", [probs, v], node)
+        return _view(self.b, out, [B, H, S, v.shape[3]], self._fresh(node.name + ".heads")) if grouped else out
+
+    def _kv_groups(self, k: Any, v: Any, heads: int, gqa: bool, node: Any) -> tuple[Tensor, Tensor]:
+        """Attention's keys and values with one head per group: the sources of ``repeat_kv``'s repeats, or
+        the tensors themselves (as many heads as the queries, or fewer with ``enable_gqa``)."""
+        if isinstance(k, _Repeat) and isinstance(v, _Repeat) and k.axis == v.axis == 1 and k.rep == v.rep:
+            return k.src, v.src
+        k, v = self.tensor(k, node.name), self.tensor(v, node.name)
+        groups = k.shape[1]
+        if v.shape[1] != groups or heads % groups or (groups != heads and not gqa):
+            raise GraphImportError(f"attention of {heads} query heads over {groups} key and {v.shape[1]} value heads"
+                                   + ("" if gqa else " without enable_gqa"))  # fmt: skip
+        return k, v
+
+    def _grouped_mask(self, mask: Any, heads: int, groups: int, node: Any) -> Any:
+        """An additive attention mask (rank <= 4, heads on axis 1 of rank 4) viewed as (batch, groups,
+        heads per group, queries, keys)."""
+        import torch
+
+        shape = (1,) * (4 - len(mask.shape)) + tuple(int(s) for s in mask.shape)
+        b, h, sq, sk = shape
+        five = [b, groups, heads // groups, sq, sk] if h == heads and h > 1 else [b, 1, 1, sq, sk]
+        if isinstance(mask, torch.Tensor):
+            return mask.reshape(five)
+        return _view(self.b, self.tensor(mask, node.name + ".mask"), five, self._fresh(node.name + ".mask"))
 
     def _embedding(self, node: Any, args: list, kwargs: dict) -> Tensor:
         table, idx = self.tensor(args[0], node.name), args[1]
@@ -911,9 +1115,13 @@ class _Lowering:
                                 lambda blk: [dict(table.tiles[(0, blk[r])]), dict(idx.tiles[blk[:r]])])  # fmt: skip
 
     # ------------------------------------------------------------------ layout ops
-    def _reshape(self, node: Any, args: list, kwargs: dict) -> Tensor:
-        x = self.tensor(args[0], node.name)
+    def _reshape(self, node: Any, args: list, kwargs: dict) -> Any:
         shape = [int(s) for s in node.meta["val"].shape]
+        if isinstance(args[0], _Bcast):
+            repeated = self._repeat_of(args[0], shape, node)
+            if repeated is not None:
+                return repeated
+        x = self.tensor(args[0], node.name)
         return _view(self.b, x, shape, self._fresh(node.name))
 
     _flatten = _reshape
@@ -924,12 +1132,32 @@ class _Lowering:
             return self._unsqueezed(args[0], [int(args[1]) % (len(args[0].shape) + 1)], node)
         return self._reshape(node, args, kwargs)
 
-    def _expand(self, node: Any, args: list, kwargs: dict) -> Tensor:
-        x = self.tensor(args[0], node.name)
+    def _expand(self, node: Any, args: list, kwargs: dict) -> Any:
+        """A broadcast, not copied (:class:`_Bcast`)."""
+        x = args[0].src if isinstance(args[0], _Bcast) else args[0]
+        if isinstance(x, _Repeat) or (isinstance(x, _Expr) and x.uses != 1):
+            x = self.tensor(x, node.name)
         shape = tuple(int(s) for s in node.meta["val"].shape)
-        if shape != x.shape:
-            raise GraphImportError(f"expand of a computed tensor from {list(x.shape)} to {list(shape)} is not supported")
-        return x
+        if tuple(x.shape) == shape:
+            return x
+        if len(shape) > len(x.shape):
+            x = self._unsqueezed(x, list(range(len(shape) - len(x.shape))), node)
+        if any(s not in (1, t) for s, t in zip(x.shape, shape)):
+            raise GraphImportError(f"expand from {list(x.shape)} to {list(shape)}")
+        return _Bcast(x, shape)
+
+    def _repeat_of(self, x: _Bcast, shape: Sequence[int], node: Any) -> _Repeat | None:
+        """``x`` reshaped to ``shape`` as a :class:`_Repeat`, if that reshape merges its one broadcast axis
+        into the axis before it (``repeat_kv``: (b, g, 1, s, e) -> (b, g, r, s, e) -> (b, g * r, s, e))."""
+        axes = [a for a, (s, t) in enumerate(zip(x.src.shape, x.shape)) if s == 1 and t > 1]
+        if len(axes) != 1 or axes[0] == 0:
+            return None
+        a = axes[0]
+        if list(shape) != [*x.shape[: a - 1], x.shape[a - 1] * x.shape[a], *x.shape[a + 1 :]]:
+            return None
+        src = self.tensor(x.src, node.name)
+        src = _view(self.b, src, [s for i, s in enumerate(src.shape) if i != a], self._fresh(node.name + ".groups"))
+        return _Repeat(src, a - 1, x.shape[a])
 
     def _permute(self, node: Any, args: list, kwargs: dict) -> Tensor:
         return _permute(self.tensor(args[0], node.name), list(args[1]))
@@ -970,8 +1198,8 @@ class _Lowering:
         x = self.tensor(args[0], node.name)
         dim = int(args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(x.shape)
         n = x.shape[dim]
-        if _target(node) == "aten.split.Tensor":
-            size = int(args[1])
+        if _target(node) in ("aten.split.Tensor", "aten.chunk.default"):
+            size = int(args[1]) if _target(node) == "aten.split.Tensor" else -(-n // int(args[1]))
             sizes = [min(size, n - lo) for lo in range(0, n, size)]
         else:
             sizes = [int(s) for s in args[1]]
@@ -1041,10 +1269,23 @@ def lower_program(ep: Any, *, blocks: Mapping[int, int] | None = None, dtype: st
     return _Lowering(ep, blocks or {}, dtype, name).run()
 
 
+def parameter_dtype(ep: Any) -> str:
+    """The element type most of an exported program's parameter elements have (``"float16"`` for a model
+    cast with ``.half()``), if it is one a graph counts bytes in; else ``"float32"``."""
+    count: Counter = Counter()
+    for spec in ep.graph_signature.input_specs:
+        value = ep.state_dict.get(spec.target) if spec.kind.name == "PARAMETER" else None
+        if value is not None:
+            count[str(value.dtype).removeprefix("torch.")] += value.numel()
+    dtype = count.most_common(1)[0][0] if count else "float32"
+    return dtype if dtype in ("float16", "bfloat16", "float32", "float64") else "float32"
+
+
 def import_model(source: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 blocks: Mapping[int, int] | None = None, dtype: str = "float32",
+                 blocks: Mapping[int, int] | None = None, dtype: str | None = None,
                  devices: int | None = None) -> DataflowGraph:  # fmt: skip
-    """``doppler graph import``: a factory (``module:function``) or a ``.pt2`` file -> a graph."""
+    """``doppler graph import``: a factory (``module:function``) or a ``.pt2`` file -> a graph whose bytes
+    are counted in ``dtype`` (default: the parameters' own, :func:`parameter_dtype`)."""
     if source.endswith(".pt2"):
         if input_shapes:
             raise GraphImportError(f"{source}: --input-shape applies to factories; a .pt2 program has fixed shapes")
@@ -1055,7 +1296,7 @@ def import_model(source: str, *, input_shapes: Mapping[str, Sequence[int]] | Non
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).stem if source.endswith(".pt2") else source.rpartition(":")[2])
     if not blocks and devices:
         blocks = auto_blocks(ep, devices)
-    graph = lower_program(ep, blocks=blocks, dtype=dtype, name=name)
+    graph = lower_program(ep, blocks=blocks, dtype=dtype or parameter_dtype(ep), name=name)
     graph.meta["params"] = {"source": source, "blocks": {str(k): v for k, v in sorted((blocks or {}).items())}}
     if devices is not None:
         graph.meta["devices"] = int(devices)

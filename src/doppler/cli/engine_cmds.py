@@ -112,6 +112,7 @@ def execute_cmd(
         from doppler.assignment import load_assignment
         from doppler.engine import check_options, check_time_scale, run
         from doppler.formats import load_graph
+        from doppler.references import require_values
         from doppler.sim import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
@@ -129,6 +130,7 @@ def execute_cmd(
         hold_outputs(ctx, files={"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
                                  "--ops-csv": csv_path})  # fmt: skip
         graph = load_graph(graph_path)
+        require_values(graph, str(graph_path))  # before the assignment and the memory check name other faults
         synthetic = not (graph.specs and any(sp is not None for sp in graph.specs))  # a cost-only graph
         if check and synthetic:
             raise UserError(f"--check: graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
@@ -322,6 +324,7 @@ def validate_cmd(
         from doppler.formats import load_graph
         from doppler.presets import cluster
         from doppler.io_util import write_json
+        from doppler.references import require_values
 
         cl = cluster(cluster_name)
         check_options(engine, cl.num_devices, repeats, opts.timeout_s, seed, opts.device_type)
@@ -339,6 +342,7 @@ def validate_cmd(
         check_outputs_apart({"G": graph_path, "--cluster": cluster_name}, {"--plot": plot, "--output": output})
         hold_outputs(ctx, files={"--plot": plot, "--output": output})
         graph = load_graph(graph_path)
+        require_values(graph, str(graph_path))
         with live_progress(labels={"validate": "validating"}, counts=True) as on_progress:
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, dispatch=dispatch,
                            time_scale=time_scale, progress=on_progress, **dataclasses.asdict(opts))  # fmt: skip

@@ -68,7 +68,8 @@ def import_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Graph file to write (.json)."),
     input_shape: list[str] = typer.Option([], "--input-shape", help="NAME=DIMS, e.g. x=2x64x256: redraw a forward "
                                            "input at this shape (repeatable)."),
-    dtype: str = typer.Option("float32", "--dtype", help="Element type the graph's bytes are counted in."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Element type the graph's bytes are counted in "
+                                        "(default: the model parameters' own)."),
     blocks: list[str] = typer.Option([], "--blocks", help="SIZE=K: split every axis of this size into K blocks, "
                                       "e.g. 4096=4 (repeatable)."),
     devices: Optional[int] = typer.Option(None, "--devices", help="Intended device count, recorded in the graph; "
@@ -79,7 +80,7 @@ def import_cmd(
     with handle_errors():
         from doppler.torch_import import GraphImportError, import_model, parse_blocks, parse_input_shapes
 
-        if dtype not in ("float16", "bfloat16", "float32", "float64"):
+        if dtype not in (None, "float16", "bfloat16", "float32", "float64"):
             raise UserError(f"--dtype must be float16, bfloat16, float32 or float64, got {dtype!r}")
         from doppler.hardware import MAX_DEVICES
 
