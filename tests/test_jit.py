@@ -196,7 +196,8 @@ METHODS_BOTH_WAYS = BOTH_WAYS + """
 
 def test_python_and_compiled_cheap_methods_assign_alike():
     """Every method that may run as Python gives the same assignment as Python and compiled."""
-    methods = ["critical_path", "enumerative", "heft", "metis", "random", "round_robin", "round_robin_block", "single"]
+    methods = ["critical_path", "enumerative", "heft", "metis", "pipeline", "random", "round_robin", "round_robin_block",
+               "sequential_fill", "single"]
     assert _run(METHODS_BOTH_WAYS) == f"{methods} {8 * len(methods)}"
 
 
