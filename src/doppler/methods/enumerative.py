@@ -93,19 +93,26 @@ class _Placer:
         self.ledger = ledger
         self.placed = 0
 
-    def _fits(self, ops: np.ndarray, plan: np.ndarray) -> bool:
-        """Whether putting ``ops`` on ``plan`` keeps every device within the ledger's caps (weight slices it
-        adds, each once, and the ops' outputs)."""
+    def _fits(self, ops: np.ndarray, plans: np.ndarray) -> np.ndarray:
+        """bool[P]: whether putting ``ops`` on ``plans[k]`` keeps every device within the ledger's caps (weight
+        slices it adds, each once, and the ops' outputs). Each device's bytes are summed in the order of a
+        loop over the ops and their slices: outputs first, then each slice where it is first added."""
         led = self.ledger
-        add = np.zeros(self.nd)
-        np.add.at(add, plan, led.out_bytes[ops])
-        seen = set()
-        for v, d in zip(ops.tolist(), plan.tolist()):
-            for s in led.slice_idx[led.slice_ptr[v]:led.slice_ptr[v + 1]].tolist():
-                if not led.held[s, d] and (s, d) not in seen:
-                    seen.add((s, d))
-                    add[d] += led.slice_bytes[s]
-        return bool(np.all(led.used + add <= led.cap))
+        npl, m = plans.shape
+        add = np.zeros((npl, self.nd))
+        rows = np.repeat(np.arange(npl), m)
+        np.add.at(add, (rows, plans.reshape(-1)), np.tile(led.out_bytes[ops], npl))
+        counts = led.slice_ptr[ops + 1] - led.slice_ptr[ops]
+        if counts.sum():
+            reads = np.concatenate([np.arange(a, b) for a, b in zip(led.slice_ptr[ops], led.slice_ptr[ops + 1])])
+            s = led.slice_idx[reads]  # [R]: the slices the ops read, op by op
+            d = plans[:, np.repeat(np.arange(m), counts)]  # [P, R]: the device of each read
+            k = np.broadcast_to(np.arange(npl)[:, None], d.shape)
+            new = ~led.held[s[None, :], d]
+            key = (k[new] * led.held.shape[0] + np.broadcast_to(s, d.shape)[new]) * self.nd + d[new]
+            first = np.sort(np.unique(key, return_index=True)[1])  # each (plan, slice, device) once, in loop order
+            np.add.at(add, (k[new][first], d[new][first]), led.slice_bytes[np.broadcast_to(s, d.shape)[new][first]])
+        return np.all(led.used[None, :] + add <= led.cap[None, :], axis=1)
 
     def _hold(self, ops: np.ndarray) -> None:
         if self.ledger is not None:
@@ -138,36 +145,36 @@ class _Placer:
         self._hold(np.array([v]))
 
     # -------------------------------------------------------------- groups
-    def _local_fill(self, ops: np.ndarray, plan: np.ndarray, which: np.ndarray, ctx: dict) -> np.ndarray:
-        """Re-place ``ops[which]`` (level by level) on the device holding most of their input bytes."""
-        plan = plan.copy()
-        nd = self.nd
+    def _local_fill(self, plans: np.ndarray, which: np.ndarray, ctx: dict) -> np.ndarray:
+        """Each of ``plans[R, m]`` (the group's tiles' devices) with its tiles ``which`` re-placed, level by
+        level, on the device holding most of their input bytes (ties: the plan's device if it is among
+        the best, else the lowest best device); tiles whose inputs are not placed keep their device."""
+        plans = plans.copy()
+        npl, m = plans.shape
         levels = ctx["levels"]
         for lv in np.unique(levels[which]):
-            sel = np.flatnonzero(which & (levels == lv))
-            # input bytes per (op, device)
-            e_mask = np.isin(ctx["e_vi"], sel)
+            at_level = which & (levels == lv)
+            sel = np.flatnonzero(at_level)
+            e_mask = at_level[ctx["e_vi"]]  # the edges into them
             if not e_mask.any():
                 continue
             vi = ctx["e_vi"][e_mask]
             e_int = ctx["e_int"][e_mask]
-            src = np.where(e_int >= 0, plan[np.maximum(e_int, 0)], self.dev[ctx["e_p"][e_mask]])
-            b = ctx["e_bytes"][e_mask]
+            src = np.where(e_int >= 0, plans[:, np.maximum(e_int, 0)], self.dev[ctx["e_p"][e_mask]])  # [R, E]
             okm = src >= 0
             if not okm.any():
                 continue
-            acc = np.zeros((ops.shape[0], nd))
-            np.add.at(acc, (vi[okm], src[okm]), b[okm] + 1e-300)
-            has = acc[sel].max(axis=1) > 0
-            rows = sel[has]
-            a = acc[rows]
-            best = a.max(axis=1, keepdims=True)
-            # ties: the rule's device if it is among the best, else the lowest best device
+            r, e = np.nonzero(okm)
+            acc = np.zeros((npl, m, self.nd))  # input bytes per (plan, tile, device), summed in edge order
+            np.add.at(acc, (r, vi[e], src[r, e]), ctx["e_bytes"][e_mask][e] + 1e-300)
+            a = acc[:, sel]
+            best = a.max(axis=2, keepdims=True)
             tied = a >= best
-            rule = plan[rows]
-            keep = tied[np.arange(rows.size), rule]
-            plan[rows] = np.where(keep, rule, np.argmax(tied, axis=1))
-        return plan
+            rule = plans[:, sel]
+            keep = np.take_along_axis(tied, rule[:, :, None], axis=2)[:, :, 0]
+            moved = np.where(keep, rule, np.argmax(tied, axis=2))
+            plans[:, sel] = np.where(best[:, :, 0] > 0, moved, rule)
+        return plans
 
     def place_group(self, ops: np.ndarray) -> None:
         g, cm, nd = self.g, self.cm, self.nd
@@ -198,14 +205,13 @@ class _Placer:
                 plans.append(p)
 
         keys = _split_keys(g.block[ops])
-        everyone = np.ones(m, dtype=bool)
-        for s, o in _range_plans(nd):
-            for key in keys:
-                rule = o + key % s
-                add(rule)
-                if consumes_own.any():
-                    add(self._local_fill(ops, rule, consumes_own, ctx))
-                add(self._local_fill(ops, rule, everyone, ctx))
+        rules = np.stack([o + key % s for s, o in _range_plans(nd) for key in keys])
+        own = self._local_fill(rules, consumes_own, ctx) if consumes_own.any() else None
+        every = self._local_fill(rules, np.ones(m, dtype=bool), ctx)
+        for i in range(rules.shape[0]):
+            for p in (rules[i], None if own is None else own[i], every[i]):
+                if p is not None:
+                    add(p)
         P = np.stack(plans)  # [P, m]
         npl = P.shape[0]
         # compute
@@ -229,7 +235,7 @@ class _Placer:
         score = new.max(axis=1)
         total = new.sum(axis=1)
         if self.ledger is not None:
-            ok = np.array([self._fits(ops, P[k]) for k in range(npl)])
+            ok = self._fits(ops, P)
             if not ok.any():
                 raise no_room(g, self.ledger.used, self.ledger.cap, int(ops[0]), self.placed, "enumerative")
             score = np.where(ok, score, np.inf)
