@@ -94,25 +94,43 @@ def _find_input_slices(graph: DataflowGraph) -> InputSlices:
     ptr = np.zeros(graph.num_ops + 1, dtype=np.int64)
     idx: list[int] = []
     for v, spec in enumerate(graph.specs or ()):
-        seen = set()
         refs = spec.get("inputs", ()) if isinstance(spec, dict) else ()
+        first = len(idx)
         for ref in refs if isinstance(refs, (list, tuple)) else ():
             name = ref.get("input") if isinstance(ref, dict) else None
             if name is None:
                 continue
-            key, extent = _slice_of(graph, v, ref, shapes)
+            key = _plain_slice_key(name, ref.get("slice"))  # (a well-formed slice, without the checks' calls)
+            if key is None:
+                key, extent = _slice_of(graph, v, ref, shapes)
+            else:
+                extent = [hi - lo for lo, hi in key[1]]
             s = index.get(key)
             if s is None:
                 s = index[key] = len(names)
                 names.append(str(name))
                 nbytes.append(math.prod(float(e) for e in extent) * itemsize)
-            if s not in seen:
-                seen.add(s)
+            if s not in idx[first:]:  # (an op reads a few slices: a scan beats a set)
                 idx.append(s)
         ptr[v + 1] = len(idx)
     users = set(users)
     return InputSlices(names, np.asarray(nbytes, dtype=np.float64), np.array([n not in users for n in names], bool),
                        ptr, np.asarray(idx, dtype=np.int64))  # fmt: skip
+
+
+def _plain_slice_key(name: object, bounds: object) -> tuple | None:
+    """The key :func:`_slice_of` gives a reference to input ``name`` with slice ``bounds``, where ``name`` is a
+    string and ``bounds`` a list of ``[lo, hi]`` pairs of plain ints, else None (then :func:`_slice_of` decides)."""
+    if type(name) is not str or type(bounds) is not list:
+        return None
+    try:
+        key = tuple([(lo, hi) for lo, hi in bounds])
+    except (TypeError, ValueError):
+        return None
+    for lo, hi in key:
+        if type(lo) is not int or type(hi) is not int or not 0 <= lo <= hi:
+            return None
+    return name, key
 
 
 def _slice_of(graph: DataflowGraph, v: int, ref: dict, shapes: dict) -> tuple[tuple, list]:
