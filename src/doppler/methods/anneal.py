@@ -50,7 +50,8 @@ Each batch is simulated on ``threads`` cores (default: every core the process ma
 ``batch_size``), one row per core at a time: the same numbers, so the same search, as on one core.
 
 Every decision depends only on the seed and on counts of evaluations, never on
-the clock, so a run is deterministic for a given seed and a given number of
+the clock (but for one: where the budget runs out while the start set is being built, on a graph of
+tens of thousands of ops, the set stops growing there), so a run is deterministic for a given seed and a given number of
 evaluations (pass ``max_evals`` without ``budget_s`` for results independent of
 machine speed), and a longer budget continues the exact trajectory of a shorter
 one (the ``repeat`` start aside, which needs a budget of REPEAT_MIN_BUDGET_S).
@@ -206,7 +207,8 @@ def anneal_search(
     ctx = SimContext(graph, cluster)  # every evaluation reuses it
     repeat = start is None and (budget_s is None or float(budget_s) >= REPEAT_MIN_BUDGET_S)
     repeat_s = (None if budget_s is None else REPEAT_BUDGET_SHARE * float(budget_s)) if repeat else 0.0
-    start_name, walk, mem = _starting_point(ctx, seed, start, extra_starts, threads, memory_budget_bytes, repeat_s)
+    start_name, walk, mem = _starting_point(ctx, seed, start, extra_starts, threads, memory_budget_bytes, repeat_s,
+                                            deadline)  # fmt: skip
     start_ms, start_devices = walk.cur_ms, walk.cur.copy()
     if cycle_evals is None:
         cycle_evals = max(5000, 1000 * n)
@@ -301,19 +303,24 @@ class _Walk:
 
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_starts: dict[str, np.ndarray] | None,
-                    threads: int, budget: np.ndarray | None, repeat_s: float | None = 0.0) -> tuple[str, _Walk, tuple]:  # fmt: skip
+                    threads: int, budget: np.ndarray | None, repeat_s: float | None = 0.0,
+                    deadline: float = math.inf) -> tuple[str, _Walk, tuple]:  # fmt: skip
     """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``;
     then, without ``start`` and where it is cheap (:data:`ROLLOUT_START_MAX_WORK`), HEFT_LOOKAHEAD on
     ``threads`` cores; ties to the first) that fits ``budget`` (None: any), then unless ``repeat_s`` is 0 the
     ``repeat`` start made from it (:func:`_repeat_start`, its block search stopped after ``repeat_s`` seconds;
     None: no limit) where that is faster and fits: its name, a walk from it
-    that counts the evaluations spent, and the memory caps of the compiled loop (:func:`_memory_caps`)."""
+    that counts the evaluations spent, and the memory caps of the compiled loop (:func:`_memory_caps`).
+    Once the clock has passed ``deadline`` (``time.perf_counter()``), no further warm-start method runs
+    if the set holds a start already: on a large graph a short budget is not spent twice."""
     graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
     if start is not None:
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
         cands = {}
         for m in WARM_START_METHODS:  # (memory-aware ones within the budget; every start is checked below)
+            if (cands or extra_starts) and time.perf_counter() >= deadline:
+                break
             try:
                 cands[m] = place_within(get_method(m), graph, cluster, seed, None, {}, budget)[0].devices
             except MethodError:  # no room: this start does not fit
