@@ -6,7 +6,8 @@ built-in whole model (``llama_model``, LLaMA-2-7B prefill, float16) at about 8,0
 
 Each row is one fresh ``doppler`` process, as a user runs it (the graph file loaded, the method run within
 the default memory fraction, the placement simulated and written): "wall s" is the whole command, "method s"
-the method's own time (``assign_time_s``). The bars (issue #53): ``graph info``, ``simulate``, each cheap
+the method's own time (``assign_time_s``), "cpu s" the command's CPU time (all its threads: on a loaded
+machine it tells what the command costs where the wall time does not). The bars (issue #53): ``graph info``, ``simulate``, each cheap
 method and the zero-shot decode under 10 s at 50,000 ops; a search given ``--budget-s S`` at most 1.1 S of
 method time. The first run after an install also loads or compiles numba's kernels: run twice for warm
 numbers. ``--train-episodes N`` adds a short ``doppler train`` (N Stage II episodes, N / 2 imitation, no
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -38,13 +40,18 @@ SIZES = {
 CHEAP_METHODS = "round_robin,random,round_robin_block,critical_path,heft,metis,enumerative,doppler"
 BAR_S = 10.0
 BUDGET_SLACK = 1.1
+_CPU_S = [0.0]  # CPU seconds of the last command (_run)
 
 
 def _run(args: list[str], timeout_s: float) -> tuple[float, dict | None, str]:
-    """(wall seconds, the command's JSON output or None, the last line of its error output)."""
+    """(wall seconds, the command's JSON output or None, the last line of its error output); the command's CPU
+    seconds (user and system, all its threads) are left in ``_CPU_S[0]``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "doppler", *args], capture_output=True, text=True, timeout=timeout_s)
     wall_s = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _CPU_S[0] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     try:
         doc = json.loads(out.stdout) if out.returncode == 0 else None
     except json.JSONDecodeError:
@@ -56,7 +63,8 @@ def _row(label: str, size: str, n: int, wall_s: float, method_s: float | None, b
     ok = wall_s <= bar_s if method_s is None or bar_s == BAR_S else method_s <= bar_s
     load = os.getloadavg()[0]
     shown = "" if method_s is None else f"{method_s:9.2f}"
-    print(f"{label:<26} {size:>4} {n:>7,} {wall_s:8.2f} {shown:>9} {bar_s:6.1f} {load:5.1f}  {'ok' if ok else 'MISS'} {note}")
+    print(f"{label:<26} {size:>4} {n:>7,} {wall_s:8.2f} {_CPU_S[0]:7.2f} {shown:>9} {bar_s:6.1f} {load:5.1f}  "
+          f"{'ok' if ok else 'MISS'} {note}")
     return ok
 
 
@@ -72,7 +80,7 @@ def main() -> None:
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         print(f"cluster {args.cluster}; bar {BAR_S:g} s per command, searches {BUDGET_SLACK:g} x --budget-s of method time")
-        print(f"{'command':<26} {'size':>4} {'ops':>7} {'wall s':>8} {'method s':>9} {'bar s':>6} {'load':>5}")
+        print(f"{'command':<26} {'size':>4} {'ops':>7} {'wall s':>8} {'cpu s':>7} {'method s':>9} {'bar s':>6} {'load':>5}")
         for size in args.sizes.split(","):
             g = workloads.build("llama_model", **SIZES[size])
             path = Path(tmp) / f"{size}.json"
@@ -86,9 +94,10 @@ def main() -> None:
                                         timeout_s)  # fmt: skip
                 note = err if doc is None else f"makespan/LB {doc['makespan_s'] / doc['lower_bound_s']:.3f}"
                 ok &= _row(f"assign {m}", size, n, wall_s, None if doc is None else doc["assign_time_s"], BAR_S, note)
-            wall_s, doc, err = _run(["simulate", str(path), "-c", args.cluster, "-a", str(Path(tmp) / f"{size}_heft.json"),
+            first = args.methods.split(",")[0]
+            wall_s, doc, err = _run(["simulate", str(path), "-c", args.cluster, "-a", str(Path(tmp) / f"{size}_{first}.json"),
                                      "--json"], timeout_s)  # fmt: skip
-            ok &= _row("simulate (heft's)", size, n, wall_s, None, BAR_S, err if doc is None else "")
+            ok &= _row(f"simulate ({first}'s)", size, n, wall_s, None, BAR_S, err if doc is None else "")
             for m in ("anneal", "doppler") if args.budget_s > 0 else ():
                 out = Path(tmp) / f"{size}_{m}_budget.json"
                 wall_s, doc, err = _run(["assign", str(path), "-c", args.cluster, "-m", m, "--budget-s",
