@@ -161,3 +161,22 @@ def test_encode_is_differentiable():
                  "encoder.gru.weight_ih", "sel.mlp.0.weight", "plc.w_emb.weight", "plc.w_placed.weight"):  # fmt: skip
         assert grads[name] is not None and grads[name].abs().sum() > 0, name
     assert np.isfinite(sum(float(g.abs().sum()) for g in grads.values() if g is not None))
+
+
+def test_a_large_graphs_encoder_recomputes_its_rounds_with_the_same_outputs_and_gradients(monkeypatch):
+    """Above CHECKPOINT_MIN_OPS ops the encoder holds only each round's input for the backward pass; its
+    outputs and every parameter's gradient are those of the plain pass."""
+    gf = graph_features(workloads.build("random", num_ops=60, seed=5), cluster("p100x4"))
+    runs = []
+    for min_ops in (10**9, 0):  # plain, then recomputed
+        monkeypatch.setattr(networks, "CHECKPOINT_MIN_OPS", min_ops)
+        torch.manual_seed(3)
+        policy = DopplerPolicy(**CFG)
+        enc = policy.encode(gf)
+        (enc.sel_score.square().sum() + enc.plc_op.sum()).backward()
+        runs.append((enc.sel_score.detach(), {k: p.grad.clone() for k, p in policy.named_parameters()
+                                              if p.grad is not None}))  # fmt: skip
+    torch.testing.assert_close(runs[0][0], runs[1][0], rtol=0, atol=0)
+    assert runs[0][1].keys() == runs[1][1].keys()
+    for name, grad in runs[0][1].items():
+        torch.testing.assert_close(grad, runs[1][1][name], rtol=1e-6, atol=1e-7, msg=name)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from doppler.listsched import LIST_SCHEDULES, NUM_DEVICE_FEATURES
 from doppler.policy import LEAK, LEARNED_HEADS  # noqa: F401 - LEAK re-exported
@@ -48,6 +49,9 @@ from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeature
 #: matrix at a time, so that memory traffic grows no faster than the graph; below it, the single
 #: gather is the faster of the two.
 GATHER_ALL_MAX_BYTES = 16 << 20
+#: above this many ops the encoder recomputes each message-passing round in the backward pass rather than
+#: holding its activations (a 50,000-op graph held 10+ GB of them; GraphEncoder.forward)
+CHECKPOINT_MIN_OPS = 5000
 
 
 class EdgeConditionedConv(nn.Module):
@@ -90,11 +94,20 @@ class GraphEncoder(nn.Module):
         self.gru = nn.GRUCell(hidden, hidden)
 
     def forward(self, op_x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
+        """With gradients on a graph of more than :data:`CHECKPOINT_MIN_OPS` ops, each round keeps only its input
+        for the backward pass and recomputes the rest there (``torch.utils.checkpoint``): the same numbers, a
+        round's activations held once instead of ``steps`` times."""
         h = F.leaky_relu(self.embed(op_x), LEAK)
+        recompute = torch.is_grad_enabled() and op_x.shape[0] > CHECKPOINT_MIN_OPS
         for _ in range(self.steps):
-            m = F.leaky_relu(self.conv(h, edge_index, edge_attr), LEAK)
-            h = self.gru(m, h)
+            if recompute:
+                h = checkpoint(self._round, h, edge_index, edge_attr, use_reentrant=False)
+            else:
+                h = self._round(h, edge_index, edge_attr)
         return h
+
+    def _round(self, h: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
+        return self.gru(F.leaky_relu(self.conv(h, edge_index, edge_attr), LEAK), h)
 
 
 class SelHead(nn.Module):
