@@ -300,6 +300,29 @@ def test_sdpa_enable_gqa_equals_the_module(blocks: dict[int, int]) -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-12)
 
 
+class _StackAndT(nn.Module):
+    """torch.stack (at a middle and the last axis) and Tensor.T, as GPT-J's and Falcon's forwards use them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.stack([self.a(x), self.b(x)], dim=1)  # (4, 2, 16)
+        z = torch.stack([x, 2 * x], dim=-1).sum(-1)  # (4, 16)
+        return y.sum(1) @ z.T
+
+
+@pytest.mark.parametrize("blocks", [{}, {16: 2, 4: 2}])
+def test_stack_and_numpy_t_equal_the_module(blocks: dict[int, int]) -> None:
+    module, example = _StackAndT().eval(), (torch.randn(4, 16),)
+    ep, example = export_model(module, example)
+    g = lower_program(ep, blocks=blocks, dtype="float64")
+    ref = _forward(module, example, torch.float64)
+    (out,) = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, module, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-12)
+
+
 def test_repeat_kv_read_by_matrix_products_is_copied() -> None:
     """Eager attention multiplies repeat_kv's output with matmul: the repeat is then copied, and correct."""
     pytest.importorskip("transformers")

@@ -577,7 +577,7 @@ class _Lowering:
             "aten.transpose.int": self._transpose, "aten.t.default": self._t, "aten.slice.Tensor": self._slice,
             "aten.select.int": self._select, "aten.split.Tensor": self._split,
             "aten.split_with_sizes.default": self._split, "aten.chunk.default": self._split,
-            "aten.cat.default": self._cat,
+            "aten.cat.default": self._cat, "aten.stack.default": self._stack, "aten.numpy_T.default": self._t,
             "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
         for t in _UNARY:
@@ -1224,6 +1224,14 @@ class _Lowering:
         if dim != last or x.shape[last] % 2 or sa[2:] != (last, h, 2 * h) or sb[2:] != (last, 0, h):
             return None
         return x
+
+    def _stack(self, node: Any, args: list, kwargs: dict) -> Any:
+        """``torch.stack``: each tensor with a size-1 axis at ``dim``, concatenated along it."""
+        ts = [self.tensor(t, f"{node.name}.{k}") for k, t in enumerate(args[0])]
+        dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % (len(ts[0].shape) + 1)
+        parts = [_view(self.b, t, [*t.shape[:dim], 1, *t.shape[dim:]], self._fresh(f"{node.name}.{k}.unsqueeze"))
+                 for k, t in enumerate(ts)]  # fmt: skip
+        return self._cat(node, [parts, dim], {})
 
     def _cat(self, node: Any, args: list, kwargs: dict) -> Any:
         rank = len(args[0][0].shape)
