@@ -1,6 +1,4 @@
-"""ANNEAL: simulated annealing over assignments, scored by the WC simulator.
-
-The obvious answer to "why RL?": search assignments directly in the simulator.
+"""ANNEAL: simulated annealing over assignments, scored by the WC simulator (the obvious answer to "why RL?").
 
 * Start: the best (by simulated makespan) of every cheap method: ``critical_path``,
   ``heft``, ``enumerative``, ``round_robin_block`` and ``metis``, and of ``heft_lookahead``
