@@ -433,6 +433,7 @@ def test_a_cost_only_graph_is_placed_but_not_executed(tmp_path: Path) -> None:
                   "--threads", "1", "-o", tmp_path / "run")):  # fmt: skip
         res = run(*args)
         assert res.exit_code == 0, (args, res.output)
+    assert "cost-only" in run("graph", "info", g).output and '"cost_only": true' in run("graph", "info", g, "--json").output
     for args in (("execute", g, "-a", a, "-c", "p100x4:2"), ("validate", g, "-c", "p100x4:2")):
         res = run(*args)
         assert res.exit_code == 2, res.output

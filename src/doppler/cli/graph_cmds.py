@@ -173,6 +173,7 @@ def info_cmd(
             stats["layer_units"] = len(layer_units(graph)[0])
             stats["repeated_layers"] = len(repeats)
             stats["ops_per_repeated_layer"] = int(repeats[0].size) if repeats else 0
+        stats["cost_only"] = bool(graph.meta.get("cost_only"))  # built on the meta device: no values to execute
         if json_out:
             emit_json(stats)
             return
@@ -197,6 +198,8 @@ def info_cmd(
         if "layer_units" in stats:
             table.add_row("layer units", f"{stats['layer_units']}, of which {stats['repeated_layers']} repeat one layer"
                           f" of {stats['ops_per_repeated_layer']} ops")  # fmt: skip
+        if stats["cost_only"]:
+            table.add_row("values", "none: cost-only (built on the meta device), execute refuses it")
         table.add_row("fingerprint", stats["fingerprint"])
         console.print(table)
 
