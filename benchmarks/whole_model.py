@@ -6,6 +6,7 @@
 Each case is a built-in ``llama_model`` prefill (float16, the default ``--memory-fraction``) on a cluster:
 
 * ``llama2_7b``: LLaMA-2-7B at its defaults (32 layers, dim 4096, 32 heads, seq_len 2048);
+  ``llama2_7b_fine`` splits its heads and hidden dimension in 8 blocks instead of 4 (12,133 ops);
 * ``gqa_8b``: Llama-3-8B's shape (8 key/value heads for 32 query heads, hidden 14336, vocab 128256);
 * ``llama_13b``: LLaMA-2-13B's shape (40 layers, dim 5120, 40 heads, hidden 13824);
 * ``mixed8``: 4 V100-rate and 4 P100-rate 16 GB GPUs, every pair over PCIe (12 GB/s, 10 us);
@@ -41,6 +42,7 @@ from doppler.sim import lower_bound, traced
 
 MODELS: dict[str, dict[str, Any]] = {
     "llama2_7b": {},
+    "llama2_7b_fine": {"head_blocks": 8, "hidden_blocks": 8},
     "gqa_8b": {"n_kv_heads": 8, "hidden": 14336, "vocab": 128256, "rope_theta": 500000.0},
     "llama_13b": {"layers": 40, "dim": 5120, "n_heads": 40, "n_kv_heads": 40, "hidden": 13824},
 }
