@@ -145,3 +145,10 @@ def test_anneal_starts_from_the_repeated_layer_where_that_is_faster():
     for m in ("critical_path", "heft", "metis"):
         assert ms < simulate(g, c, assign(g, c, m)).makespan_s
     assert assign(g, c, "anneal", max_evals=0, budget_s=5).info["start_method"] != "repeat"  # too short a budget
+
+
+def test_a_model_of_more_layers_than_units_still_repeats_every_layer():
+    """Placing merges units beyond MAX_UNITS; finding the repeats does not."""
+    g = workloads.build("llama_model", size="tiny", layers=MAX_UNITS + 4)
+    assert len(layer_units(g)[0]) == MAX_UNITS and len(layer_units(g, max_units=None)[0]) == MAX_UNITS + 7
+    assert len(repeated_units(g)) == MAX_UNITS + 4

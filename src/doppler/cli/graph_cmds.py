@@ -170,7 +170,7 @@ def info_cmd(
 
         if graph.op_modules()[0]:  # where ops record their modules: the layers that place whole
             repeats = repeated_units(graph)
-            stats["layer_units"] = len(layer_units(graph)[0])
+            stats["layer_units"] = len(layer_units(graph, max_units=None)[0])
             stats["repeated_layers"] = len(repeats)
             stats["ops_per_repeated_layer"] = int(repeats[0].size) if repeats else 0
         stats["cost_only"] = bool(graph.meta.get("cost_only"))  # built on the meta device: no values to execute

@@ -36,7 +36,7 @@ MAX_UNITS = 256
 _LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # a module path up to its first numeric component
 
 
-def layer_units(graph: DataflowGraph) -> tuple[list[str], np.ndarray]:
+def layer_units(graph: DataflowGraph, max_units: int | None = MAX_UNITS) -> tuple[list[str], np.ndarray]:
     """The units of layer-granular placement and each op's unit (int64[n]), units numbered in the order the
     graph runs them (by their first op in topological order).
 
@@ -44,14 +44,15 @@ def layer_units(graph: DataflowGraph) -> tuple[list[str], np.ndarray]:
     (:meth:`~doppler.graph.DataflowGraph.op_modules`), else the module itself; an op recording none joins
     the unit of the op before it in topological order (the first such ops, the unit after them). A graph
     whose ops record no module is placed by logical op (its groups), and one without groups by op; more
-    than :data:`MAX_UNITS` units are merged into that many runs of consecutive ones.
+    than ``max_units`` units (None: no limit) are merged into that many runs of consecutive ones.
     """
     n = graph.num_ops
     modules, index = graph.op_modules()
     if modules:
         keys = [m[1] if (m := _LAYER.match(path)) else path for path in modules]
-        names = list(dict.fromkeys(keys))
-        label = np.asarray([names.index(k) for k in keys] + [-1], np.int64)[index]
+        number = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        names = list(number)
+        label = np.asarray([number[k] for k in keys] + [-1], np.int64)[index]
     elif graph.groups:
         names, label = [g.name for g in graph.groups], graph.group.astype(np.int64)
     else:
@@ -72,9 +73,9 @@ def layer_units(graph: DataflowGraph) -> tuple[list[str], np.ndarray]:
     unit = np.empty(n, np.int64)
     unit[order] = renumber[seq]
     names = [names[k] for k in ranked]
-    if len(names) > MAX_UNITS:
+    if max_units is not None and len(names) > max_units:
         sizes = np.bincount(unit, minlength=len(names))
-        run = np.minimum((np.cumsum(sizes) - sizes) * MAX_UNITS // n, MAX_UNITS - 1)
+        run = np.minimum((np.cumsum(sizes) - sizes) * max_units // n, max_units - 1)
         merged = np.unique(run)
         run = np.searchsorted(merged, run)
         names = [f"{names[int(np.flatnonzero(run == r)[0])]}.." for r in range(merged.size)]
@@ -87,7 +88,7 @@ def repeated_units(graph: DataflowGraph, min_repeats: int = 3) -> list[np.ndarra
     units named ``prefix.<number>`` (``model.layers.0``, ``model.layers.1``, ...) whose ops, in id order, have
     the same kinds, FLOPs, output bytes and edges among themselves. Empty where the graph repeats no layer.
     A placement of one repeat maps onto every other op for op."""
-    names, unit = layer_units(graph)
+    names, unit = layer_units(graph, max_units=None)
     order = np.argsort(unit, kind="stable")
     cuts = np.searchsorted(unit[order], np.arange(len(names) + 1))
     members: dict[str, list[np.ndarray]] = {}
