@@ -89,30 +89,32 @@ def repeated_units(graph: DataflowGraph, min_repeats: int = 3) -> list[np.ndarra
     the same kinds, FLOPs, output bytes and edges among themselves. Empty where the graph repeats no layer.
     A placement of one repeat maps onto every other op for op."""
     names, unit = layer_units(graph, max_units=None)
-    order = np.argsort(unit, kind="stable")
+    n = graph.num_ops
+    order = np.argsort(unit, kind="stable")  # by unit, in op id order inside each
     cuts = np.searchsorted(unit[order], np.arange(len(names) + 1))
-    members: dict[str, list[np.ndarray]] = {}
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n) - cuts[unit[order]]  # an op's position inside its unit
+    inside = unit[graph.src] == unit[graph.dst]
+    edge_unit = unit[graph.src[inside]]
+    edge_key = rank[graph.src[inside]] * n + rank[graph.dst[inside]]
+    by = np.lexsort((edge_key, edge_unit))
+    edge_key, edge_cuts = edge_key[by], np.searchsorted(edge_unit[by], np.arange(len(names) + 1))
+    members: dict[str, list[int]] = {}
     for k, name in enumerate(names):
         m = re.fullmatch(r"(.*)\.\d+", name)
         if m:
-            members.setdefault(m[1], []).append(order[cuts[k]:cuts[k + 1]])
+            members.setdefault(m[1], []).append(k)
     best: list[np.ndarray] = []
-    for ops_of in members.values():
-        ref = ops_of[len(ops_of) // 2]
-        local = np.full(graph.num_ops, -1, np.int64)
-        local[ref] = np.arange(ref.size)
-        inside = (local[graph.src] >= 0) & (local[graph.dst] >= 0)
-        shape = np.sort(local[graph.src[inside]] * ref.size + local[graph.dst[inside]])
+    for units in members.values():
+        ref = units[len(units) // 2]
+        ref_ops, ref_edges = order[cuts[ref]:cuts[ref + 1]], edge_key[edge_cuts[ref]:edge_cuts[ref + 1]]
         same = []
-        for ops in ops_of:
-            if ops.size != ref.size or not (np.array_equal(graph.kind[ops], graph.kind[ref])
-                                            and np.array_equal(graph.flops[ops], graph.flops[ref])
-                                            and np.array_equal(graph.output_bytes[ops], graph.output_bytes[ref])):  # fmt: skip
-                continue
-            local[:] = -1
-            local[ops] = np.arange(ops.size)
-            inside = (local[graph.src] >= 0) & (local[graph.dst] >= 0)
-            if np.array_equal(np.sort(local[graph.src[inside]] * ops.size + local[graph.dst[inside]]), shape):
+        for k in units:
+            ops = order[cuts[k]:cuts[k + 1]]
+            if (ops.size == ref_ops.size and np.array_equal(graph.kind[ops], graph.kind[ref_ops])
+                    and np.array_equal(graph.flops[ops], graph.flops[ref_ops])
+                    and np.array_equal(graph.output_bytes[ops], graph.output_bytes[ref_ops])
+                    and np.array_equal(edge_key[edge_cuts[k]:edge_cuts[k + 1]], ref_edges)):  # fmt: skip
                 same.append(ops)
         if len(same) >= min_repeats and len(same) * same[0].size > sum(o.size for o in best):
             best = same
