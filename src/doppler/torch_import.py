@@ -79,19 +79,17 @@ def load_factory(source: str) -> tuple[Any, tuple]:
     mod_name, sep, fn_name = source.rpartition(":")
     if not sep or not mod_name or not fn_name.isidentifier():
         raise GraphImportError(f"{source}: expected 'package.module:function', 'file.py:function' or a .pt2 file")
+    if mod_name.endswith(".py") and not Path(mod_name).is_file():
+        raise GraphImportError(f"{source}: no such file {Path(mod_name)}")
     try:
         if mod_name.endswith(".py"):
             path = Path(mod_name)
-            if not path.is_file():
-                raise GraphImportError(f"{source}: no such file {path}")
             spec = importlib.util.spec_from_file_location(f"_doppler_factory_{path.stem}", path)
             module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
             sys.modules[spec.name] = module  # type: ignore[union-attr]
             spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             module = importlib.import_module(mod_name)
-    except GraphImportError:
-        raise
     except SystemExit as e:  # the module calls sys.exit (a script's main, say) when imported
         raise GraphImportError(f"{source}: importing {mod_name} called sys.exit({e.code!r})") from None
     except Exception as e:  # the factory's module itself is broken
@@ -352,12 +350,11 @@ def _view(b: _Builder, t: Tensor, shape: Sequence[int], name: str) -> Tensor:
         return t
     if math.prod(shape) != math.prod(t.shape):
         raise GraphImportError(f"{name}: cannot view {list(t.shape)} as {list(shape)}")
-    groups = _reshape_groups(t.shape, shape)
+    leads = [(gi, next((a for a in gi if t.shape[a] > 1), None), next((a for a in gj if shape[a] > 1), None))
+             for gi, gj in _reshape_groups(t.shape, shape)]  # fmt: skip
     want = list(t.grid)
     new_grid = [1] * len(shape)
-    for gi, gj in groups:
-        lead_o = next((a for a in gi if t.shape[a] > 1), None)
-        lead_n = next((a for a in gj if shape[a] > 1), None)
+    for gi, lead_o, lead_n in leads:
         for a in gi:
             if a != lead_o:
                 want[a] = 1
@@ -371,9 +368,7 @@ def _view(b: _Builder, t: Tensor, shape: Sequence[int], name: str) -> Tensor:
     nbs = out.block_shape
     for blk, ref in t.tiles.items():
         nblk = [0] * len(shape)
-        for gi, gj in groups:
-            lead_o = next((a for a in gi if t.shape[a] > 1), None)
-            lead_n = next((a for a in gj if shape[a] > 1), None)
+        for _, lead_o, lead_n in leads:
             if lead_o is not None and lead_n is not None:
                 nblk[lead_n] = blk[lead_o]
         out.tiles[tuple(nblk)] = _step(ref, "view", nbs, t.block_shape)
@@ -571,21 +566,17 @@ class _Lowering:
             "aten._softmax.default": self._softmax_op, "aten.mean.dim": self._reduce, "aten.sum.dim_IntList": self._reduce,
             "aten.amax.default": self._reduce, "aten.pow.Tensor_Scalar": self._pow, "aten.gelu.default": self._gelu,
             "aten.view.default": self._reshape, "aten.reshape.default": self._reshape,
-            "aten._unsafe_view.default": self._reshape, "aten.flatten.using_ints": self._flatten,
-            "aten.unsqueeze.default": self._unsqueeze, "aten.squeeze.dim": self._squeeze,
-            "aten.squeeze.dims": self._squeeze, "aten.permute.default": self._permute,
+            "aten._unsafe_view.default": self._reshape, "aten.flatten.using_ints": self._reshape,
+            "aten.unsqueeze.default": self._unsqueeze, "aten.squeeze.dim": self._reshape,
+            "aten.squeeze.dims": self._reshape, "aten.permute.default": self._permute,
             "aten.transpose.int": self._transpose, "aten.t.default": self._t, "aten.slice.Tensor": self._slice,
             "aten.select.int": self._select, "aten.split.Tensor": self._split,
             "aten.split_with_sizes.default": self._split, "aten.chunk.default": self._split,
             "aten.cat.default": self._cat, "aten.stack.default": self._stack, "aten.numpy_T.default": self._t,
             "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
-        for t in _UNARY:
-            self.handlers[t] = self._unary
-        for t in _BINARY:
-            self.handlers[t] = self._binary
-        for t in _IDENTITY:
-            self.handlers[t] = self._identity
+        self.handlers |= {**dict.fromkeys(_UNARY, self._unary), **dict.fromkeys(_BINARY, self._binary),
+                          **dict.fromkeys(_IDENTITY, self._identity)}  # fmt: skip
 
     # ------------------------------------------------------------------ values
     def grid(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -749,9 +740,7 @@ class _Lowering:
         return value.detach()  # buffers and lifted constants: known values
 
     def _outputs(self, node: Any) -> None:
-        import torch.fx as fx
-
-        outs = fx.node.map_aggregate(node.args[0], lambda a: self.env[a] if isinstance(a, fx.Node) else a)
+        outs = self._args(node)[0][0]
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         specs = self.ep.graph_signature.output_specs
         for k, v in enumerate(outs):
@@ -799,13 +788,6 @@ class _Lowering:
         ts = _unify(self.b, list(zip(ts, ins)), self._fresh(node.name))
         return self.b.contract(eq, *ts, name=self._fresh(node.name), kind=kind)
 
-    def _map(self, fn: str, eq: str, ts: list[Tensor], node: Any, kind: OpKind = OpKind.ELEMENTWISE,
-             params: dict | None = None, tile_params: Callable | None = None, suffix: str = "") -> Tensor:  # fmt: skip
-        ins = eq.split("->")[0].split(",")
-        name = self._fresh(node.name + suffix)
-        ts = _unify(self.b, list(zip(ts, ins)), name)
-        return self.b.map(fn, eq, *ts, name=name, kind=kind, params=params, tile_params=tile_params)
-
     def _linear(self, node: Any, args: list, kwargs: dict) -> Tensor:
         x, w = self.tensor(args[0], node.name), self.tensor(args[1], node.name)
         bias = args[2] if len(args) > 2 else kwargs.get("bias")
@@ -822,15 +804,9 @@ class _Lowering:
         batch = LETTERS[: max(len(a.shape), len(c.shape)) - 2]
         ta = batch[len(batch) - (len(a.shape) - 2):] + "yz"
         tc = batch[len(batch) - (len(c.shape) - 2):] + "zx"
-        for t, term in ((a, ta), (c, tc)):
-            for ch, s in zip(term, t.shape):
-                if ch in batch and s != self._batch_size(a, c, ta, tc, ch):
-                    raise GraphImportError("broadcast batch dimensions in a matrix product are not supported")
+        if a.shape[-3::-1][: len(c.shape) - 2] != c.shape[-3::-1][: len(a.shape) - 2]:  # batch axes, aligned right
+            raise GraphImportError("broadcast batch dimensions in a matrix product are not supported")
         return self._einsum_op(f"{ta},{tc}->{batch}yx", [a, c], node)
-
-    @staticmethod
-    def _batch_size(a: Tensor, c: Tensor, ta: str, tc: str, ch: str) -> int:
-        return max(s for t, term in ((a, ta), (c, tc)) for cc, s in zip(term, t.shape) if cc == ch)
 
     def _addmm(self, node: Any, args: list, kwargs: dict) -> Tensor:
         beta, alpha = float(kwargs.get("beta", 1)), float(kwargs.get("alpha", 1))
@@ -1028,8 +1004,10 @@ class _Lowering:
         import torch
 
         w_t = self.tensor(w if w is not None else torch.ones(n), node.name + ".weight")
-        y = self._map("rms_scale", f"{t},{rows},{t[-1]}->{t}", [xc, ss, w_t], node, kind=OpKind.NORM,
-                      params={"n": n, "eps": eps}, suffix=".scale")  # fmt: skip
+        sname = self._fresh(node.name + ".scale")
+        ts = _unify(self.b, [(xc, t), (ss, rows), (w_t, t[-1])], sname)
+        y = self.b.map("rms_scale", f"{t},{rows},{t[-1]}->{t}", *ts, name=sname, kind=OpKind.NORM,
+                       params={"n": n, "eps": eps})  # fmt: skip
         if bias is not None:
             return self._ew("add", [y, bias], node)
         return y
@@ -1123,9 +1101,6 @@ class _Lowering:
                 return repeated
         x = self.tensor(args[0], node.name)
         return _view(self.b, x, shape, self._fresh(node.name))
-
-    _flatten = _reshape
-    _squeeze = _reshape
 
     def _unsqueeze(self, node: Any, args: list, kwargs: dict) -> Any:
         if isinstance(args[0], _Expr) and args[0].uses == 1:
