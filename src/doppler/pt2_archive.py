@@ -21,7 +21,9 @@ inputs, extra files and compiled AOTInductor code are never opened.
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import operator
 import re
 import zipfile
@@ -160,11 +162,6 @@ class _Reader:
         self.where = "the program"
 
     # -------------------------------------------------------------- scalars
-    def dtype(self, code: Any) -> Any:
-        if type(code) is not int or code not in self.dtypes:
-            raise Pt2Error(f"{self.where}: unknown dtype code {code!r}")
-        return self.dtypes[code]
-
     def int_value(self, s: Any, what: str) -> int:
         """A size, stride or offset: ``{"as_int": n}``, or a symbol's recorded example value (``hint``)."""
         if isinstance(s, dict) and type(s.get("as_int")) is int:
@@ -189,16 +186,10 @@ class _Reader:
             strides = _contiguous(sizes)
         if min(sizes + strides + [offset], default=0) < 0:
             raise Pt2Error(f"{self.where}: a negative size, stride or offset")
-        numel = 1
-        for s in sizes:
-            numel *= s
+        numel = math.prod(sizes)
         if numel > MAX_ELEMENTS:
             raise Pt2Error(f"{self.where}: a tensor of {numel} elements (more than {MAX_ELEMENTS})")
-        return self.dtype(tm.get("dtype")), sizes, strides, offset
-
-    def meta_tensor(self, tm: Any) -> Any:
-        dtype, sizes, strides, _ = self.tensor_meta(tm)
-        return self.torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
+        return _lookup(self.dtypes, tm.get("dtype"), self.where, "dtype"), sizes, strides, offset
 
     # -------------------------------------------------------------- payloads
     def payloads(self, folder: str, config_member: str, kind: str) -> dict[str, Any]:
@@ -291,7 +282,7 @@ class _Reader:
         if kind in ("as_sym_ints", "as_sym_floats", "as_sym_bools"):
             return [self.sym(x) for x in _list(v, self.where, kind)]
         if kind == "as_scalar_type":
-            return self.dtype(v)
+            return _lookup(self.dtypes, v, self.where, "dtype")
         if kind == "as_layout":
             return _lookup(self.layouts, v, self.where, "layout")
         if kind == "as_memory_format":
@@ -337,7 +328,8 @@ class _Reader:
     def value_metas(self, g: dict) -> None:
         for name, tm in _dict(g.get("tensor_values", {}), "tensor_values").items():
             self.where = f"value {name[:80]}"
-            self.metas[name] = self.meta_tensor(tm)
+            dtype, sizes, strides, _ = self.tensor_meta(tm)
+            self.metas[name] = self.torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
         for table in ("sym_int_values", "sym_float_values", "sym_bool_values"):
             for name, v in _dict(g.get(table, {}), table).items():
                 self.where = f"value {name[:80]}"
@@ -370,20 +362,18 @@ class _Reader:
 
     def outputs(self, node: Any, outs: list, graph: Any) -> None:
         """Name the node after its one output, or give each output a ``getitem`` node (as torch does)."""
-        if not outs:
-            node.meta["val"] = None
+        one = outs[0] if len(outs) == 1 and isinstance(outs[0], dict) else {}
+        if "as_tensor" in one:
+            self.define(_name_of(one["as_tensor"], self.where), node)
             return
-        if len(outs) == 1 and isinstance(outs[0], dict) and "as_tensor" in outs[0]:
-            self.define(_name_of(outs[0]["as_tensor"], self.where), node)
-            return
-        if len(outs) == 1 and isinstance(outs[0], dict) and any(k in outs[0] for k in ("as_sym_int", "as_sym_float", "as_sym_bool")):
-            (v,) = outs[0].values()
+        if any(k in one for k in ("as_sym_int", "as_sym_float", "as_sym_bool")):
+            (v,) = one.values()
             self.define(v.get("as_name") if isinstance(v, dict) else None, node)
             return
-        if len(outs) == 1 and isinstance(outs[0], dict) and "as_none" in outs[0]:
+        if not outs or "as_none" in one:
             node.meta["val"] = None
             return
-        items = outs[0]["as_tensors"] if len(outs) == 1 and isinstance(outs[0], dict) and "as_tensors" in outs[0] else outs
+        items = one["as_tensors"] if "as_tensors" in one else outs
         node.meta["val"] = tuple(self.getitems(node, _list(items, self.where, "outputs"), graph))
 
     def getitems(self, node: Any, items: list, graph: Any) -> list:
@@ -458,14 +448,9 @@ class _Reader:
         return graph, Signature(specs, output_specs)
 
     def graph_output(self, o: Any) -> Any:
-        if isinstance(o, dict) and len(o) == 1:
-            (kind, v), = o.items()
-            if kind == "as_tensor":
-                return self.node_ref(v)
-            if kind in ("as_sym_int", "as_sym_float", "as_sym_bool"):
-                return self.sym(v)
-            if kind in ("as_int", "as_float", "as_bool", "as_none"):
-                return self.argument(o)
+        kinds = ("as_tensor", "as_sym_int", "as_sym_float", "as_sym_bool", "as_int", "as_float", "as_bool", "as_none")
+        if isinstance(o, dict) and len(o) == 1 and next(iter(o)) in kinds:
+            return self.argument(o)
         raise Pt2Error(f"{self.where}: malformed output {str(o)[:80]}")
 
     def input_spec(self, s: Any) -> tuple[str, str | None, str | None]:
@@ -575,8 +560,6 @@ def _is_pickle(data: bytes) -> bool:
     if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
         return True
     if data[:4] == b"PK\x03\x04":
-        import io
-
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as z:
                 return any(n.endswith("data.pkl") for n in z.namelist())
@@ -609,7 +592,8 @@ def _read(archive: _Archive, model: str) -> Program:
     fmt = archive.read("archive_format").decode("utf-8", "replace").strip()
     if fmt != "pt2":
         raise Pt2Error(f"archive_format is {fmt[:20]!r}, not 'pt2'")
-    if archive.has("byteorder") and archive.read("byteorder").strip() not in (b"little", b"big"):
+    byteorder = archive.read("byteorder").strip() if archive.has("byteorder") else b"little"
+    if byteorder not in (b"little", b"big"):
         raise Pt2Error("byteorder is neither 'little' nor 'big'")
     _check_pickles(archive)
     program_member = f"models/{model}.json"
@@ -617,7 +601,7 @@ def _read(archive: _Archive, model: str) -> Program:
         found = sorted(m[len("models/"):-len(".json")] for m in archive.names if m.startswith("models/") and m.endswith(".json"))
         raise Pt2Error(f"no program {model!r} in the archive" + (f" (it holds {', '.join(found[:5])})" if found else ""))
     reader = _Reader(archive)
-    reader.little = not archive.has("byteorder") or archive.read("byteorder").strip() == b"little"
+    reader.little = byteorder == b"little"
     doc = _dict(archive.json(program_member), program_member)
     gm = _dict(doc.get("graph_module"), "graph_module")
     try:

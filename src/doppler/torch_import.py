@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.tiling import Tensor, TileBuilder, WorkloadError, fmt_block, tiled_softmax
+from doppler.tiling import Tensor, TileBuilder, WorkloadError, tiled_softmax
 
 __all__ = ["GraphImportError", "WRAPPED", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2",
            "lower_program", "model_inputs", "module_path", "parameter_dtype", "parse_blocks", "parse_input_shapes"]
@@ -283,14 +283,8 @@ class _Builder(TileBuilder):
         if all(len(p) == 1 and [h - l for l, h in p[0][1]] == list(bs) for p in pieces.values()):
             out.tiles = {blk: p[0][0] for blk, p in pieces.items()}  # every block is one (sliced) tile
             return out
-        self._claim(name)
-        g = self._new_group(name, kind, out.grid)
-        ids = {}
-        for blk, got in pieces.items():
-            spec = {"kernel": "assemble", "inputs": [r for r, _ in got], "shape": list(bs),
-                    "params": {"at": [a for _, a in got]}}  # fmt: skip
-            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec, g, blk)
-        return self._tensor_from_ops(name, shape, grid, ids)
+        return self.blockwise(name, kind, "assemble", shape, grid, lambda blk: [r for r, _ in pieces[blk]],
+                              lambda blk: {"at": [a for _, a in pieces[blk]]})  # fmt: skip
 
 
 def _step(ref: dict, how: str, arg: Any, shape: Sequence[int]) -> dict:
@@ -1178,11 +1172,9 @@ class _Lowering:
             sizes = [min(size, n - lo) for lo in range(0, n, size)]
         else:
             sizes = [int(s) for s in args[1]]
-        out, lo = [], 0
-        for k, s in enumerate(sizes):
-            out.append(_slice(self.b, x, dim, lo, lo + s, self._fresh(f"{node.name}.{k}")))
-            lo += s
-        return out
+        ends = itertools.accumulate(sizes)
+        return [_slice(self.b, x, dim, lo - s, lo, self._fresh(f"{node.name}.{k}"))
+                for k, (s, lo) in enumerate(zip(sizes, ends))]  # fmt: skip
 
     def _rotate_half_of(self, parts: list, dim: int) -> Tensor | None:
         """``x`` if ``parts`` is ``[-x[..., h:], x[..., :h]]`` along the last axis (rotary's rotate_half)."""
@@ -1219,13 +1211,9 @@ class _Lowering:
         shape = list(ts[0].shape)
         shape[dim] = sum(t.shape[dim] for t in ts)
         grid = [math.gcd(*(t.grid[a] for t in ts)) if a != dim else 1 for a in range(len(shape))]
-        offsets, lo = [], 0
-        for t in ts:
-            off = [0] * len(shape)
-            off[dim] = lo
-            offsets.append(off)
-            lo += t.shape[dim]
-        return self.b.assemble(self._fresh(node.name), shape, grid, list(zip(ts, offsets)))
+        starts = itertools.accumulate((t.shape[dim] for t in ts), initial=0)
+        sources = [(t, [lo if a == dim else 0 for a in range(len(shape))]) for t, lo in zip(ts, starts)]
+        return self.b.assemble(self._fresh(node.name), shape, grid, sources)
 
 
 def model_inputs(graph: DataflowGraph, module: Any, example: Sequence[Any]) -> dict[str, np.ndarray]:
