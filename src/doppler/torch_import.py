@@ -415,12 +415,8 @@ def _unify(b: _Builder, operands: list[tuple[Tensor, str]], name: str, whole: st
     for c in target:
         if size[c] % target[c] or c in whole:
             target[c] = 1
-    out = []
-    for k, (t, term) in enumerate(operands):
-        want = [target[c] for c in term]
-        # a finer grid is free only where it refines: otherwise the assemble op is emitted
-        out.append(_retile(b, t, want, f"{name}.in{k}"))
-    return out
+    # a finer grid is free only where it refines: otherwise the assemble op is emitted
+    return [_retile(b, t, [target[c] for c in term], f"{name}.in{k}") for k, (t, term) in enumerate(operands)]
 
 
 # ============================================================================ the lowering
@@ -1262,8 +1258,7 @@ def import_model(source: str, *, input_shapes: Mapping[str, Sequence[int]] | Non
             raise GraphImportError(f"{source}: --input-shape applies to factories; a .pt2 program has fixed shapes")
         ep = load_pt2(Path(source))
     else:
-        module, example = load_factory(source)
-        ep, _ = export_model(module, example, input_shapes)
+        ep, _ = export_model(*load_factory(source), input_shapes)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).stem if source.endswith(".pt2") else source.rpartition(":")[2])
     if not blocks and devices:
         blocks = auto_blocks(ep, devices)
