@@ -672,11 +672,8 @@ class _Lowering:
     def _args(self, node: Any) -> tuple[list, dict]:
         import torch.fx as fx
 
-        def look(a: Any) -> Any:
-            return self.env[a] if isinstance(a, fx.Node) else a
-
-        args = [fx.node.map_aggregate(a, look) for a in node.args]
-        kwargs = {k: fx.node.map_aggregate(v, look) for k, v in node.kwargs.items()}
+        args = [fx.node.map_arg(a, self.env.__getitem__) for a in node.args]
+        kwargs = {k: fx.node.map_arg(v, self.env.__getitem__) for k, v in node.kwargs.items()}
         return args, kwargs
 
     def _fold(self, node: Any) -> Any:
