@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import itertools
 import logging
 import math
@@ -114,8 +115,6 @@ def load_factory(source: str) -> tuple[Any, tuple]:
 def _reshaped_inputs(module: Any, example: tuple, shapes: Mapping[str, Sequence[int]]) -> tuple:
     """``example`` with the inputs named in ``shapes`` (forward's argument names) redrawn at new shapes, on
     the device of the input they replace (an input on the meta device stays there: it has no values)."""
-    import inspect
-
     import torch
 
     if not shapes:
@@ -146,8 +145,6 @@ def _without_cache(module: Any) -> Any:
     """``module`` itself, or, when its forward takes ``use_cache`` (a Hugging Face model), a wrapper whose
     forward has the same signature, calls it with ``use_cache=False`` and returns only its logits (or, for a
     model without logits, its first output): the key/value cache is not part of the computation to place."""
-    import inspect
-
     import torch
 
     sig = inspect.signature(module.forward)
