@@ -28,6 +28,7 @@ per-pair links) that ``doppler simulate``/``validate`` load like any preset.
 from __future__ import annotations
 
 import datetime
+import functools
 import platform
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -193,10 +194,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     tr_dst = np.concatenate([t.tr_dst_device for t in traces])
     tr_bytes = np.concatenate([t.tr_bytes for t in traces])
     tr_dur = np.maximum(np.concatenate([t.tr_end - t.tr_start for t in traces]), 1e-7)
-    hand = [_handoff_delays(t, copies_inbound) for t in traces]
-    h_src = np.concatenate([h[0] for h in hand])
-    h_dst = np.concatenate([h[1] for h in hand])
-    h_del = np.concatenate([h[2] for h in hand])
+    h_src, h_dst, h_del = (np.concatenate(h) for h in zip(*[_handoff_delays(t, copies_inbound) for t in traces]))
     link_fits: list[dict[str, Any]] = []
     all_pairs = [(a, b) for a in range(num_devices) for b in range(num_devices) if a != b]
     for a, b in all_pairs:
@@ -245,13 +243,11 @@ def calibrate(
     rng = np.random.default_rng(seed)
     n = graph.num_ops
     traces: list[Trace] = []
-    run(graph, np.arange(n) % num_devices, num_devices=num_devices, engine=engine, program=program,
-        timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # warm-up (page faults, caches), not kept  # fmt: skip
+    run_on = functools.partial(run, graph, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
+                               scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
+    run_on(np.arange(n) % num_devices)  # warm-up (page faults, caches), not kept
     for r in range(runs):
-        devices = rng.permutation(np.arange(n) % num_devices)
-        res = run(graph, devices, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
-                  scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
-        traces.append(res.trace)
+        traces.append(run_on(rng.permutation(np.arange(n) % num_devices)).trace)
         if progress is not None:
             progress(ProgressEvent("calibrate", r + 1, runs, "runs"))
     meta = {
