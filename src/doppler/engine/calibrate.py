@@ -155,14 +155,13 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     if not traces:
         raise EngineError("calibration needs at least one measured run")
     dev = np.concatenate([t.op_device for t in traces])
-    dur = np.concatenate([t.op_end - t.op_start for t in traces])
+    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
     flops = np.tile(graph.flops, len(traces))
     kinds = np.tile(graph.kind.astype(np.int64), len(traces))
     gaps = np.concatenate([_dispatch_gaps(t, copies_inbound) for t in traces])
     if gaps.size == 0:
         raise EngineError("calibration measured no ops, so no dispatch gaps")
     dispatch = float(np.median(gaps))
-    dur = np.maximum(dur, 1e-7)
     devices: list[Device] = []
     kernel_fits: list[dict[str, Any]] = []
     for d in range(num_devices):
@@ -178,8 +177,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
                 a, inv_rate, err = _fit_affine(x, t)
             else:
                 a, inv_rate, err = float(np.median(t)), 0.0, float(np.median(np.abs(t - np.median(t)) / t))
-            rate = 1.0 / inv_rate if inv_rate > 0 else 1e30  # a kind with no FLOPs (select) is all overhead
-            rates[label] = min(rate, 1e30)
+            rates[label] = min(1.0 / inv_rate, 1e30) if inv_rate > 0 else 1e30  # no FLOPs (select): all overhead
             overheads[label] = a + dispatch
             kernel_fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a,
                                 "flops_per_s": rates[label], "median_rel_error": err})  # fmt: skip

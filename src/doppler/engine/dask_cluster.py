@@ -120,21 +120,15 @@ def _probe(address: str, timeout_s: float) -> None:
         if "Scheduler" not in kind:  # a worker's or a nanny's address, say
             raise ConnectionError(f"it is a Dask {kind}, not a scheduler")
 
-    def call() -> BaseException | None:
-        try:
-            asyncio.run(asyncio.wait_for(handshake(), timeout_s + CONNECT_GRACE_S))
-        except asyncio.TimeoutError:
-            return TimeoutError(f"no answer within {timeout_s:g} s (not a Dask scheduler's port?)")
-        except OSError as e:  # refused until the time-out, no such host, a closed connection, not a scheduler
-            return e
-        except BaseException as e:  # noqa: BLE001 - bytes that are not Dask's (an absurd frame length, ...)
-            return ConnectionError(f"the peer does not speak Dask's protocol ({type(e).__name__}: "
-                                   f"{_first_line(str(e))[:120]})")  # fmt: skip
-        return None
-
-    error = on_thread(call, "doppler-dask-probe")["value"]
-    if error is not None:
+    error = on_thread(lambda: asyncio.run(asyncio.wait_for(handshake(), timeout_s + CONNECT_GRACE_S)),
+                      "doppler-dask-probe").get("error")  # fmt: skip
+    if isinstance(error, asyncio.TimeoutError):
+        raise TimeoutError(f"no answer within {timeout_s:g} s (not a Dask scheduler's port?)")
+    if isinstance(error, OSError):  # refused until the time-out, no such host, a closed connection, not a scheduler
         raise error
+    if error is not None:  # bytes that are not Dask's (an absurd frame length, ...)
+        raise ConnectionError(f"the peer does not speak Dask's protocol ({type(error).__name__}: "
+                              f"{_first_line(str(error))[:120]})")  # fmt: skip
 
 
 def on_thread(fn: Callable[[], Any], name: str, timeout_s: float | None = None) -> dict[str, Any]:
@@ -175,10 +169,8 @@ def _open(scheduler: str | None, num_devices: int, connect_timeout_s: float, key
         else:
             _probe(scheduler, connect_timeout_s)
             client = Client(scheduler, set_as_default=False, timeout=connect_timeout_s)
-        try:
+        with suppress(TimeoutError):  # counted below
             client.wait_for_workers(num_devices, timeout=SETUP_TIMEOUT_S if cluster is not None else WORKER_WAIT_S)
-        except TimeoutError:
-            pass  # counted below
         threads = {str(a): int(t) for a, t in client.nthreads().items()}
         workers = sorted(threads)
         if len(workers) < num_devices:

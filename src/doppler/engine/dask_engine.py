@@ -128,9 +128,7 @@ def _incoming_transfers(
     """This worker's fetches of keys starting with ``prefix`` that ended after ``since``:
     (start, stop, source worker, keys). The log is read from its newest entry back."""
     out = []
-    log = dask_worker.transfer_incoming_log
-    for i in range(len(log) - 1, -1, -1):
-        rec = log[i]
+    for rec in reversed(dask_worker.transfer_incoming_log):
         if float(rec["stop"]) < since:
             break
         keys = [k for k in rec.get("keys", ()) if isinstance(k, str) and k.startswith(prefix)]
@@ -178,6 +176,7 @@ def _task_callables(placed: PlacedProgram) -> list[_OpTask]:
 def _failure_message(futs: list[Any], placed: PlacedProgram) -> str | None:
     """The message of the first failed op future, if any."""
     for v, f in enumerate(futs):
+        d = int(placed.devices[v])
         if f.status == "error":
             try:
                 exc = f.exception(timeout=5)
@@ -185,10 +184,8 @@ def _failure_message(futs: list[Any], placed: PlacedProgram) -> str | None:
                 exc = e
             if isinstance(exc, DaskOpError):
                 return str(exc)
-            d = int(placed.devices[v])
             return f"op {placed.program.label(v)} on device {d} failed: {type(exc).__name__}: {exc}"
         if f.status == "cancelled":
-            d = int(placed.devices[v])
             return f"op {placed.program.label(v)} on device {d} was cancelled by the Dask scheduler"
     return None
 
@@ -329,8 +326,7 @@ def _run_once(
                 gates.append(client.submit(_gate, run_id, gate_timeout, key=key, workers=[addr],
                                            allow_other_workers=False, pure=False, priority=1 << 30))  # fmt: skip
         _await_workers(conn, gate_keys, ("executing",), "the gate tasks starting", D, deadline)
-        for v in g.topo_order:
-            v = int(v)
+        for v in g.topo_order.tolist():
             d = int(dev[v])
             args = [
                 tile_futs[id(tile)] if tile is not None else futs[o.op]
