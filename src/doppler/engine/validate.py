@@ -16,9 +16,9 @@ its first and second repeat, the ceiling any simulator can reach.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +153,8 @@ def validate(
     order = [(i, r) for r in range(repeats) for i in range(len(cases))]
     np.random.default_rng(seed + 1).shuffle(order)
     measured = np.full((len(cases), repeats), np.nan)
-    run_on = functools.partial(run, graph, num_devices=cluster.num_devices, engine=engine, program=program,
-                               timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
+    run_on = partial(run, graph, num_devices=cluster.num_devices, engine=engine, program=program, timeout_s=timeout_s,
+                     scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
     run_on(cases[0][1])  # warm-up, not kept
     for k, (i, r) in enumerate(order):
         measured[i, r] = run_on(cases[i][1]).makespan_s
