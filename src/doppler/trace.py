@@ -95,16 +95,15 @@ class Trace:
             np.maximum.at(out_free, self.tr_src_op, self.tr_end)
         out_free[graph.out_degree() == 0] = self.makespan_s
         tr_free = self.tr_end.copy()
+        nd = int(max(dev.max(initial=-1), self.tr_dst_device.max(initial=-1))) + 1
         if T:
-            D = int(max(dev.max(), self.tr_dst_device.max())) + 1
-            tr_key = self.tr_src_op * D + self.tr_dst_device
+            tr_key = self.tr_src_op * nd + self.tr_dst_device
             order = np.argsort(tr_key, kind="stable")
             cross = ~local
-            edge_key = src[cross] * D + dev[dst[cross]]
+            edge_key = src[cross] * nd + dev[dst[cross]]
             pos = np.minimum(np.searchsorted(tr_key[order], edge_key), T - 1)
             found = tr_key[order][pos] == edge_key
             np.maximum.at(tr_free, order[pos[found]], end[dst[cross][found]])
-        nd = int(max(dev.max(initial=-1), self.tr_dst_device.max(initial=-1))) + 1
         in_dev, in_alloc, in_free, in_bytes = activation_input_intervals(graph, dev, end, max(nd, 1), slices)
         return (
             np.concatenate([dev, self.tr_dst_device, in_dev]).astype(np.int64),
@@ -155,11 +154,8 @@ class Trace:
 
     def arrival_s(self, graph: DataflowGraph) -> dict[tuple[int, int], float]:
         """(op, device) -> time the op's output is available on that device."""
-        out: dict[tuple[int, int], float] = {}
-        for v in range(self.num_ops):
-            out[(v, int(self.op_device[v]))] = float(self.op_end[v])
-        for k in range(self.num_transfers):
-            out[(int(self.tr_src_op[k]), int(self.tr_dst_device[k]))] = float(self.tr_end[k])
+        out = {(v, d): t for v, (d, t) in enumerate(zip(self.op_device.tolist(), self.op_end.tolist()))}
+        out.update(zip(zip(self.tr_src_op.tolist(), self.tr_dst_device.tolist()), self.tr_end.tolist()))
         return out
 
     def critical_path(self, graph: DataflowGraph) -> list[int]:
@@ -180,32 +176,29 @@ class Trace:
         arrival = self.arrival_s(graph)
         dev, ready, start, end = self.op_device, self.op_ready, self.op_start, self.op_end
         by_device: dict[int, np.ndarray] = {}
-        v = int(np.flatnonzero(end == end.max())[0])
+        v = int(np.argmax(end))  # the first of the latest
         path = [v]
         seen = {v}
         while True:
             d = int(dev[v])
             nxt = -1
             if start[v] > ready[v]:
-                ops_d = by_device.get(d)
-                if ops_d is None:
-                    ops_d = by_device[d] = np.flatnonzero(dev == d)
+                if d not in by_device:
+                    by_device[d] = np.flatnonzero(dev == d)
+                ops_d = by_device[d]
                 cand = ops_d[(end[ops_d] == start[v]) & (start[ops_d] < start[v])]
                 if cand.size:
-                    dur = end[cand] - start[cand]
-                    nxt = int(cand[np.flatnonzero(dur == dur.max())[0]])
+                    nxt = int(cand[np.argmax(end[cand] - start[cand])])
                 else:  # the device was busy making an inbound copy (``copies_inbound``): step to its producer
                     ks = np.flatnonzero((self.tr_dst_device == d) & (self.tr_end == start[v]) & (self.tr_start < start[v]))
                     if ks.size:
-                        dur = self.tr_end[ks] - self.tr_start[ks]
-                        nxt = int(self.tr_src_op[ks[np.flatnonzero(dur == dur.max())[0]]])
+                        nxt = int(self.tr_src_op[ks[np.argmax(self.tr_end[ks] - self.tr_start[ks])]])
             elif ready[v] > 0:
                 preds = graph.predecessors(v)
                 arr = np.array([arrival[(int(u), d)] for u in preds]) if preds.size else np.empty(0)
                 cand = preds[arr == ready[v]] if preds.size else preds
                 if cand.size:
-                    ends = end[cand]
-                    nxt = int(cand[np.flatnonzero(ends == ends.max())[0]])
+                    nxt = int(cand[np.argmax(end[cand])])
                 else:  # BSP barrier
                     lvl = graph.level[v] - 1
                     ops_l = np.flatnonzero(graph.level == lvl)
@@ -233,13 +226,12 @@ class Trace:
             "start_s": self.op_start.tolist(),
             "end_s": self.op_end.tolist(),
         }
+        out: dict[str, Any] = {"mode": self.mode, "makespan_s": self.makespan_s}
         if graph is not None:
             ops["name"] = [graph.op_name(v) for v in range(graph.num_ops)]
             ops["kind"] = graph.kind_labels()
             ops["group"] = graph.group.tolist()
             ops["block"] = [[int(x) for x in row if x >= 0] for row in graph.block]
-        out: dict[str, Any] = {"mode": self.mode, "makespan_s": self.makespan_s}
-        if graph is not None:
             if num_devices is None:
                 num_devices = int(max(self.op_device.max(initial=-1), self.tr_dst_device.max(initial=-1))) + 1
             out["peak_memory_bytes"] = self.peak_memory_bytes(graph, num_devices).tolist()
@@ -266,12 +258,10 @@ class Trace:
         D = len(device_names)
         links = sorted({(int(a), int(b)) for a, b in zip(self.tr_src_device, self.tr_dst_device)})
         link_tid = {ab: D + i for i, ab in enumerate(links)}
+        tracks = [*device_names, *(f"{device_names[a]} -> {device_names[b]}" for a, b in links)]  # tid order
         meta = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"doppler ({self.mode})"}}]
-        for d, name in enumerate(device_names):
-            meta.append({"ph": "M", "pid": 0, "tid": d, "name": "thread_name", "args": {"name": name}})
-        for (a, b), tid in link_tid.items():
-            meta.append({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name",
-                         "args": {"name": f"{device_names[a]} -> {device_names[b]}"}})  # fmt: skip
+        meta += [{"ph": "M", "pid": 0, "tid": tid, "name": "thread_name", "args": {"name": name}}
+                 for tid, name in enumerate(tracks)]  # fmt: skip
         kinds = graph.kind_labels()
         events = [
             {"ph": "X", "pid": 0, "tid": int(self.op_device[v]), "name": graph.op_name(v), "cat": kinds[v],

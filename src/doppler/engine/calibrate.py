@@ -28,6 +28,7 @@ per-pair links) that ``doppler simulate``/``validate`` load like any preset.
 from __future__ import annotations
 
 import datetime
+import functools
 import platform
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -154,14 +155,13 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     if not traces:
         raise EngineError("calibration needs at least one measured run")
     dev = np.concatenate([t.op_device for t in traces])
-    dur = np.concatenate([t.op_end - t.op_start for t in traces])
+    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
     flops = np.tile(graph.flops, len(traces))
     kinds = np.tile(graph.kind.astype(np.int64), len(traces))
     gaps = np.concatenate([_dispatch_gaps(t, copies_inbound) for t in traces])
     if gaps.size == 0:
         raise EngineError("calibration measured no ops, so no dispatch gaps")
     dispatch = float(np.median(gaps))
-    dur = np.maximum(dur, 1e-7)
     devices: list[Device] = []
     kernel_fits: list[dict[str, Any]] = []
     for d in range(num_devices):
@@ -177,8 +177,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
                 a, inv_rate, err = _fit_affine(x, t)
             else:
                 a, inv_rate, err = float(np.median(t)), 0.0, float(np.median(np.abs(t - np.median(t)) / t))
-            rate = 1.0 / inv_rate if inv_rate > 0 else 1e30  # a kind with no FLOPs (select) is all overhead
-            rates[label] = min(rate, 1e30)
+            rates[label] = min(1.0 / inv_rate, 1e30) if inv_rate > 0 else 1e30  # no FLOPs (select): all overhead
             overheads[label] = a + dispatch
             kernel_fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a,
                                 "flops_per_s": rates[label], "median_rel_error": err})  # fmt: skip
@@ -193,10 +192,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     tr_dst = np.concatenate([t.tr_dst_device for t in traces])
     tr_bytes = np.concatenate([t.tr_bytes for t in traces])
     tr_dur = np.maximum(np.concatenate([t.tr_end - t.tr_start for t in traces]), 1e-7)
-    hand = [_handoff_delays(t, copies_inbound) for t in traces]
-    h_src = np.concatenate([h[0] for h in hand])
-    h_dst = np.concatenate([h[1] for h in hand])
-    h_del = np.concatenate([h[2] for h in hand])
+    h_src, h_dst, h_del = (np.concatenate(h) for h in zip(*[_handoff_delays(t, copies_inbound) for t in traces]))
     link_fits: list[dict[str, Any]] = []
     all_pairs = [(a, b) for a in range(num_devices) for b in range(num_devices) if a != b]
     for a, b in all_pairs:
@@ -245,13 +241,11 @@ def calibrate(
     rng = np.random.default_rng(seed)
     n = graph.num_ops
     traces: list[Trace] = []
-    run(graph, np.arange(n) % num_devices, num_devices=num_devices, engine=engine, program=program,
-        timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # warm-up (page faults, caches), not kept  # fmt: skip
+    run_on = functools.partial(run, graph, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
+                               scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
+    run_on(np.arange(n) % num_devices)  # warm-up (page faults, caches), not kept
     for r in range(runs):
-        devices = rng.permutation(np.arange(n) % num_devices)
-        res = run(graph, devices, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
-                  scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
-        traces.append(res.trace)
+        traces.append(run_on(rng.permutation(np.arange(n) % num_devices)).trace)
         if progress is not None:
             progress(ProgressEvent("calibrate", r + 1, runs, "runs"))
     meta = {

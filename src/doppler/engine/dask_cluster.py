@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import threading
+from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import dask
 from distributed import Client, LocalCluster, Nanny, Worker
@@ -119,28 +120,35 @@ def _probe(address: str, timeout_s: float) -> None:
         if "Scheduler" not in kind:  # a worker's or a nanny's address, say
             raise ConnectionError(f"it is a Dask {kind}, not a scheduler")
 
-    box: dict[str, BaseException] = {}
+    error = on_thread(lambda: asyncio.run(asyncio.wait_for(handshake(), timeout_s + CONNECT_GRACE_S)),
+                      "doppler-dask-probe").get("error")  # fmt: skip
+    if isinstance(error, asyncio.TimeoutError):
+        raise TimeoutError(f"no answer within {timeout_s:g} s (not a Dask scheduler's port?)")
+    if isinstance(error, OSError):  # refused until the time-out, no such host, a closed connection, not a scheduler
+        raise error
+    if error is not None:  # bytes that are not Dask's (an absurd frame length, ...)
+        raise ConnectionError(f"the peer does not speak Dask's protocol ({type(error).__name__}: "
+                              f"{_first_line(str(error))[:120]})")  # fmt: skip
+
+
+def on_thread(fn: Callable[[], Any], name: str, timeout_s: float | None = None) -> dict[str, Any]:
+    """``fn()`` on a daemon helper thread, waited for at most ``timeout_s`` (None: until it ends): ``{"value":
+    its result}``, ``{"error": what it raised}``, or ``{}`` while it still runs."""
+    box: dict[str, Any] = {}
 
     def call() -> None:
         try:
-            asyncio.run(asyncio.wait_for(handshake(), timeout_s + CONNECT_GRACE_S))
-        except asyncio.TimeoutError:
-            box["error"] = TimeoutError(f"no answer within {timeout_s:g} s (not a Dask scheduler's port?)")
-        except OSError as e:  # refused until the time-out, no such host, a closed connection, not a scheduler
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
             box["error"] = e
-        except BaseException as e:  # noqa: BLE001 - bytes that are not Dask's (an absurd frame length, ...)
-            box["error"] = ConnectionError(f"the peer does not speak Dask's protocol ({type(e).__name__}: "
-                                           f"{_first_line(str(e))[:120]})")  # fmt: skip
 
-    th = threading.Thread(target=call, name="doppler-dask-probe", daemon=True)
+    th = threading.Thread(target=call, name=name, daemon=True)
     th.start()
-    th.join()
-    if "error" in box:
-        raise box["error"]
+    th.join(timeout_s)
+    return {} if th.is_alive() else box
 
 
-def _open(scheduler: str | None, num_devices: int, connect_timeout_s: float) -> Conn:
-    key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
+def _open(scheduler: str | None, num_devices: int, connect_timeout_s: float, key: tuple[str, Any]) -> Conn:
     cluster = client = None
     try:
         if scheduler is None:
@@ -161,10 +169,8 @@ def _open(scheduler: str | None, num_devices: int, connect_timeout_s: float) -> 
         else:
             _probe(scheduler, connect_timeout_s)
             client = Client(scheduler, set_as_default=False, timeout=connect_timeout_s)
-        try:
+        with suppress(TimeoutError):  # counted below
             client.wait_for_workers(num_devices, timeout=SETUP_TIMEOUT_S if cluster is not None else WORKER_WAIT_S)
-        except TimeoutError:
-            pass  # counted below
         threads = {str(a): int(t) for a, t in client.nthreads().items()}
         workers = sorted(threads)
         if len(workers) < num_devices:
@@ -188,12 +194,9 @@ def _first_line(message: str) -> str:
 
 def _close(client: Any, cluster: Any) -> None:
     for obj in (client, cluster):
-        if obj is None:
-            continue
-        try:
-            obj.close(timeout=CLOSE_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a broken cluster may not close cleanly; it is abandoned
-            pass
+        if obj is not None:
+            with suppress(Exception):  # a broken cluster may not close cleanly; it is abandoned
+                obj.close(timeout=CLOSE_TIMEOUT_S)
 
 
 def get_conn(scheduler: str | None, num_devices: int, timeout_s: float = SETUP_TIMEOUT_S) -> Conn:
@@ -203,14 +206,12 @@ def get_conn(scheduler: str | None, num_devices: int, timeout_s: float = SETUP_T
     key: tuple[str, Any] = ("local", num_devices) if scheduler is None else ("remote", scheduler)
     with _LOCK:
         conn = _CONNS.get(key)
-        if conn is not None and conn.client.status != "running":
-            discard(conn)
-            conn = None
-        if conn is not None and len(conn.workers) < num_devices:  # an external cluster may have grown since
+        # a broken client, or an external cluster that may have grown since: opened afresh
+        if conn is not None and (conn.client.status != "running" or len(conn.workers) < num_devices):
             discard(conn)
             conn = None
         if conn is None:
-            conn = _open(scheduler, num_devices, min(float(timeout_s), SETUP_TIMEOUT_S))
+            conn = _open(scheduler, num_devices, min(float(timeout_s), SETUP_TIMEOUT_S), key)
             _CONNS[key] = conn
         return conn
 

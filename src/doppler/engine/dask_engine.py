@@ -11,12 +11,11 @@ Cluster
     worker should run one thread (``--nthreads 1``) with one BLAS thread
     (``OMP_NUM_THREADS=1``), and doppler must be importable on the scheduler
     and the workers. Without a scheduler a ``LocalCluster`` on 127.0.0.1 is
-    started, with ``num_devices`` worker processes of one thread each, one BLAS
-    thread each, work stealing, the active memory manager, the profiler and
-    memory limits (spilling) off. It is cached per device count for the life of
-    the process (repeated runs do not pay start-up) until :func:`~doppler.engine.dask_cluster.close_clusters`
-    (registered with :mod:`atexit`). A failed run discards its cluster (or its client, for an external
-    scheduler). Reaching a scheduler waits at most ``timeout_s`` (capped at ``SETUP_TIMEOUT_S``),
+    started: ``num_devices`` worker processes of one thread and one BLAS thread
+    each; work stealing, the active memory manager, the profiler and memory
+    limits (spilling) off. It is cached per device count (repeated runs do not
+    pay start-up) until :func:`~doppler.engine.dask_cluster.close_clusters` (run
+    at exit). Reaching a scheduler waits at most ``timeout_s`` (capped at ``SETUP_TIMEOUT_S``),
     starting the LocalCluster at most ``SETUP_TIMEOUT_S`` (:mod:`~doppler.engine.dask_cluster`).
 
 Execution
@@ -31,8 +30,8 @@ Execution
     task that reaches an idle worker starts at once. **Inputs are fetched
     lazily**: a worker fetches an op's remote inputs only once the scheduler
     has seen all of them finish and hands it the op, so a transfer starts when
-    its consumer becomes runnable, not when its producer finishes (we do not
-    push outputs eagerly); a worker fetches each remote output once for all
+    its consumer becomes runnable, not when its producer finishes (outputs are
+    not pushed eagerly); a worker fetches each remote output once for all
     its consumers. Every dependent op also pays a scheduler round trip (the
     producer's completion goes to the scheduler, which dispatches the
     consumer): see :func:`measure_overhead`.
@@ -54,24 +53,24 @@ that dies (its address leaves the scheduler) with one naming the device; a run
 past ``timeout_s`` with one naming what was running. The futures are cancelled,
 the gate released and the cluster discarded (a LocalCluster is closed, its
 processes killed; an external scheduler only loses our client). Outputs are
-gathered to this process only for real kernels (a synthetic program's outputs
-are filler bytes, never gathered).
+gathered only for real kernels (a synthetic program's outputs are filler bytes).
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 import uuid
-from typing import Any
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 from distributed import Event, get_task_stream, wait
 
-from doppler.engine.dask_cluster import SETUP_TIMEOUT_S, Conn, discard, get_conn
+from doppler.engine.dask_cluster import SETUP_TIMEOUT_S, Conn, discard, get_conn, on_thread
 from doppler.engine.dask_trace import build_trace
-from doppler.engine.program import EngineError, PlacedProgram, Program, RunRecord, synthetic_kernel
+from doppler.engine.program import EngineError, PlacedProgram, RunRecord, build_program, synthetic_kernel
 from doppler.kernels import run_op_numpy
 from doppler.trace import Trace
 
@@ -95,47 +94,32 @@ class DaskOpError(RuntimeError):
     """Raised inside a worker by an op whose kernel failed; the message names the op and device."""
 
 
-class _RealOp:
-    """Task callable of a real op: ``run_op_numpy`` on its own spec (the Program is not shipped)."""
+@dataclass(eq=False)
+class _OpTask:
+    """Task callable of op ``v`` on ``device``: ``run_op_numpy`` on its own ``spec`` (the Program is not shipped),
+    or with no spec a synthetic spin of ``seconds`` writing ``nbytes`` (its inputs are received, unused)."""
 
-    __slots__ = ("spec", "label", "dtype", "device")
-
-    def __init__(self, spec: dict[str, Any], label: str, dtype: Any, device: int) -> None:
-        self.spec, self.label, self.dtype, self.device = spec, label, dtype, device
+    v: int
+    label: str
+    device: int
+    spec: dict[str, Any] | None = None
+    dtype: Any = None
+    seconds: float = 0.0
+    nbytes: int = 0
 
     def __call__(self, *arrays: np.ndarray) -> np.ndarray:
         try:
+            if self.spec is None:
+                return synthetic_kernel(self.seconds, self.nbytes, self.v)
             return run_op_numpy(self.spec, arrays, label=self.label, dtype=self.dtype)
         except Exception as e:  # noqa: BLE001 - any kernel failure stops the run with a clear message
             raise DaskOpError(f"op {self.label} on device {self.device} failed: {type(e).__name__}: {e}") from None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_RealOp, (self.spec, self.label, self.dtype, self.device))
-
-
-class _SynthOp:
-    """Task callable of a synthetic op: spin ``seconds``, write ``nbytes`` (inputs are received, unused)."""
-
-    __slots__ = ("seconds", "nbytes", "v", "label", "device")
-
-    def __init__(self, seconds: float, nbytes: int, v: int, label: str, device: int) -> None:
-        self.seconds, self.nbytes, self.v, self.label, self.device = seconds, nbytes, v, label, device
-
-    def __call__(self, *args: Any) -> np.ndarray:
-        try:
-            return synthetic_kernel(self.seconds, self.nbytes, self.v)
-        except Exception as e:  # noqa: BLE001
-            raise DaskOpError(f"op {self.label} on device {self.device} failed: {type(e).__name__}: {e}") from None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_SynthOp, (self.seconds, self.nbytes, self.v, self.label, self.device))
 
 
 def _gate(name: str, timeout: float) -> None:
     """Hold this worker's thread until the run's event is set (then the clock starts)."""
     if not Event(name).wait(timeout):
         raise TimeoutError(f"gate {name} was never opened")
-    return None
 
 
 def _incoming_transfers(
@@ -144,9 +128,7 @@ def _incoming_transfers(
     """This worker's fetches of keys starting with ``prefix`` that ended after ``since``:
     (start, stop, source worker, keys). The log is read from its newest entry back."""
     out = []
-    log = dask_worker.transfer_incoming_log
-    for i in range(len(log) - 1, -1, -1):
-        rec = log[i]
+    for rec in reversed(dask_worker.transfer_incoming_log):
         if float(rec["stop"]) < since:
             break
         keys = [k for k in rec.get("keys", ()) if isinstance(k, str) and k.startswith(prefix)]
@@ -178,24 +160,23 @@ def _scheduler_executing(prefix: str, dask_scheduler: Any = None) -> dict[str, l
 
 
 # ------------------------------------------------------------------ one run
-def _task_callables(placed: PlacedProgram) -> list[Any]:
-    prog = placed.program
-    g = prog.graph
-    dev = placed.devices
-    out: list[Any] = []
-    for v in range(g.num_ops):
+def _task_callables(placed: PlacedProgram) -> list[_OpTask]:
+    prog, dev = placed.program, placed.devices
+    out: list[_OpTask] = []
+    for v in range(prog.num_ops):
         d = int(dev[v])
         if prog.is_synthetic:
             seconds = float(prog.synthetic_s[v, d])  # type: ignore[index]
-            out.append(_SynthOp(seconds, int(g.output_bytes[v]), v, prog.label(v), d))
+            out.append(_OpTask(v, prog.label(v), d, seconds=seconds, nbytes=int(prog.graph.output_bytes[v])))
         else:
-            out.append(_RealOp(prog.specs[v], prog.label(v), prog.dtype, d))  # type: ignore[index]
+            out.append(_OpTask(v, prog.label(v), d, prog.specs[v], prog.dtype))  # type: ignore[index]
     return out
 
 
 def _failure_message(futs: list[Any], placed: PlacedProgram) -> str | None:
     """The message of the first failed op future, if any."""
     for v, f in enumerate(futs):
+        d = int(placed.devices[v])
         if f.status == "error":
             try:
                 exc = f.exception(timeout=5)
@@ -203,77 +184,67 @@ def _failure_message(futs: list[Any], placed: PlacedProgram) -> str | None:
                 exc = e
             if isinstance(exc, DaskOpError):
                 return str(exc)
-            d = int(placed.devices[v])
             return f"op {placed.program.label(v)} on device {d} failed: {type(exc).__name__}: {exc}"
         if f.status == "cancelled":
-            d = int(placed.devices[v])
             return f"op {placed.program.label(v)} on device {d} was cancelled by the Dask scheduler"
     return None
 
 
-def _dead_devices(conn: Conn, num_devices: int) -> list[int]:
+def _raise_if_dead(conn: Conn, num_devices: int) -> None:
+    """An EngineError naming every device whose worker has left the scheduler, if any has."""
     live = set(conn.client.nthreads())
-    return [d for d in range(num_devices) if conn.workers[d] not in live]
-
-
-def _dead_message(conn: Conn, dead: list[int]) -> str:
-    what = ", ".join(f"device {d} ({conn.workers[d]})" for d in dead)
-    return f"the Dask worker of {what} died during the run"
+    dead = [d for d in range(num_devices) if conn.workers[d] not in live]
+    if dead:
+        what = ", ".join(f"device {d} ({conn.workers[d]})" for d in dead)
+        raise EngineError(f"the Dask worker of {what} died during the run") from None
 
 
 def _timeout_message(conn: Conn, futs: list[Any], placed: PlacedProgram, prefix: str, timeout_s: float) -> str:
     n = len(futs)
     left = sum(1 for f in futs if f.status != "finished")
     busy: list[str] = []
-    try:
+    with suppress(Exception):  # the message is best effort
         executing = conn.client.run_on_scheduler(_scheduler_executing, prefix)
         for d in range(placed.num_devices):
             for k in executing.get(conn.workers[d], []):
                 tail = str(k)[len(prefix) :]
                 if tail.isdigit():
                     busy.append(f"op {placed.program.label(int(tail))} on device {d}")
-    except Exception:  # noqa: BLE001 - the message is best effort
-        pass
     what = "; running: " + ", ".join(busy) if busy else "; no op was running (waiting on inputs)"
     return f"the run passed its timeout of {timeout_s:g} s with {left} of {n} ops unfinished{what}"
+
+
+def _poll(ready: Callable[[], bool], deadline: float, what: str) -> None:
+    """Call ``ready()`` with a growing pause (1 ms doubling to 50 ms) until it is true; past ``deadline``, an
+    EngineError saying that ``what`` (did not happen) within :data:`SETUP_TIMEOUT_S`."""
+    delay = 0.001
+    while not ready():
+        if time.monotonic() > deadline:
+            raise EngineError(f"set-up: {what} within {SETUP_TIMEOUT_S:g} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def _await_workers(conn: Conn, want: dict[int, list[str]], states: tuple[str, ...], what: str,
                    num_devices: int, deadline: float) -> None:  # fmt: skip
     """Wait until every key in ``want[d]`` is in one of ``states`` on device ``d``'s worker."""
     want = {d: keys for d, keys in want.items() if keys}
-    if not want:
-        return
     every = [k for keys in want.values() for k in keys]
     addrs = [conn.workers[d] for d in want]
-    delay = 0.001
-    while True:
+
+    def ready() -> bool:
         try:
             got = conn.client.run(_worker_task_states, every, workers=addrs)
         except Exception:  # noqa: BLE001 - a worker that cannot answer: dead, or a real error
-            dead = _dead_devices(conn, num_devices)
-            if dead:
-                raise EngineError(_dead_message(conn, dead)) from None
+            _raise_if_dead(conn, num_devices)
             raise
         if all(got.get(conn.workers[d], {}).get(k) in states for d, keys in want.items() for k in keys):
-            return
-        dead = _dead_devices(conn, num_devices)
-        if dead:
-            raise EngineError(_dead_message(conn, dead))
-        if time.monotonic() > deadline:
-            raise EngineError(f"set-up: {what} did not happen within {SETUP_TIMEOUT_S:g} s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+            return True
+        _raise_if_dead(conn, num_devices)
+        return False
 
-
-def _await_scheduler(conn: Conn, keys: list[str], deadline: float) -> None:
-    """Wait until the scheduler holds every one of ``keys``."""
-    delay = 0.001
-    while conn.client.run_on_scheduler(_scheduler_known, keys) < len(keys):
-        if time.monotonic() > deadline:
-            raise EngineError(f"set-up: the Dask scheduler did not take the graph within {SETUP_TIMEOUT_S:g} s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    if want:
+        _poll(ready, deadline, f"{what} did not happen")
 
 
 def _await_run(conn: Conn, futs: list[Any], sinks: np.ndarray, placed: PlacedProgram, prefix: str,
@@ -294,21 +265,14 @@ def _await_run(conn: Conn, futs: list[Any], sinks: np.ndarray, placed: PlacedPro
         if remaining <= 0:
             raise EngineError(_timeout_message(conn, futs, placed, prefix, timeout_s))
         how = "FIRST_COMPLETED" if len(pending) <= MAX_FIRST_COMPLETED else "ALL_COMPLETED"
-        try:
-            with client.as_current():
-                wait(list(pending), timeout=min(POLL_S, remaining), return_when=how)
-        except TimeoutError:
-            pass
-        except Exception:  # noqa: BLE001 - a cancelled future: its status says what happened
-            pass
+        with suppress(Exception), client.as_current():  # a timeout, or a cancelled future (its status tells)
+            wait(list(pending), timeout=min(POLL_S, remaining), return_when=how)
         done = {f for f in pending if f.status != "pending"}
         if any(f.status != "finished" for f in done):
             raise EngineError(_failure_message(futs, placed) or "a Dask task failed")
         pending -= done
         if pending and time.monotonic() >= next_check:
-            dead = _dead_devices(conn, placed.num_devices)
-            if dead:
-                raise EngineError(_dead_message(conn, dead))
+            _raise_if_dead(conn, placed.num_devices)
             next_check = time.monotonic() + POLL_S
     msg = _failure_message(futs, placed)
     if msg:  # pragma: no cover - a finished sink implies finished ancestors
@@ -362,8 +326,7 @@ def _run_once(
                 gates.append(client.submit(_gate, run_id, gate_timeout, key=key, workers=[addr],
                                            allow_other_workers=False, pure=False, priority=1 << 30))  # fmt: skip
         _await_workers(conn, gate_keys, ("executing",), "the gate tasks starting", D, deadline)
-        for v in g.topo_order:
-            v = int(v)
+        for v in g.topo_order.tolist():
             d = int(dev[v])
             args = [
                 tile_futs[id(tile)] if tile is not None else futs[o.op]
@@ -371,22 +334,20 @@ def _run_once(
             ]
             futs[v] = client.submit(calls[v], *args, key=f"{prefix}{v}", workers=[conn.workers[d]],
                                     allow_other_workers=False, pure=False, priority=-v)  # fmt: skip
-        _await_scheduler(conn, [f.key for f in futs], deadline)
+        keys = [f.key for f in futs]
+        _poll(lambda: conn.client.run_on_scheduler(_scheduler_known, keys) >= len(keys), deadline,
+              "the Dask scheduler did not take the graph")  # fmt: skip
         src_keys = {d: [f"{prefix}{int(v)}" for v in sources if int(dev[v]) == d] for d in range(D)}
         _await_workers(conn, src_keys, ("ready", "constrained"), "the source ops reaching their workers", D, deadline)
         event.set()
         _await_run(conn, futs, sinks, placed, prefix, timeout_s)
         ok = True
     finally:
-        try:
+        with suppress(Exception):
             event.set()  # release any gate still waiting, whatever happened
-        except Exception:  # noqa: BLE001
-            pass
         if not ok:
-            try:
+            with suppress(Exception):
                 client.cancel([f for f in futs + gates if f is not None], force=True)
-            except Exception:  # noqa: BLE001
-                pass
     stream.__exit__(None, None, None)
     records = [r for r in stream.data if str(r.get("key", "")).startswith(run_id)]
     gate_starts = [
@@ -403,10 +364,8 @@ def _run_once(
     values: list[np.ndarray | None] = []
     if keep_values and not prog.is_synthetic:
         values = list(_bounded(lambda: client.gather(futs), "gathering the outputs"))
-    try:
+    with suppress(Exception):
         event.clear()
-    except Exception:  # noqa: BLE001
-        pass
     client.cancel(futs + gates)
     return trace, values
 
@@ -414,18 +373,8 @@ def _run_once(
 def _bounded(fn: Any, what: str, timeout_s: float = SETUP_TIMEOUT_S) -> Any:
     """``fn()`` on a helper thread, an EngineError if it takes longer than ``timeout_s`` (a worker
     that dies after the run but before its results are collected must not hang the caller)."""
-    box: dict[str, Any] = {}
-
-    def call() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    th = threading.Thread(target=call, name="doppler-dask-collect", daemon=True)
-    th.start()
-    th.join(timeout_s)
-    if th.is_alive():
+    box = on_thread(fn, "doppler-dask-collect", timeout_s)
+    if not box:
         raise EngineError(f"Dask: {what} took longer than {timeout_s:g} s (a worker died after the run?)")
     if "error" in box:
         raise EngineError(f"Dask: {what} failed: {type(box['error']).__name__}: {box['error']}")
@@ -454,13 +403,11 @@ def run_dask(
     try:
         if conn.overhead_s is None:
             conn.overhead_s = _chain_overhead(conn, OVERHEAD_CHAIN_OPS)
-        prog = placed.program
-        g = prog.graph
         calls = _task_callables(placed)
         # device-local input tiles, scattered once to their worker, before any clock
         per_device: dict[int, dict[int, np.ndarray]] = {}
-        for v in range(g.num_ops):
-            for tile in placed.tile_operands[v]:
+        for v, tiles in enumerate(placed.tile_operands):
+            for tile in tiles:
                 if tile is not None:
                     per_device.setdefault(int(placed.devices[v]), {})[id(tile)] = tile
         tile_futs: dict[int, Any] = {}
@@ -493,19 +440,13 @@ def run_dask(
 
 
 # ------------------------------------------------------------------ overhead
-def _chain_program(num_ops: int, num_devices: int, op_seconds: float) -> Program:
-    from doppler.engine.program import build_program
+def _chain_overhead(conn: Conn, num_ops: int, op_seconds: float = 0.0) -> float:
     from doppler.graph import DataflowGraph
     from doppler.presets import unit
 
     g = DataflowGraph.from_arrays(np.ones(num_ops), np.full(num_ops, 8.0), np.arange(num_ops - 1),
                                   np.arange(1, num_ops), name="noop-chain")  # fmt: skip
-    return build_program(g, cluster=unit(num_devices), time_scale=op_seconds)
-
-
-def _chain_overhead(conn: Conn, num_ops: int, op_seconds: float = 0.0) -> float:
-    prog = _chain_program(num_ops, 1, op_seconds)
-    placed = prog.place(np.zeros(num_ops, dtype=np.int64), 1)
+    placed = build_program(g, cluster=unit(1), time_scale=op_seconds).place(np.zeros(num_ops, dtype=np.int64), 1)
     calls = _task_callables(placed)
     best = float("inf")
     for _ in range(2):

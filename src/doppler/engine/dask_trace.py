@@ -1,20 +1,15 @@
-"""The Dask engine's trace: op times from Dask's task stream and transfers from each worker's
-incoming-transfer log, re-based to the moment the run's gates opened (see ``dask_engine``).
+"""The Dask engine's trace, re-based to the moment the run's gates opened (see ``dask_engine``).
 
-Op times are the ``"compute"`` intervals of Dask's task stream (the
-scheduler's ``TaskStreamPlugin``, through ``distributed.get_task_stream``).
-Transfers come from each worker's incoming-transfer log
-(``Worker.transfer_incoming_log``, which names the keys each fetch moved,
-unlike the task stream's ``"transfer"`` entries, which are attached to one
-consumer only). Every time is in seconds from **the moment the first gate
-task finished** (the earliest gate ``"compute"`` stop, on the scheduler's
-clock, as every task-stream time): what happens before -- scatter,
-submission, the event's round trip -- is set-up, outside the makespan;
-``timeout_s`` counts from the moment the event is set. Dask reports worker times on the scheduler's clock by adding an
-estimated offset that jitters by milliseconds; the workers of our
-LocalCluster share the scheduler's host and clock, so they report their
-raw clock (offset 0) and their times are exact. For an external scheduler
-the times are Dask's estimates.
+Op times are the ``"compute"`` intervals of Dask's task stream (the scheduler's
+``TaskStreamPlugin``, through ``distributed.get_task_stream``). Transfers come
+from each worker's incoming-transfer log (``Worker.transfer_incoming_log``,
+which names the keys each fetch moved, unlike the task stream's ``"transfer"``
+entries, which are attached to one consumer only). Time zero is the earliest
+gate ``"compute"`` stop, on the scheduler's clock, as every task-stream time.
+Dask reports worker times on the scheduler's clock by adding an estimated offset
+that jitters by milliseconds; the workers of our LocalCluster share the
+scheduler's host and clock, so they report their raw clock (offset 0) and their
+times are exact. For an external scheduler the times are Dask's estimates.
 
 The trace: ``op_start``/``op_end`` from ``"compute"``; ``op_ready`` = the
 latest arrival of an input on the op's device (the producer's end on the
@@ -129,25 +124,17 @@ def _ready_times(g: Any, dev: np.ndarray, start: np.ndarray, end: np.ndarray, ga
                  arrivals: dict[tuple[int, int], list[tuple[float, float, int]]]) -> np.ndarray:  # fmt: skip
     """When each op's last input was on its device: a producer's end on the same device, else the
     fetch that brought it (the last one before the op started); a source op, its device's gate end."""
+
+    def arrival(u: int, v: int, d: int) -> float:
+        lst = arrivals.get((u, d)) if int(dev[u]) != d else None
+        if not lst:  # on the same device, or a fetch missing from the log: the producer's end
+            return float(end[u])
+        before = [a for a in lst if a[0] <= start[v] + _EPS]
+        return float((before[-1] if before else lst[0])[0])
+
     ready = np.zeros(g.num_ops)
     for v in range(g.num_ops):
         d = int(dev[v])
-        preds = g.predecessors(v)
-        if preds.size == 0:
-            ready[v] = gate_end[d]
-            continue
-        r = 0.0
-        for u in preds:
-            u = int(u)
-            if int(dev[u]) == d:
-                t = end[u]
-            else:
-                lst = arrivals.get((u, d))
-                if not lst:
-                    t = end[u]
-                else:
-                    before = [a for a in lst if a[0] <= start[v] + _EPS]
-                    t = (before[-1] if before else lst[0])[0]
-            r = max(r, float(t))
-        ready[v] = r
+        preds = g.predecessors(v).tolist()
+        ready[v] = max([0.0] + [arrival(u, v, d) for u in preds]) if preds else gate_end[d]
     return ready

@@ -15,10 +15,9 @@ differences between the two are real-system effects:
   - CPU devices: ``b``'s own worker, as one more item of its ready queue keyed by
     ``u``'s finish (ties: ops first, then transfers in (producer, device)
     order). A CPU has no copy engine: the copy takes a core, and a thread per
-    link would only time-share the receiver's core with its kernels, which slows
-    them at random where there is no spare core.
-    The simulator models this with ``Device.copies_inbound``, which the
-    calibrated cluster carries;
+    link would only time-share the receiver's core with its kernels, slowing
+    them at random where there is no spare core (the simulator's
+    ``Device.copies_inbound``, which the calibrated cluster carries);
   - CUDA devices: the worker of link ``a -> b`` on its own copy stream, so copies
     overlap kernels. A link carries one transfer at a time in request order
     (ties by producer id): the simulator's ``link_contention=True`` mode;
@@ -49,9 +48,9 @@ Devices (``device_type``):
   at a time as the simulator assumes; op and copy times are read from the
   events afterwards, relative to an event recorded when the clock starts.
 
-Inputs are placed and buffers allocated before the clock starts. An op's ready
-time in the trace is when its last input arrived (the producer's end on the
-same device, or the copy's end), computed from the measured times.
+Inputs are placed before the clock starts. An op's ready time in the trace (its
+last input's arrival: the producer's end on the same device, or the copy's end)
+is computed from the measured times.
 
 Failures never hang: a kernel that raises stops the run with an
 :class:`EngineError` naming the op and device; a run past ``timeout_s`` stops
@@ -65,7 +64,7 @@ import os
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -158,10 +157,8 @@ class HostDevices:
         between cores during a run. ``DOPPLER_PIN_THREADS=0`` turns pinning off."""
         if os.environ.get("DOPPLER_PIN_THREADS", "1") != "0" and hasattr(os, "sched_setaffinity"):
             cores = sorted(os.sched_getaffinity(0))
-            try:
+            with suppress(OSError):  # a sandbox may refuse; the run stays correct, only less repeatable
                 os.sched_setaffinity(0, {cores[key % len(cores)]})
-            except OSError:  # a sandbox may refuse; the run stays correct, only less repeatable
-                pass
 
     def start_clock(self) -> None:
         self.t0 = time.perf_counter()
@@ -212,7 +209,6 @@ class CudaDevices:
     warmup_s = 0.02
 
     def __init__(self, num_devices: int) -> None:
-        from doppler.engine.program import EngineError
         from doppler.kernels import TorchOps
 
         try:
@@ -237,12 +233,8 @@ class CudaDevices:
         self.tr_events: dict[int, list[tuple[Any, Any]]] = {g: [] for g in self.gpus}
 
     def names(self) -> list[str]:
-        counts = {g: self.gpu.count(g) for g in self.gpu}
-        out = []
-        for d, g in enumerate(self.gpu):
-            k = d - self.gpu.index(g)
-            out.append(f"cuda:{g}" if counts[g] == 1 else f"cuda:{g}/{k}")
-        return out
+        gpu = self.gpu
+        return [f"cuda:{g}" if gpu.count(g) == 1 else f"cuda:{g}/{d - gpu.index(g)}" for d, g in enumerate(gpu)]
 
     def place(self, array: np.ndarray, d: int) -> Any:
         return self.torch.from_numpy(np.ascontiguousarray(array)).to(self.ops[d].device, copy=True)
@@ -351,7 +343,6 @@ class CudaDevices:
 _CUDA_DEVICE_SETS: dict[int, CudaDevices] = {}
 
 
-#: the device set class of each device type
 DEVICE_SETS: dict[str, type] = {"cpu": HostDevices, "cuda": CudaDevices}
 
 
@@ -388,8 +379,7 @@ def run_local(placed: PlacedProgram, *, timeout_s: float, keep_values: bool = Tr
     ``devices`` must be the device set the program was placed on (default: CPU devices).
     """
     tune_malloc()
-    ex = _Execution(placed, devices if devices is not None else HostDevices(placed.num_devices))
-    ex.keep_values = keep_values
+    ex = _Execution(placed, devices if devices is not None else HostDevices(placed.num_devices), keep_values)
     ok, at_timeout = ex.start_and_wait(timeout_s)
     if ex.failure:
         raise EngineError(ex.failure[0])
@@ -429,7 +419,7 @@ class _Meter:
 class _Execution:
     """One run of a placed program: its queues, worker threads and what they record."""
 
-    def __init__(self, placed: PlacedProgram, hw: "HostDevices | CudaDevices") -> None:
+    def __init__(self, placed: PlacedProgram, hw: "HostDevices | CudaDevices", keep_values: bool) -> None:
         self.placed, self.prog, self.hw = placed, placed.program, hw
         g = self.prog.graph
         self.n, self.D = n, D = g.num_ops, placed.num_devices
@@ -448,7 +438,7 @@ class _Execution:
             shape, dt = self.prog.output_template(u)
             self.recv[(u, b)] = hw.empty(shape, dt, b)
         self.values: list[Any] = [None] * n
-        self.keep_values = True
+        self.keep_values = keep_values
         self._plan_memory(g, dev, transfers)
         self.ready_key = np.zeros(n)  # host time of the latest arrival: the FIFO key
         self.op_start: list[Any] = [0.0] * n
@@ -481,8 +471,7 @@ class _Execution:
                 self.tile_bytes[key] = float(self.prog.tiles[t].nbytes)
         self.weight_tiles = {t for t, name in enumerate(self.prog.tile_inputs) if name not in users}
         self.uses_left = np.array([len(self.consumers.get((u, int(dev[u])), ())) for u in range(self.n)], np.int64)
-        for u, _ in transfers:
-            self.uses_left[u] += 1
+        np.add.at(self.uses_left, np.array([u for u, _ in transfers], dtype=np.int64), 1)  # and one per copy
         self.recv_left = {(u, b): len(self.consumers[(u, b)]) for u, b in transfers}
         self.out_bytes = np.asarray(g.output_bytes, dtype=np.float64)
 
@@ -625,9 +614,7 @@ class _Execution:
                 ok = self.done.wait(timeout_s)
                 at_timeout = (list(self.running), self.finished)  # what ran when the clock ran out, before stopping
         finally:
-            for q in self.dev_q:
-                q.stop()
-            for q in self.link_q.values():
+            for q in [*self.dev_q, *self.link_q.values()]:
                 q.stop()
             sys.setswitchinterval(old_switch)
             deadline = time.monotonic() + JOIN_TIMEOUT_S

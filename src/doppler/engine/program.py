@@ -14,6 +14,7 @@ tiles are copied into its device's memory before the clock starts.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -45,41 +46,33 @@ class Operand:
 
 
 # ------------------------------------------------------------------ synthetic spin
-_SPIN: Callable[[int], float] | None = None
-_SPIN_RATE: float | None = None
-
-
+@functools.cache
 def _spin_fn() -> Callable[[int], float]:
     """A numba ``nogil`` busy loop of ``k`` dependent multiply-adds (real CPU work, no GIL held)."""
-    global _SPIN
-    if _SPIN is None:
-        import numba
+    import numba
 
-        @numba.njit(nogil=True, cache=True)
-        def spin(k: int) -> float:  # pragma: no cover - compiled
-            x = 1.0
-            for _ in range(k):
-                x = x * 0.999999 + 1e-7
-            return x
+    @numba.njit(nogil=True, cache=True)
+    def spin(k: int) -> float:  # pragma: no cover - compiled
+        x = 1.0
+        for _ in range(k):
+            x = x * 0.999999 + 1e-7
+        return x
 
-        spin(10)
-        _SPIN = spin
-    return _SPIN
+    spin(10)
+    return spin
 
 
+@functools.cache
 def spin_rate_per_s() -> float:
     """Iterations per second of the synthetic spin on one core (measured once per process)."""
-    global _SPIN_RATE
-    if _SPIN_RATE is None:
-        spin = _spin_fn()
-        k = 200_000
-        best = math.inf
-        for _ in range(5):
-            t0 = time.perf_counter()
-            spin(k)
-            best = min(best, time.perf_counter() - t0)
-        _SPIN_RATE = k / max(best, 1e-9)
-    return _SPIN_RATE
+    spin = _spin_fn()
+    k = 200_000
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        spin(k)
+        best = min(best, time.perf_counter() - t0)
+    return k / max(best, 1e-9)
 
 
 def synthetic_kernel(seconds: float, nbytes: int, fill: int = 0) -> np.ndarray:
@@ -182,25 +175,19 @@ class Program:
         per_op: list[list[np.ndarray | None]] = []
         for v, ops in enumerate(self.operands):
             d = int(devices[v])
-            row: list[np.ndarray | None] = []
-            for o in ops:
-                if o.tile >= 0:
-                    key = (o.tile, d)
-                    if key not in local:
-                        tile = self.tiles[o.tile]
-                        if hw is None:
-                            local[key] = np.array(tile, copy=True)
-                        elif hw.keeps_inputs:  # read-only: one upload per program and device
-                            kept = (o.tile, id(hw), d)
-                            if kept not in self.device_tiles:
-                                self.device_tiles[kept] = hw.place(tile, d)
-                            local[key] = self.device_tiles[kept]
-                        else:
-                            local[key] = hw.place(tile, d)
-                    row.append(local[key])
+            for t in [o.tile for o in ops if o.tile >= 0]:
+                if (t, d) in local:
+                    continue
+                tile = self.tiles[t]
+                if hw is None:
+                    local[(t, d)] = np.array(tile, copy=True)
+                elif hw.keeps_inputs:  # read-only: one upload per program and device
+                    if (t, id(hw), d) not in self.device_tiles:
+                        self.device_tiles[(t, id(hw), d)] = hw.place(tile, d)
+                    local[(t, d)] = self.device_tiles[(t, id(hw), d)]
                 else:
-                    row.append(None)
-            per_op.append(row)
+                    local[(t, d)] = hw.place(tile, d)
+            per_op.append([local[(o.tile, d)] if o.tile >= 0 else None for o in ops])
         return PlacedProgram(self, np.asarray(devices, dtype=np.int64), num_devices, per_op)
 
 
@@ -226,12 +213,7 @@ class PlacedProgram:
     def transfers(self) -> list[tuple[int, int]]:
         """(producer op, destination device) of every transfer, sorted (one per op and remote device)."""
         g, dev = self.program.graph, self.devices
-        out = set()
-        for u in range(g.num_ops):
-            for v in g.successors(u):
-                if dev[v] != dev[u]:
-                    out.add((u, int(dev[v])))
-        return sorted(out)
+        return sorted({(u, int(dev[v])) for u, v in zip(g.src.tolist(), g.dst.tolist()) if dev[u] != dev[v]})
 
 
 def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray],

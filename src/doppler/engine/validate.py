@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,6 @@ def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, se
         budget = ANNEAL_BUDGET_S if spec.uses_budget else None
         add(m, assign(graph, cluster, m, seed=seed, budget_s=budget, ignore_memory=True).devices)
     rng = np.random.default_rng(seed)
-    # between single (all on one device) and the balanced methods: a share of the ops, in
-    # contiguous op-id blocks, moved to the other devices, so the makespans span a wide range
     for share in PARTIAL_SHARES:
         dev = np.zeros(graph.num_ops, np.int64)
         blocks = np.array_split(np.arange(graph.num_ops), 10)
@@ -154,12 +153,11 @@ def validate(
     order = [(i, r) for r in range(repeats) for i in range(len(cases))]
     np.random.default_rng(seed + 1).shuffle(order)
     measured = np.full((len(cases), repeats), np.nan)
-    run(graph, cases[0][1], num_devices=cluster.num_devices, engine=engine, program=program, timeout_s=timeout_s,
-        scheduler=scheduler, keep_outputs=False, device_type=device_type)  # warm-up, not kept  # fmt: skip
+    run_on = partial(run, graph, num_devices=cluster.num_devices, engine=engine, program=program, timeout_s=timeout_s,
+                     scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
+    run_on(cases[0][1])  # warm-up, not kept
     for k, (i, r) in enumerate(order):
-        res = run(graph, cases[i][1], num_devices=cluster.num_devices, engine=engine, program=program,
-                  timeout_s=timeout_s, scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
-        measured[i, r] = res.makespan_s
+        measured[i, r] = run_on(cases[i][1]).makespan_s
         if progress is not None:
             progress(ProgressEvent("validate", k + 1, len(order), "runs"))
     return agreement([label for label, _ in cases], simulated, measured,
