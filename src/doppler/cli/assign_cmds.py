@@ -22,32 +22,9 @@ from doppler.cli._common import (
     handle_errors,
     hold_outputs,
     live_progress,
+    load_graph_and_cluster,
     memory_check,
 )
-
-
-def _load(graph_path: Path, cluster_name: str):
-    from doppler.formats import load_graph
-    from doppler.presets import cluster
-
-    return load_graph(graph_path), cluster(cluster_name)
-
-
-def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int], plc_ties: Optional[bool] = None) -> dict[str, Any]:
-    kw: dict[str, Any] = {}
-    if plc_ties is not None:
-        kw["plc_ties_only"] = plc_ties
-    if checkpoint is not None:
-        kw["checkpoint"] = checkpoint
-    if samples is not None:  # (the method checks its range)
-        kw["samples"] = samples
-    return kw
-
-
-def _check_budget(budget_s: Optional[float]) -> None:
-    from doppler.methods import check_budget
-
-    check_budget(budget_s)
 
 
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
@@ -90,23 +67,21 @@ def assign_cmd(
     start: reading the graph is taken from the search's time (at most half of it)."""
     t_command = time.perf_counter()
     with handle_errors():
-        from doppler.methods import assign, get_method
+        from doppler.methods import assign, check_budget, get_method
 
         spec = get_method(method)
-        _check_budget(budget_s)
-        from doppler.io_util import check_outputs_apart
-
+        check_budget(budget_s)
         # (--init may be the output: it is read in full first, and refining an assignment in place is a use)
-        check_outputs_apart({"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint},
-                            {"--output": output})  # fmt: skip
-        hold_outputs(ctx, files={"--output": output})  # one writer: anneal may run for long
-        kw = _method_kwargs(checkpoint, samples, plc_ties)
+        hold_outputs(ctx, files={"--output": output},  # one writer: anneal may run for long
+                     inputs={"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint})  # fmt: skip
+        kw: dict[str, Any] = {k: v for k, v in (("plc_ties_only", plc_ties), ("checkpoint", checkpoint),
+                                                ("samples", samples)) if v is not None}  # (the method checks samples)
         kw.update(memory_fraction=memory_fraction, ignore_memory=ignore_memory)
         if threads is not None:
             if threads < 1:
                 raise UserError(f"--threads must be >= 1, got {threads}")
             kw["threads"] = threads
-        graph, cl = _load(graph_path, cluster_name)
+        graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         if init is not None:
             if method != "anneal":
                 raise UserError(f"--init starts a search from an assignment; method {method!r} does not search")
@@ -233,12 +208,12 @@ def compare_cmd(
     """Run several methods on one graph and compare their simulated makespans and whether each placement fits
     the memory budget."""
     with handle_errors():
-        from doppler.methods import compare, get_method
+        from doppler.methods import check_budget, compare, get_method
 
         names = [m.strip() for m in methods.split(",") if m.strip()]
         for m in names:
             get_method(m)
-        _check_budget(budget_s)
+        check_budget(budget_s)
         from doppler.io_util import check_outputs_apart
 
         if save_dir is not None and save_dir.exists() and not save_dir.is_dir():
@@ -249,7 +224,7 @@ def compare_cmd(
                              **{f"--checkpoint ({m})": p for m, p in chosen.items()}},
                             {"--csv": csv_path, **saves})  # every output checked before any method runs  # fmt: skip
         hold_outputs(ctx, dirs={"--save-dir": save_dir}, files={"--csv": csv_path})
-        graph, cl = _load(graph_path, cluster_name)
+        graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
