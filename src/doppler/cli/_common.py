@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from doppler.io_util import OutputLock, check_outputs_apart, to_jsonable
+from doppler.io_util import OutputLock, OutputPathError, check_outputs_apart, to_jsonable
 
 #: the `--json` option every command takes
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
@@ -62,8 +62,6 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from doppler.assignment import AssignmentError
     from doppler.graph import GraphError
     from doppler.hardware import ClusterError
-
-    from doppler.io_util import OutputPathError
 
     types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError,
                                         IsADirectoryError, NotADirectoryError, PermissionError, OutputPathError]  # fmt: skip

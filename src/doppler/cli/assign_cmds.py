@@ -25,6 +25,7 @@ from doppler.cli._common import (
     load_graph_and_cluster,
     memory_check,
 )
+from doppler.io_util import atomic_write_text, check_outputs_apart
 
 
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
@@ -214,8 +215,6 @@ def compare_cmd(
         for m in names:
             get_method(m)
         check_budget(budget_s)
-        from doppler.io_util import check_outputs_apart
-
         if save_dir is not None and save_dir.exists() and not save_dir.is_dir():
             raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
         saves = {f"--save-dir ({m})": save_dir / f"{m}.json" for m in names} if save_dir is not None else {}
@@ -231,8 +230,6 @@ def compare_cmd(
                            method_kwargs={m: {"checkpoint": p} for m, p in chosen.items()},
                            memory_fraction=memory_fraction, ignore_memory=ignore_memory)  # fmt: skip
         if csv_path is not None:
-            from doppler.io_util import atomic_write_text
-
             buf = io.StringIO()
             per_device = ("resident_bytes", "peak_memory_bytes", "memory_budget_bytes")
             fields = [k for k in rows[0].to_json() if k != "memory_overruns"]

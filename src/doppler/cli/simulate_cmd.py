@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
                                  handle_errors, load_graph_and_cluster, memory_check, write_trace_files)  # fmt: skip
+from doppler.io_util import check_outputs_apart
 
 #: ``doppler simulate`` runs one simulation of a graph of up to this many ops as Python
 #: (:mod:`doppler._jit`) unless numba has started: 0.27 s at 3,000 ops with its trace (0.45 s with
@@ -46,8 +47,6 @@ def simulate_cmd(
         from doppler.sim import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
-        from doppler.io_util import check_outputs_apart
-
         check_outputs_apart({"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name},
                             {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
                              "--ops-csv": csv_path})  # fmt: skip

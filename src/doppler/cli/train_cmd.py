@@ -294,9 +294,8 @@ def _print_summary(s: dict[str, Any], cl) -> None:
     console.print(f"trained {s['il_episodes']} imitation + {s['episodes']} RL{real} episodes in {s['elapsed_s']:.1f} s "
                   f"-> {s['checkpoint']}", highlight=False)  # fmt: skip
     for g in s["graphs"]:
-        measured = s["real_episodes"] > 0
         best = f", best sampled {format_time(g['best_makespan_s'], cl)}" if g["best_makespan_s"] is not None else ""
-        if measured:
+        if s["real_episodes"] > 0:
             best = (f" (measured {format_time(g['greedy_measured_makespan_s'], cl)})"
                     + best.replace("best sampled", "best measured"))  # fmt: skip
         console.print(
