@@ -123,12 +123,9 @@ def assign_cmd(
             "seed": seed,
             "budget_s": budget_s,
         }
-        if "zero_shot" in a.info:
-            row["zero_shot"] = bool(a.info["zero_shot"])
-            row["pretrained"] = bool(a.info.get("pretrained"))
-            row["checkpoint"] = a.info.get("checkpoint")
-            row["plc_ties_only"] = bool(a.info.get("plc_ties_only"))
-            row["device_identity_left_out"] = bool(a.info.get("device_identity_left_out"))
+        if "zero_shot" in a.info:  # a learned policy's: each a flag but the checkpoint's path
+            for key in ("zero_shot", "pretrained", "checkpoint", "plc_ties_only", "device_identity_left_out"):
+                row[key] = a.info.get(key) if key == "checkpoint" else bool(a.info.get(key))
         if json_out:
             emit_json(row)
         else:

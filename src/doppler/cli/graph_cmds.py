@@ -179,9 +179,8 @@ def info_cmd(
         table.add_column(justify="right")
         for key in ("name", "num_ops", "num_edges", "depth", "critical_path_ops"):
             table.add_row(key, str(stats[key]))
-        table.add_row("total_flops", f"{stats['total_flops']:.4g}")
-        table.add_row("critical_path_flops", f"{stats['critical_path_flops']:.4g}")
-        table.add_row("total_output_bytes", f"{stats['total_output_bytes']:.4g}")
+        for key in ("total_flops", "critical_path_flops", "total_output_bytes"):
+            table.add_row(key, f"{stats[key]:.4g}")
         table.add_row("ops_by_kind", ", ".join(f"{k} {v}" for k, v in stats["ops_by_kind"].items()))
         from doppler.report import format_bytes, format_time
 
