@@ -8,6 +8,7 @@ file/line/op), 1 on internal failure.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import re
 import sys
@@ -19,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from doppler.io_util import OutputLock, to_jsonable
+from doppler.io_util import OutputLock, OutputPathError, check_outputs_apart, to_jsonable
 
 #: the `--json` option every command takes
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
@@ -47,36 +48,27 @@ class UserError(Exception):
     """A mistake in what the user asked for; reported in one line with exit code 2."""
 
 
+@contextlib.contextmanager
+def as_user_error(*types: type[BaseException]) -> Iterator[None]:
+    """An exception of ``types`` raised inside is bad input: a :class:`UserError` with its message."""
+    try:
+        yield
+    except types as e:
+        raise UserError(str(e)) from None
+
+
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Every exception type that means bad input rather than a bug."""
     from doppler.assignment import AssignmentError
     from doppler.graph import GraphError
     from doppler.hardware import ClusterError
 
-    from doppler.io_util import OutputPathError
-
     types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError,
                                         IsADirectoryError, NotADirectoryError, PermissionError, OutputPathError]  # fmt: skip
-    with contextlib.suppress(ImportError):
-        from doppler.workloads import WorkloadError
-
-        types.append(WorkloadError)
-    with contextlib.suppress(ImportError):
-        from doppler.sim import SimulationError
-
-        types.append(SimulationError)
-    with contextlib.suppress(ImportError):
-        from doppler.methods import MethodError
-
-        types.append(MethodError)
-    with contextlib.suppress(ImportError):
-        from doppler.engine import EngineError
-
-        types.append(EngineError)
-    with contextlib.suppress(ImportError):
-        from doppler.report import FigureFormatError
-
-        types.append(FigureFormatError)
+    for module, name in (("workloads", "WorkloadError"), ("sim", "SimulationError"), ("methods", "MethodError"),
+                         ("engine", "EngineError"), ("report", "FigureFormatError")):  # fmt: skip
+        with contextlib.suppress(ImportError):
+            types.append(getattr(importlib.import_module(f"doppler.{module}"), name))
     return tuple(types)
 
 
@@ -119,12 +111,17 @@ def handle_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: dict[str, Any] | None = None) -> None:
+def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: dict[str, Any] | None = None,
+                 inputs: dict[str, Any] | None = None) -> None:  # fmt: skip
     """One writer per output: lock each output directory of ``dirs`` and file of ``files`` ({label: path};
     ``None`` paths skipped; a label names the option in a refusal, "" none) with an
     :class:`~doppler.io_util.OutputLock`, now, before the command's work, and hold them until the command
     ends (its context ``ctx`` closes: at its end, on an error, on Ctrl-C). An output another live doppler
-    process holds is an :class:`~doppler.io_util.OutputPathError` (exit 2) at once."""
+    process holds is an :class:`~doppler.io_util.OutputPathError` (exit 2) at once. With ``inputs`` (the
+    command's input files, {label: path}), the ``files`` are first checked apart from them and from each
+    other, and writable (:func:`~doppler.io_util.check_outputs_apart`)."""
+    if inputs is not None:
+        check_outputs_apart(inputs, files or {})
     for directory, outputs in ((True, dirs or {}), (False, files or {})):
         for label, path in outputs.items():
             if path is not None:
@@ -144,16 +141,22 @@ def memory_check(graph: Any, cl: Any, result: Any, memory_fraction: float, ignor
     from doppler.memory import MemoryBudgetError, check
     from doppler.report import memory_overruns
 
-    try:
+    with as_user_error(MemoryBudgetError):
         chk = check(graph, cl, result.resident_bytes, result.peak_memory_bytes, memory_fraction)
-    except MemoryBudgetError as e:
-        raise UserError(str(e)) from None
     if not chk.feasible:
         msg = f"{what} does not fit: {'; '.join(memory_overruns(chk))}"
         if not ignore:
             raise UserError(msg + " (--ignore-memory runs it anyway)")
         warnings.warn(msg, stacklevel=2)
     return chk
+
+
+def load_graph_and_cluster(graph_path: Any, cluster_name: str) -> tuple[Any, Any]:
+    """The graph file and the cluster (a preset or a JSON file) a command works on, read in that order."""
+    from doppler.formats import load_graph
+    from doppler.presets import cluster
+
+    return load_graph(graph_path), cluster(cluster_name)
 
 
 def emit_json(obj: Any) -> None:
@@ -166,18 +169,16 @@ def write_trace_files(trace, graph, device_names: list[str], out: dict[str, Any]
                       chrome_path=None, csv_path=None) -> list[tuple[str, Any]]:  # fmt: skip
     """Write the requested trace exports (JSON with op names, Chrome trace, per-op CSV); record them in ``out``."""
     written = []
-    if trace_path is not None:
-        trace.save(trace_path, graph, len(device_names))
-        out["trace"] = str(trace_path)
-        written.append(("trace", trace_path))
-    if chrome_path is not None:
-        trace.save_chrome_trace(chrome_path, graph, device_names)
-        out["chrome_trace"] = str(chrome_path)
-        written.append(("chrome trace (Perfetto, chrome://tracing)", chrome_path))
-    if csv_path is not None:
-        trace.save_ops_csv(csv_path, graph)
-        out["ops_csv"] = str(csv_path)
-        written.append(("per-op table", csv_path))
+    for path, key, label, save in (
+        (trace_path, "trace", "trace", lambda p: trace.save(p, graph, len(device_names))),
+        (chrome_path, "chrome_trace", "chrome trace (Perfetto, chrome://tracing)",
+         lambda p: trace.save_chrome_trace(p, graph, device_names)),
+        (csv_path, "ops_csv", "per-op table", lambda p: trace.save_ops_csv(p, graph)),
+    ):  # fmt: skip
+        if path is not None:
+            save(path)
+            out[key] = str(path)
+            written.append((label, path))
     return written
 
 

@@ -22,32 +22,10 @@ from doppler.cli._common import (
     handle_errors,
     hold_outputs,
     live_progress,
+    load_graph_and_cluster,
     memory_check,
 )
-
-
-def _load(graph_path: Path, cluster_name: str):
-    from doppler.formats import load_graph
-    from doppler.presets import cluster
-
-    return load_graph(graph_path), cluster(cluster_name)
-
-
-def _method_kwargs(checkpoint: Optional[Path], samples: Optional[int], plc_ties: Optional[bool] = None) -> dict[str, Any]:
-    kw: dict[str, Any] = {}
-    if plc_ties is not None:
-        kw["plc_ties_only"] = plc_ties
-    if checkpoint is not None:
-        kw["checkpoint"] = checkpoint
-    if samples is not None:  # (the method checks its range)
-        kw["samples"] = samples
-    return kw
-
-
-def _check_budget(budget_s: Optional[float]) -> None:
-    from doppler.methods import check_budget
-
-    check_budget(budget_s)
+from doppler.io_util import atomic_write_text, check_outputs_apart
 
 
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
@@ -90,23 +68,21 @@ def assign_cmd(
     start: reading the graph is taken from the search's time (at most half of it)."""
     t_command = time.perf_counter()
     with handle_errors():
-        from doppler.methods import assign, get_method
+        from doppler.methods import assign, check_budget, get_method
 
         spec = get_method(method)
-        _check_budget(budget_s)
-        from doppler.io_util import check_outputs_apart
-
+        check_budget(budget_s)
         # (--init may be the output: it is read in full first, and refining an assignment in place is a use)
-        check_outputs_apart({"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint},
-                            {"--output": output})  # fmt: skip
-        hold_outputs(ctx, files={"--output": output})  # one writer: anneal may run for long
-        kw = _method_kwargs(checkpoint, samples, plc_ties)
+        hold_outputs(ctx, files={"--output": output},  # one writer: anneal may run for long
+                     inputs={"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint})  # fmt: skip
+        kw: dict[str, Any] = {k: v for k, v in (("plc_ties_only", plc_ties), ("checkpoint", checkpoint),
+                                                ("samples", samples)) if v is not None}  # (the method checks samples)
         kw.update(memory_fraction=memory_fraction, ignore_memory=ignore_memory)
         if threads is not None:
             if threads < 1:
                 raise UserError(f"--threads must be >= 1, got {threads}")
             kw["threads"] = threads
-        graph, cl = _load(graph_path, cluster_name)
+        graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         if init is not None:
             if method != "anneal":
                 raise UserError(f"--init starts a search from an assignment; method {method!r} does not search")
@@ -147,12 +123,9 @@ def assign_cmd(
             "seed": seed,
             "budget_s": budget_s,
         }
-        if "zero_shot" in a.info:
-            row["zero_shot"] = bool(a.info["zero_shot"])
-            row["pretrained"] = bool(a.info.get("pretrained"))
-            row["checkpoint"] = a.info.get("checkpoint")
-            row["plc_ties_only"] = bool(a.info.get("plc_ties_only"))
-            row["device_identity_left_out"] = bool(a.info.get("device_identity_left_out"))
+        if "zero_shot" in a.info:  # a learned policy's: each a flag but the checkpoint's path
+            for key in ("zero_shot", "pretrained", "checkpoint", "plc_ties_only", "device_identity_left_out"):
+                row[key] = a.info.get(key) if key == "checkpoint" else bool(a.info.get(key))
         if json_out:
             emit_json(row)
         else:
@@ -233,14 +206,12 @@ def compare_cmd(
     """Run several methods on one graph and compare their simulated makespans and whether each placement fits
     the memory budget."""
     with handle_errors():
-        from doppler.methods import compare, get_method
+        from doppler.methods import check_budget, compare, get_method
 
         names = [m.strip() for m in methods.split(",") if m.strip()]
         for m in names:
             get_method(m)
-        _check_budget(budget_s)
-        from doppler.io_util import check_outputs_apart
-
+        check_budget(budget_s)
         if save_dir is not None and save_dir.exists() and not save_dir.is_dir():
             raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
         saves = {f"--save-dir ({m})": save_dir / f"{m}.json" for m in names} if save_dir is not None else {}
@@ -249,15 +220,13 @@ def compare_cmd(
                              **{f"--checkpoint ({m})": p for m, p in chosen.items()}},
                             {"--csv": csv_path, **saves})  # every output checked before any method runs  # fmt: skip
         hold_outputs(ctx, dirs={"--save-dir": save_dir}, files={"--csv": csv_path})
-        graph, cl = _load(graph_path, cluster_name)
+        graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
                            method_kwargs={m: {"checkpoint": p} for m, p in chosen.items()},
                            memory_fraction=memory_fraction, ignore_memory=ignore_memory)  # fmt: skip
         if csv_path is not None:
-            from doppler.io_util import atomic_write_text
-
             buf = io.StringIO()
             per_device = ("resident_bytes", "peak_memory_bytes", "memory_budget_bytes")
             fields = [k for k in rows[0].to_json() if k != "memory_overruns"]

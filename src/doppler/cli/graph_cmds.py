@@ -8,8 +8,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, console, emit_json, err_console, graph_app,
-                                 handle_errors)  # fmt: skip
+from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, as_user_error, console, emit_json,
+                                 err_console, graph_app, handle_errors)  # fmt: skip
 from doppler.formats import load_graph, save_graph
 from doppler.io_util import check_output_file, check_outputs_apart
 
@@ -89,11 +89,9 @@ def import_cmd(
         # a factory's file ('file.py:function') or a .pt2 program is an input the output must not replace
         check_outputs_apart({"SOURCE": source.rsplit(":", 1)[0] if ":" in source else source}, {"--output": output})
         t0 = time.perf_counter()
-        try:
+        with as_user_error(GraphImportError):
             graph = import_model(source, input_shapes=parse_input_shapes(input_shape), blocks=parse_blocks(blocks),
                                  dtype=dtype, devices=devices)  # fmt: skip
-        except GraphImportError as e:
-            raise UserError(str(e)) from None
         save_graph(graph, output)
         elapsed = time.perf_counter() - t0
         stats = graph.summary()
@@ -159,10 +157,8 @@ def info_cmd(
         stats["lower_bound_s"] = lower_bound(graph, cl)
         from doppler import memory
 
-        try:
+        with as_user_error(memory.MemoryBudgetError):
             budget = memory.budget_bytes(cl, memory_fraction)
-        except memory.MemoryBudgetError as e:
-            raise UserError(str(e)) from None
         stats["weight_bytes"] = memory.weight_bytes(graph)
         stats["memory_budget_bytes"] = None if np.isinf(budget).any() else float(budget.sum())
         stats["weights_fit"] = bool(stats["weight_bytes"] <= budget.sum())
@@ -183,15 +179,12 @@ def info_cmd(
         table.add_column(justify="right")
         for key in ("name", "num_ops", "num_edges", "depth", "critical_path_ops"):
             table.add_row(key, str(stats[key]))
-        table.add_row("total_flops", f"{stats['total_flops']:.4g}")
-        table.add_row("critical_path_flops", f"{stats['critical_path_flops']:.4g}")
-        table.add_row("total_output_bytes", f"{stats['total_output_bytes']:.4g}")
+        for key in ("total_flops", "critical_path_flops", "total_output_bytes"):
+            table.add_row(key, f"{stats[key]:.4g}")
         table.add_row("ops_by_kind", ", ".join(f"{k} {v}" for k, v in stats["ops_by_kind"].items()))
-        from doppler.report import format_time
+        from doppler.report import format_bytes, format_time
 
         table.add_row(f"lower_bound ({cl.name})", format_time(stats["lower_bound_s"], cl))
-        from doppler.report import format_bytes
-
         offer = "unlimited" if stats["memory_budget_bytes"] is None else format_bytes(stats["memory_budget_bytes"])
         table.add_row(f"weights / memory budget ({cl.name})", f"{format_bytes(stats['weight_bytes'])} / {offer}"
                       + ("" if stats["weights_fit"] else " (do not fit)"))  # fmt: skip

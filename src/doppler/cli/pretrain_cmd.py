@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from doppler.cli._common import (JSON_OPT, UserError, app, console, emit_json, handle_errors, hold_outputs,
-                                 live_progress)  # fmt: skip
+from doppler.cli._common import (JSON_OPT, UserError, app, as_user_error, console, emit_json, handle_errors,
+                                 hold_outputs, live_progress)  # fmt: skip
 
 
 @app.command("pretrain")
@@ -48,7 +48,7 @@ def pretrain_cmd(
         if workers is not None:
             check_workers(workers)
         ckpt = output / "checkpoint.pt"
-        try:
+        with as_user_error(TrainError, CheckpointError):
             overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
             flag = "--" + next(iter(overrides)).replace("_", "-") if overrides else None
             if init is not None and (resume or flag):
@@ -62,27 +62,22 @@ def pretrain_cmd(
                 if not ckpt.is_file():
                     raise UserError(f"{ckpt}: no checkpoint to resume from")
                 recipe = Recipe("resume", budget_s, path=str(output))
-                pt = recipe.build(0)
-                if workers is None:  # the run's own count; another one keeps the streams of the workers in both
-                    workers = pt.saved_workers
-                    check_workers(workers, " (the run's own count; give --workers to resume it with fewer)")
-            else:
-                if ckpt.exists():
-                    raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
+            elif ckpt.exists():
+                raise UserError(f"{output} already holds a run (use --resume to continue it, or another -o)")
             if init is not None:
                 from doppler.policy.checkpoint import resolve_checkpoint
 
                 path, _ = resolve_checkpoint(None if init == "pretrained" else init)
                 recipe = Recipe("init", budget_s or 3600.0, path=str(path), seed=seed,
                                 overrides=dict(device=device, torch_threads=threads, **per_update))  # fmt: skip
-                pt = recipe.build(0)
             elif not resume:
                 recipe = Recipe("create", budget_s or 3600.0, cfg=pretrain_config(seed=seed, device=device,
                                                                               torch_threads=threads, **overrides,
                                                                               **per_update))  # fmt: skip
-                pt = recipe.build(0)
-        except (TrainError, CheckpointError) as e:
-            raise UserError(str(e)) from None
+            pt = recipe.build(0)
+            if resume and workers is None:  # the run's own count; another one keeps the streams of the workers in both
+                workers = pt.saved_workers
+                check_workers(workers, " (the run's own count; give --workers to resume it with fewer)")
         t0 = time.perf_counter()
         ref = "HEFT" if pt.cfg.sim_seed_methods == ("heft",) else "best cheap"
 
@@ -101,10 +96,8 @@ def pretrain_cmd(
         episodes_before = pt.trainer.episode if pt.init is not None and not resume else 0  # --init: the policy's own
         with live_progress(describe, labels={"pretrain": "pretraining"}, quiet=json_out, keep=True) as on_progress:
             if workers > 1:
-                try:
+                with as_user_error(TrainError):
                     in_sync = run_workers(pt, recipe, workers, output, on_progress)
-                except TrainError as e:
-                    raise UserError(str(e)) from None
             else:
                 pt.run(output, on_progress)
         summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,

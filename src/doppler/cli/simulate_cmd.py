@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 
 from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
-                                 handle_errors, memory_check, write_trace_files)  # fmt: skip
+                                 handle_errors, load_graph_and_cluster, memory_check, write_trace_files)  # fmt: skip
+from doppler.io_util import check_outputs_apart
 
 #: ``doppler simulate`` runs one simulation of a graph of up to this many ops as Python
 #: (:mod:`doppler._jit`) unless numba has started: 0.27 s at 3,000 ops with its trace (0.45 s with
@@ -43,13 +44,9 @@ def simulate_cmd(
     not fit the memory budget)."""
     with handle_errors():
         from doppler.assignment import load_assignment
-        from doppler.formats import load_graph
-        from doppler.presets import cluster
         from doppler.sim import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
-        from doppler.io_util import check_outputs_apart
-
         check_outputs_apart({"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name},
                             {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
                              "--ops-csv": csv_path})  # fmt: skip
@@ -58,8 +55,7 @@ def simulate_cmd(
 
             figure_format(gantt_path)
         check_dispatch(dispatch, mode)
-        graph = load_graph(graph_path)
-        cl = cluster(cluster_name)
+        graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         assignment = load_assignment(assignment_path, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint)
         from doppler._jit import as_python
 
@@ -167,13 +163,10 @@ def diff_cmd(
 
     with handle_errors():
         from doppler.assignment import load_assignment
-        from doppler.formats import load_graph
-        from doppler.presets import cluster
         from doppler.report import format_bytes, format_time
         from doppler.sim import simulate
 
-        graph = load_graph(graph_path)
-        cl = cluster(cluster_name)
+        graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         sides = []
         for path in (first, second):
             a = load_assignment(path, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint)

@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import typer
 
-from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json, handle_errors,
-                                 hold_outputs, live_progress)  # fmt: skip
+from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, as_user_error, console, emit_json,
+                                 handle_errors, hold_outputs, live_progress)  # fmt: skip
 
 
 def _parse_stages(stages: str) -> tuple[str, ...]:
@@ -178,7 +178,7 @@ def train_cmd(
         from doppler.policy.checkpoint import CheckpointError
         from doppler.train.config import INIT_SEARCH_EVALS, TrainConfig, TrainError, set_fields
 
-        try:
+        with as_user_error(TrainError, CheckpointError):
             given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
                      "distill_on_policy": distill_on_policy,
                      "real_episodes": real_episodes, "search_every": search_every, "torch_threads": threads,
@@ -208,8 +208,6 @@ def train_cmd(
                                resume_episodes=episodes if "episodes" in typed else None)  # fmt: skip
             if resume:
                 _check_resume_options(typed, trainer, cfg, output)
-        except (TrainError, CheckpointError) as e:
-            raise UserError(str(e)) from None
         if trainer.identity_left_out and not json_out:
             console.print(f"--init: the checkpoint's device identity ({trainer.identity_left_out} devices) was learned on "
                           "another cluster; it starts again at zero" if trainer.cfg.learns_device_identity else
@@ -296,9 +294,8 @@ def _print_summary(s: dict[str, Any], cl) -> None:
     console.print(f"trained {s['il_episodes']} imitation + {s['episodes']} RL{real} episodes in {s['elapsed_s']:.1f} s "
                   f"-> {s['checkpoint']}", highlight=False)  # fmt: skip
     for g in s["graphs"]:
-        measured = s["real_episodes"] > 0
         best = f", best sampled {format_time(g['best_makespan_s'], cl)}" if g["best_makespan_s"] is not None else ""
-        if measured:
+        if s["real_episodes"] > 0:
             best = (f" (measured {format_time(g['greedy_measured_makespan_s'], cl)})"
                     + best.replace("best sampled", "best measured"))  # fmt: skip
         console.print(

@@ -34,6 +34,16 @@ def figure_format(path: str | Path) -> str:
     return fmt
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot``, on the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig: Any, path: str | Path, dpi: int | None = None) -> None:
     """Render ``fig`` in the format of ``path``'s extension, write it atomically, close it."""
     import matplotlib.pyplot as plt

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.report.figures import kind_colour, save_figure
+from doppler.report.figures import kind_colour, pyplot, save_figure
 from doppler.report.text import format_bytes, format_time, time_unit
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -74,11 +74,7 @@ def gantt(
     holds over time (its resident weights plus its live activations, :func:`memory_curves`) against its
     budget.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     trace = getattr(result, "trace", result)
     if trace is None:
         raise ValueError("gantt() needs a result simulated with trace=True")

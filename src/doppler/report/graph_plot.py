@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.report.figures import kind_colour, save_figure
+from doppler.report.figures import kind_colour, pyplot, save_figure
 
 
 def layered_positions(graph: DataflowGraph, sweeps: int = 4) -> np.ndarray:
@@ -43,12 +43,9 @@ def layered_positions(graph: DataflowGraph, sweeps: int = 4) -> np.ndarray:
 
 def draw_graph(graph: DataflowGraph, path: str | Path, title: str | None = None) -> None:
     """Write a PNG of ``graph`` (atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.collections import LineCollection
 
+    plt = pyplot()
     pos = layered_positions(graph)
     max_width = int(np.bincount(pos[:, 0].astype(np.int64)).max())
     fig_w = min(40.0, max(8.0, 0.35 * graph.depth + 3))

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from doppler.report.figures import save_figure
+from doppler.report.figures import pyplot, save_figure
 
 
 def training_curve(
@@ -21,11 +21,7 @@ def training_curve(
     """Plot a training run's history (``Trainer.history``): Stage I agreement with the
     teacher and Stage II mean / best makespan over the lower bound, with optional
     horizontal reference lines (e.g. ``{"critical_path": 1.39}`` as ratios)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     il = [h for h in history if h.get("stage_il")]
     rl = [h for h in history if not h.get("stage_il") and not h.get("stage_distill") and not h.get("stage_real")]
     distill = [h for h in history if h.get("stage_distill")]
@@ -73,11 +69,7 @@ def held_out_chart(
     a makespan over the row's best cheap method, so the line at 1 is that method and shorter is better.
     ``columns`` maps a row's key to its legend label; a value may be a number or ``[mean, spread]``
     (drawn with the spread as an error bar); a missing value leaves its bar out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     keys = list(columns)
     height = 0.8 / max(len(keys), 1)
     fig, ax = plt.subplots(figsize=(7.5, 0.14 * len(keys) * len(rows) + 1.6))
