@@ -121,10 +121,7 @@ def doppler_method(
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy", **plan_kw)
     rng = np.random.default_rng(seed) if samples or budget_s else None  # (greedy alone: no numpy.random import)
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
-        heads = fast.heads(gf)
-
-        def decode_plan(plan):
-            return fast.decode(gf, plan, heads)
+        decode_plan = functools.partial(fast.decode, gf, heads=fast.heads(gf))
     else:
         import torch
 
