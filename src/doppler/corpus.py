@@ -236,11 +236,9 @@ def validation_split(k: int = 12, seed: int = VALIDATION_SEED) -> list[HeldOutCa
     """``k`` pairs of the training distribution from a stream training never draws: for choosing
     among checkpoints without looking at the held-out split."""
     rng = np.random.default_rng(seed)
-    cases = []
-    for i in range(k):
-        g, c = sample_pair(rng)
-        cases.append(HeldOutCase(f"val{i}:{g.name}/{c.name}", g, c, "validation (training distribution)"))
-    return cases
+    pairs = [sample_pair(rng) for _ in range(k)]
+    return [HeldOutCase(f"val{i}:{g.name}/{c.name}", g, c, "validation (training distribution)")
+            for i, (g, c) in enumerate(pairs)]  # fmt: skip
 
 
 #: the seed of the shifted validation pairs
@@ -272,9 +270,7 @@ def shifted_validation_split(k: int = 24, seed: int = SHIFTED_VALIDATION_SEED) -
     """``k`` pairs of a training graph on a :func:`shifted_cluster` (the shifts in turn): for choosing
     among options that should transfer, without looking at the held-out split."""
     rng = np.random.default_rng(seed)
-    cases = []
-    for i in range(k):
-        shift = SHIFTS[i % len(SHIFTS)]
-        g, c = sample_graph(rng), shifted_cluster(rng, shift)
-        cases.append(HeldOutCase(f"shift{i}:{g.name}/{c.name}", g, c, f"shifted validation ({shift})"))
-    return cases
+    shifts = [SHIFTS[i % len(SHIFTS)] for i in range(k)]
+    pairs = [(sample_graph(rng), shifted_cluster(rng, shift)) for shift in shifts]
+    return [HeldOutCase(f"shift{i}:{g.name}/{c.name}", g, c, f"shifted validation ({shift})")
+            for i, ((g, c), shift) in enumerate(zip(pairs, shifts))]  # fmt: skip

@@ -179,11 +179,7 @@ class Pretrainer:
             row = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}
             self.history.append(row)
             self.history = thin_history(self.history)
-            if self.trainer.writer is not None:
-                for k, v in row.items():
-                    if k not in ("update",):
-                        group = "losses" if k.startswith(("loss", "entropy")) else "charts"
-                        self.trainer.writer.add_scalar(f"{group}/pretrain_{k}", v, self.updates)
+            self.trainer.add_scalars("pretrain", row, self.updates, ("update",))
             if on_progress is not None:
                 on_progress(ProgressEvent("pretrain", min(self.elapsed_s, self.budget_s), self.budget_s, "s", stats))
             if save_now:

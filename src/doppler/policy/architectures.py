@@ -31,8 +31,6 @@ from doppler.policy.single import SinglePolicy
 
 #: the architectures that are not DOPPLER's dual policy, by method name
 BASELINE_POLICIES: dict[str, type[nn.Module]] = {"single_policy": SinglePolicy, "gdp": GdpPolicy, "placeto": PlacetoPolicy}
-#: architectures whose output layer has one unit per device (they serve that device count only)
-FIXED_DEVICE_COUNT = ("gdp", "placeto")
 #: the most message-passing steps of a policy (DOPPLER's encoder repeats one layer this many times per encoding:
 #: a checkpoint's or a configuration's count past it would stall every decode; the paper uses 6)
 MAX_MP_STEPS = 64

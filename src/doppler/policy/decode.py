@@ -123,10 +123,15 @@ def plc_logits_into(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak
 
 
 @jit(cache=True, inline="always")
-def begin_episode(b, indeg0, nd, placed_init, dev, enter_step):  # pragma: no cover - compiled
+def begin_episode(b, indeg0, nd, placed_init, dev, enter_step, limited, held, used, unheld,
+                  slice_bytes):  # pragma: no cover - compiled  # fmt: skip
     """A fresh episode ``b``: nothing placed (``dev`` all -1), the roots as candidates (entered at step 0),
-    the per-device sums at ``placed_init[D, M + A]`` (zero, or the devices' learned identity). Returns
-    ``(start, finish, free, assigned, indeg, cand, pos, ncand, placed)``."""
+    the per-device sums at ``placed_init[D, M + A]`` (zero, or the devices' learned identity), and where
+    ``limited`` an empty memory ledger. Returns ``(start, finish, free, assigned, indeg, cand, pos, ncand, placed)``."""
+    if limited:
+        held[:] = False
+        used[:] = 0.0
+        unheld[0] = slice_bytes.sum()
     dev[:] = -1
     _, start, finish, free, assigned, indeg, cand, pos, ncand = empty_state(indeg0, nd)
     for k in range(ncand):
@@ -224,7 +229,7 @@ def restrict_to_room(raw, room, by_finish, ties):  # pragma: no cover - compiled
 def _rollout_kernel(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
-    mode, sel_mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
+    mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
     plc_ties_only, order, step_dev, assignment, enter_step, feats, est_tied,
     slice_ptr, slice_idx, slice_bytes, out_bytes, cap, room_rec,
 ):  # pragma: no cover - compiled  # fmt: skip
@@ -255,13 +260,9 @@ def _rollout_kernel(
     room = np.ones(nd, np.bool_)
     room_devs = np.arange(nd)
     for b in range(B):
-        if limited:  # a fresh ledger per episode
-            held[:] = False
-            used[:] = 0.0
-            unheld[0] = slice_bytes.sum()
         dev = assignment[b]
-        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, plc_init, dev,
-                                                                                       enter_step)  # fmt: skip
+        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(
+            b, indeg0, nd, plc_init, dev, enter_step, limited, held, used, unheld, slice_bytes)  # fmt: skip
         busy_count[:] = 0
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
@@ -276,7 +277,7 @@ def _rollout_kernel(
             elif sel_heuristic:
                 v = largest_key_candidate(sel_key, cand, ncand)
             else:
-                v = pick(sel_score, cand, ncand, sel_mode, u[0], u[1], eps)
+                v = pick(sel_score, cand, ncand, mode, u[0], u[1], eps)
             # ---- PLC
             if heft_model:
                 heft_features_into(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
@@ -348,7 +349,6 @@ class DecodePlan:
 
     batch: int
     mode: int  # _MODE_CODE
-    sel_mode: int  # the SEL decode (greedy where ``greedy_sel``)
     eps: float
     uniforms: np.ndarray  # float64[B, n, 4]
     forced_order: np.ndarray  # int64[B, n] (teacher mode), else [1, 1]
@@ -362,20 +362,19 @@ class DecodePlan:
     @classmethod
     def replaying(cls, order: np.ndarray, step_device: np.ndarray) -> "DecodePlan":
         """Teacher mode: replay ``order[B, n]`` with ``step_device[B, n]``."""
-        order = np.ascontiguousarray(np.atleast_2d(order), dtype=np.int64)
-        B, n = order.shape
-        return cls(B, _MODE_CODE["teacher"], _MODE_CODE["teacher"], 0.0, np.zeros((B, n, 4)), order,
-                   np.ascontiguousarray(np.broadcast_to(step_device, (B, n)), dtype=np.int64))  # fmt: skip
+        B, n = np.atleast_2d(order).shape
+        return make_plan(n, batch=B, mode="teacher", order=order, devices_by_step=step_device)
 
     @property
     def teacher(self) -> bool:
         return self.mode == _MODE_CODE["teacher"]
 
-    def choose_devices(self, weights: np.ndarray, step: int | slice = slice(None)) -> np.ndarray:
+    def choose_devices(self, weights: np.ndarray, step: int | slice = slice(None),
+                       allowed: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
         """PLC's choice at ``step`` (default: every step) of every episode from device logits
-        ``weights[B, (steps,) D]``, drawing on PLC's uniforms (``choose``)."""
+        ``weights[B, (steps,) D]`` (only among ``allowed``), drawing on PLC's uniforms (``choose``)."""
         u = self.uniforms[:, step]
-        return choose(weights, self.mode == _MODE_CODE["sample"], u[..., 2], u[..., 3], self.eps)
+        return choose(weights, self.mode == _MODE_CODE["sample"], u[..., 2], u[..., 3], self.eps, allowed)
 
 
 def empty_rollout(batch: int, n: int, nd: int) -> Rollout:
@@ -409,7 +408,7 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
     bad = _rollout_kernel(
         *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
-        plan.mode, plan.sel_mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
+        plan.mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
         gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft", plan.plc_ties_only and not plan.teacher,
         ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied, *ledger, room,
     )  # fmt: skip
@@ -451,10 +450,8 @@ def rule_decode(gf: GraphFeatures, list_schedule: str = "critical_path") -> Roll
     """One episode with both heads on their rules: SEL takes the ready op of largest b-level (ties:
     lowest id), PLC the device ``list_schedule`` ranks first. With ``critical_path`` this is CRITICAL
     PATH; with ``heft`` it is HEFT wherever b-levels do not tie (HEFT breaks ties by level first)."""
-    n = gf.num_ops
-    plan = DecodePlan(1, _MODE_CODE["greedy"], _MODE_CODE["greedy"], 0.0, np.zeros((1, n, 4)),
-                      np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64))  # fmt: skip
-    return _run_kernel(gf, _no_heads(n, gf.num_devices), plan, True, True, list_schedule)
+    plan = make_plan(gf.num_ops, batch=1, mode="greedy")
+    return _run_kernel(gf, _no_heads(gf.num_ops, gf.num_devices), plan, True, True, list_schedule)
 
 
 def rule_order(gf: GraphFeatures) -> np.ndarray:
@@ -487,12 +484,11 @@ def choose(weights: np.ndarray, sample: bool, u_coin: np.ndarray, u_draw: np.nda
     return np.where(u_coin < eps, uniform, soft)
 
 
-def choose_in_order(gf: GraphFeatures, plan: DecodePlan, order: np.ndarray,
-                    weights_at) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
-    """Devices ``[B, n]`` of a decoder that places the ops of ``order[B, n]`` one step at a time (PLACETO, and
+def choose_in_order(gf: GraphFeatures, plan: DecodePlan, order: np.ndarray, weights_at) -> Rollout:
+    """The :func:`replay` of a decoder that places the ops of ``order[B, n]`` one step at a time (PLACETO, and
     GDP under a budget): ``weights_at(h, devices)`` gives step ``h``'s device logits ``[B, D]`` (``devices``:
     the choices so far). With ``plan.memory_budget_bytes``, each choice is only among the devices with room
-    in the episode's memory ledger; returns those rooms ``[B, n, D]`` too (else None)."""
+    in the episode's memory ledger, and those rooms are the rollout's ``room`` ``[B, n, D]`` (else None)."""
     from doppler.listsched.ledger import MemoryLedger
 
     B, n = order.shape
@@ -508,12 +504,12 @@ def choose_in_order(gf: GraphFeatures, plan: DecodePlan, order: np.ndarray,
                 allowed[b] = led.room(int(order[b, h]))
             if not allowed.any(-1).all():
                 raise RolloutError(f"step {h}: no device has room for the op within the memory budget")
-        u = plan.uniforms[:, h]
-        devices[:, h] = choose(weights_at(h, devices), plan.mode == _MODE_CODE["sample"], u[:, 2], u[:, 3], plan.eps,
-                               allowed)  # fmt: skip
+        devices[:, h] = plan.choose_devices(weights_at(h, devices), h, allowed)
         for b, led in enumerate(ledgers):
             led.hold(int(order[b, h]), int(devices[b, h]))
-    return devices, room
+    ro = replay(gf, order, devices)
+    ro.room = room
+    return ro
 
 
 def make_plan(
@@ -525,16 +521,14 @@ def make_plan(
     rng: np.random.Generator | None = None,
     order: np.ndarray | None = None,
     devices_by_step: np.ndarray | None = None,
-    greedy_sel: bool = False,
     plc_ties_only: bool = False,
     memory_budget_bytes: np.ndarray | None = None,
 ) -> DecodePlan:
     """The :class:`DecodePlan` of ``batch`` episodes of an ``n``-op graph: ``mode`` sample, greedy or
     teacher (replay ``order[B, n]`` with ``devices_by_step[B, n]``); ``eps``: epsilon-greedy exploration
-    in sample mode, whose uniforms come from ``rng``; ``greedy_sel``: in sample mode, SEL decodes
-    greedily (only PLC samples); ``plc_ties_only``: the learned PLC head chooses only among the devices
-    its list schedule's rule ties for first; ``memory_budget_bytes[D]``: PLC places each op only where it
-    has room (:mod:`doppler.listsched.ledger`)."""
+    in sample mode, whose uniforms come from ``rng``; ``plc_ties_only``: the learned PLC head chooses only
+    among the devices its list schedule's rule ties for first; ``memory_budget_bytes[D]``: PLC places each
+    op only where it has room (:mod:`doppler.listsched.ledger`)."""
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r} (use one of: {', '.join(MODES)})")
     if mode == "teacher":
@@ -547,8 +541,7 @@ def make_plan(
     if mode == "sample" and rng is None:
         raise ValueError("sample mode needs a random generator: pass rng=np.random.default_rng(seed)")
     uniforms = rng.random((batch, n, 4)) if mode == "sample" else np.zeros((batch, n, 4))
-    return DecodePlan(batch, _MODE_CODE[mode], _MODE_CODE["greedy" if greedy_sel and mode == "sample" else mode],
-                      float(eps), uniforms, forced_order, forced_dev, bool(plc_ties_only),
+    return DecodePlan(batch, _MODE_CODE[mode], float(eps), uniforms, forced_order, forced_dev, bool(plc_ties_only),
                       memory_budget_bytes)  # fmt: skip
 
 

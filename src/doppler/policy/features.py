@@ -40,6 +40,7 @@ NUM_OP_FEATURES = len(OP_FEATURES)
 #: the block coordinates and op-id values identify positions within one graph (memorisation aids)
 STRUCTURAL_OP_FEATURES = OP_FEATURES[:5]
 OP_FEATURE_SETS = {"full": OP_FEATURES, "structural": STRUCTURAL_OP_FEATURES}
+NUM_EDGE_FEATURES = 2
 
 
 def op_feature_columns(op_features: str) -> list[int]:
@@ -48,11 +49,14 @@ def op_feature_columns(op_features: str) -> list[int]:
     if op_features not in OP_FEATURE_SETS:
         raise ValueError(f"op_features must be one of {', '.join(OP_FEATURE_SETS)}, got {op_features!r}")
     return [OP_FEATURES.index(f) for f in OP_FEATURE_SETS[op_features]]
-NUM_EDGE_FEATURES = 2
 
 
 def _safe_div(x: np.ndarray, scale: float) -> np.ndarray:
     return x / scale if scale > 0 else np.zeros_like(x)
+
+
+def _by_max(x: np.ndarray) -> np.ndarray:
+    return _safe_div(x, float(x.max(initial=0.0)))
 
 
 def _argmax_per_group(group: np.ndarray, value: np.ndarray, member: np.ndarray, size: int) -> np.ndarray:
@@ -162,25 +166,11 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
     time_scale = float(b_level.max()) if n else 0.0
     in_comm = np.bincount(graph.dst, weights=edge_comm, minlength=n)
     out_comm = np.bincount(graph.src, weights=edge_comm, minlength=n)
-    op_x = np.concatenate(
-        [
-            np.stack(
-                [
-                    _safe_div(comp, float(comp.max(initial=0.0))),
-                    _safe_div(b_level, time_scale),
-                    _safe_div(t_level, time_scale),
-                    _safe_div(in_comm, float(in_comm.max(initial=0.0))),
-                    _safe_div(out_comm, float(out_comm.max(initial=0.0))),
-                ],
-                axis=1,
-            ),
-            block_features(graph),
-            op_id_features(n),
-        ],
-        axis=1,
-    ).astype(np.float32)
-
-    e_norm = _safe_div(edge_comm, float(edge_comm.max(initial=0.0))).astype(np.float32)
+    paper_five = [_by_max(comp), _safe_div(b_level, time_scale), _safe_div(t_level, time_scale), _by_max(in_comm),
+                  _by_max(out_comm)]  # fmt: skip
+    op_x = np.concatenate([np.stack(paper_five, axis=1), block_features(graph), op_id_features(n)], axis=1)
+    op_x = op_x.astype(np.float32)
+    e_norm = _by_max(edge_comm).astype(np.float32)
     m = graph.num_edges
     edge_index = np.concatenate([np.stack([graph.src, graph.dst]), np.stack([graph.dst, graph.src])], axis=1)
     edge_attr = np.zeros((2 * m, NUM_EDGE_FEATURES), dtype=np.float32)

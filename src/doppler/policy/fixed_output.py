@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from doppler.policy.features import GraphFeatures, op_feature_columns
-from doppler.policy.networks import check_device_outputs
 
 
 class FixedOutputPolicy(nn.Module):
@@ -31,4 +30,6 @@ class FixedOutputPolicy(nn.Module):
 
     def check_device_outputs(self, gf: GraphFeatures) -> None:
         """ValueError unless ``gf``'s cluster has this policy's device count."""
-        check_device_outputs(self.config["architecture"].upper(), self.num_devices, gf)
+        if gf.num_devices != self.num_devices:
+            raise ValueError(f"this {self.config['architecture'].upper()} policy has {self.num_devices} device "
+                             f"outputs; the cluster has {gf.num_devices}")  # fmt: skip

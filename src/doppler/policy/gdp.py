@@ -86,13 +86,7 @@ class GdpDecoder:
         weights = self.logits.detach().to("cpu", torch.float64).numpy()[order]  # [B, n, D] in step order
         if plan.memory_budget_bytes is None:
             return replay(gf, order, plan.choose_devices(weights))
-        devices, room = choose_in_order(gf, plan, order, lambda h, _: weights[:, h])  # one op at a time: memory
-        ro = replay(gf, order, devices)
-        ro.room = room
-        return ro
+        return choose_in_order(gf, plan, order, lambda h, _: weights[:, h])  # one op at a time: memory
 
     def score(self, ro: Rollout) -> ActionScores:
-        logits = self.logits[torch.from_numpy(ro.order).to(self.logits.device)]
-        if ro.room is not None:  # the devices each choice was made among
-            logits = logits.masked_fill(~torch.from_numpy(ro.room).to(logits.device), -torch.inf)
-        return fixed_order_scores(ro, torch.log_softmax(logits, dim=-1))
+        return fixed_order_scores(ro, self.logits[torch.from_numpy(ro.order).to(self.logits.device)])

@@ -16,7 +16,7 @@ from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.methods.registry import MethodError, register
 from doppler.progress import ProgressEvent
-from doppler.policy import BASELINE_METHODS, LEARNED_HEADS
+from doppler.policy import LEARNED_HEADS
 
 # torch and the policy's modules are imported when the method runs, not when it registers:
 # ``import doppler`` registers it, and torch would add about 2 s to every command.
@@ -121,10 +121,7 @@ def doppler_method(
     greedy = make_plan(gf.num_ops, batch=1, mode="greedy", **plan_kw)
     rng = np.random.default_rng(seed) if samples or budget_s else None  # (greedy alone: no numpy.random import)
     if fast is not None:  # the shipped policy's numpy twin: no torch import (doppler.policy.infer)
-        heads = fast.heads(gf)
-
-        def decode_plan(plan):
-            return fast.decode(gf, plan, heads)
+        decode_plan = functools.partial(fast.decode, gf, heads=fast.heads(gf))
     else:
         import torch
 
@@ -202,18 +199,15 @@ def _best_fitting(graph: DataflowGraph, cluster: Cluster, rows: np.ndarray, make
     return int(order[0])
 
 
-for _heads, _name in LEARNED_HEADS.items():
-    if _name != "doppler":  # the single-head ablations: the other head follows CRITICAL PATH's rule
-        _rule = "earliest-start PLC" if _heads == "sel" else "largest-b-level SEL"
-        register(_name, description=f"ablation: learned {_heads.upper()} head, {_rule} (needs --checkpoint of "
-                                    f"`doppler train --method {_name}`)", deterministic=False,
-                 uses_budget=True)(functools.partial(doppler_method, method=_name))  # fmt: skip
-
-_BASELINE_DESCRIPTIONS = {
+#: the other learned methods: the single-head ablations (the other head follows CRITICAL PATH's rule), then
+#: the learned baselines
+_DESCRIPTIONS = {
+    LEARNED_HEADS["sel"]: "ablation: learned SEL head, earliest-start PLC",
+    LEARNED_HEADS["plc"]: "ablation: learned PLC head, largest-b-level SEL",
     "single_policy": "ablation: one softmax over every (ready op, device) pair, DOPPLER's encoder and features",
     "gdp": "GDP (Zhou et al. 2019): GraphSAGE + transformer, every op's device in one shot (fixed device count)",
     "placeto": "PLACETO (Addanki et al. 2019): fixed op order, graph re-embedded at every step (fixed device count)",
 }
-for _name in BASELINE_METHODS:
-    register(_name, description=f"{_BASELINE_DESCRIPTIONS[_name]} (needs --checkpoint of `doppler train --method {_name}`)",
+for _name, _what in _DESCRIPTIONS.items():
+    register(_name, description=f"{_what} (needs --checkpoint of `doppler train --method {_name}`)",
              deterministic=False, uses_budget=True)(functools.partial(doppler_method, method=_name))  # fmt: skip

@@ -43,8 +43,6 @@ from doppler.listsched import LIST_SCHEDULES, NUM_DEVICE_FEATURES
 from doppler.policy import LEAK, LEARNED_HEADS  # noqa: F401 - LEAK re-exported
 from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeatures, op_feature_columns
 
-
-
 #: largest [edges, basis + 1, H] gather the conv makes in one piece (bytes). Above it, one basis
 #: matrix at a time, so that memory traffic grows no faster than the graph; below it, the single
 #: gather is the faster of the two.
@@ -255,9 +253,3 @@ class DopplerPolicy(nn.Module):
             learned=self.learned,
             list_schedule=self.list_schedule,
         )
-
-
-def check_device_outputs(architecture: str, num_devices: int, gf: GraphFeatures) -> None:
-    """GDP and PLACETO have one output unit per device: they serve that device count only."""
-    if gf.num_devices != num_devices:
-        raise ValueError(f"this {architecture} policy has {num_devices} device outputs; the cluster has {gf.num_devices}")

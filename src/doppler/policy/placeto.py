@@ -137,10 +137,7 @@ class PlacetoDecoder:
             return self.policy.state_logits(self, placed, v).to("cpu", torch.float64).numpy()
 
         with torch.no_grad():
-            devices, room = choose_in_order(gf, plan, order, logits_at)
-        ro = replay(gf, order, devices)
-        ro.room = room
-        return ro
+            return choose_in_order(gf, plan, order, logits_at)
 
     def score(self, ro: Rollout) -> ActionScores:
         """Log PLC of every step: each (episode, step) state embedded again, in checkpointed chunks."""
@@ -158,7 +155,4 @@ class PlacetoDecoder:
             b, h = s // n, s % n
             placed = torch.where(step_of_t[b] < h.unsqueeze(1), assignment[b], -1)  # [c, n]: placed before step h
             out.append(checkpoint(self.policy.state_logits, self, placed, current[s], use_reentrant=False))
-        logits = torch.cat(out).view(B, n, -1)
-        if ro.room is not None:  # the devices each choice was made among
-            logits = logits.masked_fill(~torch.from_numpy(ro.room).to(logits.device), -torch.inf)
-        return fixed_order_scores(ro, torch.log_softmax(logits, dim=-1))
+        return fixed_order_scores(ro, torch.cat(out).view(B, n, -1))

@@ -1,24 +1,13 @@
 """ASSIGN(SEL, PLC) for a batch of episodes of one graph, and the batched re-scoring
 of recorded actions.
 
-Why two passes. A rollout has |V| sequential steps, but the policy's encoder and
-every op-dependent head input are computed once per batch
-(:meth:`~doppler.policy.networks.DopplerPolicy.encode`). What is left per step
-(a masked softmax over the candidates, the device features from the shared
-list-schedule state, a ``[D, F] x [F, M]`` product, the state update) is a few
-hundred flops, so the whole |V|-step loop for all B episodes runs as one compiled
-call (:func:`~doppler.policy.decode.run_heads`, in :mod:`doppler.policy.decode`, which needs no
-torch) on detached copies of those arrays, recording the actions, the device features each PLC
-decision saw, and when each op became a candidate. :func:`evaluate_actions` then recomputes the log-likelihood and
-entropy of every recorded decision in one batched, differentiable torch pass
-(``benchmarks/train_speed.py`` measures this against keeping an autograd graph
-through a per-step torch loop).
-
-Decode modes: ``sample`` (softmax, with epsilon-greedy exploration: with
-probability ``eps`` a uniform choice), ``greedy`` (arg-max; ties: lowest op id /
-device id) and ``teacher`` (replay given op orders and devices, to score them).
-All randomness comes from one numpy ``Generator`` (uniforms drawn up front), so
-a rollout is reproducible from the generator's state.
+Why two passes. The encoder and every op-dependent head input are computed once per batch
+(:meth:`~doppler.policy.networks.DopplerPolicy.encode`); the |V|-step loop of all B episodes then runs
+as one compiled call on detached copies of those arrays (:mod:`doppler.policy.decode`, which needs no
+torch, and whose docstring gives the decode modes). :func:`evaluate_actions` then recomputes the
+log-likelihood and entropy of every recorded decision in one batched, differentiable torch pass
+(``benchmarks/train_speed.py`` measures this against keeping an autograd graph through a per-step
+torch loop).
 """
 
 from __future__ import annotations
@@ -55,14 +44,9 @@ def numpy_heads(enc: Encoded) -> tuple[np.ndarray, ...]:
 
 
 def rollout(gf: GraphFeatures, enc: Encoded | Decoder, **plan: Any) -> Rollout:
-    """Run episodes of ASSIGN(SEL, PLC) on one graph (see the module docstring): ``plan`` holds
-    :func:`~doppler.policy.decode.make_plan`'s keywords (``batch``, ``mode``, ``eps``, ``rng``,
-    ``order``, ``devices_by_step``, ``greedy_sel``).
-
-    ``mode="teacher"`` replays ``order[B, n]`` and ``devices_by_step[B, n]``.
-    ``greedy_sel``: in ``sample`` mode, SEL still decodes greedily (only PLC samples).
-    ``enc``: DOPPLER's :class:`Encoded`, or a learned baseline's :class:`Decoder`.
-    """
+    """Run episodes of ASSIGN(SEL, PLC) on one graph with DOPPLER's :class:`Encoded` or a learned
+    baseline's :class:`Decoder`: ``plan`` holds :func:`~doppler.policy.decode.make_plan`'s keywords
+    (``batch``, ``mode``, ``eps``, ``rng``, ``order``, ``devices_by_step``, ...)."""
     return run_plan(gf, enc, make_plan(gf.num_ops, **plan))
 
 
@@ -196,10 +180,13 @@ def evaluate_actions(enc: Encoded | Decoder, ro: Rollout) -> ActionScores:
     return ActionScores(logp_sel, logp_plc, entropy_sel, entropy_plc, cand_logp, plc_logp, cs)
 
 
-def fixed_order_scores(ro: Rollout, plc_logp: torch.Tensor) -> ActionScores:
-    """The scores of a policy whose SEL follows a fixed rule (PLACETO, GDP): ``plc_logp[B, n, D]`` holds
-    log PLC(d) at every step; SEL's terms are constants (each candidate equally likely, so that
-    imitation's SEL agreement stays finite; its weight is 0)."""
+def fixed_order_scores(ro: Rollout, logits: torch.Tensor) -> ActionScores:
+    """The scores of a policy whose SEL follows a fixed rule (PLACETO, GDP): ``logits[B, n, D]`` are PLC's
+    device logits at every step (masked to the devices with room, where ``ro.room``); SEL's terms are
+    constants (each candidate equally likely, so that imitation's SEL agreement stays finite; its weight is 0)."""
+    if ro.room is not None:  # the devices each choice was made among
+        logits = logits.masked_fill(~torch.from_numpy(ro.room).to(logits.device), -torch.inf)
+    plc_logp = torch.log_softmax(logits, dim=-1)
     B, n = ro.order.shape
     cs = candidate_steps(ro)
     count = np.bincount(cs.seg, minlength=cs.num_segments).astype(np.float32)

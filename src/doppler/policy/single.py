@@ -56,13 +56,9 @@ def _pair_kernel(
     room = np.ones(nd, np.bool_)
     pairs = np.arange(n * nd)
     for b in range(B):
-        if limited:  # a fresh ledger per episode
-            held[:] = False
-            used[:] = 0.0
-            unheld[0] = slice_bytes.sum()
         dev = assignment[b]
-        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(b, indeg0, nd, plc_init, dev,
-                                                                                       enter_step)  # fmt: skip
+        start, finish, free, assigned, indeg, cand, pos, ncand, placed = begin_episode(
+            b, indeg0, nd, plc_init, dev, enter_step, limited, held, used, unheld, slice_bytes)  # fmt: skip
         raw = np.empty((nd, nf))
         x = np.empty((nd, nf))
         logits = np.empty(n * nd)

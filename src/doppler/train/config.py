@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -150,9 +150,7 @@ class TrainConfig:
         number, a tuple field a sequence of names), so that a wrong type is one line, not torch's error."""
         for f in dataclasses.fields(self):
             value, default = getattr(self, f.name), _default(f)
-            if value is None and default is None:
-                continue
-            if value is None and f.name == "memory_fraction":
+            if value is None and (default is None or f.name == "memory_fraction"):
                 continue
             if isinstance(default, bool) or (default is None and f.name == "device_identity"):
                 ok, what = isinstance(value, bool), "true or false"
@@ -170,21 +168,21 @@ class TrainConfig:
             if not ok:
                 raise TrainError(f"{flag(f.name)} must be {what}, got {value!r}")
 
+    def _require(self, names: tuple[str, ...], ok: Callable[[Any], bool], what: str) -> None:
+        """TrainError naming the first of ``names`` whose value is not ``ok``: it "must be ``what``"."""
+        for name in names:
+            if not ok(getattr(self, name)):
+                raise TrainError(f"{flag(name)} must be {what}, got {getattr(self, name)}")
+
     def validate(self) -> None:
         """Raise :class:`TrainError` naming the first field (by its option) that does not hold."""
         self._check_types()
         for name, lo, hi in (("hidden", 1, MAX_WIDTH), ("mlp_hidden", 1, MAX_WIDTH), ("mp_steps", 0, MAX_MP_STEPS),
-                             ("distill_updates", 0, None)):  # fmt: skip
-            if int(getattr(self, name)) < lo:
-                raise TrainError(f"{flag(name)} must be >= {lo}, got {getattr(self, name)}")
-            if hi is not None and int(getattr(self, name)) > hi:
-                raise TrainError(f"{flag(name)} must be at most {hi}, got {getattr(self, name)}")
-        for name in ("eps_start", "eps_end", "real_eps"):
-            if not 0 <= float(getattr(self, name)) <= 1:
-                raise TrainError(f"{flag(name)} must be in [0, 1], got {getattr(self, name)}")
-        for name in ("entropy_coef", "noise_sigma"):
-            if float(getattr(self, name)) < 0:
-                raise TrainError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+                             ("distill_updates", 0, math.inf)):  # fmt: skip
+            self._require((name,), lambda v: not int(v) < lo, f">= {lo}")
+            self._require((name,), lambda v: not int(v) > hi, f"at most {hi}")
+        self._require(("eps_start", "eps_end", "real_eps"), lambda v: 0 <= float(v) <= 1, "in [0, 1]")
+        self._require(("entropy_coef", "noise_sigma"), lambda v: not float(v) < 0, ">= 0")
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown or not self.stages:
             raise TrainError(f"unknown stage {unknown[0] if unknown else ''!r} (use: {', '.join(STAGES)})")
@@ -201,30 +199,20 @@ class TrainConfig:
             raise TrainError(f"--list-schedule {self.list_schedule} is for DOPPLER's policies, not {self.method}")
         if self.device_identity and self.method in BASELINE_METHODS:
             raise TrainError(f"--device-identity is for DOPPLER's policies, not {self.method}")
-        for name in ("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes",
-                     "torch_threads", "pairs_per_update"):  # fmt: skip
-            if int(getattr(self, name)) < 1:
-                raise TrainError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        self._require(("episodes", "il_episodes", "batch", "il_batch", "checkpoint_every", "real_episodes",
+                       "torch_threads", "pairs_per_update"), lambda v: not int(v) < 1, ">= 1")  # fmt: skip
         for name, cap in (("batch", MAX_BATCH), ("il_batch", MAX_BATCH), ("pairs_per_update", MAX_PAIRS_PER_UPDATE)):
-            if int(getattr(self, name)) > cap:
-                raise TrainError(f"{flag(name)} must be at most {cap} (all of them are held in memory "
-                                 f"at once), got {getattr(self, name)}")  # fmt: skip
-        if int(self.torch_threads) > MAX_TORCH_THREADS:
-            raise TrainError(f"--threads must be at most {MAX_TORCH_THREADS}, got {self.torch_threads}")
+            self._require((name,), lambda v: not int(v) > cap, f"at most {cap} (all of them are held in memory at "
+                          "once)")  # fmt: skip
+        self._require(("torch_threads",), lambda v: not int(v) > MAX_TORCH_THREADS, f"at most {MAX_TORCH_THREADS}")
         if not self.max_grad_norm > 0:
             raise TrainError(f"{flag('max_grad_norm')} must be a finite number > 0, got {self.max_grad_norm!r}")
-        for name in ("lr", "il_lr", "real_lr", "lr_final"):
-            value = float(getattr(self, name))
-            if not 0 < value <= 1 and not (name == "lr_final" and value == 0):
-                raise TrainError(f"{flag(name)} must be a learning rate in (0, 1], got {getattr(self, name)}")
-        if self.memory_fraction is not None and not 0 < float(self.memory_fraction) <= 1:
-            raise TrainError(f"--memory-fraction must be a number in (0, 1], got {self.memory_fraction}")
-        for name in ("self_improve_coef", "distill_on_policy"):
-            if getattr(self, name) is not None and not 0 <= float(getattr(self, name)) <= 100:
-                raise TrainError(f"{flag(name)} must be a weight in [0, 100], got {getattr(self, name)}")
-        for name in ("search_every", "search_evals"):
-            if int(getattr(self, name)) < 0:
-                raise TrainError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        self._require(("lr", "il_lr", "real_lr"), lambda v: 0 < float(v) <= 1, "a learning rate in (0, 1]")
+        self._require(("lr_final",), lambda v: 0 <= float(v) <= 1, "a learning rate in (0, 1]")  # (or 0)
+        self._require(("memory_fraction",), lambda v: v is None or 0 < float(v) <= 1, "a number in (0, 1]")
+        self._require(("self_improve_coef", "distill_on_policy"), lambda v: v is None or 0 <= float(v) <= 100,
+                      "a weight in [0, 100]")  # fmt: skip
+        self._require(("search_every", "search_evals"), lambda v: not int(v) < 0, ">= 0")
         from doppler.methods import MethodError, get_method
 
         for m in (*self.sim_seed_methods, *self.real_seed_methods):

@@ -171,9 +171,8 @@ class Trainer:
                              devices_by_step=task.teacher_devices[task.teacher_order])  # fmt: skip
             loss, a_sel, a_plc = imitation_loss(task, ro, enc)
             (loss / len(self.tasks)).backward()
-            stats["loss_il"] += float(loss.detach()) / len(self.tasks)
-            stats["agree_sel"] += a_sel / len(self.tasks)
-            stats["agree_plc"] += a_plc / len(self.tasks)
+            for key, value in zip(stats, (float(loss.detach()), a_sel, a_plc)):
+                stats[key] += value / len(self.tasks)
         self._step()
         self.il_episode += (cfg.il_batch if cfg.teacher == RULE_TEACHER else 1) * len(self.tasks)
         return stats
@@ -417,13 +416,15 @@ class Trainer:
                "stage_real": float(stage == "real"),
                **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}}  # fmt: skip
         self.history.append(row)
-        if self.writer is None:
-            return
-        step = int(stats["episode"])
+        self.add_scalars(stage, stats, int(stats["episode"]), ("episode", "total"))
+
+    def add_scalars(self, prefix: str, stats: dict[str, Any], step: int, skip: tuple[str, ...]) -> None:
+        """The numbers of ``stats`` but ``skip`` to TensorBoard (if open), as ``losses/{prefix}_{name}`` (losses,
+        entropies) and ``charts/{prefix}_{name}``."""
         for k, v in stats.items():
-            if isinstance(v, (int, float)) and k not in ("episode", "total"):
+            if self.writer is not None and isinstance(v, (int, float)) and k not in skip:
                 group = "losses" if k.startswith(("loss", "entropy")) else "charts"
-                self.writer.add_scalar(f"{group}/{stage}_{k}", float(v), step)
+                self.writer.add_scalar(f"{group}/{prefix}_{k}", float(v), step)
 
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> dict[str, Any]:
