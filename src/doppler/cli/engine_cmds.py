@@ -2,8 +2,11 @@
 engine's devices and links into a cluster file) and ``doppler validate`` (simulator
 versus engine on many assignments)."""
 
+import dataclasses
+import functools
+import inspect
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -22,6 +25,42 @@ DEVICE_TYPE_OPT = typer.Option(
     "cpu", "--device-type", help="Local engine devices: cpu (numpy workers) or cuda (torch on the GPU; more devices than GPUs split each GPU)."
 )
 TIME_SCALE_OPT = typer.Option(1.0, "--time-scale", help="Cost-only graphs: synthetic kernel time = this x the cluster's op time.")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """The option block ``calibrate`` and ``validate`` share, declared once: each field's default is its
+    typer option. A command takes the block as one parameter ``= ENGINE_OPTIONS`` under
+    :func:`engine_options`; the fields are the keyword arguments of the same names of
+    :func:`doppler.engine.calibrate.calibrate` and :func:`doppler.engine.validate.validate`."""
+
+    scheduler: Optional[str] = SCHEDULER_OPT
+    timeout_s: float = TIMEOUT_OPT
+    device_type: str = DEVICE_TYPE_OPT
+
+
+#: the default that marks a command's EngineOptions parameter (see :func:`engine_options`)
+ENGINE_OPTIONS: Any = object()
+
+
+def engine_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` with its parameter ``= ENGINE_OPTIONS`` spelled out as the fields of
+    :class:`EngineOptions`, in its place, for typer (so ``--help`` lists them there); the command
+    receives them as one EngineOptions."""
+    sig = inspect.signature(command)
+    (slot,) = [p.name for p in sig.parameters.values() if p.default is ENGINE_OPTIONS]
+    fields = dataclasses.fields(EngineOptions)
+    block = [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default, annotation=f.type)
+             for f in fields]  # fmt: skip
+
+    @functools.wraps(command)
+    def with_engine_options(*args: Any, **kwargs: Any) -> None:
+        kwargs[slot] = EngineOptions(**{f.name: kwargs.pop(f.name) for f in fields})
+        command(*args, **kwargs)
+
+    params = [q for p in sig.parameters.values() for q in (block if p.name == slot else [p])]
+    with_engine_options.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return with_engine_options
 
 
 def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
@@ -184,6 +223,7 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
 
 
 @app.command("calibrate")
+@engine_options
 def calibrate_cmd(
     ctx: typer.Context,
     output: Path = typer.Option(..., "--output", "-o", help="Cluster JSON file to write."),
@@ -192,9 +232,7 @@ def calibrate_cmd(
     runs: int = typer.Option(4, "--runs", help="Measured runs of the calibration graph."),
     sizes: str = typer.Option("128,256,512,1024", "--sizes", help="Comma-separated matrix sizes of the calibration graph."),
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the assignments."),
-    scheduler: Optional[str] = SCHEDULER_OPT,
-    timeout_s: float = TIMEOUT_OPT,
-    device_type: str = DEVICE_TYPE_OPT,
+    opts: EngineOptions = ENGINE_OPTIONS,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
@@ -202,7 +240,7 @@ def calibrate_cmd(
         from doppler.engine import check_options
         from doppler.engine.calibrate import calibrate
 
-        check_options(engine, devices, 1, timeout_s, seed, device_type)
+        check_options(engine, devices, 1, opts.timeout_s, seed, opts.device_type)
         try:
             size_list = [int(s) for s in sizes.split(",") if s.strip()]
         except ValueError:
@@ -211,15 +249,15 @@ def calibrate_cmd(
             raise UserError("--sizes is empty")
         if runs < 1:
             raise UserError(f"--runs must be >= 1, got {runs}")
-        hold_outputs(ctx, files={"--output": output}, inputs={})  # before the measurements, not after them
+        hold_outputs(ctx, files={"--output": output}, inputs={})  # writable? before the measurements
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, progress=on_progress,
-                            scheduler=scheduler, timeout_s=timeout_s, device_type=device_type)  # fmt: skip
+                            **dataclasses.asdict(opts))  # fmt: skip
         res.cluster.save(output)
         out = {
             "cluster": str(output),
             "engine": engine,
-            "device_type": device_type,
+            "device_type": opts.device_type,
             "num_devices": devices,
             "runs": res.runs,
             "dispatch_s": res.dispatch_s,
@@ -233,8 +271,8 @@ def calibrate_cmd(
 
         from doppler.report import format_time
 
-        dev_name = "gpu" if device_type == "cuda" else "cpu"
-        table = Table(title=f"kernels ({engine}, {devices} {device_type} devices, dispatch {format_time(res.dispatch_s)} per op)",
+        dev_name = "gpu" if opts.device_type == "cuda" else "cpu"
+        table = Table(title=f"kernels ({engine}, {devices} {opts.device_type} devices, dispatch {format_time(res.dispatch_s)} per op)",
                       show_edge=False, header_style="bold")  # fmt: skip
         for col in ("device", "kind", "ops", "fixed", "GFLOP/s", "median |err|"):
             table.add_column(col, justify="left" if col in ("device", "kind") else "right")
@@ -255,6 +293,7 @@ def calibrate_cmd(
 
 
 @app.command("validate")
+@engine_options
 def validate_cmd(
     ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
@@ -267,9 +306,7 @@ def validate_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write every assignment's numbers as JSON."),
     dispatch: str = typer.Option("fifo", "--dispatch", help="Simulator dispatch rule: fifo (local engine) or priority (dask)."),
     time_scale: float = TIME_SCALE_OPT,
-    scheduler: Optional[str] = SCHEDULER_OPT,
-    timeout_s: float = TIMEOUT_OPT,
-    device_type: str = DEVICE_TYPE_OPT,
+    opts: EngineOptions = ENGINE_OPTIONS,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Run many assignments through simulator and engine; report rank correlation and error."""
@@ -283,7 +320,7 @@ def validate_cmd(
         from doppler.references import require_values
 
         cl = cluster(cluster_name)
-        check_options(engine, cl.num_devices, repeats, timeout_s, seed, device_type)
+        check_options(engine, cl.num_devices, repeats, opts.timeout_s, seed, opts.device_type)
         check_time_scale(time_scale)
         if n < 2:
             raise UserError(f"--n must be >= 2, got {n}")
@@ -299,8 +336,7 @@ def validate_cmd(
         require_values(graph, str(graph_path))
         with live_progress(labels={"validate": "validating"}, counts=True) as on_progress:
             res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, dispatch=dispatch,
-                           time_scale=time_scale, progress=on_progress, scheduler=scheduler, timeout_s=timeout_s,
-                           device_type=device_type)  # fmt: skip
+                           time_scale=time_scale, progress=on_progress, **dataclasses.asdict(opts))  # fmt: skip
         if plot is not None:
             scatter_plot(res, plot)
         if output is not None:
