@@ -69,6 +69,19 @@ def move_op(a, v, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, log):  # prag
 
 
 @numba.njit(cache=True)
+def _to_one_device(a, ops, lo, hi, rng, nd, log):  # pragma: no cover - compiled
+    """Ops ``ops[lo:hi]`` to one random device (another one where they all are on it already)."""
+    d = rng.integers(0, nd)
+    same = True
+    for i in range(lo, hi):
+        same = same and a[ops[i]] == d
+    if same:
+        d = _other_device(rng, nd, d)
+    for i in range(lo, hi):
+        _put(a, ops[i], d, log)
+
+
+@numba.njit(cache=True)
 def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, log):  # pragma: no cover - compiled
     """Mutate ``a`` in place with one random move (see :mod:`doppler.methods.anneal`); always changes
     something when there are two devices or more. Every write is logged in ``log`` (see :func:`_put`;
@@ -99,28 +112,14 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
             v = succ_idx[lo + rng.integers(0, hi - lo)]
             seg[m] = v
             m += 1
-        d = rng.integers(0, nd)
-        same = True
-        for i in range(m):
-            same = same and a[seg[i]] == d
-        if same:
-            d = _other_device(rng, nd, d)
-        for i in range(m):
-            _put(a, seg[i], d, log)
+        _to_one_device(a, seg, 0, m, rng, nd, log)
     else:  # a logical op's tiles (or an op and its neighbours) to one device, or rotated
         ngroups = grp_ptr.shape[0] - 1
         if ngroups > 0:
             g = rng.integers(0, ngroups)
             lo, hi = grp_ptr[g], grp_ptr[g + 1]
             if rng.random() < 0.5:
-                d = rng.integers(0, nd)
-                same = True
-                for i in range(lo, hi):
-                    same = same and a[grp_ops[i]] == d
-                if same:
-                    d = _other_device(rng, nd, d)
-                for i in range(lo, hi):
-                    _put(a, grp_ops[i], d, log)
+                _to_one_device(a, grp_ops, lo, hi, rng, nd, log)
             else:
                 shift = rng.integers(1, nd)
                 for i in range(lo, hi):

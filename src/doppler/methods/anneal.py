@@ -159,18 +159,9 @@ def anneal_search(
 ) -> Assignment:
     """Simulated annealing (see the module docstring). Returns the best assignment found.
 
-    ``critical_share``: the share of proposals that move ops of the critical chain (default
-    :data:`CRITICAL_SHARE`; 0: only the blind moves).
-    ``threads``: cores that simulate each batch of proposals (default: every core this process may
-    use, at most ``batch_size``). It changes the speed only: the batch's makespans, and so the
-    search for a given seed and evaluation count, are the same numbers with any count.
-    ``prune`` (default on) stops simulating a proposal once a lower bound on its makespan shows it
-    loses to an earlier one of its batch or would be refused (:func:`doppler.sim.kernel.sim_rows`); it
-    too changes the speed only.
-    ``pool`` (default :data:`POOL`): each proposal is the one of ``pool`` moves that adds the least
-    compute and transfer time; the others are not simulated (1: every drawn move is).
-
-    ``extra_starts`` join the start set (e.g. a policy's decodes).
+    ``critical_share`` (0: only the blind moves), ``pool`` (1: every drawn move is simulated), ``threads``
+    and ``prune`` (:func:`doppler.sim.kernel.sim_rows`; these two change the speed only): as the module
+    docstring says. ``extra_starts`` join the start set (e.g. a policy's decodes).
 
     ``memory_budget_bytes[D]`` (given by :func:`~doppler.methods.assign`): the search starts from the best
     start that fits it (simulated), and accepts no proposal holding more weight bytes on a device than

@@ -78,10 +78,6 @@ class CriticalPathTrace:
     finish_s: np.ndarray  # float64[n]
     makespan_s: float
 
-    @property
-    def num_steps(self) -> int:
-        return int(self.order.shape[0])
-
     def candidates(self, h: int) -> np.ndarray:
         return self.cand_ops[self.cand_ptr[h] : self.cand_ptr[h + 1]]
 

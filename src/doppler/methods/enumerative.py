@@ -52,7 +52,7 @@ from doppler.assignment import Assignment
 from doppler.listsched.ledger import MemoryLedger
 from doppler.methods.registry import no_room, register
 from doppler.costs import CostModel
-from doppler.graph import DataflowGraph
+from doppler.graph import DataflowGraph, _csr, _expand_ranges
 
 
 def _range_plans(nd: int) -> list[tuple[int, int]]:
@@ -104,7 +104,7 @@ class _Placer:
         np.add.at(add, (rows, plans.reshape(-1)), np.tile(led.out_bytes[ops], npl))
         counts = led.slice_ptr[ops + 1] - led.slice_ptr[ops]
         if counts.sum():
-            reads = np.concatenate([np.arange(a, b) for a, b in zip(led.slice_ptr[ops], led.slice_ptr[ops + 1])])
+            reads = _expand_ranges(led.slice_ptr, ops)
             s = led.slice_idx[reads]  # [R]: the slices the ops read, op by op
             d = plans[:, np.repeat(np.arange(m), counts)]  # [P, R]: the device of each read
             k = np.broadcast_to(np.arange(npl)[:, None], d.shape)
@@ -182,11 +182,8 @@ class _Placer:
         local = np.full(g.num_ops, -1, dtype=np.int64)
         local[ops] = np.arange(m)
         # every edge into an op of the unit
-        starts, ends = g.pred_ptr[ops], g.pred_ptr[ops + 1]
-        counts = ends - starts
-        slots = (
-            np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if counts.sum() else np.empty(0, np.int64)
-        )
+        counts = g.pred_ptr[ops + 1] - g.pred_ptr[ops]
+        slots = _expand_ranges(g.pred_ptr, ops)
         e_vi = np.repeat(np.arange(m), counts)
         e_p = g.pred_idx[slots]
         e_int = local[e_p]
@@ -195,24 +192,12 @@ class _Placer:
         consumes_own = np.zeros(m, dtype=bool)
         consumes_own[e_vi[e_int >= 0]] = True
 
-        plans: list[np.ndarray] = []
-        seen: set[bytes] = set()
-
-        def add(p: np.ndarray) -> None:
-            k = p.tobytes()
-            if k not in seen:
-                seen.add(k)
-                plans.append(p)
-
         keys = _split_keys(g.block[ops])
         rules = np.stack([o + key % s for s, o in _range_plans(nd) for key in keys])
-        own = self._local_fill(rules, consumes_own, ctx) if consumes_own.any() else None
+        own = self._local_fill(rules, consumes_own, ctx) if consumes_own.any() else rules
         every = self._local_fill(rules, np.ones(m, dtype=bool), ctx)
-        for i in range(rules.shape[0]):
-            for p in (rules[i], None if own is None else own[i], every[i]):
-                if p is not None:
-                    add(p)
-        P = np.stack(plans)  # [P, m]
+        plans = {p.tobytes(): p for trio in zip(rules, own, every) for p in trio}  # distinct plans, first-seen order
+        P = np.stack(list(plans.values()))  # [P, m]
         npl = P.shape[0]
         # compute
         comp = cm.compute_s[ops[None, :], P]  # [P, m]
@@ -261,9 +246,7 @@ def enumerative_assign(graph: DataflowGraph, cluster,
     uniq, inv = np.unique(unit, return_inverse=True)
     first_pos = np.full(uniq.size, n, dtype=np.int64)
     np.minimum.at(first_pos, inv, pos)
-    members = np.argsort(inv, kind="stable")
-    ptr = np.zeros(uniq.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(inv, minlength=uniq.size), out=ptr[1:])
+    ptr, members, _ = _csr(inv, np.arange(n), uniq.size)
     for u in np.argsort(first_pos, kind="stable"):
         ops = members[ptr[u] : ptr[u + 1]]
         if ops.size == 1 and grp[ops[0]] < 0:

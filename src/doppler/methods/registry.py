@@ -71,26 +71,13 @@ METHODS: dict[str, MethodSpec] = {}
 
 
 
-def register(
-    name: str,
-    *,
-    description: str = "",
-    min_devices: int = 1,
-    uses_budget: bool = False,
-    deterministic: bool = True,
-    as_python: AsPython = False,
-    python_max_work: int | None = None,
-    memory_aware: bool = False,
-    memory_retries: bool = True,
-) -> Callable[[MethodFn], MethodFn]:
-    """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``. ``as_python``:
-    whether one call on a small graph may run as Python (:func:`runs_as_python`); ``python_max_work``:
-    the most ops x devices for which it may (for a method whose Python cost grows with both)."""
+def register(name: str, *, description: str = "", **options: Any) -> Callable[[MethodFn], MethodFn]:
+    """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``; ``options``: the
+    other :class:`MethodSpec` fields (``min_devices``, ``as_python``, ``memory_aware``, ...), by name."""
 
     def deco(fn: MethodFn) -> MethodFn:
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        METHODS[name] = MethodSpec(name, fn, doc, min_devices, uses_budget, deterministic, as_python, python_max_work,
-                                   memory_aware, memory_retries)  # fmt: skip
+        METHODS[name] = MethodSpec(name, fn, doc, **options)
         return fn
 
     return deco

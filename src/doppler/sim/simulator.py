@@ -106,13 +106,15 @@ class SimContext:
         return op_f, edge_f
 
     # ------------------------------------------------------------------ running
-    def _scratch(self) -> tuple[np.ndarray, ...]:
-        """Output arrays reused by untraced runs (calls hold the GIL, so one set per context is safe)."""
-        sc = self.__dict__.get("_scratch_arrays")
+    def _outputs(self, new: bool) -> tuple[np.ndarray, ...]:
+        """The kernel's output arrays: new ones (a traced run keeps them), else the set reused by untraced
+        runs (calls hold the GIL, so one set per context is safe)."""
+        sc = None if new else self.__dict__.get("_scratch_arrays")
         if sc is None:
             n, E = self.num_ops, max(self.num_edges, 1)
             sc = (np.empty(n), np.empty(n), np.empty(n), np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E))
-            self.__dict__["_scratch_arrays"] = sc
+            if not new:
+                self.__dict__["_scratch_arrays"] = sc
         return sc
 
     def _devices(self, assignment: Any) -> np.ndarray:
@@ -170,13 +172,7 @@ class SimContext:
         key: np.ndarray | None = None,
     ) -> SimResult:
         op_f, edge_f = self.noise(sigma, seed)
-        if trace:
-            n, E = self.num_ops, max(self.num_edges, 1)
-            ready, start, end = np.empty(n), np.empty(n), np.empty(n)
-            tsrc, tdst = np.empty(E, np.int64), np.empty(E, np.int64)
-            tstart, tend = np.empty(E), np.empty(E)
-        else:
-            ready, start, end, tsrc, tdst, tstart, tend = self._scratch()
+        ready, start, end, tsrc, tdst, tstart, tend = self._outputs(new=trace)
         mk, ntr = sim_kernel(self.arrays, dev, op_f, edge_f, mode == "bsp", contention, key, ready, start, end, tsrc,
                              tdst, tstart, tend, np.inf)  # fmt: skip
         if ntr < 0:  # a device index out of range: let check_assignment word the error
