@@ -340,19 +340,13 @@ def anneal_batches(
     optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, threads, critical_share,
     critical_refresh, prune, pool, mem,
 ):  # pragma: no cover - compiled
-    """Up to ``max_batches`` iterations of the annealer on its state (``cur``, ``best``, ``crit``,
-    ``counts``, ``values``, updated in place): propose ``batch_size`` neighbours of ``cur``, simulate
-    them (on ``threads`` cores when more than one: the same numbers), offer the best to the Metropolis
-    rule; restart from ``best`` after each cooling cycle. A ``critical_share`` of the proposals is a
-    :func:`critical_move` on ``crit``, the critical chain of ``cur``, found again (one traced
-    simulation) when ``cur`` has changed and ``critical_refresh`` batches have passed since. Stops
-    early at ``max_evals`` (-1: none) or once ``best`` reaches ``optimal_ms``. ``prune``: simulate a
-    proposal only until it is sure to lose to an earlier one of its thread's rows or to be refused by
-    the Metropolis rule (:func:`~doppler.sim.kernel.sim_rows`; the same search). ``pool`` > 1: each
-    proposal is the one of that many moves that adds the least time (:func:`scored_proposal`); the
-    others are not simulated. ``mem``: a proposal that holds more weight bytes on a device than its cap
-    (:func:`over_caps`; no caps: an empty ``caps`` array) is not simulated and never accepted. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and its noise
-    factors."""
+    """Up to ``max_batches`` batches of the annealer (:mod:`doppler.methods.anneal`) on its state (``cur``,
+    ``best``, ``crit``: the critical chain of ``cur``, ``counts``, ``values``; updated in place), simulated
+    on ``threads`` cores (the same numbers). Stops early at ``max_evals`` (-1: none) or once ``best`` reaches
+    ``optimal_ms``. ``critical_share``, ``critical_refresh``, ``prune`` (:func:`~doppler.sim.kernel.sim_rows`)
+    and ``pool`` (:func:`scored_proposal`): as there. ``mem``: a proposal that holds more weight bytes on a
+    device than its cap (:func:`over_caps`; no caps: an empty ``caps`` array) is not simulated and never
+    accepted. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and noise factors."""
     arrays, op_f, edge_f = sim
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, copies_in) = arrays
     n = cur.shape[0]

@@ -82,8 +82,7 @@ class CriticalPathTrace:
         return self.cand_ops[self.cand_ptr[h] : self.cand_ptr[h + 1]]
 
     def tied_candidates(self, h: int) -> np.ndarray:
-        lo, hi = self.cand_ptr[h], self.cand_ptr[h + 1]
-        return self.cand_ops[lo:hi][self.cand_tied[lo:hi]]
+        return self.candidates(h)[self.cand_tied[self.cand_ptr[h] : self.cand_ptr[h + 1]]]
 
     def tied_devices(self, h: int) -> np.ndarray:
         return np.flatnonzero(self.device_tied[h])

@@ -56,11 +56,7 @@ from doppler.graph import DataflowGraph, _csr, _expand_ranges
 
 
 def _range_plans(nd: int) -> list[tuple[int, int]]:
-    sizes = []
-    s = 1
-    while s <= nd:
-        sizes.append(s)
-        s *= 2
+    sizes = [1 << k for k in range(int(nd).bit_length())]  # the powers of two up to nd
     if sizes[-1] != nd:
         sizes.append(nd)
     return [(s, o) for s in sizes for o in range(0, nd - s + 1, s)]
@@ -199,7 +195,6 @@ class _Placer:
         plans = {p.tobytes(): p for trio in zip(rules, own, every) for p in trio}  # distinct plans, first-seen order
         P = np.stack(list(plans.values()))  # [P, m]
         npl = P.shape[0]
-        # compute
         comp = cm.compute_s[ops[None, :], P]  # [P, m]
         tot = np.zeros((npl, nd))
         np.add.at(tot, (np.repeat(np.arange(npl), m), P.reshape(-1)), comp.reshape(-1))

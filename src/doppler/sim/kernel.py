@@ -84,17 +84,6 @@ def heap_pop(ht, hi, base, size):  # pragma: no cover - compiled
     return size
 
 
-@jit(cache=True, inline="always")
-def _mark(flags, todo, count, i):  # pragma: no cover - compiled
-    """Device (link) ``i`` onto the list ``todo[:count]`` of those to dispatch, unless ``flags[i]`` says it is
-    on it; returns the new count."""
-    if not flags[i]:
-        flags[i] = True
-        todo[count] = i
-        count += 1
-    return count
-
-
 @jit(cache=True)
 def sim_kernel(
     arrays, dev, op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
@@ -256,7 +245,10 @@ def sim_kernel(
         op_ready[v] = 0.0
         d = dev[v]
         rsize[d] = heap_push(rt, ri, rbase[d], rsize[d], 0.0 if key is None else key[v], v)
-        nddirty = _mark(ddirty, ddirty_list, nddirty, d)
+        if not ddirty[d]:
+            ddirty[d] = True
+            ddirty_list[nddirty] = d
+            nddirty += 1
 
     makespan = 0.0
     t = 0.0
@@ -315,7 +307,10 @@ def sim_kernel(
                 u = x
                 d = dev[u]
                 running[d] -= 1
-                nddirty = _mark(ddirty, ddirty_list, nddirty, d)
+                if not ddirty[d]:
+                    ddirty[d] = True
+                    ddirty_list[nddirty] = d
+                    nddirty += 1
                 if t > makespan:
                     makespan = t
                 # start transfers (contention: queue them on their link)
@@ -323,13 +318,19 @@ def sim_kernel(
                     b = tr_dst[k]
                     if copies_in[b]:  # key (request time, n + k): after ops ready at the same time
                         rsize[b] = heap_push(rt, ri, rbase[b], rsize[b], t, n + k)
-                        nddirty = _mark(ddirty, ddirty_list, nddirty, b)
+                        if not ddirty[b]:
+                            ddirty[b] = True
+                            ddirty_list[nddirty] = b
+                            nddirty += 1
                     elif contention:
                         l = d * D + b
                         # key (request time, k): transfer ids grow with the producer id and a
                         # link carries at most one transfer per producer, so ties go by producer
                         lsize[l] = heap_push(lqt, lqi, lbase[l], lsize[l], t, k)
-                        nldirty = _mark(ldirty, ldirty_list, nldirty, l)
+                        if not ldirty[l]:
+                            ldirty[l] = True
+                            ldirty_list[nldirty] = l
+                            nldirty += 1
                     else:
                         tr_start[k] = t
                         e = t + (lat[d, b] + out_bytes[u] / bw[d, b]) * edge_f[tr_slot[k]]
@@ -355,7 +356,10 @@ def sim_kernel(
                                 op_ready[w] = t
                                 dw = dev[w]
                                 rsize[dw] = heap_push(rt, ri, rbase[dw], rsize[dw], t if key is None else key[w], w)
-                                nddirty = _mark(ddirty, ddirty_list, nddirty, dw)
+                                if not ddirty[dw]:
+                                    ddirty[dw] = True
+                                    ddirty_list[nddirty] = dw
+                                    nddirty += 1
                             else:
                                 esize = heap_push(et, ei, 0, esize, rdy[w], n + w)
             elif x < ev_tr:  # ---- op becomes ready (its last input arrived)
@@ -363,18 +367,27 @@ def sim_kernel(
                 op_ready[w] = t
                 dw = dev[w]
                 rsize[dw] = heap_push(rt, ri, rbase[dw], rsize[dw], t if key is None else key[w], w)
-                nddirty = _mark(ddirty, ddirty_list, nddirty, dw)
+                if not ddirty[dw]:
+                    ddirty[dw] = True
+                    ddirty_list[nddirty] = dw
+                    nddirty += 1
             elif x < ev_rel:  # ---- transfer ends (contention mode, or a copy made by its destination)
                 k = x - ev_tr
                 u = tr_src[k]
                 b = tr_dst[k]
                 if copies_in[b]:
                     running[b] -= 1
-                    nddirty = _mark(ddirty, ddirty_list, nddirty, b)
+                    if not ddirty[b]:
+                        ddirty[b] = True
+                        ddirty_list[nddirty] = b
+                        nddirty += 1
                 else:
                     l = dev[u] * D + b
                     lbusy[l] = False
-                    nldirty = _mark(ldirty, ldirty_list, nldirty, l)
+                    if not ldirty[l]:
+                        ldirty[l] = True
+                        ldirty_list[nldirty] = l
+                        nldirty += 1
                 if not bsp:
                     for sl in range(succ_ptr[u], succ_ptr[u + 1]):
                         w = succ_idx[sl]
@@ -383,7 +396,10 @@ def sim_kernel(
                             if pending[w] == 0:
                                 op_ready[w] = t
                                 rsize[b] = heap_push(rt, ri, rbase[b], rsize[b], t if key is None else key[w], w)
-                                nddirty = _mark(ddirty, ddirty_list, nddirty, b)
+                                if not ddirty[b]:
+                                    ddirty[b] = True
+                                    ddirty_list[nddirty] = b
+                                    nddirty += 1
             else:  # ---- BSP level released
                 lv = x - ev_rel
                 for q in range(lvl_ptr[lv], lvl_ptr[lv + 1]):
@@ -391,7 +407,10 @@ def sim_kernel(
                     op_ready[v] = t
                     d2 = dev[v]
                     rsize[d2] = heap_push(rt, ri, rbase[d2], rsize[d2], t if key is None else key[v], v)
-                    nddirty = _mark(ddirty, ddirty_list, nddirty, d2)
+                    if not ddirty[d2]:
+                        ddirty[d2] = True
+                        ddirty_list[nddirty] = d2
+                        nddirty += 1
             if bsp and u >= 0:
                 lv = level[u]
                 outstanding[lv] -= 1
