@@ -32,14 +32,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from doppler.graph import DataflowGraph, GraphError
+from doppler.kernels import DTYPE_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from doppler.hardware import Cluster
 
 #: share of each device's memory that placements may fill (``--memory-fraction``)
 DEFAULT_MEMORY_FRACTION = 0.9
-#: bytes per element of the graph's dtype (``meta["dtype"]``; float32 where none is recorded)
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 class MemoryBudgetError(ValueError):
@@ -87,7 +86,7 @@ def _find_input_slices(graph: DataflowGraph) -> InputSlices:
     users = meta.get("user_inputs") or ()
     if not isinstance(users, (list, tuple)) or not all(isinstance(u, str) for u in users):
         raise GraphError(f"graph {graph.name!r}: meta.user_inputs must be a list of input names, got {users!r:.60}")
-    itemsize = _ITEMSIZE.get(str(meta.get("dtype", "float32")), 4)
+    itemsize = DTYPE_BYTES.get(str(meta.get("dtype", "float32")), 4)  # (the graph's dtype; float32 if none)
     index: dict[tuple, int] = {}
     names: list[str] = []
     nbytes: list[float] = []
