@@ -323,23 +323,13 @@ class Cluster:
         meta = dict(self.meta)
         meta["link_scale"] = float(meta.get("link_scale", 1.0)) * float(factor)
         name = f"{self.name}*links/{factor:g}" if factor != 1 else self.name
-        return Cluster(
-            name=name,
-            devices=list(self.devices),
-            bandwidth_Bps=self.bandwidth_Bps / factor,
-            latency_s=self.latency_s * factor,
-            meta=meta,
-        )
+        return replace(self, name=name, bandwidth_Bps=self.bandwidth_Bps / factor, latency_s=self.latency_s * factor,
+                       meta=meta)  # fmt: skip
 
     def with_streams(self, streams: int) -> "Cluster":
         """A copy where every device runs ``streams`` ops at once."""
-        return Cluster(
-            name=f"{self.name}+streams{streams}",
-            devices=[replace(d, streams=streams) for d in self.devices],
-            bandwidth_Bps=self.bandwidth_Bps,
-            latency_s=self.latency_s,
-            meta=dict(self.meta),
-        )
+        devices = [replace(d, streams=streams) for d in self.devices]
+        return replace(self, name=f"{self.name}+streams{streams}", devices=devices, meta=dict(self.meta))
 
     # ---------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:

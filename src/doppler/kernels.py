@@ -113,13 +113,8 @@ def _letter_sizes(ins: Sequence[str], shapes: Sequence[Sequence[int]], eq: str) 
 class NumpyOps:
     """The array operations kernels use, on numpy arrays (host memory)."""
 
-    @staticmethod
-    def asarray(x: Any) -> Any:
-        return np.asarray(x)
-
-    @staticmethod
-    def transpose(x: Any, perm: Sequence[int]) -> Any:
-        return np.transpose(x, perm)
+    asarray = staticmethod(np.asarray)
+    transpose = staticmethod(np.transpose)
 
     @staticmethod
     def concat(xs: Sequence[Any], axis: int) -> Any:
@@ -141,9 +136,7 @@ class NumpyOps:
     def copy(x: Any) -> Any:
         return np.array(x, copy=True)
 
-    @staticmethod
-    def contiguous(x: Any) -> Any:
-        return np.ascontiguousarray(x)
+    contiguous = staticmethod(np.ascontiguousarray)
 
     @staticmethod
     def broadcast_to(x: Any, shape: tuple[int, ...]) -> Any:
@@ -165,9 +158,7 @@ class NumpyOps:
     def index(n: int, offset: int) -> Any:
         return np.arange(n) + int(offset)
 
-    @staticmethod
-    def zeros(shape: tuple[int, ...], dtype: Any) -> Any:
-        return np.zeros(shape, dtype=dtype)
+    zeros = staticmethod(np.zeros)
 
     @staticmethod
     def take_rows(table: Any, idx: Any) -> Any:
@@ -575,17 +566,14 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
             return float(_size(shapes[0]) - out_size)
         if kernel in ("sum_n", "max_n"):
             return float((len(shapes) - 1) * out_size)
-        if kernel == "map":
-            if spec.get("fn") == "fused":
-                steps = _fused_steps(spec.get("params") or {}, len(shapes))
-                return float(out_size * sum(MAP_FLOPS[fn] for fn, _, _ in steps))
-            if spec.get("fn") not in MAP_FLOPS:
-                raise ValueError(f"unknown map fn {spec.get('fn')!r} (known: {', '.join(sorted(MAP_FLOPS))})")
-            return float(out_size * MAP_FLOPS[spec["fn"]])
-        if kernel == "fill":
-            if spec.get("fn") not in FILL_FLOPS:
-                raise ValueError(f"unknown fill fn {spec.get('fn')!r} (known: {', '.join(sorted(FILL_FLOPS))})")
-            return float(out_size * FILL_FLOPS[spec["fn"]])
+        if kernel == "map" and spec.get("fn") == "fused":
+            steps = _fused_steps(spec.get("params") or {}, len(shapes))
+            return float(out_size * sum(MAP_FLOPS[fn] for fn, _, _ in steps))
+        if kernel in ("map", "fill"):
+            per = MAP_FLOPS if kernel == "map" else FILL_FLOPS
+            if spec.get("fn") not in per:
+                raise ValueError(f"unknown {kernel} fn {spec.get('fn')!r} (known: {', '.join(sorted(per))})")
+            return float(out_size * per[spec["fn"]])
         if kernel in ("select", "assemble", "embedding"):
             return 0.0
     except (KeyError, TypeError) as e:
