@@ -181,6 +181,8 @@ class TorchOps:
 
         self.torch = torch
         self.device = torch.device(device)
+        for fn in ("einsum", "exp", "sqrt", "tanh", "erf"):  # torch's own, called as they are
+            setattr(self, fn, getattr(torch, fn))
 
     def dtype(self, dtype: Any) -> Any:
         name = getattr(dtype, "name", None) or str(dtype)
@@ -194,9 +196,6 @@ class TorchOps:
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         return self.torch.cat(list(xs), dim=axis)
-
-    def einsum(self, eq: str, *ops: Any) -> Any:
-        return self.torch.einsum(eq, *ops)
 
     def reduce(self, x: Any, how: str) -> Any:
         return x.sum(dim=-1) if how == "sum" else x.amax(dim=-1)
@@ -216,12 +215,6 @@ class TorchOps:
     def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
         return x.broadcast_to(shape).contiguous()
 
-    def exp(self, x: Any) -> Any:
-        return self.torch.exp(x)
-
-    def sqrt(self, x: Any) -> Any:
-        return self.torch.sqrt(x)
-
     def relu(self, x: Any) -> Any:
         return self.torch.clamp_min(x, 0)
 
@@ -237,12 +230,6 @@ class TorchOps:
 
     def take_rows(self, table: Any, idx: Any) -> Any:
         return table[idx.long()]
-
-    def tanh(self, x: Any) -> Any:
-        return self.torch.tanh(x)
-
-    def erf(self, x: Any) -> Any:
-        return self.torch.erf(x)
 
 
 NUMPY = NumpyOps()

@@ -155,21 +155,16 @@ def _slice_of(graph: DataflowGraph, v: int, ref: dict, shapes: dict) -> tuple[tu
     return (name, ()), list(shape)
 
 
-def _held(slices: InputSlices, devices: np.ndarray, num_devices: int, weight: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (slice, device) pairs that ``devices`` hold, of weights or of activation inputs."""
-    ops, s = slices.op_slices()
-    keep = slices.weight[s] == weight
-    key = np.unique(s[keep] * num_devices + np.asarray(devices, dtype=np.int64)[ops[keep]])
-    return key // num_devices, key % num_devices
-
-
 def resident_bytes(graph: DataflowGraph, devices: np.ndarray, num_devices: int,
                    slices: InputSlices | None = None) -> np.ndarray:  # fmt: skip
     """Per device, the weight bytes an assignment holds for the whole run: each distinct weight slice that
     one of the device's ops reads, once (rule 1 of the module docstring). No simulation."""
     slices = slices if slices is not None else input_slices(graph)
-    s, d = _held(slices, devices, num_devices, weight=True)
-    return np.bincount(d, weights=slices.nbytes[s], minlength=num_devices).astype(np.float64)
+    ops, s = slices.op_slices()
+    keep = slices.weight[s]
+    key = np.unique(s[keep] * num_devices + np.asarray(devices, dtype=np.int64)[ops[keep]])  # (slice, device) pairs
+    held = np.bincount(key % num_devices, weights=slices.nbytes[key // num_devices], minlength=num_devices)
+    return held.astype(np.float64)
 
 
 def activation_input_intervals(graph: DataflowGraph, devices: np.ndarray, op_end: np.ndarray, num_devices: int,
