@@ -166,9 +166,7 @@ def _device_from_json(obj: Any, at: str) -> Device:
     if not isinstance(name, str) or not name:
         raise ClusterError(f"{at}: 'name' must be a non-empty string, got {name!r}")
     at = f"{at} ({name!r})"
-    kwargs: dict[str, Any] = {"name": name}
-    if "kind" in obj:
-        kwargs["kind"] = obj["kind"]
+    kwargs: dict[str, Any] = {k: obj[k] for k in ("name", "kind", "copies_inbound") if k in obj}  # (checked by Device)
     kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
     if "overhead_s" in obj:
         kwargs["overhead_s"] = _number(obj, "overhead_s", at)
@@ -185,8 +183,6 @@ def _device_from_json(obj: Any, at: str) -> Device:
         if isinstance(s, bool) or not isinstance(s, int):
             raise ClusterError(f"{at}: streams must be an integer >= 1, got {s!r}")
         kwargs["streams"] = s
-    if "copies_inbound" in obj:
-        kwargs["copies_inbound"] = obj["copies_inbound"]
     dev = Device(**kwargs)
     try:
         dev.validate()

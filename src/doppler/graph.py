@@ -635,15 +635,10 @@ class DataflowGraph:
 
     def equals(self, other: "DataflowGraph") -> bool:
         """Exact equality of every stored field (edge order included)."""
+        arrays = ("src", "dst", "kind", "flops", "output_bytes", "group", "block")
         return (
             self.num_ops == other.num_ops
-            and np.array_equal(self.src, other.src)
-            and np.array_equal(self.dst, other.dst)
-            and np.array_equal(self.kind, other.kind)
-            and np.array_equal(self.flops, other.flops)
-            and np.array_equal(self.output_bytes, other.output_bytes)
-            and np.array_equal(self.group, other.group)
-            and np.array_equal(self.block, other.block)
+            and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in arrays)
             and (self.names or [self.op_name(i) for i in range(self.num_ops)])
             == (other.names or [other.op_name(i) for i in range(other.num_ops)])
             and self.specs == other.specs

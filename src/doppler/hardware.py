@@ -202,20 +202,13 @@ class Cluster:
             if mat.shape != (d, d):
                 raise ClusterError(f"{where}{label} must be a {d}x{d} matrix (one entry per ordered device pair), got shape {mat.shape}")
         off = ~np.eye(d, dtype=bool)
-        bad_bw = off & ~(np.isfinite(self.bandwidth_Bps) & (self.bandwidth_Bps > 0))
-        if bad_bw.any():
-            i, j = (int(x) for x in np.argwhere(bad_bw)[0])
-            raise ClusterError(
-                f"{where}link {self.devices[i].name} -> {self.devices[j].name}: bandwidth_Bps must be a finite number > 0, "
-                f"got {self.bandwidth_Bps[i, j]!r}"
-            )
-        bad_lat = off & ~(np.isfinite(self.latency_s) & (self.latency_s >= 0))
-        if bad_lat.any():
-            i, j = (int(x) for x in np.argwhere(bad_lat)[0])
-            raise ClusterError(
-                f"{where}link {self.devices[i].name} -> {self.devices[j].name}: latency_s must be a finite number >= 0, "
-                f"got {self.latency_s[i, j]!r}"
-            )
+        for label, mat, ok, bound in (("bandwidth_Bps", self.bandwidth_Bps, self.bandwidth_Bps > 0, "> 0"),
+                                      ("latency_s", self.latency_s, self.latency_s >= 0, ">= 0")):  # fmt: skip
+            bad = off & ~(np.isfinite(mat) & ok)
+            if bad.any():
+                i, j = (int(x) for x in np.argwhere(bad)[0])
+                raise ClusterError(f"{where}link {self.devices[i].name} -> {self.devices[j].name}: {label} must be a "
+                                   f"finite number {bound}, got {mat[i, j]!r}")  # fmt: skip
         # the diagonal means nothing (same device is free); keep it canonical
         np.fill_diagonal(self.latency_s, 0.0)
         np.fill_diagonal(self.bandwidth_Bps, np.inf)
@@ -316,13 +309,7 @@ class Cluster:
     def is_homogeneous(self) -> bool:
         """All devices alike and all links alike."""
         d0 = self.devices[0]
-        same_dev = all(
-            (dv.kind, dv.flops_per_s, dv.flops_per_s_by_kind, dv.overhead_s, dv.overhead_s_by_kind, dv.memory_bytes, dv.streams,
-             dv.copies_inbound)
-            == (d0.kind, d0.flops_per_s, d0.flops_per_s_by_kind, d0.overhead_s, d0.overhead_s_by_kind, d0.memory_bytes, d0.streams,
-                d0.copies_inbound)
-            for dv in self.devices
-        )
+        same_dev = all(replace(dv, name=d0.name) == d0 for dv in self.devices)  # every field but the name
         if self.num_devices == 1:
             return same_dev
         off = ~np.eye(self.num_devices, dtype=bool)
@@ -336,23 +323,13 @@ class Cluster:
         meta = dict(self.meta)
         meta["link_scale"] = float(meta.get("link_scale", 1.0)) * float(factor)
         name = f"{self.name}*links/{factor:g}" if factor != 1 else self.name
-        return Cluster(
-            name=name,
-            devices=list(self.devices),
-            bandwidth_Bps=self.bandwidth_Bps / factor,
-            latency_s=self.latency_s * factor,
-            meta=meta,
-        )
+        return replace(self, name=name, bandwidth_Bps=self.bandwidth_Bps / factor, latency_s=self.latency_s * factor,
+                       meta=meta)  # fmt: skip
 
     def with_streams(self, streams: int) -> "Cluster":
         """A copy where every device runs ``streams`` ops at once."""
-        return Cluster(
-            name=f"{self.name}+streams{streams}",
-            devices=[replace(d, streams=streams) for d in self.devices],
-            bandwidth_Bps=self.bandwidth_Bps,
-            latency_s=self.latency_s,
-            meta=dict(self.meta),
-        )
+        devices = [replace(d, streams=streams) for d in self.devices]
+        return replace(self, name=f"{self.name}+streams{streams}", devices=devices, meta=dict(self.meta))
 
     # ---------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -277,10 +278,8 @@ class OutputLock:
         Does nothing if the lock is not held."""
         if self._fd is None or self.lock_path is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.lock_path)
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = self.lock_path = None
         self._remove_made()
@@ -305,10 +304,8 @@ def _remove_stale_temp_files(directory: Path) -> None:
     the directory's lock is held, so no live writer owns one."""
     for tmp in directory.glob(".*.tmp"):
         if tmp.is_file() and not tmp.is_symlink():
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink()
-            except OSError:
-                pass
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -364,10 +361,8 @@ def _write_and_replace(fd: int, tmp: str, p: Path, data: bytes) -> None:
         os.chmod(tmp, _new_file_mode(p))  # mkstemp creates 0600 files
         os.replace(tmp, p)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

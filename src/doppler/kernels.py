@@ -113,13 +113,8 @@ def _letter_sizes(ins: Sequence[str], shapes: Sequence[Sequence[int]], eq: str) 
 class NumpyOps:
     """The array operations kernels use, on numpy arrays (host memory)."""
 
-    @staticmethod
-    def asarray(x: Any) -> Any:
-        return np.asarray(x)
-
-    @staticmethod
-    def transpose(x: Any, perm: Sequence[int]) -> Any:
-        return np.transpose(x, perm)
+    asarray = staticmethod(np.asarray)
+    transpose = staticmethod(np.transpose)
 
     @staticmethod
     def concat(xs: Sequence[Any], axis: int) -> Any:
@@ -141,9 +136,7 @@ class NumpyOps:
     def copy(x: Any) -> Any:
         return np.array(x, copy=True)
 
-    @staticmethod
-    def contiguous(x: Any) -> Any:
-        return np.ascontiguousarray(x)
+    contiguous = staticmethod(np.ascontiguousarray)
 
     @staticmethod
     def broadcast_to(x: Any, shape: tuple[int, ...]) -> Any:
@@ -165,9 +158,7 @@ class NumpyOps:
     def index(n: int, offset: int) -> Any:
         return np.arange(n) + int(offset)
 
-    @staticmethod
-    def zeros(shape: tuple[int, ...], dtype: Any) -> Any:
-        return np.zeros(shape, dtype=dtype)
+    zeros = staticmethod(np.zeros)
 
     @staticmethod
     def take_rows(table: Any, idx: Any) -> Any:
@@ -190,6 +181,8 @@ class TorchOps:
 
         self.torch = torch
         self.device = torch.device(device)
+        for fn in ("einsum", "exp", "sqrt", "tanh", "erf"):  # torch's own, called as they are
+            setattr(self, fn, getattr(torch, fn))
 
     def dtype(self, dtype: Any) -> Any:
         name = getattr(dtype, "name", None) or str(dtype)
@@ -203,9 +196,6 @@ class TorchOps:
 
     def concat(self, xs: Sequence[Any], axis: int) -> Any:
         return self.torch.cat(list(xs), dim=axis)
-
-    def einsum(self, eq: str, *ops: Any) -> Any:
-        return self.torch.einsum(eq, *ops)
 
     def reduce(self, x: Any, how: str) -> Any:
         return x.sum(dim=-1) if how == "sum" else x.amax(dim=-1)
@@ -225,12 +215,6 @@ class TorchOps:
     def broadcast_to(self, x: Any, shape: tuple[int, ...]) -> Any:
         return x.broadcast_to(shape).contiguous()
 
-    def exp(self, x: Any) -> Any:
-        return self.torch.exp(x)
-
-    def sqrt(self, x: Any) -> Any:
-        return self.torch.sqrt(x)
-
     def relu(self, x: Any) -> Any:
         return self.torch.clamp_min(x, 0)
 
@@ -246,12 +230,6 @@ class TorchOps:
 
     def take_rows(self, table: Any, idx: Any) -> Any:
         return table[idx.long()]
-
-    def tanh(self, x: Any) -> Any:
-        return self.torch.tanh(x)
-
-    def erf(self, x: Any) -> Any:
-        return self.torch.erf(x)
 
 
 NUMPY = NumpyOps()
@@ -292,55 +270,44 @@ def _map_rotary(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
     return x * cos + _rotate_half(x, xp) * sin
 
 
-#: name -> function(aligned operands, params, array namespace) -> array
-MAP_FNS: dict[str, Callable[[list[Any], Mapping[str, Any], Any], Any]] = {
-    "add": lambda a, p, xp: a[0] + a[1],
-    "sub": lambda a, p, xp: a[0] - a[1],
-    "mul": lambda a, p, xp: a[0] * a[1],
-    "div": lambda a, p, xp: a[0] / a[1],
-    "relu": lambda a, p, xp: xp.relu(a[0]),
-    "scale": lambda a, p, xp: a[0] * float(p["c"]),
-    "silu_mul": lambda a, p, xp: a[0] / (1.0 + xp.exp(-a[0])) * a[1],
-    "exp_sub": lambda a, p, xp: xp.exp(float(p.get("scale", 1.0)) * (a[0] - a[1])),
-    "rms_scale": _map_rms_scale,
-    "rotary": _map_rotary,
-    "causal_mask": _map_causal_mask,
-    "neg": lambda a, p, xp: -a[0],
-    "add_scalar": lambda a, p, xp: a[0] + float(p["c"]),
-    "rsub_scalar": lambda a, p, xp: float(p["c"]) - a[0],
-    "rdiv_scalar": lambda a, p, xp: float(p["c"]) / a[0],
-    "pow": lambda a, p, xp: a[0] ** float(p["c"]),
-    "rsqrt": lambda a, p, xp: 1.0 / xp.sqrt(a[0]),
-    "sqrt": lambda a, p, xp: xp.sqrt(a[0]),
-    "exp": lambda a, p, xp: xp.exp(a[0]),
-    "tanh": lambda a, p, xp: xp.tanh(a[0]),
-    "silu": lambda a, p, xp: a[0] / (1.0 + xp.exp(-a[0])),
-    "sigmoid": lambda a, p, xp: 1.0 / (1.0 + xp.exp(-a[0])),
-    "gelu": lambda a, p, xp: 0.5 * a[0] * (1.0 + xp.erf(a[0] * 0.7071067811865476)),
-    "gelu_tanh": lambda a, p, xp: 0.5 * a[0] * (1.0 + xp.tanh(0.7978845608028654 * (a[0] + 0.044715 * a[0] ** 3))),
+def _map_gelu_tanh(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
+    return 0.5 * a[0] * (1.0 + xp.tanh(0.7978845608028654 * (a[0] + 0.044715 * a[0] ** 3)))
+
+
+#: name -> (function(aligned operands, params, array namespace) -> array, operands, FLOPs per output element)
+_MAP_TABLE: dict[str, tuple[Callable[[list[Any], Mapping[str, Any], Any], Any], int, float]] = {
+    "add": (lambda a, p, xp: a[0] + a[1], 2, 1),
+    "sub": (lambda a, p, xp: a[0] - a[1], 2, 1),
+    "mul": (lambda a, p, xp: a[0] * a[1], 2, 1),
+    "div": (lambda a, p, xp: a[0] / a[1], 2, 1),
+    "relu": (lambda a, p, xp: xp.relu(a[0]), 1, 1),
+    "scale": (lambda a, p, xp: a[0] * float(p["c"]), 1, 1),
+    "silu_mul": (lambda a, p, xp: a[0] / (1.0 + xp.exp(-a[0])) * a[1], 2, 5),  # neg, exp, add, div, mul
+    "exp_sub": (lambda a, p, xp: xp.exp(float(p.get("scale", 1.0)) * (a[0] - a[1])), 2, 3),  # sub, mul by scale, exp
+    "rms_scale": (_map_rms_scale, 3, 6),  # div by n, add eps, sqrt, reciprocal, two muls
+    "rotary": (_map_rotary, 3, 4),  # two muls, one add, one negation
+    "causal_mask": (_map_causal_mask, 1, 1),
+    "neg": (lambda a, p, xp: -a[0], 1, 1),
+    "add_scalar": (lambda a, p, xp: a[0] + float(p["c"]), 1, 1),
+    "rsub_scalar": (lambda a, p, xp: float(p["c"]) - a[0], 1, 1),
+    "rdiv_scalar": (lambda a, p, xp: float(p["c"]) / a[0], 1, 1),
+    "pow": (lambda a, p, xp: a[0] ** float(p["c"]), 1, 1),
+    "rsqrt": (lambda a, p, xp: 1.0 / xp.sqrt(a[0]), 1, 2),
+    "sqrt": (lambda a, p, xp: xp.sqrt(a[0]), 1, 1),
+    "exp": (lambda a, p, xp: xp.exp(a[0]), 1, 1),
+    "tanh": (lambda a, p, xp: xp.tanh(a[0]), 1, 1),
+    "silu": (lambda a, p, xp: a[0] / (1.0 + xp.exp(-a[0])), 1, 4),  # neg, exp, add, div
+    "sigmoid": (lambda a, p, xp: 1.0 / (1.0 + xp.exp(-a[0])), 1, 4),
+    "gelu": (lambda a, p, xp: 0.5 * a[0] * (1.0 + xp.erf(a[0] * 0.7071067811865476)), 1, 5),  # mul, erf, add, two muls
+    "gelu_tanh": (_map_gelu_tanh, 1, 9),  # cube, mul, add, mul, tanh, add, two muls
+    "rotate_half": (lambda a, p, xp: _rotate_half(a[0], xp), 1, 1),  # the negation
 }
+#: name -> function(aligned operands, params, array namespace) -> array (``fused`` is added below)
+MAP_FNS: dict[str, Callable[[list[Any], Mapping[str, Any], Any], Any]] = {k: v[0] for k, v in _MAP_TABLE.items()}
 #: number of operands of each map function
-MAP_ARITY: dict[str, int] = {
-    "add": 2, "sub": 2, "mul": 2, "div": 2, "relu": 1, "scale": 1, "silu_mul": 2,
-    "exp_sub": 2, "rms_scale": 3, "rotary": 3, "causal_mask": 1, "neg": 1, "add_scalar": 1, "rsub_scalar": 1,
-    "rdiv_scalar": 1, "pow": 1, "rsqrt": 1, "sqrt": 1, "exp": 1, "tanh": 1, "silu": 1, "sigmoid": 1, "gelu": 1,
-    "gelu_tanh": 1,
-}  # fmt: skip
+MAP_ARITY: dict[str, int] = {k: v[1] for k, v in _MAP_TABLE.items()}
 #: FLOPs per output element of each map function
-MAP_FLOPS: dict[str, float] = {
-    "add": 1, "sub": 1, "mul": 1, "div": 1, "relu": 1, "scale": 1,
-    "silu_mul": 5,  # neg, exp, add, div, mul
-    "exp_sub": 3,  # sub, mul by scale, exp
-    "rms_scale": 6,  # div by n, add eps, sqrt, reciprocal, two muls
-    "rotary": 4,  # two muls, one add, one negation
-    "causal_mask": 1,
-    "neg": 1, "add_scalar": 1, "rsub_scalar": 1, "rdiv_scalar": 1, "pow": 1, "rsqrt": 2, "sqrt": 1, "exp": 1,
-    "tanh": 1,
-    "silu": 4,  # neg, exp, add, div
-    "sigmoid": 4,
-    "gelu": 5,  # mul, erf, add, two muls
-    "gelu_tanh": 9,  # cube, mul, add, mul, tanh, add, two muls
-}  # fmt: skip
+MAP_FLOPS: dict[str, float] = {k: v[2] for k, v in _MAP_TABLE.items()}
 
 #: name -> function(shape, params, dtype, array namespace) -> array
 FILL_FNS: dict[str, Callable[[tuple[int, ...], Mapping[str, Any], Any, Any], Any]] = {
@@ -420,14 +387,6 @@ def _reduce(spec: Mapping[str, Any], arrays: Sequence[Any], how: str, xp: Any) -
     return xp.reduce(x, how)
 
 
-def _k_reduce_sum(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
-    return _reduce(spec, arrays, "sum", xp)
-
-
-def _k_reduce_max(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
-    return _reduce(spec, arrays, "max", xp)
-
-
 def _fold(name: str, spec: Mapping[str, Any], arrays: Sequence[Any], how: str, xp: Any) -> Any:
     """Elementwise sum or max over all operands (the n-ary aggregation of partial results)."""
     ops = _operands(spec, arrays, None, xp)
@@ -437,14 +396,6 @@ def _fold(name: str, spec: Mapping[str, Any], arrays: Sequence[Any], how: str, x
     for a in ops[1:]:
         xp.fold_into(out, a, how)
     return out
-
-
-def _k_sum_n(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
-    return _fold("sum_n", spec, arrays, "sum", xp)
-
-
-def _k_max_n(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
-    return _fold("max_n", spec, arrays, "max", xp)
 
 
 def _fused_steps(p: Mapping[str, Any], n: int) -> list[tuple[str, list[int], Mapping[str, Any]]]:
@@ -470,9 +421,6 @@ def _map_fused(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
 
 
 MAP_FNS["fused"] = _map_fused
-MAP_FNS["rotate_half"] = lambda a, p, xp: _rotate_half(a[0], xp)
-MAP_ARITY["rotate_half"] = 1
-MAP_FLOPS["rotate_half"] = 1  # the negation
 
 
 def _k_map(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
@@ -528,10 +476,10 @@ def _k_embedding(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp:
 #: kernel name -> function(spec, operand arrays, dtype for constant tiles, array namespace) -> array
 NUMPY_KERNELS: dict[str, Callable[[Mapping[str, Any], Sequence[Any], Any, Any], Any]] = {
     "einsum": _k_einsum,
-    "reduce_sum": _k_reduce_sum,
-    "reduce_max": _k_reduce_max,
-    "sum_n": _k_sum_n,
-    "max_n": _k_max_n,
+    "reduce_sum": lambda spec, arrays, dtype, xp: _reduce(spec, arrays, "sum", xp),
+    "reduce_max": lambda spec, arrays, dtype, xp: _reduce(spec, arrays, "max", xp),
+    "sum_n": lambda spec, arrays, dtype, xp: _fold("sum_n", spec, arrays, "sum", xp),
+    "max_n": lambda spec, arrays, dtype, xp: _fold("max_n", spec, arrays, "max", xp),
     "map": _k_map,
     "fill": _k_fill,
     "select": _k_select,
@@ -605,17 +553,14 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
             return float(_size(shapes[0]) - out_size)
         if kernel in ("sum_n", "max_n"):
             return float((len(shapes) - 1) * out_size)
-        if kernel == "map":
-            if spec.get("fn") == "fused":
-                steps = _fused_steps(spec.get("params") or {}, len(shapes))
-                return float(out_size * sum(MAP_FLOPS[fn] for fn, _, _ in steps))
-            if spec.get("fn") not in MAP_FLOPS:
-                raise ValueError(f"unknown map fn {spec.get('fn')!r} (known: {', '.join(sorted(MAP_FLOPS))})")
-            return float(out_size * MAP_FLOPS[spec["fn"]])
-        if kernel == "fill":
-            if spec.get("fn") not in FILL_FLOPS:
-                raise ValueError(f"unknown fill fn {spec.get('fn')!r} (known: {', '.join(sorted(FILL_FLOPS))})")
-            return float(out_size * FILL_FLOPS[spec["fn"]])
+        if kernel == "map" and spec.get("fn") == "fused":
+            steps = _fused_steps(spec.get("params") or {}, len(shapes))
+            return float(out_size * sum(MAP_FLOPS[fn] for fn, _, _ in steps))
+        if kernel in ("map", "fill"):
+            per = MAP_FLOPS if kernel == "map" else FILL_FLOPS
+            if spec.get("fn") not in per:
+                raise ValueError(f"unknown {kernel} fn {spec.get('fn')!r} (known: {', '.join(sorted(per))})")
+            return float(out_size * per[spec["fn"]])
         if kernel in ("select", "assemble", "embedding"):
             return 0.0
     except (KeyError, TypeError) as e:

@@ -32,14 +32,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from doppler.graph import DataflowGraph, GraphError
+from doppler.kernels import DTYPE_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from doppler.hardware import Cluster
 
 #: share of each device's memory that placements may fill (``--memory-fraction``)
 DEFAULT_MEMORY_FRACTION = 0.9
-#: bytes per element of the graph's dtype (``meta["dtype"]``; float32 where none is recorded)
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 class MemoryBudgetError(ValueError):
@@ -87,7 +86,7 @@ def _find_input_slices(graph: DataflowGraph) -> InputSlices:
     users = meta.get("user_inputs") or ()
     if not isinstance(users, (list, tuple)) or not all(isinstance(u, str) for u in users):
         raise GraphError(f"graph {graph.name!r}: meta.user_inputs must be a list of input names, got {users!r:.60}")
-    itemsize = _ITEMSIZE.get(str(meta.get("dtype", "float32")), 4)
+    itemsize = DTYPE_BYTES.get(str(meta.get("dtype", "float32")), 4)  # (the graph's dtype; float32 if none)
     index: dict[tuple, int] = {}
     names: list[str] = []
     nbytes: list[float] = []
@@ -156,21 +155,16 @@ def _slice_of(graph: DataflowGraph, v: int, ref: dict, shapes: dict) -> tuple[tu
     return (name, ()), list(shape)
 
 
-def _held(slices: InputSlices, devices: np.ndarray, num_devices: int, weight: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (slice, device) pairs that ``devices`` hold, of weights or of activation inputs."""
-    ops, s = slices.op_slices()
-    keep = slices.weight[s] == weight
-    key = np.unique(s[keep] * num_devices + np.asarray(devices, dtype=np.int64)[ops[keep]])
-    return key // num_devices, key % num_devices
-
-
 def resident_bytes(graph: DataflowGraph, devices: np.ndarray, num_devices: int,
                    slices: InputSlices | None = None) -> np.ndarray:  # fmt: skip
     """Per device, the weight bytes an assignment holds for the whole run: each distinct weight slice that
     one of the device's ops reads, once (rule 1 of the module docstring). No simulation."""
     slices = slices if slices is not None else input_slices(graph)
-    s, d = _held(slices, devices, num_devices, weight=True)
-    return np.bincount(d, weights=slices.nbytes[s], minlength=num_devices).astype(np.float64)
+    ops, s = slices.op_slices()
+    keep = slices.weight[s]
+    key = np.unique(s[keep] * num_devices + np.asarray(devices, dtype=np.int64)[ops[keep]])  # (slice, device) pairs
+    held = np.bincount(key % num_devices, weights=slices.nbytes[key // num_devices], minlength=num_devices)
+    return held.astype(np.float64)
 
 
 def activation_input_intervals(graph: DataflowGraph, devices: np.ndarray, op_end: np.ndarray, num_devices: int,

@@ -184,6 +184,18 @@ class TileBuilder:
             t.tiles[blk] = {"op": int(i), "shape": list(bs)}
         return t
 
+    def _per_block(self, name: str, kind: OpKind, shape: Sequence[int], grid: Sequence[int],
+                   spec_of: Callable[[tuple[int, ...]], dict[str, Any]]) -> Tensor:  # fmt: skip
+        """One op (and group) of ``kind`` per block of the output grid, its spec ``spec_of(block)``; when
+        counting, only their number."""
+        if self._count(math.prod(grid)):
+            return Tensor(name, tuple(shape), tuple(grid))
+        g = self._new_group(name, kind, grid)
+        ids = {}
+        for blk in itertools.product(*(range(n) for n in grid)):
+            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec_of(blk), g, blk)
+        return self._tensor_from_ops(name, shape, grid, ids)
+
     def _letters(self, name: str, ins: Sequence[str], ts: Sequence[Tensor]) -> dict[str, tuple[int, int, str]]:
         """letter -> (size, blocks, tensor name), checked consistent across operands."""
         info: dict[str, tuple[int, int, str]] = {}
@@ -323,11 +335,8 @@ class TileBuilder:
         logical = {"kernel": "map", "fn": fn, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts],
                    "shape": out_shape, "params": base}  # fmt: skip
         self.untiled_flops += self._flops(logical, name)
-        if self._count(math.prod(out_grid)):
-            return Tensor(name, tuple(out_shape), tuple(out_grid))
-        g = self._new_group(name, kind, out_grid)
-        result = {}
-        for oblk in itertools.product(*(range(gg) for gg in out_grid)):
+
+        def spec_of(oblk: tuple[int, ...]) -> dict[str, Any]:
             at = dict(zip(out, oblk))
             refs = [dict(ts[k].tiles[tuple(at[c] for c in term)]) for k, term in enumerate(ins)]
             p = dict(base)
@@ -336,8 +345,9 @@ class TileBuilder:
             spec = {"kernel": "map", "fn": fn, "eq": eq, "inputs": refs, "shape": list(bshape)}
             if p:
                 spec["params"] = p
-            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
-        return self._tensor_from_ops(name, out_shape, out_grid, result)
+            return spec
+
+        return self._per_block(name, kind, out_shape, out_grid, spec_of)
 
     def fill(
         self,
@@ -360,17 +370,14 @@ class TileBuilder:
         bshape = [s // g for s, g in zip(shape, grid)]
         base = dict(params or {})
         self.untiled_flops += self._flops({"kernel": "fill", "fn": fn, "inputs": [], "shape": shape}, name)
-        if self._count(math.prod(grid)):
-            return Tensor(name, tuple(shape), tuple(grid))
-        g = self._new_group(name, kind, grid)
-        result = {}
-        for oblk in itertools.product(*(range(gg) for gg in grid)):
+
+        def spec_of(oblk: tuple[int, ...]) -> dict[str, Any]:
             p = dict(base)
             if tile_params is not None:
                 p.update(tile_params({c: int(b * s) for c, b, s in zip(letters, oblk, bshape)}))
-            spec = {"kernel": "fill", "fn": fn, "inputs": [], "shape": list(bshape), "params": p}
-            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
-        return self._tensor_from_ops(name, shape, grid, result)
+            return {"kernel": "fill", "fn": fn, "inputs": [], "shape": list(bshape), "params": p}
+
+        return self._per_block(name, kind, shape, grid, spec_of)
 
     def select(
         self, x: Tensor, ranges: Sequence[tuple[int, int] | None], *, name: str, kind: OpKind = OpKind.SELECT
@@ -396,16 +403,13 @@ class TileBuilder:
             out_grid.append(1)
             fixed.append((b, lo - b * bs[ax], hi - b * bs[ax]))
         bshape = [s // g for s, g in zip(out_shape, out_grid)]
-        if self._count(math.prod(out_grid)):
-            return Tensor(name, tuple(out_shape), tuple(out_grid))
-        g = self._new_group(name, kind, out_grid)
-        result = {}
-        for oblk in itertools.product(*(range(gg) for gg in out_grid)):
+
+        def spec_of(oblk: tuple[int, ...]) -> dict[str, Any]:
             iblk = tuple(o if f is None else f[0] for o, f in zip(oblk, fixed))
             sl = [[0, bs[ax]] if f is None else [f[1], f[2]] for ax, f in enumerate(fixed)]
-            spec = {"kernel": "select", "inputs": [dict(x.tiles[iblk])], "shape": list(bshape), "params": {"slice": sl}}
-            result[oblk] = self._add_op(f"{name}{fmt_block(oblk)}", kind, spec, g, oblk)
-        return self._tensor_from_ops(name, out_shape, out_grid, result)
+            return {"kernel": "select", "inputs": [dict(x.tiles[iblk])], "shape": list(bshape), "params": {"slice": sl}}
+
+        return self._per_block(name, kind, out_shape, out_grid, spec_of)
 
     # ------------------------------------------------------------ finish
     def blockwise(self, name: str, kind: OpKind, kernel: str, shape: Sequence[int], grid: Sequence[int],
@@ -413,17 +417,15 @@ class TileBuilder:
         """One op per output block, reading the operand tiles ``refs_of(block)`` (an ``embedding`` lookup, say:
         zero FLOPs, :mod:`doppler.kernels`)."""
         self._claim(name)
-        out = Tensor(name, tuple(shape), tuple(grid))
-        if self._count(math.prod(out.grid)):
-            return out
-        g = self._new_group(name, kind, out.grid)
-        ids = {}
-        for blk in out.blocks():
-            spec = {"kernel": kernel, "inputs": refs_of(blk), "shape": list(out.block_shape)}
+        bshape = Tensor(name, tuple(shape), tuple(grid)).block_shape
+
+        def spec_of(blk: tuple[int, ...]) -> dict[str, Any]:
+            spec = {"kernel": kernel, "inputs": refs_of(blk), "shape": list(bshape)}
             if params is not None:
                 spec["params"] = params(blk)
-            ids[blk] = self._add_op(f"{name}{fmt_block(blk)}", kind, spec, g, blk)
-        return self._tensor_from_ops(name, shape, grid, ids)
+            return spec
+
+        return self._per_block(name, kind, shape, grid, spec_of)
 
     def finish(self, name: str, params: Mapping[str, Any]) -> DataflowGraph:
         if self.count_only:

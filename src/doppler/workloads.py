@@ -1,11 +1,7 @@
 """Tile-decomposed dataflow graphs of real tensor programs, and random DAGs.
 
-A workload builder splits every tensor into a grid of blocks and emits the ops a
-sharded-tensor engine would run: one op per block product of a contraction (a
-*partial product*, :attr:`OpKind.MATMUL`), one n-ary aggregation per output block
-that sums the partial products over the contracted-dimension blocks
-(:attr:`OpKind.ADD`, only when there is more than one contraction block), and one
-op per output block of every elementwise step. Costs come from the real shapes:
+The tiled workloads are built with :class:`~doppler.tiling.TileBuilder` (:mod:`doppler.tiling` says which ops a
+contraction and an elementwise step become). Costs come from the real shapes:
 ``flops`` per op (the convention of :mod:`doppler.kernels`) and
 ``output_bytes`` = elements of the op's output block x dtype bytes.
 
@@ -26,7 +22,6 @@ override the preset. ``graph.meta`` records the workload, resolved parameters,
 input shapes, output tiles and the FLOPs of the untiled computation, so
 :func:`~doppler.references.make_inputs`, :func:`doppler.kernels.evaluate_numpy`,
 :func:`~doppler.references.assemble_outputs` and :func:`reference` can check a graph end to end.
-The tiling machinery itself (:class:`~doppler.tiling.TileBuilder`) is in :mod:`doppler.tiling`.
 """
 
 from __future__ import annotations
@@ -98,7 +93,7 @@ def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
     B, s, D, H, hd, F = p["batch"], p["seq_len"], p["dim"], p["n_heads"], p["head_dim"], p["hidden"]
     bb, sb, db, hb, fb = p["batch_blocks"], p["seq_blocks"], p["dim_blocks"], p["head_blocks"], p["hidden_blocks"]
     norm_w = {"init": "norm_weight"}
-    t = {
+    return {
         "x": b.input("x", (B, s, D), (bb, sb, db), user=True),
         "w_attn_norm": b.input("w_attn_norm", (D,), (db,), norm_w),
         "w_q": b.input("w_q", (D, H, hd), (db, hb, 1), _normal(1 / math.sqrt(D))),
@@ -112,7 +107,6 @@ def _llama_inputs(b: TileBuilder, p: dict[str, Any]) -> dict[str, Tensor]:
         "rope_cos": b.input("rope_cos", (s, hd), (sb, 1), {"init": "rope_cos", "theta": float(p["rope_theta"])}),
         "rope_sin": b.input("rope_sin", (s, hd), (sb, 1), {"init": "rope_sin", "theta": float(p["rope_theta"])}),
     }
-    return t
 
 
 def _llama_block_ops(b: TileBuilder, p: dict[str, Any], t: dict[str, Tensor], *, mask_fill: bool) -> Tensor:
@@ -429,10 +423,6 @@ def _coerce(workload: str, key: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str):
             raise WorkloadError(bad + "a string")
         return value
-    if isinstance(default, bool):  # not used today, kept for completeness
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-        raise WorkloadError(bad + "true or false")
     if isinstance(default, int):
         if isinstance(value, (bool, np.bool_)):
             raise WorkloadError(bad + "an integer")
@@ -537,11 +527,7 @@ def parse_set(items: Sequence[str], workload: str | None = None) -> dict[str, An
             raise WorkloadError(f"{workload}: unknown parameter {key!r} (accepted: {', '.join(spec)})")
         default = spec[key]
         try:
-            if isinstance(default, bool):
-                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError
-                out[key] = text.lower() in ("true", "1", "yes")
-            elif isinstance(default, int):
+            if isinstance(default, int):
                 try:
                     out[key] = int(text)
                 except ValueError:
