@@ -293,3 +293,35 @@ def test_module_paths_round_trip_and_a_bad_one_is_refused(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(GraphError, match="invalid groups entry .*module must be a string"):
         load_graph(path)
+
+
+@pytest.mark.parametrize("groups", [[None], ["mm"], "ab", [[1, 2]]])
+def test_a_groups_entry_that_is_not_an_object_is_refused_in_one_line(tmp_path, groups):
+    from doppler.formats import load_graph, save_graph
+    from doppler.workloads import build
+
+    path = tmp_path / "g.json"
+    save_graph(build("chainmm", size="tiny"), path)
+    doc = json.loads(path.read_text())
+    doc["groups"] = groups
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GraphError, match=r"g\.json: invalid groups entry \(a group must be an object"):
+        load_graph(path)
+
+
+@pytest.mark.parametrize("name", [[], {"a": 1}, 3])
+@pytest.mark.parametrize("with_slice", [True, False])
+def test_an_operand_naming_no_input_is_refused_in_one_line(tmp_path, name, with_slice):
+    from doppler.formats import load_graph, save_graph
+    from doppler.workloads import build
+
+    path = tmp_path / "g.json"
+    save_graph(build("chainmm", size="tiny"), path)
+    doc = json.loads(path.read_text())
+    ref = next(r for spec in doc["ops"]["spec"] for r in spec["inputs"] if "input" in r)
+    ref["input"] = name
+    if not with_slice:
+        del ref["slice"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(GraphError, match=r"g\.json: op \d+ .*: an operand's input .* is not an input name"):
+        load_graph(path)

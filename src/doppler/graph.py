@@ -107,6 +107,9 @@ class Group:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> "Group":
+        """A group from its JSON object; TypeError, KeyError or ValueError naming what is wrong."""
+        if not isinstance(obj, dict):
+            raise TypeError(f"a group must be an object, not {type(obj).__name__}")
         module = obj.get("module", "")
         if not isinstance(module, str):
             raise TypeError(f"module must be a string, not {type(module).__name__}")

@@ -137,6 +137,8 @@ def _slice_of(graph: DataflowGraph, v: int, ref: dict, shapes: dict) -> tuple[tu
     ``slice`` (``[[lo, hi], ...]``), else the whole input (its ``meta.inputs`` shape, else the ref's
     ``shape``). GraphError naming the op where the reference is malformed."""
     name = ref["input"]
+    if not isinstance(name, str):
+        raise GraphError(f"op {graph.op_label(v)}: an operand's input {name!r:.60} is not an input name (a string)")
 
     def whole_numbers(x: object) -> bool:
         return isinstance(x, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
@@ -150,7 +152,7 @@ def _slice_of(graph: DataflowGraph, v: int, ref: dict, shapes: dict) -> tuple[tu
                              "[lo, hi] pairs (0 <= lo <= hi)")  # fmt: skip
         return (name, tuple((int(lo), int(hi)) for lo, hi in bounds)), [hi - lo for lo, hi in bounds]
     shape = shapes.get(name, ref.get("shape"))
-    if not isinstance(name, str) or not whole_numbers(shape):
+    if not whole_numbers(shape):
         raise GraphError(f"op {graph.op_label(v)}: input {name!r:.60} has no slice and no known shape")
     return (name, ()), list(shape)
 
