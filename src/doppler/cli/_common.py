@@ -8,7 +8,6 @@ file/line/op), 1 on internal failure.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import re
 import sys
@@ -65,10 +64,26 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
     types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError,
                                         IsADirectoryError, NotADirectoryError, PermissionError, OutputPathError]  # fmt: skip
-    for module, name in (("workloads", "WorkloadError"), ("sim", "SimulationError"), ("methods", "MethodError"),
-                         ("engine", "EngineError"), ("report", "FigureFormatError")):  # fmt: skip
-        with contextlib.suppress(ImportError):
-            types.append(getattr(importlib.import_module(f"doppler.{module}"), name))
+    with contextlib.suppress(ImportError):
+        from doppler.workloads import WorkloadError
+
+        types.append(WorkloadError)
+    with contextlib.suppress(ImportError):
+        from doppler.sim import SimulationError
+
+        types.append(SimulationError)
+    with contextlib.suppress(ImportError):
+        from doppler.methods import MethodError
+
+        types.append(MethodError)
+    with contextlib.suppress(ImportError):
+        from doppler.engine import EngineError
+
+        types.append(EngineError)
+    with contextlib.suppress(ImportError):
+        from doppler.report import FigureFormatError
+
+        types.append(FigureFormatError)
     return tuple(types)
 
 
