@@ -60,7 +60,8 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    methods = [m for m in list_methods() if m != "doppler"]
+    # (tensor_parallel and tp_pipeline need a transformer whose blocks divide over the devices: not every model here)
+    methods = [m for m in list_methods() if m not in ("doppler", "tensor_parallel", "tp_pipeline")]
     print("| model | import (s) | ops untiled / tiled | matmul FLOPs / FlopCounterMode | max error f64 | max error f32 "
           "| compare, all methods (s) |")
     print("|---|---|---|---|---|---|---|")

@@ -33,7 +33,7 @@ SUBLAYERS = {
     "methods": [
         {"registry", "_anneal_kernels"},
         {"simple", "layered", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_kernels"},
-        {"lookahead"},
+        {"lookahead", "tensor_parallel"},
         {"anneal"},
         {"__init__"},
     ],

@@ -355,6 +355,18 @@ def test_imported_ops_record_their_modules() -> None:
     assert g.meta["dtype"] == "float32" and "model.layers.0.self_attn.k_proj.weight" in g.meta["inputs"]
 
 
+def test_an_imported_llama_records_its_layer_structure() -> None:
+    """An imported Hugging Face LLaMA has the layer structure a built llama_model has (graph.meta["structure"])."""
+    g = import_model(f"{EXAMPLES / 'hf_models.py'}:gqa_llama", blocks=GQA_TILING)
+    s = g.meta["structure"]
+    mods = lambda ks: {g.groups[k].module for k in ks}  # noqa: E731
+    assert len(s["layers"]) == 2 and mods(s["embedding"]) == {"model.embed_tokens"}
+    assert mods(s["final_norm"]) == {"model.norm"} and mods(s["lm_head"]) == {"lm_head"}
+    assert {m.rsplit(".", 1)[1] for m in mods(s["column_parallel"]["head"])} == {"q_proj", "k_proj", "v_proj"}
+    assert {m.rsplit(".", 1)[1] for m in mods(s["row_parallel"]["hidden"])} == {"down_proj"}
+    assert all(g.groups[k].kind == "matmul" for ks in s["column_parallel"].values() for k in ks)
+
+
 @pytest.mark.parametrize("path, want", [
     ("model.layers.3.self_attn.q_proj", "model.layers.3.self_attn.q_proj"),
     ("L['self'].model.layers[3].self_attn", "model.layers.3.self_attn"),

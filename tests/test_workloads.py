@@ -403,3 +403,143 @@ def test_grouped_query_attention_shrinks_only_the_key_value_weights():
     assert mha.meta["inputs"]["layers.0.w_q"] == [4096, 32, 1, 128] and gqa.meta["inputs"]["layers.0.w_q"] == [4096, 8,
                                                                                                                 4, 128]
     assert gqa.flops.sum() < mha.flops.sum()
+
+
+# ------------------------------------------------------------- llama_model: batches, decode, every blocking
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), phase=st.sampled_from(["prefill", "decode"]), kv=st.sampled_from([1, 2, 4]),
+       batch=st.sampled_from([1, 2, 3]), seed=st.integers(0, 3))  # fmt: skip
+def test_llama_model_any_blocking_any_phase(data, phase, kv, batch, seed):
+    """Every block count from 1 to each dimension's size, at small sizes: the graph builds with the op count
+    counted beforehand, its FLOPs are the untiled computation's, and it computes the reference."""
+    from doppler.workloads import count_ops
+
+    dims = {"dim": 16, "n_heads": 4, "head_dim": 4, "hidden": 24, "vocab": 12, "n_kv_heads": kv, "layers": 1}
+    p = {"size": "tiny", "batch": batch, **dims, "phase": phase,
+         "batch_blocks": data.draw(st.sampled_from(_divisors(batch))),
+         "dim_blocks": data.draw(st.sampled_from(_divisors(16, 16))),
+         "head_blocks": data.draw(st.sampled_from(_divisors(kv))),
+         "hidden_blocks": data.draw(st.sampled_from(_divisors(24, 24))),
+         "vocab_blocks": data.draw(st.sampled_from(_divisors(12, 12)))}  # fmt: skip
+    if phase == "decode":
+        p["context"] = data.draw(st.integers(1, 6))
+        p["context_blocks"] = data.draw(st.sampled_from(_divisors(p["context"])))
+    else:
+        p["seq_len"] = 4
+        p["seq_blocks"] = data.draw(st.sampled_from(_divisors(4)))
+    g = build("llama_model", **p)
+    assert g.num_ops == count_ops("llama_model", **p)
+    assert (g.meta["phase"], g.meta["batch"], g.meta["context"]) == (phase, batch, p.get("context", 0))
+    _check_end_to_end(g, seed)
+
+
+def _same_weights(decode, prefill, x_prefill, seed=0):
+    """Inputs of ``decode`` holding ``prefill``'s weights, each sequence's last token, and the keys and values
+    the prefill computed for every position before it as the KV cache."""
+    from doppler.references import llama_model_forward
+
+    x = make_inputs(decode, seed)
+    for name in decode.meta["inputs"]:
+        if name in x_prefill and not name.startswith("rope") and name != "tokens":
+            x[name] = x_prefill[name]
+    x["tokens"] = x_prefill["tokens"][:, -1:]
+    _, caches = llama_model_forward(prefill.meta["params"], x_prefill)
+    n = decode.meta["context"]
+    for i, (k, v) in enumerate(caches):
+        x[f"layers.{i}.k_cache"], x[f"layers.{i}.v_cache"] = k[:, :n], v[:, :n]
+    return x
+
+
+@pytest.mark.parametrize("overrides", [{}, {"batch": 2, "batch_blocks": 2, "context_blocks": 7, "head_blocks": 2,
+                                            "dim_blocks": 4, "hidden_blocks": 2, "vocab_blocks": 2}])  # fmt: skip
+def test_a_decode_step_over_the_cache_of_a_prefill_gives_the_prefills_last_logits(overrides):
+    """The KV cache's correctness check: decode at context N, its cache the keys and values a prefill of the
+    N + 1 tokens computed for the first N, gives that prefill's logits (the reference and the tiled graph)."""
+    n, batch = 7, overrides.get("batch", 1)
+    prefill = build("llama_model", size="tiny", seq_len=n + 1, batch=batch)
+    decode = build("llama_model", size="tiny", phase="decode", context=n, **overrides)
+    assert decode.meta["params"]["seq_len"] == 1 and decode.meta["inputs"]["tokens"] == [batch, 1]
+    x_prefill = make_inputs(prefill, 1)
+    want = reference(prefill, x_prefill)["logits"]
+    x = _same_weights(decode, prefill, x_prefill)
+    np.testing.assert_allclose(x["rope_cos"][0], x_prefill["rope_cos"][n])  # the new token rotates at position N
+    np.testing.assert_allclose(reference(decode, x)["logits"], want, rtol=1e-9, atol=1e-12)
+    got = assemble_outputs(decode, evaluate_numpy(decode, x))["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    x["layers.1.k_cache"] = x["layers.1.k_cache"][:, ::-1].copy()  # a cache in the wrong order is noticed
+    assert not np.allclose(reference(decode, x)["logits"], want, rtol=1e-6)
+
+
+def test_the_kv_cache_is_resident_like_a_weight():
+    """The cache is a graph input that is not a forward argument: every slice is held where it is read, as a
+    weight's (doppler.memory); only the token ids are activation inputs."""
+    from doppler import memory
+
+    p = {"size": "tiny", "layers": 2, "phase": "decode", "context": 6, "context_blocks": 3, "batch": 2}
+    g = build("llama_model", **p)
+    assert g.meta["user_inputs"] == ["tokens"]
+    caches = [k for k in g.meta["inputs"] if k.endswith(("k_cache", "v_cache"))]
+    assert len(caches) == 4 and all(g.meta["inputs"][k] == [2, 6, 2, 8] for k in caches)
+    slices = memory.input_slices(g)
+    is_cache = np.array([name in caches for name in slices.names])
+    assert slices.weight[is_cache].all() and is_cache.sum() == 4 * 3 * 2  # context x head blocks per tensor
+    item = 2 if g.meta["dtype"] == "float16" else 4
+    cache_bytes = 4 * 2 * 6 * 2 * 8 * item
+    weights = sum(int(np.prod(s)) for k, s in g.meta["inputs"].items() if k not in caches and k != "tokens") * item
+    assert memory.weight_bytes(g, slices) == pytest.approx(weights + cache_bytes)
+    held = memory.resident_bytes(g, np.zeros(g.num_ops, np.int64), 1)
+    assert held[0] == pytest.approx(weights + cache_bytes)
+
+
+def test_a_decode_step_reads_every_weight_and_the_cache_once_per_token():
+    """LLaMA-2-7B at its real size: a decode step has the prefill's weights plus 2 x layers x context x dim of
+    cache, and about 2 FLOPs per weight per token."""
+    from doppler import memory
+
+    g = build("llama_model", phase="decode", context=2048, batch=4)
+    assert (g.meta["phase"], g.meta["batch"], g.meta["context"]) == ("decode", 4, 2048)
+    cache = 2 * 32 * 4 * 2048 * 4096 * 2
+    assert memory.weight_bytes(g) == pytest.approx(6_738_415_616 * 2 + cache + 2 * 128 * 2)  # + the rotary row
+    assert 2 * 4 * 6.4e9 < g.flops.sum() < 2 * 4 * 7.2e9
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"phase": "decode", "context": 0}, "context=0 must be 1 to 1,000,000 with phase=decode"),
+    ({"phase": "decode"}, "context=0 must be 1 to 1,000,000 with phase=decode"),
+    ({"phase": "decode", "context": 1_000_001}, "context=1000001 must be 1 to 1,000,000"),
+    ({"phase": "decode", "context": -3}, "context=-3 must be an integer >= 0"),
+    ({"phase": "train"}, "phase='train' must be one of prefill, decode"),
+    ({"context": 512}, "context=512 applies to phase=decode only"),
+    ({"context_blocks": 2}, "context_blocks=2 applies to phase=decode only"),
+    ({"phase": "decode", "context": 8, "seq_len": 16}, "seq_len=16 with phase=decode: a decode step has one new token"),
+    ({"phase": "decode", "context": 8, "seq_blocks": 2}, "seq_blocks=2 with phase=decode"),
+    ({"phase": "decode", "context": 8, "context_blocks": 3}, "context_blocks=3 does not divide context=8"),
+])  # fmt: skip
+def test_bad_phase_keys_are_refused_naming_the_key(params, match):
+    with pytest.raises(WorkloadError, match=match):
+        build("llama_model", size="tiny", **params)
+
+
+def test_decode_takes_seq_len_1_and_rebuilds_from_its_params():
+    g = build("llama_model", size="tiny", phase="decode", context=5, seq_len=1)
+    again = build("llama_model", **{k: v for k, v in g.meta["params"].items()})
+    assert again.fingerprint() == g.fingerprint()
+
+
+def test_llama_model_records_its_layer_structure():
+    g = build("llama_model", size="tiny", layers=3)
+    s = g.meta["structure"]
+    assert len(s["layers"]) == 3
+    for i, groups in enumerate(s["layers"]):
+        assert {g.groups[k].module.split(".")[2] for k in groups} == {str(i)}
+    module = lambda ks: {g.groups[k].module for k in ks}  # noqa: E731
+    assert module(s["embedding"]) == {"model.embed_tokens"} and module(s["final_norm"]) == {"model.norm"}
+    assert module(s["lm_head"]) == {"lm_head"}
+    assert {g.groups[k].name.split(".", 2)[2] for k in s["column_parallel"]["head"]} == {"q_proj", "k_proj", "v_proj"}
+    assert {g.groups[k].name.split(".", 2)[2] for k in s["column_parallel"]["hidden"]} == {"gate_proj", "up_proj"}
+    assert {g.groups[k].name.split(".", 2)[2] for k in s["row_parallel"]["head"]} == {"o_proj"}
+    assert {g.groups[k].name.split(".", 2)[2] for k in s["row_parallel"]["hidden"]} == {"down_proj"}
+    assert [g.groups[k].name for k in s["column_parallel"]["vocab"]] == ["lm_head"]
+    every = s["embedding"] + sum(s["layers"], []) + s["final_norm"] + s["lm_head"]
+    assert sorted(every) == list(range(len(g.groups)))  # each group in one place
+    assert "structure" not in build("llama_layer", size="tiny").meta  # ops without modules: no layers

@@ -15,7 +15,7 @@ import numpy as np
 from doppler.graph import DataflowGraph
 from doppler.tiling import WorkloadError
 
-__all__ = ["assemble_outputs", "make_inputs", "require_values"]
+__all__ = ["assemble_outputs", "llama_model_forward", "make_inputs", "require_values"]
 
 
 def _np_softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -33,9 +33,10 @@ def ref_ffnn(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.nda
     return {"Y": _np_softmax(h @ x["W2"] + x["b2"], axis=1)}
 
 
-def _rope_tables(s: int, hd: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def _rope_tables(s: int, hd: int, theta: float, position: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of the rotary angles of positions ``position .. position + s - 1``, (s, hd) each."""
     inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    ang = np.arange(s, dtype=np.float64)[:, None] * inv[None, :]
+    ang = np.arange(position, position + s, dtype=np.float64)[:, None] * inv[None, :]
     emb = np.concatenate([ang, ang], axis=1)
     return np.cos(emb), np.sin(emb)
 
@@ -84,23 +85,39 @@ def ref_llama_layer(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str,
 
 
 def ref_llama_model(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """:func:`doppler.workloads` ``llama_model``: query head ``j * R + r`` reads key/value head ``j``."""
+    """:func:`doppler.workloads` ``llama_model``: query head ``j * R + r`` reads key/value head ``j``; a decode step
+    attends to its layer's cache (``layers.{i}.k_cache``, ``v_cache``) and its own key and value."""
+    return {"logits": llama_model_forward(p, x)[0]}
+
+
+def llama_model_forward(p: dict[str, Any], x: Mapping[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[np.ndarray, ...]]]:
+    """``llama_model``'s logits (batch, vocab) and, per layer, the keys (rotated) and values of every position
+    it attended to, (batch, positions, n_kv_heads, head_dim) each: what a KV cache holds after this step. With
+    ``phase=decode`` the positions are the cache's then the new token's."""
     cos, sin, hd = x["rope_cos"], x["rope_sin"], p["head_dim"]
+    decode = p.get("phase", "prefill") == "decode"
     h = x["embed_tokens"][x["tokens"].astype(np.int64)]  # (B, s, D)
     future = np.triu(np.ones((p["seq_len"],) * 2, dtype=bool), k=1)
+    caches = []
     for i in range(p["layers"]):
         w = {key[len(f"layers.{i}."):]: v for key, v in x.items() if key.startswith(f"layers.{i}.")}
         xn = _np_rmsnorm(h, w["w_attn_norm"], p["eps"])
         q = _np_rope(np.einsum("bsk,kjrd->bjrsd", xn, w["w_q"]), cos, sin)
         k = _np_rope(np.einsum("bsk,kjd->bjsd", xn, w["w_k"]), cos, sin)
         v = np.einsum("bsk,kjd->bjsd", xn, w["w_v"])
-        att = np.where(future, -np.inf, np.einsum("bjrqd,bjkd->bjrqk", q, k) / math.sqrt(hd))
+        if decode:  # (the cache is (B, N, J, hd); every cached position precedes the new token: no mask)
+            k = np.concatenate([w["k_cache"].transpose(0, 2, 1, 3), k], axis=2)
+            v = np.concatenate([w["v_cache"].transpose(0, 2, 1, 3), v], axis=2)
+        caches.append((k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)))
+        att = np.einsum("bjrqd,bjkd->bjrqk", q, k) / math.sqrt(hd)
+        if not decode:
+            att = np.where(future, -np.inf, att)
         o = np.einsum("bjrqk,bjkd->bqjrd", _np_softmax(att, axis=-1), v)
         h = h + np.einsum("bqjrd,jrdo->bqo", o, w["w_o"])
         hn = _np_rmsnorm(h, w["w_mlp_norm"], p["eps"])
         g = hn @ w["w_gate"]
         h = h + (g / (1.0 + np.exp(-g)) * (hn @ w["w_up"])) @ w["w_down"]
-    return {"logits": _np_rmsnorm(h[:, -1, :], x["w_final_norm"], p["eps"]) @ x["w_head"]}
+    return _np_rmsnorm(h[:, -1, :], x["w_final_norm"], p["eps"]) @ x["w_head"], caches
 
 
 def require_values(graph: DataflowGraph, source: str) -> None:
@@ -131,7 +148,10 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) ->
         elif kind == "norm_weight":
             arr = 1.0 + 0.1 * rng.standard_normal(shape)
         elif kind in ("rope_cos", "rope_sin"):
-            cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)))
+            at = how.get("position", 0)
+            if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+                raise WorkloadError(f"input {name!r}: position {at!r:.40} must be an integer >= 0")
+            cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)), at)
             arr = cos if kind == "rope_cos" else sin
         elif kind == "index":  # token ids: integers in [0, high), stored as floats like every tile
             arr = rng.integers(0, int(how["high"]), size=shape)

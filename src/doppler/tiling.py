@@ -15,15 +15,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, Group, OpKind
+from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
 from doppler.kernels import DTYPE_BYTES, flops_of, parse_eq
 
-__all__ = ["Tensor", "TileBuilder", "WorkloadError", "fmt_block", "tiled_rmsnorm", "tiled_softmax"]
+__all__ = ["COLUMN_PARALLEL", "ROW_PARALLEL", "ModelStructure", "Tensor", "TileBuilder", "WorkloadError", "derive_structure",
+           "fmt_block", "layer_key", "model_structure", "tiled_rmsnorm", "tiled_softmax"]
 
 
 class WorkloadError(ValueError):
@@ -310,6 +312,21 @@ class TileBuilder:
             eq, [x], name=name, kind=kind, kernel=f"reduce_{how}", agg_kernel=f"{how}_n"
         )
 
+    def fold(self, how: str, *ts: Tensor, name: str, kind: OpKind = OpKind.ADD) -> Tensor:
+        """Elementwise sum or max (``how``) of tensors of one shape and grid: one n-ary ``sum_n`` / ``max_n`` op
+        per block (the op a tiled reduction's aggregation is), e.g. to combine two parts of a softmax."""
+        if how not in ("sum", "max"):
+            raise self._err(f"{name}: fold how={how!r} must be 'sum' or 'max'")
+        self._claim(name)
+        if len(ts) < 2 or any((t.shape, t.grid) != (ts[0].shape, ts[0].grid) for t in ts):
+            raise self._err(f"{name}: fold needs two or more tensors of one shape and grid")
+        kernel = f"{how}_n"
+        full = {"kernel": kernel, "inputs": [{"shape": list(t.shape)} for t in ts], "shape": list(ts[0].shape)}
+        self.untiled_flops += self._flops(full, name)
+        bshape = list(ts[0].block_shape)
+        return self._per_block(name, kind, ts[0].shape, ts[0].grid, lambda blk: {
+            "kernel": kernel, "inputs": [dict(t.tiles[blk]) for t in ts], "shape": bshape})  # fmt: skip
+
     def map(
         self,
         fn: str,
@@ -443,6 +460,9 @@ class TileBuilder:
             "outputs": dict(self.outputs),
             "untiled_flops": float(self.untiled_flops),
         }
+        structure = derive_structure(self.groups)
+        if structure is not None:
+            meta["structure"] = structure.to_json()
         return DataflowGraph.from_arrays(
             self.flops,
             self.out_bytes,
@@ -457,6 +477,127 @@ class TileBuilder:
             name=name,
             meta=meta,
         )
+
+
+# ========================================================== model structure
+_LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # a module path up to its first numeric component
+
+#: a decoder layer's projections by the leaf of their module path (the names of Hugging Face's LLaMA, Mistral and
+#: Qwen models, which ``llama_model`` uses too): column-parallel in Megatron-LM's split (each device computes
+#: whole output columns) and row-parallel (each a partial sum over its input rows), by the dimension they split
+COLUMN_PARALLEL = {"q_proj": "head", "k_proj": "head", "v_proj": "head", "gate_proj": "hidden", "up_proj": "hidden"}
+ROW_PARALLEL = {"o_proj": "head", "down_proj": "hidden"}
+_SPLITS = ("head", "hidden", "vocab")
+
+
+def layer_key(module: str) -> str:
+    """The unit a module path belongs to: the path up to its first numeric component (``model.layers.3`` for
+    ``model.layers.3.mlp.down_proj``), else the path itself (``lm_head``)."""
+    m = _LAYER.match(module)
+    return m[1] if m else module
+
+
+@dataclass(frozen=True)
+class ModelStructure:
+    """Which logical ops (group ids, :attr:`~doppler.graph.DataflowGraph.groups`) make up a transformer: the
+    embedding, each decoder layer in running order, the final norm and the vocabulary head; and, among them, the
+    partial products of the projections that Megatron-LM splits: ``column_parallel[split]`` (query/key/value
+    and gate/up by ``head`` / ``hidden`` block, the vocabulary head by ``vocab`` block) and
+    ``row_parallel[split]`` (output and down projections). ``graph.meta["structure"]`` holds it as JSON."""
+
+    embedding: tuple[int, ...]
+    layers: tuple[tuple[int, ...], ...]
+    final_norm: tuple[int, ...]
+    lm_head: tuple[int, ...]
+    column_parallel: dict[str, tuple[int, ...]]
+    row_parallel: dict[str, tuple[int, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"embedding": list(self.embedding), "layers": [list(g) for g in self.layers],
+                "final_norm": list(self.final_norm), "lm_head": list(self.lm_head),
+                "column_parallel": {k: list(v) for k, v in self.column_parallel.items()},
+                "row_parallel": {k: list(v) for k, v in self.row_parallel.items()}}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: Any, num_groups: int) -> "ModelStructure":
+        """The structure a graph file records; GraphError naming the key where it is malformed."""
+
+        def ids(value: Any, key: str) -> tuple[int, ...]:
+            if not isinstance(value, list) or not all(type(i) is int and 0 <= i < num_groups for i in value):
+                raise GraphError(f"meta.structure.{key}: must be a list of group ids (0 to {num_groups - 1})")
+            return tuple(value)
+
+        def splits(value: Any, key: str) -> dict[str, tuple[int, ...]]:
+            if not isinstance(value, dict) or not set(value) <= set(_SPLITS):
+                raise GraphError(f"meta.structure.{key}: must map {', '.join(_SPLITS)} to lists of group ids")
+            return {k: ids(v, f"{key}.{k}") for k, v in value.items()}
+
+        if not isinstance(doc, dict):
+            raise GraphError("meta.structure: must be an object")
+        layers = doc.get("layers")
+        if not isinstance(layers, list):
+            raise GraphError("meta.structure.layers: must be a list of lists of group ids")
+        return cls(ids(doc.get("embedding", []), "embedding"), tuple(ids(g, f"layers[{i}]") for i, g in enumerate(layers)),
+                   ids(doc.get("final_norm", []), "final_norm"), ids(doc.get("lm_head", []), "lm_head"),
+                   splits(doc.get("column_parallel", {}), "column_parallel"),
+                   splits(doc.get("row_parallel", {}), "row_parallel"))  # fmt: skip
+
+
+def derive_structure(groups: Sequence[Group]) -> ModelStructure | None:
+    """The :class:`ModelStructure` of logical ops that record their modules: decoder layers are the units
+    ``prefix.<number>`` (:func:`layer_key`) of the prefix that numbers the most, in order of their first group;
+    groups before the first layer are the embedding; after the last, the unit of the last matrix product is the
+    vocabulary head (column-parallel by ``vocab``) and the rest the final norm. A layer's projections are the
+    matrix products named in :data:`COLUMN_PARALLEL` and :data:`ROW_PARALLEL`. None without decoder layers."""
+    keys = [layer_key(g.module) if g.module else "" for g in groups]
+    numbered: dict[str, list[str]] = {}
+    for k in dict.fromkeys(keys):
+        m = re.fullmatch(r"(.*)\.\d+", k)
+        if m:
+            numbered.setdefault(m[1], []).append(k)
+    if not numbered:
+        return None
+    layer_keys = max(numbered.values(), key=len)
+    number = {k: i for i, k in enumerate(layer_keys)}
+    in_layer = [i for i, k in enumerate(keys) if k in number]
+    first, last = in_layer[0], in_layer[-1]
+    layers: list[list[int]] = [[] for _ in layer_keys]
+    for i in in_layer:
+        layers[number[keys[i]]].append(i)
+    matmul = OpKind.MATMUL.label
+    tail = [i for i in range(last + 1, len(groups)) if keys[i]]
+    last_matmul = max((i for i in tail if groups[i].kind == matmul), default=None)
+    head_key = keys[last_matmul] if last_matmul is not None else None
+    column: dict[str, list[int]] = {}
+    row: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        leaf = g.module.rsplit(".", 1)[-1]
+        if g.kind != matmul:
+            continue
+        if keys[i] == head_key:
+            column.setdefault("vocab", []).append(i)
+        elif keys[i] in number and leaf in COLUMN_PARALLEL:
+            column.setdefault(COLUMN_PARALLEL[leaf], []).append(i)
+        elif keys[i] in number and leaf in ROW_PARALLEL:
+            row.setdefault(ROW_PARALLEL[leaf], []).append(i)
+    return ModelStructure(
+        embedding=tuple(i for i in range(first) if keys[i] and keys[i] not in number),
+        layers=tuple(tuple(g) for g in layers),
+        final_norm=tuple(i for i in tail if keys[i] != head_key),
+        lm_head=tuple(i for i in tail if keys[i] == head_key),
+        column_parallel={k: tuple(v) for k, v in column.items()},
+        row_parallel={k: tuple(v) for k, v in row.items()},
+    )
+
+
+def model_structure(graph: DataflowGraph) -> ModelStructure | None:
+    """The graph's :class:`ModelStructure`: the one its metadata records (``meta["structure"]``, checked:
+    GraphError naming the key), else the one its groups' modules give (:func:`derive_structure`; a graph saved
+    before structures were recorded), else None (a graph of no transformer: ``random``, ``chainmm``)."""
+    doc = graph.meta.get("structure") if isinstance(graph.meta, dict) else None
+    if doc is not None:
+        return ModelStructure.from_json(doc, len(graph.groups))
+    return derive_structure(graph.groups)
 
 
 # ============================================================ shared pieces

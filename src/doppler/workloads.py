@@ -15,7 +15,8 @@ Workloads (``build(name, **params)``): ``chainmm`` (A.B + C.(D.E)), ``ffnn``
 selection and the vocabulary head; both take ``batch`` sequences of ``seq_len``
 tokens (in ``batch_blocks`` blocks), each with its own causal attention),
 ``llama_model`` (a whole causal LM: embedding, ``layers`` decoder layers with
-grouped-query attention, final norm and head; every op records its module) and
+grouped-query attention, final norm and head; a prefill, or with ``phase=decode`` one new token per
+sequence over a KV cache; every op records its module, and the graph its layer structure) and
 ``random`` (layered random DAGs, no specs).
 Every workload takes ``size=tiny|small|paper`` (default ``paper``); explicit keys
 override the preset. ``graph.meta`` records the workload, resolved parameters,
@@ -192,12 +193,15 @@ def _decoder_layer(b: TileBuilder, p: dict[str, Any], x: Tensor, rope: tuple[Ten
     with b.scope(attn):
         q = b.map("rotary", "bsjrd,sd,sd->bsjrd", q, *rope, name=f"{name}.q_rope", kind=OpKind.ROTARY)
         k = b.map("rotary", "bsjd,sd,sd->bsjd", k, *rope, name=f"{name}.k_rope", kind=OpKind.ROTARY)
-        scores = b.contract("bqjrd,bkjd->bjrqk", q, k, name=f"{name}.scores")
-        scores = b.map("causal_mask", "bjrqk->bjrqk", scores, name=f"{name}.mask", kind=OpKind.MASK_FILL,
-                       params={"row_axis": 3, "col_axis": 4},
-                       tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
-        probs = tiled_softmax(b, scores, "bjrqk", "k", scale=1.0 / math.sqrt(hd), name=f"{name}.attn_softmax")
-        heads = b.contract("bjrqk,bkjd->bqjrd", probs, v, name=f"{name}.pv")
+        if p["phase"] == "decode":
+            heads = _cached_attention(b, p, q, k, v, name)
+        else:
+            scores = b.contract("bqjrd,bkjd->bjrqk", q, k, name=f"{name}.scores")
+            scores = b.map("causal_mask", "bjrqk->bjrqk", scores, name=f"{name}.mask", kind=OpKind.MASK_FILL,
+                           params={"row_axis": 3, "col_axis": 4},
+                           tile_params=lambda off: {"row_offset": off["q"], "col_offset": off["k"]})  # fmt: skip
+            probs = tiled_softmax(b, scores, "bjrqk", "k", scale=1.0 / math.sqrt(hd), name=f"{name}.attn_softmax")
+            heads = b.contract("bjrqk,bkjd->bqjrd", probs, v, name=f"{name}.pv")
     with b.scope(f"{attn}.o_proj"):
         o = b.contract("bqjrd,jrdo->bqo", heads, w("w_o", (J, R, hd, D), (hb, 1, 1, db), J * R * hd),
                        name=f"{name}.o_proj")  # fmt: skip
@@ -219,15 +223,53 @@ def _decoder_layer(b: TileBuilder, p: dict[str, Any], x: Tensor, rope: tuple[Ten
         return b.map("add", "bsd,bsd->bsd", h, dn, name=f"{name}.mlp_residual")
 
 
+def _cached_attention(b: TileBuilder, p: dict[str, Any], q: Tensor, k: Tensor, v: Tensor, name: str) -> Tensor:
+    """Decode attention of layer ``name``: the one new query per sequence (``q``, rotated at position
+    ``context``) attends to the layer's key/value cache of ``context`` positions (graph inputs ``{name}.k_cache``
+    and ``{name}.v_cache``, (batch, context, n_kv_heads, head_dim), split like the key/value projections and in
+    ``context_blocks`` along the positions) and to its own key/value ``k``, ``v``. The cache is not copied: the
+    softmax over both parts is taken in two pieces and combined, as a split-K decode kernel does:
+    ``m = max(max_k s_cache, s_new)``, ``e = exp((s - m) / sqrt(hd))``, and the heads are
+    ``(e_cache . v_cache + e_new . v_new) / (sum e_cache + sum e_new)``. No mask: every cached position
+    precedes the new token."""
+    B, N, J, hd = p["batch"], p["context"], p["n_kv_heads"], p["head_dim"]
+    grid = (p["batch_blocks"], p["context_blocks"], p["head_blocks"], 1)
+    k_cache = b.input(f"{name}.k_cache", (B, N, J, hd), grid, _normal(1.0))
+    v_cache = b.input(f"{name}.v_cache", (B, N, J, hd), grid, _normal(1.0))
+    scale = 1.0 / math.sqrt(hd)
+    s_old = b.contract("bqjrd,bkjd->bjrqk", q, k_cache, name=f"{name}.scores_cache")
+    s_new = b.contract("bqjrd,bkjd->bjrqk", q, k, name=f"{name}.scores_new")
+    m_old = b.reduce("bjrqk->bjrq", s_old, how="max", name=f"{name}.attn_max_cache", kind=OpKind.SOFTMAX)
+    m_new = b.reduce("bjrqk->bjrq", s_new, how="max", name=f"{name}.attn_max_new", kind=OpKind.SOFTMAX)
+    m = b.fold("max", m_old, m_new, name=f"{name}.attn_max", kind=OpKind.SOFTMAX)
+    e_old = b.map("exp_sub", "bjrqk,bjrq->bjrqk", s_old, m, name=f"{name}.attn_exp_cache", kind=OpKind.SOFTMAX,
+                  params={"scale": scale})  # fmt: skip
+    e_new = b.map("exp_sub", "bjrqk,bjrq->bjrqk", s_new, m, name=f"{name}.attn_exp_new", kind=OpKind.SOFTMAX,
+                  params={"scale": scale})  # fmt: skip
+    z_old = b.reduce("bjrqk->bjrq", e_old, how="sum", name=f"{name}.attn_sum_cache", kind=OpKind.SOFTMAX)
+    z_new = b.reduce("bjrqk->bjrq", e_new, how="sum", name=f"{name}.attn_sum_new", kind=OpKind.SOFTMAX)
+    z = b.fold("sum", z_old, z_new, name=f"{name}.attn_sum", kind=OpKind.SOFTMAX)
+    o_old = b.contract("bjrqk,bkjd->bqjrd", e_old, v_cache, name=f"{name}.pv_cache")
+    o_new = b.contract("bjrqk,bkjd->bqjrd", e_new, v, name=f"{name}.pv_new")
+    o = b.fold("sum", o_old, o_new, name=f"{name}.pv")
+    return b.map("div", "bqjrd,bjrq->bqjrd", o, z, name=f"{name}.attn_div", kind=OpKind.SOFTMAX)
+
+
 def _llama_model(b: TileBuilder, p: dict[str, Any]) -> None:
-    """A whole LLaMA-style causal LM, prefill: token embedding, ``layers`` decoder layers, the final RMSNorm and
-    the vocabulary head on each sequence's last token (the logits generation samples from). Every logical op
-    records its module as Hugging Face's ``LlamaForCausalLM`` names it (``model.layers.3.self_attn.q_proj``)."""
+    """A whole LLaMA-style causal LM: token embedding, ``layers`` decoder layers, the final RMSNorm and the
+    vocabulary head on each sequence's last token (the logits generation samples from). Every logical op records
+    its module as Hugging Face's ``LlamaForCausalLM`` names it (``model.layers.3.self_attn.q_proj``).
+
+    ``phase=prefill``: ``batch`` sequences of ``seq_len`` tokens, causal attention within each. ``phase=decode``:
+    one new token per sequence (``seq_len`` is 1) at position ``context``, attending to a key/value cache of
+    ``context`` positions per layer (:func:`_cached_attention`); the cache is a graph input that is not a forward
+    argument, so it is resident wherever it is read, as weights are (:mod:`doppler.memory`)."""
     B, s, D, V, hd = p["batch"], p["seq_len"], p["dim"], p["vocab"], p["head_dim"]
     bb, sb, db = p["batch_blocks"], p["seq_blocks"], p["dim_blocks"]
     tokens = b.input("tokens", (B, s), (bb, sb), {"init": "index", "high": V}, user=True)
-    rope = (b.input("rope_cos", (s, hd), (sb, 1), {"init": "rope_cos", "theta": float(p["rope_theta"])}),
-            b.input("rope_sin", (s, hd), (sb, 1), {"init": "rope_sin", "theta": float(p["rope_theta"])}))  # fmt: skip
+    at = {"theta": float(p["rope_theta"]), "position": int(p["context"])}  # the new token's position (decode)
+    rope = (b.input("rope_cos", (s, hd), (sb, 1), {"init": "rope_cos", **at}),
+            b.input("rope_sin", (s, hd), (sb, 1), {"init": "rope_sin", **at}))  # fmt: skip
     with b.scope("model.embed_tokens"):
         table = b.input("embed_tokens", (V, D), (1, db), _normal(1.0))
         x = b.blockwise("embed_tokens", OpKind.SELECT, "embedding", (B, s, D), (bb, sb, db),
@@ -235,7 +277,7 @@ def _llama_model(b: TileBuilder, p: dict[str, Any]) -> None:
     for i in range(p["layers"]):
         x = _decoder_layer(b, p, x, rope, i)
     with b.scope("model.norm"):
-        last = b.select(x, [None, (s - 1, s), None], name="last_token")
+        last = b.select(x, [None, (s - 1, s), None], name="last_token") if s > 1 else x
         hn = tiled_rmsnorm(b, last, b.input("w_final_norm", (D,), (db,), {"init": "norm_weight"}), eps=p["eps"],
                            name="final_norm")  # fmt: skip
     with b.scope("lm_head"):
@@ -357,10 +399,12 @@ WORKLOADS: dict[str, _Workload] = {
     ),
     "llama_model": _Workload(
         "llama_model",
-        "a whole LLaMA-style causal LM, prefill (embedding, `layers` decoder layers with grouped-query attention "
-        "when n_kv_heads < n_heads, final RMSNorm, vocabulary head on the last token); LLaMA-2-7B by default",
+        "a whole LLaMA-style causal LM (embedding, `layers` decoder layers with grouped-query attention "
+        "when n_kv_heads < n_heads, final RMSNorm, vocabulary head on the last token): a prefill of `batch` x "
+        "`seq_len` tokens, or with phase=decode one new token per sequence over a KV cache of `context` positions; "
+        "LLaMA-2-7B by default",
         {"layers": 32, **_LLAMA_DEFAULTS, "seq_len": 2048, "n_kv_heads": 32, "vocab": 32000, "vocab_blocks": 4,
-         "eps": 1e-5, "dtype": "float16"},  # fmt: skip
+         "eps": 1e-5, "dtype": "float16", "phase": "prefill", "context": 0, "context_blocks": 1},  # fmt: skip
         {"tiny": {**_LLAMA_TINY, "layers": 2, "n_kv_heads": 2, "head_blocks": 2, "vocab": 64},
          "small": {**_LLAMA_SMALL, "layers": 4, "n_kv_heads": 8, "vocab": 8000}, "paper": {}},  # fmt: skip
         _llama_model,
@@ -383,12 +427,16 @@ WORKLOADS: dict[str, _Workload] = {
     ),
 }
 
-_POSITIVE_INT_EXCEPT = {"seed"}  # ints that may be 0 (a seed: any integer >= 0)
+_POSITIVE_INT_EXCEPT = {"seed", "context"}  # ints that may be 0 (a seed: any integer >= 0; no KV cache)
 #: the largest graphs a workload may build (checked before anything is allocated: a tiled workload's ops are
 #: counted first, docs/cli.md)
 MAX_OPS = 2_000_000
 #: the most decoder layers ``llama_model`` builds (the largest published LLMs have under 200)
 MAX_LAYERS = 1000
+#: the longest KV cache ``llama_model --set phase=decode`` attends to (``context``, in positions)
+MAX_CONTEXT = 1_000_000
+#: the phases ``llama_model`` builds
+PHASES = ("prefill", "decode")
 #: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
 MAX_EDGES = 20_000_000
 _NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
@@ -470,6 +518,8 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
     if "max_fan_in" in p and p["num_ops"] * p["max_fan_in"] > MAX_EDGES:
         raise WorkloadError(f"{name}: num_ops x max_fan_in = {p['num_ops'] * p['max_fan_in']} is over the maximum of "
                             f"{MAX_EDGES} edges")  # fmt: skip
+    if "phase" in p:
+        _check_phase(name, p, params)
     for bk, dk in w.divides:
         if p[dk] % p[bk]:
             raise WorkloadError(f"{name}: {bk}={p[bk]} does not divide {dk}={p[dk]}")
@@ -489,6 +539,32 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
     return w, p, counter.counted
 
 
+def _check_phase(name: str, p: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """``llama_model``'s phase keys: ``phase`` is prefill or decode; a decode step has ``context`` in
+    1..:data:`MAX_CONTEXT` and one new token per sequence (``seq_len`` 1: set here, refused if given otherwise);
+    ``context`` and ``context_blocks`` belong to decode (a prefill attends to its own tokens): refused with
+    prefill rather than ignored, so a graph never records a cache it does not have."""
+    phase, n = p["phase"], p["context"]
+    if phase not in PHASES:
+        raise WorkloadError(f"{name}: phase={phase!r} must be one of {', '.join(PHASES)}")
+    if phase == "prefill":
+        for key, default in (("context", 0), ("context_blocks", 1)):
+            if p[key] != default:
+                raise WorkloadError(f"{name}: {key}={p[key]} applies to phase=decode only (a prefill attends to its "
+                                    "own seq_len tokens)")  # fmt: skip
+        return
+    if not 1 <= n <= MAX_CONTEXT:
+        raise WorkloadError(f"{name}: context={n} must be 1 to {MAX_CONTEXT:,} with phase=decode (the KV cache's "
+                            "length in positions)")  # fmt: skip
+    for key in ("seq_len", "seq_blocks"):
+        if key in given and p[key] != 1:
+            raise WorkloadError(f"{name}: {key}={p[key]} with phase=decode: a decode step has one new token per "
+                                "sequence (seq_len=1); the cache's length is context, split by context_blocks")  # fmt: skip
+    p["seq_len"] = 1
+    if n % p["context_blocks"]:
+        raise WorkloadError(f"{name}: context_blocks={p['context_blocks']} does not divide context={n}")
+
+
 def count_ops(name: str, **params: Any) -> int:
     """How many ops :func:`build` makes with these parameters, counted without making any (in milliseconds);
     raises what :func:`build` raises for parameters it refuses, the maximum size among them."""
@@ -502,7 +578,10 @@ def build(name: str, **params: Any) -> DataflowGraph:
         return _build_random(p)
     b = TileBuilder(name, p["dtype"])
     w.ops(b, p)
-    return b.finish(name, p)
+    g = b.finish(name, p)
+    if "phase" in p:  # a serving step: what it computes, for the methods and reports that read it
+        g.meta.update(phase=p["phase"], batch=p["batch"], context=p["context"])
+    return g
 
 
 def parse_set(items: Sequence[str], workload: str | None = None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -376,3 +377,38 @@ def test_a_whole_model_is_placed_by_layers_and_one_too_big_for_the_cluster_exits
     res = run("assign", str(g), "-c", str(small), "-m", "pipeline", "-o", str(tmp_path / "no.json"))
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
     assert "does not fit small: the weights alone need" in res.output
+
+
+def test_tensor_parallel_and_tp_pipeline_through_the_cli(tmp_path: Path) -> None:
+    """The expert's placements by name, --tp for tp_pipeline, and each refusal exits 2 in one line."""
+    g, tiny = tmp_path / "m.json", tmp_path / "tiny.json"
+    sets = ["--set", "size=tiny", "--set", "n_kv_heads=4", "--set", "head_blocks=4", "--set", "hidden_blocks=4",
+            "--set", "vocab_blocks=4"]  # fmt: skip
+    assert run("graph", "build", "llama_model", *sets, "-o", str(g)).exit_code == 0
+    assert run("graph", "build", "llama_model", "--set", "size=tiny", "-o", str(tiny)).exit_code == 0
+    out = tmp_path / "tp.json"
+    res = run("assign", str(g), "-c", "h100x8:4", "-m", "tensor_parallel", "-o", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["ops_per_device"] == np.bincount(load_assignment(out).devices).tolist()
+    res = run("assign", str(g), "-c", "h100x8:4", "-m", "tp_pipeline", "--tp", "2", "-o", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    assert sorted(set(load_assignment(out).devices.tolist())) == [0, 1, 2, 3]
+    rnd = tmp_path / "r.json"
+    assert run("graph", "build", "random", "--set", "size=tiny", "-o", str(rnd)).exit_code == 0
+    for args, message in (((str(tiny), "-c", "h100x8", "-m", "tensor_parallel"),
+                           "tensor_parallel: head_blocks=2 does not divide over 8 devices (model.layers.0.self_attn"),
+                          ((str(rnd), "-c", "h100x8", "-m", "tensor_parallel"), "has no layer structure"),
+                          ((str(rnd), "-c", "h100x8", "-m", "tp_pipeline"), "has no layer structure"),
+                          ((str(g), "-c", "h100x8:4", "-m", "tp_pipeline", "--tp", "3"),
+                           "tp=3 must be a whole number that divides the 4 devices"),
+                          ((str(g), "-c", "h100x8:4", "-m", "heft", "--tp", "2"), "--tp sets tp_pipeline's")):  # fmt: skip
+        res = run("assign", *args, "-o", str(tmp_path / "no.json"))
+        assert res.exit_code == 2, res.output
+        assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    res = run("compare", str(g), "-c", "unit:4", "-m", "tensor_parallel,tp_pipeline,sequential_fill,round_robin_block",
+              "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = {r["method"]: r for r in json.loads(res.stdout)}
+    assert set(rows) == {"tensor_parallel", "tp_pipeline", "sequential_fill", "round_robin_block"}
+    assert rows["tensor_parallel"]["makespan_s"] < rows["sequential_fill"]["makespan_s"]
+    assert rows["tp_pipeline"]["makespan_s"] <= rows["tensor_parallel"]["makespan_s"] * (1 + 1e-12)

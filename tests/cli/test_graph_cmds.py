@@ -96,6 +96,13 @@ def test_draw_writes_a_png(tmp_path: Path) -> None:
         (("graph", "info", "g.txt", "--cluster", "nosuch"), "nosuch"),
         (("graph", "convert", "g.txt", "g.csv"), "unknown graph file extension"),
         (("graph", "info", "bad.txt"), "bad.txt:5"),
+        (("graph", "build", "llama_model", "--set", "phase=decode", "--set", "context=0", "-o", "x.json"), "context=0"),
+        (("graph", "build", "llama_model", "--set", "phase=decode", "--set", "context=1000001", "-o", "x.json"),
+         "context=1000001"),
+        (("graph", "build", "llama_model", "--set", "phase=serve", "-o", "x.json"), "phase='serve'"),
+        (("graph", "build", "llama_model", "--set", "context=64", "-o", "x.json"), "context=64 applies to phase=decode"),
+        (("graph", "build", "llama_model", "--set", "phase=decode", "--set", "context=8", "--set", "seq_len=4", "-o",
+          "x.json"), "seq_len=4 with phase=decode"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, monkeypatch, args, pattern) -> None:
@@ -245,3 +252,19 @@ def test_info_counts_the_layer_units_of_a_whole_model(tmp_path: Path) -> None:
     plain = tmp_path / "f.json"
     assert run("graph", "build", "ffnn", "--set", "size=tiny", "-o", str(plain)).exit_code == 0
     assert "layer_units" not in json.loads(run("graph", "info", str(plain), "--json").stdout)
+
+
+def test_build_a_decode_step_and_a_batch(tmp_path: Path) -> None:
+    """``--set phase=decode --set context=N``: one new token per sequence over a KV cache of N positions."""
+    from doppler.memory import input_slices
+
+    out = tmp_path / "d.json"
+    res = run("graph", "build", "llama_model", "--set", "size=tiny", "--set", "phase=decode", "--set", "context=16",
+              "--set", "batch=3", "-o", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    g = load_graph(out)
+    assert (g.meta["phase"], g.meta["batch"], g.meta["context"]) == ("decode", 3, 16)
+    assert g.meta["inputs"]["tokens"] == [3, 1] and g.meta["inputs"]["layers.1.k_cache"] == [3, 16, 2, 8]
+    assert len(g.meta["structure"]["layers"]) == 2  # the layer structure survives the file
+    slices = input_slices(g)
+    assert all(w for name, w in zip(slices.names, slices.weight) if name.endswith("_cache"))

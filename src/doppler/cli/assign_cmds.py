@@ -59,6 +59,8 @@ def assign_cmd(
                                           "that simulate the search's proposals or the rollout's devices (default: every "
                                           "core; the same result, faster)."),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="tp_pipeline: devices per tensor-parallel group, a divisor of "
+                                     "the device count (default: each that fits is tried, the fastest kept)."),
     memory_fraction: float = MEMORY_FRACTION_OPT,
     ignore_memory: bool = IGNORE_MEMORY_OPT,
     json_out: bool = JSON_OPT,
@@ -82,6 +84,10 @@ def assign_cmd(
             if threads < 1:
                 raise UserError(f"--threads must be >= 1, got {threads}")
             kw["threads"] = threads
+        if tp is not None:
+            if method != "tp_pipeline":
+                raise UserError(f"--tp sets tp_pipeline's tensor-parallel group size; method {method!r} has none")
+            kw["tp"] = tp
         graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         if init is not None:
             if method != "anneal":

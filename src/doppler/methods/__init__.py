@@ -1,7 +1,7 @@
 """Device-assignment methods behind one interface (:mod:`doppler.methods.registry`).
 
 Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``, ``sequential_fill``, ``pipeline``,
-``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``heft_lookahead``,
+``tensor_parallel``, ``tp_pipeline``, ``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``heft_lookahead``,
 ``anneal``; importing this
 package registers them. The learned methods (``doppler``, its ablations ``doppler_sel`` and
 ``doppler_plc``, and the learned baselines ``single_policy``, ``gdp`` and ``placeto``) register
@@ -15,7 +15,7 @@ internals.
 from __future__ import annotations
 
 # importing them registers them, in this order (the order `doppler methods` and tables list them)
-from doppler.methods import simple, layered, critical_path, heft, metis, enumerative, lookahead, anneal  # noqa: F401, I001
+from doppler.methods import simple, layered, tensor_parallel, critical_path, heft, metis, enumerative, lookahead, anneal  # noqa: F401, I001
 from doppler.methods.critical_path import CriticalPathTrace, critical_path_trace
 from doppler.methods.heft import HeftSchedule, heft_schedule
 from doppler.methods.registry import (

@@ -28,12 +28,11 @@ from doppler import memory
 from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
 from doppler.methods.registry import MethodError, register
+from doppler.tiling import layer_key
 
 #: at most this many units: finer ones (a graph whose ops record no module, placed by logical op or by op)
 #: are merged into this many runs of consecutive ones, of about equal op counts
 MAX_UNITS = 256
-
-_LAYER = re.compile(r"^(.*?\.\d+)(?:\.|$)")  # a module path up to its first numeric component
 
 
 def layer_units(graph: DataflowGraph, max_units: int | None = MAX_UNITS) -> tuple[list[str], np.ndarray]:
@@ -49,7 +48,7 @@ def layer_units(graph: DataflowGraph, max_units: int | None = MAX_UNITS) -> tupl
     n = graph.num_ops
     modules, index = graph.op_modules()
     if modules:
-        keys = [m[1] if (m := _LAYER.match(path)) else path for path in modules]
+        keys = [layer_key(path) for path in modules]
         number = {k: i for i, k in enumerate(dict.fromkeys(keys))}
         names = list(number)
         label = np.asarray([number[k] for k in keys] + [-1], np.int64)[index]
@@ -131,7 +130,7 @@ def block_graph(graph: DataflowGraph, ops: np.ndarray) -> DataflowGraph:
                                      local[graph.dst[inside]], kind=graph.kind[ops], name=f"{graph.name}.block")  # fmt: skip
 
 
-def _unit_weights(graph: DataflowGraph, unit: np.ndarray, num_units: int) -> tuple[list[np.ndarray], np.ndarray]:
+def unit_weights(graph: DataflowGraph, unit: np.ndarray, num_units: int) -> tuple[list[np.ndarray], np.ndarray]:
     """Per unit, the weight slices its ops read (sorted ids), and the bytes of every slice."""
     slices = memory.input_slices(graph)
     ops, s = slices.op_slices()
@@ -142,7 +141,7 @@ def _unit_weights(graph: DataflowGraph, unit: np.ndarray, num_units: int) -> tup
     return [sl[cuts[k]:cuts[k + 1]] for k in range(num_units)], slices.nbytes
 
 
-def _caps(cluster, memory_budget_bytes: np.ndarray | None) -> np.ndarray:
+def device_caps(cluster, memory_budget_bytes: np.ndarray | None) -> np.ndarray:
     d = int(cluster.num_devices)
     return np.full(d, np.inf) if memory_budget_bytes is None else np.asarray(memory_budget_bytes, np.float64)
 
@@ -160,8 +159,8 @@ def sequential_fill(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: f
     """Units (:func:`layer_units`) in order on device 0 while its held weights stay within its budget, then on
     device 1, and so on; MethodError naming the first unit no remaining device has room for."""
     names, unit = layer_units(graph)
-    reads, nbytes = _unit_weights(graph, unit, len(names))
-    caps = _caps(cluster, memory_budget_bytes)
+    reads, nbytes = unit_weights(graph, unit, len(names))
+    caps = device_caps(cluster, memory_budget_bytes)
     held = np.zeros(nbytes.shape[0], bool)
     device, used = 0, 0.0
     place = np.empty(len(names), np.int64)
@@ -183,7 +182,7 @@ def sequential_fill(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: f
     return Assignment(devices=place[unit], info={"units": len(names), "devices_used": int(place.max()) + 1})
 
 
-def _range_weights(reads: list[np.ndarray], nbytes: np.ndarray) -> np.ndarray:
+def range_weights(reads: list[np.ndarray], nbytes: np.ndarray) -> np.ndarray:
     """``w[j, i]``: the weight bytes units ``j..i`` hold together (each slice once)."""
     u = len(reads)
     w = np.full((u, u), np.inf)
@@ -207,14 +206,30 @@ def pipeline(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | 
     (dynamic programming over split points); MethodError where no split fits."""
     names, unit = layer_units(graph)
     u = len(names)
-    reads, nbytes = _unit_weights(graph, unit, u)
-    caps = _caps(cluster, memory_budget_bytes)
+    reads, nbytes = unit_weights(graph, unit, u)
+    caps = device_caps(cluster, memory_budget_bytes)
     stages = min(int(cluster.num_devices), u)
     compute = np.asarray(cluster.compute_time_s(graph), np.float64)  # (n, D)
-    per_unit = np.zeros((u + 1, compute.shape[1]))
-    np.add.at(per_unit, unit + 1, compute)
-    prefix = np.cumsum(per_unit, axis=0)  # prefix[i, d]: units 0..i-1 on device d
-    weights = _range_weights(reads, nbytes)
+    per_unit = np.zeros((u, compute.shape[1]))
+    np.add.at(per_unit, unit, compute)
+    split = contiguous_stages(per_unit[:, :stages], range_weights(reads, nbytes), caps[:stages])
+    if split is None:
+        widest = max(range(u), key=lambda k: float(nbytes[reads[k]].sum()))
+        raise MethodError(f"pipeline: no split of {u} units into {stages} contiguous stages keeps every stage's "
+                          f"weights within its device's budget (the largest unit, {names[widest]}, holds "
+                          f"{_gb(float(nbytes[reads[widest]].sum()))}; budgets "
+                          f"{', '.join(_gb(c) for c in caps[:stages])})")  # fmt: skip
+    stage_of, bottleneck_s = split
+    return Assignment(devices=stage_of[unit], info={"units": u, "stages": stages, "bottleneck_stage_s": bottleneck_s})
+
+
+def contiguous_stages(unit_s: np.ndarray, weights: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, float] | None:
+    """The split of units ``0..u-1`` into ``S = len(caps)`` contiguous non-empty stages (``S <= u``) that minimises
+    the largest stage time, stage ``s`` taking ``unit_s[k, s]`` for unit ``k``, with the weights of every stage
+    (``weights[j, i]`` for units ``j..i``, :func:`range_weights`) within its cap ``caps[s]`` (dynamic programming
+    over split points): each unit's stage and the largest stage time, or None where no split fits."""
+    u, stages = unit_s.shape[0], len(caps)
+    prefix = np.concatenate([np.zeros((1, stages)), np.cumsum(unit_s, axis=0)])  # prefix[i, s]: units 0..i-1
     best = np.full((stages + 1, u + 1), np.inf)  # best[s, i]: units 0..i-1 in stages 0..s-1
     cut = np.zeros((stages + 1, u + 1), np.int64)
     best[0, 0] = 0.0
@@ -226,16 +241,11 @@ def pipeline(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | 
             k = int(np.argmin(cost))
             best[s, i], cut[s, i] = cost[k], j[k]
     if not np.isfinite(best[stages, u]):
-        widest = max(range(u), key=lambda k: float(nbytes[reads[k]].sum()))
-        raise MethodError(f"pipeline: no split of {u} units into {stages} contiguous stages keeps every stage's "
-                          f"weights within its device's budget (the largest unit, {names[widest]}, holds "
-                          f"{_gb(float(nbytes[reads[widest]].sum()))}; budgets "
-                          f"{', '.join(_gb(c) for c in caps[:stages])})")  # fmt: skip
+        return None
     stage_of = np.empty(u, np.int64)
     i = u
     for s in range(stages, 0, -1):
         j = int(cut[s, i])
         stage_of[j:i] = s - 1
         i = j
-    return Assignment(devices=stage_of[unit], info={"units": u, "stages": stages,
-                                                     "bottleneck_stage_s": float(best[stages, u])})  # fmt: skip
+    return stage_of, float(best[stages, u])

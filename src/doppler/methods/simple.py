@@ -34,8 +34,13 @@ def round_robin_block(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s:
     """Tile ops on device ``flattened block index mod D`` inside their logical op (the
     placement a sharded-tensor engine uses by default); ops without tile structure
     fall back to ``op id mod D``."""
-    nd = cluster.num_devices
-    devices = np.arange(graph.num_ops, dtype=np.int64) % nd
+    return Assignment(devices=flat_block_index(graph) % cluster.num_devices)
+
+
+def flat_block_index(graph: DataflowGraph) -> np.ndarray:
+    """Each op's block index inside its logical op, flattened row-major over the group's grid (int64[n]); an op
+    without tile structure gets its op id."""
+    flat = np.arange(graph.num_ops, dtype=np.int64)
     tiled = np.flatnonzero(graph.group >= 0)
     for gid in np.unique(graph.group[tiled]):
         ops = tiled[graph.group[tiled] == gid]
@@ -43,6 +48,5 @@ def round_robin_block(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s:
         idx = graph.block[ops, : len(grid)]
         inside = np.all((idx >= 0) & (idx < np.asarray(grid)), axis=1)
         if len(grid) and inside.any():
-            flat = np.ravel_multi_index(tuple(idx[inside].T), grid)
-            devices[ops[inside]] = flat % nd
-    return Assignment(devices=devices)
+            flat[ops[inside]] = np.ravel_multi_index(tuple(idx[inside].T), grid)
+    return flat
