@@ -323,6 +323,26 @@ def test_a_directory_with_a_live_writer_inside_is_refused_naming_it(tmp_path: Pa
             pass
 
 
+def test_two_writers_starting_together_are_not_both_let_through(tmp_path: Path, monkeypatch) -> None:
+    """The worst interleaving: both take their own locks before either looks at the other's; each look then
+    sees the other, so at most one goes on (here both are refused, each naming the other)."""
+    from doppler.io_util import OutputLock, OutputPathError
+
+    run = tmp_path / "RUN"
+    train, writer = OutputLock(run, directory=True), OutputLock(run / "x.json")
+    look = OutputLock._refuse_other_writers
+    monkeypatch.setattr(OutputLock, "_refuse_other_writers", lambda self: None)
+    train.acquire(), writer.acquire()  # (own locks only)
+    monkeypatch.setattr(OutputLock, "_refuse_other_writers", look)
+    try:
+        with pytest.raises(OutputPathError, match=rf"is writing {run}, which holds this output"):
+            writer._refuse_other_writers()
+        with pytest.raises(OutputPathError, match=rf"is writing {run}/x.json, inside this output"):
+            train._refuse_other_writers()
+    finally:
+        writer.release(), train.release()
+
+
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path: Path) -> None:
     from doppler.io_util import LOCK_NAME, OutputLock
 
