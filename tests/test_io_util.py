@@ -136,21 +136,101 @@ def test_outputs_apart_refuses_an_input_or_a_second_output_and_leaves_no_probe(t
         check_output_file(g / "a.json", "--trace")
 
 
-def test_a_link_is_written_through_and_a_pipe_is_refused(tmp_path: Path) -> None:
-    from doppler.io_util import OutputPathError, check_output_file
+def test_a_link_is_refused_untouched_and_a_pipe_is_refused(tmp_path: Path) -> None:
+    """No write through a link: an output that is a symbolic link (to a file, or dangling) is refused in one
+    line naming it, by every writer and check, and its target keeps its bytes (or is not created)."""
+    from doppler.io_util import OutputLock, OutputPathError, check_output_file, make_run_dir
 
-    target = tmp_path / "target.json"
+    target = tmp_path / "outside" / "target.json"
+    target.parent.mkdir()
     target.write_text("old")
-    link = tmp_path / "link.json"
-    link.symlink_to(target.name)
-    write_json(link, {"a": 1})
-    assert link.is_symlink() and json.loads(target.read_text()) == {"a": 1}  # the link kept, its file replaced
+    dangling = tmp_path / "outside" / "new"
+    for link, points_to in ((tmp_path / "link.json", target), (tmp_path / "dangling.json", dangling)):
+        link.symlink_to(points_to)
+        for call in (lambda: write_json(link, {"a": 1}), lambda: check_output_file(link, "--trace"),
+                     lambda: OutputLock(link, label="--trace").acquire(), lambda: make_run_dir(link),
+                     lambda: OutputLock(link, directory=True).acquire()):  # fmt: skip
+            with pytest.raises(OutputPathError, match=rf"^(--trace )?{link}: is a symbolic link; doppler does not "
+                                                      "write through links"):  # fmt: skip
+                call()
+        assert link.is_symlink()
+    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["target.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.json", "link.json", "outside"]  # no lock left
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for call in (lambda: atomic_write_text(fifo, "x"), lambda: check_output_file(fifo, "--trace")):
         with pytest.raises(OutputPathError, match="fifo: not a regular file"):
             call()
     assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a pipe
+
+
+def test_a_linked_directory_above_the_output_is_the_users_choice(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "via").symlink_to(tmp_path / "real", target_is_directory=True)
+    write_json(tmp_path / "via" / "a.json", [1])
+    from doppler.io_util import OutputLock
+
+    with OutputLock(tmp_path / "via" / "run", directory=True), OutputLock(tmp_path / "via" / "b.json"):
+        write_json(tmp_path / "via" / "run" / "c.json", [2])
+    assert json.loads((tmp_path / "real" / "a.json").read_text()) == [1]
+    assert json.loads((tmp_path / "real" / "run" / "c.json").read_text()) == [2]
+
+
+def test_a_link_planted_after_the_check_is_replaced_not_followed(tmp_path: Path, monkeypatch) -> None:
+    """The window between the link check and the write: the bytes go to a new temporary file that the rename
+    puts in the link's place; the link's target is never opened."""
+    from doppler import io_util
+
+    target = tmp_path / "target"
+    target.write_bytes(b"theirs")
+    out = tmp_path / "out.json"
+    real_mkstemp = io_util.tempfile.mkstemp
+
+    def mkstemp_then_plant(**kw):
+        made = real_mkstemp(**kw)
+        out.symlink_to(target)
+        return made
+
+    monkeypatch.setattr(io_util.tempfile, "mkstemp", mkstemp_then_plant)
+    write_json(out, {"a": 1})
+    assert target.read_bytes() == b"theirs" and not out.is_symlink() and json.loads(out.read_text()) == {"a": 1}
+
+
+def test_a_lock_file_that_is_a_link_or_a_hard_link_is_refused_untouched(tmp_path: Path) -> None:
+    from doppler.io_util import LOCK_NAME, OutputLock, OutputPathError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    run = tmp_path / "RUN"
+    run.mkdir()
+    cases = [(run, True, run / LOCK_NAME), (tmp_path / "a.json", False, tmp_path / ".a.json.doppler.lock")]
+    for out, directory, lock_file in cases:
+        for how, what in (("symlink", "a symbolic link"), ("hardlink", "a hard link to another file")):
+            lock_file.symlink_to(victim) if how == "symlink" else os.link(victim, lock_file)
+            with pytest.raises(OutputPathError, match=rf"^{out}: its lock file {lock_file} is {what}; doppler does "
+                                                      "not write through links"):  # fmt: skip
+                OutputLock(out, directory=directory).acquire()
+            assert victim.read_bytes() == b"precious"
+            lock_file.unlink()
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_a_link_among_a_run_directorys_members_refuses_it_before_any_write(tmp_path: Path) -> None:
+    from doppler.io_util import OutputLock, OutputPathError, refuse_links
+
+    run = tmp_path / "RUN"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"ck")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (run / "tensorboard").symlink_to(outside, target_is_directory=True)
+    members = ("checkpoint.pt", "config.json", "tensorboard")
+    with pytest.raises(OutputPathError, match=rf"^{run}/tensorboard: is a symbolic link; doppler does not write"):
+        OutputLock(run, directory=True, members=members).acquire()
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "tensorboard"]  # the lock let go
+    with OutputLock(run, directory=True, members=members[:2]):  # the names it writes, not every name in it
+        pass
+    refuse_links(run, ("nothing-there", "checkpoint.pt"))
 
 
 def test_seeds_are_32_bit() -> None:
@@ -197,6 +277,72 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path: Path, ki
         child.wait()
 
 
+def test_a_file_inside_a_held_directory_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    """One writer per run directory, whoever writes: a file or directory output anywhere under a directory a
+    live process holds is refused at once, and leaves nothing; outputs beside it are not."""
+    from doppler.io_util import LOCK_NAME, OutputLock, OutputPathError
+
+    run = tmp_path / "RUN"
+    child = _holder(run, "dir")
+    try:
+        for out, directory in ((run / "best_assignment.json", False), (run / "sub" / "deep" / "x.json", False),
+                               (run / "inner", True)):  # fmt: skip
+            held_by = rf"another doppler process \(pid {child.pid}: .*\) is writing {run}, which holds this output"
+            with pytest.raises(OutputPathError, match=rf"^--output {out}: {held_by}; wait"):
+                OutputLock(out, directory=directory, label="--output").acquire()
+        assert [p.name for p in run.iterdir()] == [LOCK_NAME]  # nothing made, no lock left
+        with OutputLock(tmp_path / "beside.json"), OutputLock(tmp_path / "RUN2", directory=True):
+            pass
+    finally:
+        child.kill()
+        child.wait()
+    with OutputLock(run / "x.json"):  # its holder gone, its lock file left: no one holds RUN
+        pass
+
+
+def test_a_directory_with_a_live_writer_inside_is_refused_naming_it(tmp_path: Path) -> None:
+    """The other order: a train that starts while another command writes inside its directory is refused."""
+    from doppler.io_util import OutputLock, OutputPathError
+
+    run = tmp_path / "RUN"
+    child = _holder(run / "sub" / "x.json", "file")
+    try:
+        for out in (run, tmp_path):
+            writes_inside = rf"another doppler process \(pid {child.pid}: .*\) is writing {run}/sub/x.json, inside"
+            with pytest.raises(OutputPathError, match=rf"^{out}: {writes_inside} this output; wait"):
+                OutputLock(out, directory=True).acquire()
+        assert [p.name for p in run.iterdir()] == ["sub"]  # no lock file left, no directory made
+        assert [p.name for p in (run / "sub").iterdir()] == [".x.json.doppler.lock"]
+    finally:
+        child.kill()
+        child.wait()
+    with OutputLock(run / "sub" / "x.json") as mine:  # one process: another command's lock counts, its own do not
+        with pytest.raises(OutputPathError, match=rf"pid {os.getpid()}: .*\) is writing {run}/sub/x.json, inside"):
+            OutputLock(run, directory=True).acquire()
+        with OutputLock(run, directory=True, alongside=[mine]):
+            pass
+
+
+def test_two_writers_starting_together_are_not_both_let_through(tmp_path: Path, monkeypatch) -> None:
+    """The worst interleaving: both take their own locks before either looks at the other's; each look then
+    sees the other, so at most one goes on (here both are refused, each naming the other)."""
+    from doppler.io_util import OutputLock, OutputPathError
+
+    run = tmp_path / "RUN"
+    train, writer = OutputLock(run, directory=True), OutputLock(run / "x.json")
+    look = OutputLock._refuse_other_writers
+    monkeypatch.setattr(OutputLock, "_refuse_other_writers", lambda self: None)
+    train.acquire(), writer.acquire()  # (own locks only)
+    monkeypatch.setattr(OutputLock, "_refuse_other_writers", look)
+    try:
+        with pytest.raises(OutputPathError, match=rf"is writing {run}, which holds this output"):
+            writer._refuse_other_writers()
+        with pytest.raises(OutputPathError, match=rf"is writing {run}/x.json, inside this output"):
+            train._refuse_other_writers()
+    finally:
+        writer.release(), train.release()
+
+
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path: Path) -> None:
     from doppler.io_util import LOCK_NAME, OutputLock
 
@@ -213,7 +359,8 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path: Path) -> None:
 def test_a_released_lock_leaves_no_file_and_outputs_apart_do_not_block(tmp_path: Path) -> None:
     from doppler.io_util import OutputLock, OutputPathError
 
-    with OutputLock(tmp_path / "a.json"), OutputLock(tmp_path / "b.json"), OutputLock(tmp_path, directory=True):
+    with OutputLock(tmp_path, directory=True) as d, OutputLock(tmp_path / "a.json", alongside=[d]), \
+            OutputLock(tmp_path / "b.json", alongside=[d]):  # (one command's outputs: see alongside)
         assert sorted(p.name for p in tmp_path.iterdir()) == [".a.json.doppler.lock", ".b.json.doppler.lock",
                                                               ".doppler.lock"]  # fmt: skip
         with pytest.raises(OutputPathError, match=rf"^{tmp_path}/a.json: another doppler process \(pid {os.getpid()}"):

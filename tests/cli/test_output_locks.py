@@ -20,11 +20,14 @@ from doppler.io_util import LOCK_NAME, OutputLock
 runner = CliRunner()
 
 
-def _refused_naming(res, pid: int, path: Path) -> str:
+def _refused_naming(res, pid: int, path: Path, inside: Path | None = None) -> str:
+    """The one error line of a command refused because process ``pid`` writes ``path`` (or the directory
+    ``inside``, which holds ``path``)."""
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "internal error" not in lines[0], res.stderr
     assert f"{path}: another doppler process (pid {pid}" in lines[0] and "give another output" in lines[0], lines[0]
+    assert inside is None or f") is writing {inside}, which holds this output" in lines[0], lines[0]
     return lines[0]
 
 
@@ -57,6 +60,13 @@ def test_train_running_in_a_directory_refuses_a_second_train_and_a_resume(tmp_pa
             assert time.monotonic() - t0 < 5  # refused at once, not after the first one's run
             line = _refused_naming(res, first.pid, run_dir)
             assert f"doppler train {graph}" in line  # the holder's command line
+        # whoever writes: any other command's output inside the run directory is refused the same way
+        out = run_dir / "best_assignment.json"
+        before = out.read_bytes() if out.exists() else None
+        res = runner.invoke(app, ["assign", str(graph), "-c", "unit:2", "-m", "heft", "-o", str(out)])
+        line = _refused_naming(res, first.pid, out, inside=run_dir)
+        assert f"doppler train {graph}" in line
+        assert (out.read_bytes() if out.exists() else None) == before
         assert first.poll() is None  # the first one is not disturbed
     finally:
         first.kill()
@@ -113,3 +123,32 @@ def test_locks_are_released_however_a_command_ends(tmp_path: Path, graph: Path, 
     res = runner.invoke(app, ["compare", str(graph), "-c", "p100x4", "-m", "heft", "--save-dir", str(save), "--csv", str(csv)])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in save.iterdir()) == ["heft.json", "t.csv"]
+
+
+def test_every_output_inside_a_held_run_directory_is_refused_and_a_train_inside_a_written_one(tmp_path: Path,
+                                                                                              graph: Path) -> None:
+    """One writer per run directory, whoever writes: every command that would write into a directory another
+    doppler process holds (here: held through io_util.OutputLock, as `train -o RUN` holds it) is refused in
+    one line naming the holder, and writes nothing; a train into a directory where another command writes is
+    refused too."""
+    run = tmp_path / "RUN"
+    a = tmp_path / "a.json"
+    assert runner.invoke(app, ["assign", str(graph), "-c", "unit:2", "-m", "round_robin", "-o", str(a)]).exit_code == 0
+    g, r = str(graph), str(run)
+    cases = [
+        (["assign", g, "-c", "unit:2", "-m", "heft", "-o", f"{r}/best_assignment.json"], run / "best_assignment.json"),
+        (["simulate", g, "-c", "unit:2", "-a", str(a), "--trace", f"{r}/sub/tr.json"], run / "sub" / "tr.json"),
+        (["graph", "build", "ffnn", "--set", "size=tiny", "-o", f"{r}/g.json"], run / "g.json"),
+        (["graph", "convert", g, f"{r}/g.txt", "--round"], run / "g.txt"),
+        (["compare", g, "-c", "unit:2", "-m", "heft", "--save-dir", f"{r}/S"], run / "S"),
+        (["train", g, "-c", "unit:2", "-o", f"{r}/inner"], run / "inner"),
+    ]  # fmt: skip
+    with OutputLock(run, directory=True):
+        for args, out in cases:
+            _refused_naming(runner.invoke(app, args), os.getpid(), out, inside=run)
+        assert [p.name for p in run.iterdir()] == [LOCK_NAME]
+    with OutputLock(run / "x.json"):  # the other order: a command writes inside, then a train starts there
+        res = runner.invoke(app, ["train", g, "-c", "unit:2", "-o", r])
+        line = _refused_naming(res, os.getpid(), run)
+        assert f"is writing {run / 'x.json'}, inside this output" in line
+    assert not run.exists()

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import typer
 from rich.console import Console
@@ -127,20 +127,25 @@ def handle_errors() -> Iterator[None]:
 
 
 def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: dict[str, Any] | None = None,
-                 inputs: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 inputs: dict[str, Any] | None = None, members: Iterable[str] = ()) -> None:  # fmt: skip
     """One writer per output: lock each output directory of ``dirs`` and file of ``files`` ({label: path};
     ``None`` paths skipped; a label names the option in a refusal, "" none) with an
     :class:`~doppler.io_util.OutputLock`, now, before the command's work, and hold them until the command
     ends (its context ``ctx`` closes: at its end, on an error, on Ctrl-C). An output another live doppler
-    process holds is an :class:`~doppler.io_util.OutputPathError` (exit 2) at once. With ``inputs`` (the
-    command's input files, {label: path}), the ``files`` are first checked apart from them and from each
-    other, and writable (:func:`~doppler.io_util.check_outputs_apart`)."""
+    process holds, or one inside a directory it holds, or a directory it writes inside, is an
+    :class:`~doppler.io_util.OutputPathError` (exit 2) at once; so is a symbolic link at an output, at a lock
+    file or at ``members`` (the names the command writes in each of ``dirs``). The command's own outputs do
+    not block each other. With ``inputs`` (the command's input files, {label: path}), the ``files`` are first
+    checked apart from them and from each other, and writable (:func:`~doppler.io_util.check_outputs_apart`)."""
     if inputs is not None:
         check_outputs_apart(inputs, files or {})
+    held: list[OutputLock] = []
     for directory, outputs in ((True, dirs or {}), (False, files or {})):
         for label, path in outputs.items():
             if path is not None:
-                ctx.with_resource(OutputLock(path, directory=directory, label=label))
+                lock = OutputLock(path, directory=directory, label=label, members=members if directory else (),
+                                  alongside=held)  # fmt: skip
+                held.append(ctx.with_resource(lock))
 
 
 #: seconds between the plain progress lines of :func:`live_progress` when stderr is not a terminal

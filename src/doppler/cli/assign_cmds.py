@@ -25,7 +25,7 @@ from doppler.cli._common import (
     load_graph_and_cluster,
     memory_check,
 )
-from doppler.io_util import atomic_write_text, check_outputs_apart
+from doppler.io_util import atomic_write_text, check_outputs_apart, refuse_link
 
 
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
@@ -218,6 +218,8 @@ def compare_cmd(
         for m in names:
             get_method(m)
         check_budget(budget_s)
+        if save_dir is not None:
+            refuse_link(save_dir, f"--save-dir {save_dir}")
         if save_dir is not None and save_dir.exists() and not save_dir.is_dir():
             raise UserError(f"--save-dir {save_dir}: exists and is not a directory")
         saves = {f"--save-dir ({m})": save_dir / f"{m}.json" for m in names} if save_dir is not None else {}

@@ -41,7 +41,8 @@ def demo_cmd(
             raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
         methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
-        hold_outputs(ctx, dirs={"": out_dir})  # made and locked before minutes of work, not at the first picture
+        # made, locked and checked for links before minutes of work, not at the first picture
+        hold_outputs(ctx, dirs={"": out_dir}, members=_demo_members(methods, train_episodes > 0, engine))
         with live_progress(lambda ev: ev.stats["step"]) as on_progress:
             steps = [0]
 
@@ -66,6 +67,20 @@ def demo_cmd(
             _print_engine_demo(real)
         console.print("next: doppler graph build llama_layer -o g.json && "
                       "doppler compare g.json --cluster p100x4 --methods critical_path,heft,anneal", highlight=False)
+
+
+def _demo_members(methods: tuple[str, ...], trained: bool, engine: bool) -> list[str]:
+    """Every name the demo may write in its output directory (the Gantt chart: of the best method, any)."""
+    from doppler.policy.checkpoint import RUN_DIR_MEMBERS
+
+    out = []
+    for name in WORKLOADS:
+        out += [f"{name}_graph.png", *(f"{name}_gantt_{m}.png" for m in methods)]
+        if trained:
+            out += [f"doppler_{name}", *(f"doppler_{name}/{m}" for m in RUN_DIR_MEMBERS)]
+    if engine:
+        out += ["engine_cluster.json", *(f"ffnn_small_engine_gantt_{m}.png" for m in ENGINE_DEMO_METHODS)]
+    return out
 
 
 def _demo_workload(name: str, cl, budget_s: float, train_episodes: int, il_episodes: int, out_dir: Path, say) -> dict:

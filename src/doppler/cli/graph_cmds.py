@@ -9,9 +9,8 @@ import typer
 from rich.markup import escape
 
 from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, as_user_error, console, emit_json,
-                                 err_console, graph_app, handle_errors)  # fmt: skip
+                                 err_console, graph_app, handle_errors, hold_outputs)  # fmt: skip
 from doppler.formats import load_graph, save_graph
-from doppler.io_util import check_output_file, check_outputs_apart
 
 
 
@@ -30,6 +29,7 @@ def _cluster_for(name: str, devices: int | None):
 
 @graph_app.command("build")
 def build_cmd(
+    ctx: typer.Context,
     workload: str = typer.Argument(..., help="chainmm | ffnn | llama_block | llama_layer | random"),
     output: Path = typer.Option(..., "-o", "--output", help="Graph file to write (.json or .txt)."),
     set_: list[str] = typer.Option([], "--set", help="Workload parameter key=value (repeatable), e.g. size=tiny."),
@@ -41,7 +41,7 @@ def build_cmd(
         from doppler import workloads
 
         params = workloads.parse_set(set_, workload)
-        check_output_file(output, "--output")  # before the build, which can take seconds
+        hold_outputs(ctx, files={"--output": output}, inputs={})  # before the build, which can take seconds
         t0 = time.perf_counter()
         graph = workloads.build(workload, **params)
         if devices is not None:
@@ -63,6 +63,7 @@ def build_cmd(
 
 @graph_app.command("import")
 def import_cmd(
+    ctx: typer.Context,
     source: str = typer.Argument(..., help="A factory 'package.module:function' or 'file.py:function' returning "
                                             "(module, example_inputs), or a torch.export program (.pt2)."),
     output: Path = typer.Option(..., "-o", "--output", help="Graph file to write (.json)."),
@@ -87,7 +88,8 @@ def import_cmd(
         if devices is not None and not 1 <= devices <= MAX_DEVICES:
             raise UserError(f"--devices must be in 1..{MAX_DEVICES} (the largest cluster), got {devices}")
         # a factory's file ('file.py:function') or a .pt2 program is an input the output must not replace
-        check_outputs_apart({"SOURCE": source.rsplit(":", 1)[0] if ":" in source else source}, {"--output": output})
+        hold_outputs(ctx, files={"--output": output},
+                     inputs={"SOURCE": source.rsplit(":", 1)[0] if ":" in source else source})  # fmt: skip
         t0 = time.perf_counter()
         with as_user_error(GraphImportError):
             graph = import_model(source, input_shapes=parse_input_shapes(input_shape), blocks=parse_blocks(blocks),
@@ -199,6 +201,7 @@ def info_cmd(
 
 @graph_app.command("convert")
 def convert_cmd(
+    ctx: typer.Context,
     input_path: Path = typer.Argument(..., metavar="IN", help="Graph file to read (.json or .txt)."),
     output_path: Path = typer.Argument(..., metavar="OUT", help="Graph file to write (.json or .txt)."),
     round_costs: bool = typer.Option(False, "--round", help="Round costs to integers (the text format needs integers)."),
@@ -206,7 +209,7 @@ def convert_cmd(
 ) -> None:
     """Convert between the native JSON and the DOPPLER text format (by extension)."""
     with handle_errors():
-        check_outputs_apart({"IN": input_path}, {"OUT": output_path})
+        hold_outputs(ctx, files={"OUT": output_path}, inputs={"IN": input_path})
         graph = load_graph(input_path)
         save_graph(graph, output_path, round_costs=round_costs)
         if json_out:
@@ -218,6 +221,7 @@ def convert_cmd(
 
 @graph_app.command("draw")
 def draw_cmd(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     output: Path = typer.Option(..., "-o", "--output", help="Image to write (.png, .svg, .pdf, .jpg, ...: by extension)."),
     max_ops: int = typer.Option(5000, "--max-ops", help="Refuse to draw larger graphs."),
@@ -227,6 +231,7 @@ def draw_cmd(
         from doppler.report import draw_graph, figure_format
 
         figure_format(output)  # an unsupported extension fails before any work
+        hold_outputs(ctx, files={"--output": output}, inputs={"G": graph_path})
         graph = load_graph(graph_path)
         if graph.num_ops > max_ops:
             raise UserError(f"{graph_path}: {graph.num_ops} ops is too many to draw legibly (limit --max-ops {max_ops})")

@@ -28,7 +28,10 @@ def pretrain_cmd(
 ) -> None:
     """Pretrain a DOPPLER policy on random graphs and clusters, for zero-shot use on new ones."""
     with handle_errors():
-        hold_outputs(ctx, dirs={"": output})  # one writer (worker 0, this process), before torch is imported
+        from doppler.policy.checkpoint import RUN_DIR_MEMBERS
+
+        # one writer (worker 0, this process), no member a link: before torch is imported
+        hold_outputs(ctx, dirs={"": output}, members=RUN_DIR_MEMBERS)
         from doppler.methods.threads import usable_cores
         from doppler.pretrain import pretrain_config
         from doppler.pretrain_parallel import Recipe, run_workers

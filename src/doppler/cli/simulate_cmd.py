@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 
 from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
-                                 handle_errors, load_graph_and_cluster, memory_check, write_trace_files)  # fmt: skip
-from doppler.io_util import check_outputs_apart
+                                 handle_errors, hold_outputs, load_graph_and_cluster, memory_check,
+                                 write_trace_files)  # fmt: skip
 
 #: ``doppler simulate`` runs one simulation of a graph of up to this many ops as Python
 #: (:mod:`doppler._jit`) unless numba has started: 0.27 s at 3,000 ops with its trace (0.45 s with
@@ -20,6 +20,7 @@ PYTHON_SIMULATION_MAX_OPS = 3000
 
 @app.command("simulate")
 def simulate_cmd(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (unit, p100x4, v100x8, h100x8, cpu4; 'name:N') or JSON file."),
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file (JSON object or bare list)."),
@@ -47,9 +48,9 @@ def simulate_cmd(
         from doppler.sim import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
-        check_outputs_apart({"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name},
-                            {"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
-                             "--ops-csv": csv_path})  # fmt: skip
+        hold_outputs(ctx, files={"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
+                                 "--ops-csv": csv_path},
+                     inputs={"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name})  # fmt: skip
         if gantt_path is not None:
             from doppler.report import figure_format
 

@@ -174,8 +174,10 @@ def train_cmd(
 ) -> None:
     """Train a DOPPLER policy (imitation, then REINFORCE in the simulator) on one or more graphs."""
     with handle_errors():
-        hold_outputs(ctx, dirs={"": output})  # one writer: before torch's import and before the run is read or checked
-        from doppler.policy.checkpoint import CheckpointError
+        from doppler.policy.checkpoint import RUN_DIR_MEMBERS, CheckpointError
+
+        # one writer, no member a link: before torch's import and before the run is read or checked
+        hold_outputs(ctx, dirs={"": output}, members=RUN_DIR_MEMBERS)
         from doppler.train.config import INIT_SEARCH_EVALS, TrainConfig, TrainError, set_fields
 
         with as_user_error(TrainError, CheckpointError):

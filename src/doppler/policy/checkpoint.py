@@ -29,6 +29,9 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written: do
 CHECKPOINT_FORMAT = "doppler-checkpoint-1"
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 PRETRAINED_CHECKPOINT = PRETRAINED_DIR / "checkpoint.pt"
+#: every name ``doppler train`` writes in its run directory (``doppler pretrain``: the checkpoint, the config and
+#: TensorBoard's directory); a run directory in which one of them is a symbolic link is refused before any work
+RUN_DIR_MEMBERS = ("checkpoint.pt", "config.json", "best_assignment.json", "training_curve.png", "tensorboard")
 
 
 class CheckpointError(ValueError):

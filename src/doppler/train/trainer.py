@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import random
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +37,10 @@ import torch
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import make_run_dir
+from doppler.io_util import make_run_dir, refuse_links
 from doppler.malloc import tune_malloc
 from doppler.policy.architectures import build_policy
-from doppler.policy.checkpoint import CHECKPOINT_FORMAT, write_checkpoint
+from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, write_checkpoint
 from doppler.policy.rollout import rollout
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train.config import RULE_TEACHER, TrainConfig, TrainError, config_to_json, saved_config
@@ -405,11 +406,15 @@ class Trainer:
                 next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
 
     def open_writer(self, run_dir: Path) -> None:
-        """Log to TensorBoard in ``run_dir/tensorboard`` (once; a file in its place: exit 2)."""
+        """Log to TensorBoard in ``run_dir/tensorboard`` (once). First the run directory is made, and refused
+        (exit 2) if it or a name the run writes in it (:data:`RUN_DIR_MEMBERS`) is a symbolic link, or a file
+        is in the way. The event file's name ends in a random part: no link can be planted at it beforehand."""
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")))
+            refuse_links(make_run_dir(run_dir), RUN_DIR_MEMBERS)
+            self.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")),
+                                        filename_suffix=f".{secrets.token_hex(8)}")  # fmt: skip
 
     def _log(self, stage: str, stats: dict[str, Any]) -> None:
         row = {"stage_il": float(stage == "il"), "stage_distill": float(stage == "distill"),
