@@ -358,3 +358,26 @@ def test_a_58m_llama_from_its_config_to_checked_logits(tmp_path) -> None:
     resident = resident_bytes(graph, load_assignment(a, graph, 2).devices, 2)
     weights = sum(4 * np.prod(h["shape"]) for h in graph.meta["weights"].values())
     assert weights > 2.2e8 and out["weight_bytes_read"] <= resident.sum() and out["weight_bytes_read"] >= weights
+
+
+def test_train_stage_three_with_weights(tiny_llama) -> None:
+    """train --weights: Stage III measures the meta-imported model run on its checkpoint."""
+    t = tiny_llama
+    out_dir = t["dir"] / "run"
+    res = run("train", t["g"], "-c", "cpu4:2", "--stages", "il,sim,real", "--il-episodes", 8, "--episodes", 8,
+              "--real-episodes", 8, "--batch", 8, "--threads", 1, "--weights", t["ckpt"], "-o", out_dir, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["real_episodes"] == 8 and out["graphs"][0]["greedy_measured_makespan_s"] > 0
+    for extra, needle in ((["--stages", "il,sim"], "give --stages with real"),
+                          (["--stages", "il,sim,real", "--engine", "dask"], "the dask engine does not read checkpoints")):  # fmt: skip
+        bad = run("train", t["g"], "-c", "cpu4:2", *extra, "--weights", t["ckpt"], "-o", t["dir"] / "bad")
+        _one_line_exit_2(bad, needle)
+
+
+def test_calibrate_memory_bytes_gives_each_device_a_budget(tmp_path) -> None:
+    cal = tmp_path / "cal.json"
+    res = run("calibrate", "-o", cal, "--devices", 2, "--runs", 1, "--sizes", "32", "--memory-bytes", 2e8, "--json")
+    assert res.exit_code == 0, res.output
+    assert [d["memory_bytes"] for d in json.loads(cal.read_text())["devices"]] == [2e8, 2e8]
+    _one_line_exit_2(run("calibrate", "-o", tmp_path / "x.json", "--memory-bytes", -1), "--memory-bytes must be")
