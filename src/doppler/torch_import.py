@@ -14,7 +14,7 @@ and a kernel spec the engine runs.
   no value, what is computed from shapes alone (a causal mask) is still evaluated, and the graph is
   *cost-only* (``meta["cost_only"]``): the same ops, costs and modules, nothing to execute.
 * **Weights by name.** ``meta["weights"]`` maps every parameter input to its ``state_dict`` key, shape,
-  element type and the keys tied to it; the op specs' operand references say which slice of it each tile
+  element type, the keys tied to it and the key a Hugging Face checkpoint saves it under where that differs; the op specs' operand references say which slice of it each tile
   reads (``{"input", "slice"}``, in the parameter's own layout, with a transpose as an ``xform`` step), so
   ``doppler execute --weights`` loads each tile from a checkpoint. A model built under
   :func:`parameters_on_meta` has no weights but real buffers: what it computes from them is recorded.
@@ -58,8 +58,8 @@ from doppler.graph import DataflowGraph, OpKind
 from doppler.tiling import Tensor, TileBuilder, WorkloadError, tiled_softmax
 
 __all__ = ["GraphImportError", "WRAPPED", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2",
-           "lower_program", "model_inputs", "module_path", "parameter_dtype", "parameters_on_meta", "parse_blocks",
-           "parse_input_shapes", "without_cache"]
+           "checkpoint_keys", "lower_program", "model_inputs", "module_path", "parameter_dtype", "parameters_on_meta",
+           "parse_blocks", "parse_input_shapes", "without_cache"]
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: the largest constant (in elements) recorded inside a graph file
@@ -1297,21 +1297,45 @@ def parameter_dtype(ep: Any) -> str:
     return dtype if dtype in ("float16", "bfloat16", "float32", "float64") else "float32"
 
 
+def checkpoint_keys(module: Any) -> dict[str, str]:
+    """``state_dict`` key -> the key a Hugging Face ``save_pretrained`` checkpoint stores it under, where the two
+    differ: transformers renames some parameters on saving (GPT-NeoX's ``lm_head.weight`` is
+    ``embed_out.weight`` on disk). Only renames are listed: a parameter that saving splits or merges with others
+    has no key of its own there. Empty for a module that is not a ``transformers`` model."""
+    if not hasattr(module, "save_pretrained") or "transformers" not in sys.modules:
+        return {}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = dict(module.state_dict())
+        saved = revert_weight_conversion(module, dict(state))
+    except Exception:  # an older transformers, or a conversion that needs real values: no renames known
+        return {}
+    key_of = {id(t): k for k, t in saved.items()}
+    return {k: key_of[id(t)] for k, t in state.items() if key_of.get(id(t), k) != k}
+
+
 def import_model(source: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  blocks: Mapping[int, int] | None = None, dtype: str | None = None,
                  devices: int | None = None) -> DataflowGraph:  # fmt: skip
     """``doppler graph import``: a factory (``module:function``) or a ``.pt2`` file -> a graph whose bytes
     are counted in ``dtype`` (default: the parameters' own, :func:`parameter_dtype`)."""
+    renames: dict[str, str] = {}
     if source.endswith(".pt2"):
         if input_shapes:
             raise GraphImportError(f"{source}: --input-shape applies to factories; a .pt2 program has fixed shapes")
         ep = load_pt2(Path(source))
     else:
-        ep, _ = export_model(*load_factory(source), input_shapes)
+        module, example = load_factory(source)
+        ep, _ = export_model(module, example, input_shapes)
+        renames = checkpoint_keys(module)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).stem if source.endswith(".pt2") else source.rpartition(":")[2])
     if not blocks and devices:
         blocks = auto_blocks(ep, devices)
     graph = lower_program(ep, blocks=blocks, dtype=dtype or parameter_dtype(ep), name=name)
+    for how in graph.meta["weights"].values():
+        if how["key"] in renames:
+            how["saved_as"] = [renames[how["key"]]]
     graph.meta["params"] = {"source": source, "blocks": {str(k): v for k, v in sorted((blocks or {}).items())}}
     if devices is not None:
         graph.meta["devices"] = int(devices)

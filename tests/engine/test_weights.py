@@ -168,7 +168,7 @@ def test_bad_checkpoints_name_the_key(tiny, tmp_path: Path) -> None:
         "dtype": ({**good, "model.layers.0.self_attn.k_proj.weight": good["model.layers.0.self_attn.k_proj.weight"].half()},
                   "'model.layers.0.self_attn.k_proj.weight' is float16, the graph's"),
         "untied": ({k: v for k, v in good.items() if k != "model.embed_tokens.weight"},
-                   "no tensor 'model.embed_tokens.weight' (nor the keys tied to it: lm_head.weight)"),
+                   "no tensor 'model.embed_tokens.weight' (nor 'lm_head.weight', which holds it too)"),
     }  # fmt: skip
     for case, (tensors, needle) in cases.items():
         path = tmp_path / f"{case}.safetensors"
@@ -251,3 +251,41 @@ def test_cuda_devices_run_the_same_weights(tiny) -> None:
                            dtype="float32")  # fmt: skip
     assert found.match, found
     assert sum(n for _, _, n in ckpt.reads) == sum(_expected_reads(g, _devices(g, "halves")).values())
+
+
+def _neox(weights: bool):
+    """A tiny GPTNeoXForCausalLM, whose head transformers saves as embed_out.weight."""
+    import transformers
+
+    from doppler.torch_import import parameters_on_meta
+
+    cfg = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, max_position_embeddings=64, attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    if weights:
+        return transformers.GPTNeoXForCausalLM(cfg).eval(), ()
+    with parameters_on_meta():
+        model = transformers.GPTNeoXForCausalLM(cfg).eval()
+    return model, (torch.empty((1, 16), dtype=torch.long, device="meta"),)
+
+
+def neox_meta():
+    return _neox(False)
+
+
+def test_a_parameter_saved_under_another_key_is_found(tmp_path) -> None:
+    """save_pretrained renames GPT-NeoX's lm_head.weight to embed_out.weight: the import records that key,
+    and the run and the reference both read it."""
+    model, _ = _neox(True)
+    model.save_pretrained(str(tmp_path / "ckpt"))
+    source = f"{Path(__file__).resolve()}:neox_meta"
+    g = import_model(source, devices=2)
+    assert g.meta["weights"]["lm_head.weight"]["saved_as"] == ["embed_out.weight"]
+    ckpt = open_checkpoint(tmp_path / "ckpt")
+    assert "embed_out.weight" in ckpt.shard_of and "lm_head.weight" not in ckpt.shard_of
+    ids = np.random.default_rng(0).integers(0, 256, size=(1, 16))
+    program, _ = _program(g, ckpt, ids)
+    res = run(g, _devices(g, "round_robin"), num_devices=2, program=program)
+    found = compare_logits(res.outputs, reference_outputs(source, ckpt, g, {"input_ids": ids}), source=source,
+                           dtype="float32")  # fmt: skip
+    assert found.match, found

@@ -65,23 +65,28 @@ def load_weights(module: Any, ckpt: Checkpoint, source: str) -> None:
     the meta device afterwards is a :class:`WeightsError` naming it."""
     import torch
 
+    from doppler.torch_import import checkpoint_keys
+
     state = module.state_dict()
     groups: dict[int, list[str]] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     tied = {name: names for names in groups.values() for name in names if len(names) > 1}
+    saved = {k: checkpoint_keys(module).get(k, k) for k in state}  # the key on disk of each state_dict key
     have = set(ckpt.shard_of)
     for key in state:
-        if key not in have and not any(k in have for k in tied.get(key, ())):
-            raise WeightsError(f"{ckpt.path}: no tensor {key!r}, which the reference {source}'s state_dict has")
-    extra = sorted(have - set(state))
+        if saved[key] not in have and not any(saved.get(k, k) in have for k in tied.get(key, ())):
+            raise WeightsError(f"{ckpt.path}: no tensor {saved[key]!r}, which the reference {source}'s state_dict has")
+    extra = sorted(have - set(saved.values()))
     if extra:
         raise WeightsError(f"{ckpt.path}: tensor {extra[0]!r} is not in the reference {source}'s state_dict")
-    tensors = ckpt.tensors([k for k in state if k in have])
+    found = [k for k in state if saved[k] in have]
+    loaded = ckpt.tensors(sorted({saved[k] for k in found}))
+    tensors = {k: loaded[saved[k]] for k in found}
     for key, t in tensors.items():
         if tuple(t.shape) != tuple(state[key].shape):
-            raise WeightsError(f"{ckpt.shard_of[key]}: tensor {key!r} has shape {list(t.shape)}, the reference "
-                               f"{source}'s has {list(state[key].shape)}")  # fmt: skip
+            raise WeightsError(f"{ckpt.shard_of[saved[key]]}: tensor {saved[key]!r} has shape {list(t.shape)}, the "
+                               f"reference {source}'s has {list(state[key].shape)}")  # fmt: skip
     del state
     try:
         module.load_state_dict(tensors, strict=False, assign=True)

@@ -228,7 +228,8 @@ def _single(path: Path) -> Checkpoint:
 
 # ------------------------------------------------------------------ binding
 def weight_inputs(graph: DataflowGraph, source: str) -> dict[str, dict[str, Any]]:
-    """The graph's ``meta["weights"]`` (input -> key, shape, dtype, tied keys), checked: the graph file is data.
+    """The graph's ``meta["weights"]`` (input -> key, shape, dtype, tied keys, the key a checkpoint saves it
+    under), checked: the graph file is data.
     A graph that records none (not made by ``doppler graph import``) is a :class:`WeightsError`."""
     weights = graph.meta.get("weights")
     if not isinstance(weights, dict) or not weights:
@@ -238,7 +239,8 @@ def weight_inputs(graph: DataflowGraph, source: str) -> dict[str, dict[str, Any]
     for name, how in weights.items():
         ok = (isinstance(how, dict) and isinstance(how.get("key"), str) and isinstance(how.get("dtype"), str)
               and isinstance(how.get("shape"), list) and all(isinstance(s, int) and s >= 0 for s in how["shape"])
-              and isinstance(how.get("tied", []), list) and all(isinstance(k, str) for k in how.get("tied", [])))  # fmt: skip
+              and all(isinstance(how.get(f, []), list) and all(isinstance(k, str) for k in how.get(f, []))
+                      for f in ("tied", "saved_as")))  # fmt: skip
         if not ok or name not in inputs:
             raise WeightsError(f"{source}: weights entry {name!r} is malformed (key, shape, dtype and tied keys of a "
                                "graph input)")  # fmt: skip
@@ -262,15 +264,17 @@ def check_executable(graph: DataflowGraph, source: str) -> None:
 
 
 def bind(graph: DataflowGraph, ckpt: Checkpoint, source: str) -> dict[str, str]:
-    """Graph weight input -> the checkpoint key that holds it (its own key, else a key it is tied to), after
-    checking every one before anything runs: present, of the recorded shape and element type, and readable by
-    the engine. The first fault is a :class:`WeightsError` naming the key."""
+    """Graph weight input -> the checkpoint key that holds it (its own key, else the key it is saved under or a
+    key it is tied to), after checking every one before anything runs: present, of the recorded shape and
+    element type, and readable by the engine. The first fault is a :class:`WeightsError` naming the key."""
     out: dict[str, str] = {}
     for name, how in weight_inputs(graph, source).items():
-        key = next((k for k in (how["key"], *how.get("tied", [])) if k in ckpt.shard_of), None)
+        key = next((k for k in (how["key"], *how.get("saved_as", []), *how.get("tied", [])) if k in ckpt.shard_of), None)
         if key is None:
-            tied = f" (nor the keys tied to it: {', '.join(how['tied'])})" if how.get("tied") else ""
-            raise WeightsError(f"{ckpt.path}: no tensor {how['key']!r}{tied}")
+            others = [*how.get("saved_as", []), *how.get("tied", [])]
+            verb = "hold" if len(others) > 1 else "holds"
+            also = f" (nor {', '.join(repr(k) for k in others)}, which {verb} it too)" if others else ""
+            raise WeightsError(f"{ckpt.path}: no tensor {how['key']!r}{also}")
         dtype, shape = ckpt.info(key)
         if list(shape) != list(how["shape"]):
             raise WeightsError(f"{ckpt.shard_of[key]}: tensor {key!r} has shape {list(shape)}, the graph's "
