@@ -183,6 +183,12 @@ def test_bad_checkpoints_name_the_key(tiny, tmp_path: Path) -> None:
     for path in (tmp_path / "pytorch_model.bin", tmp_path / "hf", tmp_path / "odd.safetensors"):
         with pytest.raises(WeightsError, match="a pickle checkpoint .torch.save.: loading it would run the code"):
             open_checkpoint(path)
+    for pad in range(300):  # a safetensors header whose length starts with the byte a pickle starts with
+        save_file(good, str(tmp_path / "x80.safetensors"), metadata={"pad": "x" * pad})
+        if (tmp_path / "x80.safetensors").read_bytes()[:1] == b"\x80":
+            break
+    assert (tmp_path / "x80.safetensors").read_bytes()[:1] == b"\x80"
+    bind(g, open_checkpoint(tmp_path / "x80.safetensors"), "g.json")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
     with pytest.raises(WeightsError, match="is not a file name in this directory"):

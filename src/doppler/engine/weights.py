@@ -151,13 +151,14 @@ def _fmt(bounds: Any) -> str:
 
 
 def _looks_pickled(path: Path) -> bool:
-    """Does the file start like a pickle (protocol 2+) or a ``torch.save`` zip archive?"""
+    """Does the file start like a pickle (protocol 2+) or a ``torch.save`` zip archive, and not like safetensors
+    (8 bytes of header length, then the header's ``{``)?"""
     try:
         with path.open("rb") as f:
-            head = f.read(4)
+            head = f.read(9)
     except OSError:
         return False
-    return head[:1] == b"\x80" or head == b"PK\x03\x04"
+    return head[8:9] != b"{" and (head[:1] == b"\x80" or head[:4] == b"PK\x03\x04")
 
 
 def _keys_of(shard: Path) -> list[str]:
