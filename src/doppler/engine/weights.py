@@ -186,6 +186,7 @@ def _from_index(index: Path) -> dict[str, Path]:
     if not isinstance(wmap, dict) or not wmap:
         raise WeightsError(f"{index}: no \"weight_map\" object naming each tensor's file")
     out: dict[str, Path] = {}
+    checked: set[Path] = set()
     for key, name in wmap.items():
         if not isinstance(name, str) or Path(name).name != name or name in (".", ".."):
             raise WeightsError(f"{index}: tensor {key!r}: its file {name!r} is not a file name in this directory")
@@ -196,6 +197,9 @@ def _from_index(index: Path) -> dict[str, Path]:
         shard = index.parent / name
         if not shard.is_file():
             raise WeightsError(f"{index}: tensor {key!r}: its file {shard} does not exist")
+        if shard not in checked and _looks_pickled(shard):
+            raise _pickle_refusal(shard)
+        checked.add(shard)
         out[key] = shard
     return out
 
@@ -218,12 +222,12 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise _pickle_refusal(path)
     if path.name.endswith(".index.json"):
         return Checkpoint(path.parent, _from_index(path))
-    if _looks_pickled(path):
-        raise _pickle_refusal(path)
     return _single(path)
 
 
 def _single(path: Path) -> Checkpoint:
+    if _looks_pickled(path):
+        raise _pickle_refusal(path)
     return Checkpoint(path, {key: path for key in _keys_of(path)})
 
 
