@@ -381,3 +381,18 @@ def test_calibrate_memory_bytes_gives_each_device_a_budget(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert [d["memory_bytes"] for d in json.loads(cal.read_text())["devices"]] == [2e8, 2e8]
     _one_line_exit_2(run("calibrate", "-o", tmp_path / "x.json", "--memory-bytes", -1), "--memory-bytes must be")
+
+
+def test_execute_input_ids_on_a_graph_with_weights_checks_against_the_same_ids(tmp_path) -> None:
+    """--input-ids without --weights: the graph's own (random) weights, the given token ids, and --check's
+    numpy evaluation of the same ids."""
+    pytest.importorskip("transformers")
+    g, a, ids = tmp_path / "g.json", tmp_path / "a.json", tmp_path / "ids.txt"
+    assert run("graph", "import", f"{HF_MODELS}:llama", "-o", g, "--input-shape", "input_ids=1x8").exit_code == 0
+    assert run("assign", g, "-c", "cpu4:2", "-m", "round_robin", "-o", a).exit_code == 0
+    ids.write_text("5 7 11 13 17 19 23 29")
+    res = run("execute", g, "-a", a, "--input-ids", ids, "--check", "--repeats", 1, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["outputs_match"] is True
+    ids.write_text("5 7 11 13 17 19 23 512")
+    _one_line_exit_2(run("execute", g, "-a", a, "--input-ids", ids), "id 512 at position 7 is outside the vocabulary")

@@ -165,7 +165,7 @@ def execute_cmd(
         if check and reference is not None:
             out.update(_check_against_reference(graph, res, bound, reference))
         elif check:
-            out.update(_check_outputs(graph, res.outputs, seed))
+            out.update(_check_outputs(graph, res.outputs, seed, bound.user_inputs if bound else {}))
         names = res.info.get("devices") or [f"cpu{d}" for d in range(num_devices)]
         written = write_trace_files(res.trace, graph, names, out,
                                     trace_path=trace_path, chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
@@ -215,16 +215,16 @@ def _check_against_reference(graph, res, bound: Any, reference: str) -> dict[str
     from doppler.engine.model_check import coarser, compare_logits, reference_outputs
     from doppler.engine.weights import WeightsError
 
-    dtypes = {how["dtype"] for how in graph.meta["weights"].values()}
+    dtype = coarser(str(graph.meta.get("dtype", "float32")), *{how["dtype"] for how in graph.meta["weights"].values()})
     with as_user_error(WeightsError):
         ref = reference_outputs(reference, bound.checkpoint, graph, bound.user_inputs)
-        found = compare_logits(res.outputs, ref, source=reference, dtype=coarser(str(graph.meta.get("dtype", "float32")), *dtypes))
-    return found.to_json()
+        return compare_logits(res.outputs, ref, source=reference, dtype=dtype).to_json()
 
 
-def _check_outputs(graph, outputs: dict, seed: int) -> dict[str, Any]:
+def _check_outputs(graph, outputs: dict, seed: int, given: dict) -> dict[str, Any]:
     """Compare an engine run's outputs with numpy: a built-in workload's untiled reference, or for an
-    imported model the graph evaluated with numpy in one place (float64 inputs of the same seed)."""
+    imported model the graph evaluated with numpy in one place (float64 inputs of the same seed, and the
+    ``given`` ones: --input-ids)."""
     import numpy as np
 
     if not outputs:
@@ -233,7 +233,7 @@ def _check_outputs(graph, outputs: dict, seed: int) -> dict[str, Any]:
     from doppler.workloads import WORKLOADS, reference
     from doppler.references import assemble_outputs, make_inputs
 
-    x = make_inputs(graph, seed=seed, dtype=np.float64)
+    x = make_inputs(graph, seed=seed, dtype=np.float64) | {k: np.asarray(v, dtype=np.float64) for k, v in given.items()}
     if graph.meta.get("workload") in WORKLOADS:
         ref = reference(graph, x)
     else:
@@ -263,6 +263,9 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
         pairs = ", ".join(f"{format_bytes(m)} / {format_bytes(s)}"
                           for m, s in zip(out["peak_memory_bytes"], out["simulated_peak_memory_bytes"]))  # fmt: skip
         console.print(f"peak memory per device, measured / simulated: {pairs}", highlight=False)
+    if "weights" in out:
+        console.print(f"weights: {format_bytes(out['weight_bytes_read'])} read from {out['weights']}, each tile onto "
+                      "the device that reads it", highlight=False)  # fmt: skip
     if "reference" in out:
         verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
         console.print(f"logits {verdict} {escape(out['reference'])}'s forward on the same weights: max error "

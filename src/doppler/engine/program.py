@@ -9,7 +9,10 @@ op's compute time on a given cluster, writing an output buffer of the op's
 ``output_bytes`` so that transfers move real bytes.
 
 :meth:`Program.place` resolves input tiles for one assignment: each op's input
-tiles are copied into its device's memory before the clock starts.
+tiles are copied into its device's memory before the clock starts. A model's own
+weights (``build_program(checkpoint=..., weights=...)``) are tiles of a checkpoint,
+each read from the file for each device that reads it when it is placed
+(:mod:`doppler.engine.weights`).
 """
 
 from __future__ import annotations
