@@ -192,6 +192,8 @@ class Program:
                 else:
                     local[(t, d)] = self._place_tile(t, d, hw)
             per_op.append([local[(o.tile, d)] if o.tile >= 0 else None for o in ops])
+        if self.checkpoint is not None:
+            self.checkpoint.close()  # the memory maps: every tile is read out of them
         return PlacedProgram(self, np.asarray(devices, dtype=np.int64), num_devices, per_op)
 
     def _place_tile(self, t: int, d: int, hw: Any) -> Any:

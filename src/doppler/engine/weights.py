@@ -64,7 +64,7 @@ class WeightTile:
     """The slice of checkpoint tensor ``key`` that one graph input tile is: read when placed on a device."""
 
     input: str  # the graph input
-    key: str  # the checkpoint's key for it (the state_dict key, or one it is tied to)
+    key: str  # the checkpoint's key for it (its state_dict key, the key it is saved under, or one tied to it)
     bounds: tuple[tuple[int, int], ...]  # [lo, hi) per axis of the stored tensor
     dtype: np.dtype  # what the tile is read into (the program's element type)
 
