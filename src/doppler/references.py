@@ -124,21 +124,30 @@ def require_values(graph: DataflowGraph, source: str) -> None:
     """Refuse a cost-only graph (``meta["cost_only"]``: a model imported from the meta device) where values
     are needed: it has the costs, shapes and modules of its ops but no weights or constants to compute with.
     Raises :class:`WorkloadError` naming ``source`` (the graph file, or the graph)."""
-    if graph.meta.get("cost_only"):
-        raise WorkloadError(f"{source}: built on the meta device (cost-only), it has no weights or constants to "
-                            "execute; simulate, assign, compare and train work on it")  # fmt: skip
+    reason = graph.meta.get("cost_only")
+    if reason:
+        from doppler.torch_import import NO_WEIGHTS
+
+        weights_only = reason == NO_WEIGHTS  # its constants are recorded: a checkpoint runs it
+        raise WorkloadError(f"{source}: built on the meta device (cost-only), it has no weights"
+                            f"{'' if weights_only else ' or constants'} to execute; simulate, assign, compare and "
+                            f"train work on it{', and execute --weights loads its weights' if weights_only else ''}")  # fmt: skip
 
 
-def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
+def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64,
+                names: Sequence[str] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Random full input arrays for a workload graph (rotary tables are the real ones); a cost-only graph
-    is refused (:func:`require_values`)."""
+    is refused (:func:`require_values`). ``names``: only these inputs (each must have a value to draw: the
+    weights of a cost-only graph come from a checkpoint instead)."""
     meta = graph.meta
-    require_values(graph, f"graph {graph.name!r}")
+    if names is None:
+        require_values(graph, f"graph {graph.name!r}")
     if "inputs" not in meta:
         raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
     init = meta.get("input_init", {})
     out: dict[str, np.ndarray] = {}
-    for name, shape in meta["inputs"].items():
+    wanted = meta["inputs"] if names is None else {n: meta["inputs"][n] for n in names if n in meta["inputs"]}
+    for name, shape in wanted.items():
         shape = tuple(int(s) for s in shape)
         how = init.get(name, {"init": "normal", "std": 1.0})
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
@@ -159,6 +168,8 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) ->
             arr = np.asarray(how["data"], dtype=np.float64)
             if arr.shape != shape:
                 raise WorkloadError(f"input {name!r}: recorded value has shape {list(arr.shape)}, expected {list(shape)}")
+        elif kind == "meta":
+            raise WorkloadError(f"graph {graph.name!r}: input {name!r} has no value (built on the meta device)")
         else:
             raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
         out[name] = np.asarray(arr, dtype=dtype)
