@@ -4,7 +4,6 @@ tests/fuzz found: a KeyError, a TypeError deep in torch, or a replay failing in 
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
@@ -16,9 +15,10 @@ from doppler import workloads
 from doppler.policy.architectures import load_policy, read_checkpoint
 from doppler.policy.checkpoint import CheckpointError
 from doppler.presets import cluster
-from doppler.torch_files import load_plain
 from doppler.train import TrainConfig, Trainer, TrainError
 from doppler.train.config import config_from_json
+
+from tests.fuzz.checkpoints import rewrite_checkpoint
 
 TINY = dict(hidden=8, mlp_hidden=8, mp_steps=1, torch_threads=1)
 
@@ -38,11 +38,7 @@ def _damaged(run, tmp_path: Path, change) -> Path:
     """A copy of the run whose checkpoint ``change(ck)`` altered."""
     d = tmp_path / "RUN"
     shutil.copytree(run[0], d)
-    ck = load_plain(d / "checkpoint.pt")
-    change(ck)
-    buf = io.BytesIO()
-    torch.save(ck, buf)
-    (d / "checkpoint.pt").write_bytes(buf.getvalue())
+    rewrite_checkpoint(d / "checkpoint.pt", change)
     return d
 
 
@@ -197,7 +193,7 @@ NAN, INF = float("nan"), float("inf")
     (_config(episodes=10**9), "its configuration does not hold (--episodes must be at most 1,000,000 (a doppler train run"),
     (_config(episodes=1e15), "its configuration does not hold (--episodes must be a whole number, got 1000000000000000.0)"),
     (_config(il_episodes=10**7), "its configuration does not hold (--il-episodes must be at most 1,000,000"),
-    (_config(distill_updates=10**6), "its configuration does not hold (--set distill_updates must be at most 100000"),
+    (_config(distill_updates=10**6), "its configuration does not hold (--set distill_updates must be at most 100,000"),
     (_config(search_evals=10**12), "its configuration does not hold (--search-evals must be at most 10,000,000"),
     (_config(real_episodes=10**9), "its configuration does not hold (--real-episodes must be at most 100,000"),
     (_config(checkpoint_every=10**12), "its configuration does not hold (--set checkpoint_every must be at most"),

@@ -232,8 +232,8 @@ def train_cmd(
                               memory_fraction=None if ignore_memory else memory_fraction,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg = set_fields(cfg, set_)
+            cfg.check_lengths()  # (first: validate's own bound of these counts is pretraining's, far above)
             cfg.validate()
-            cfg.check_lengths()
             shaped = [item for item in set_ if item.partition("=")[0].strip() in ("hidden", "mp_steps", "mlp_hidden")]
             if init is not None and shaped:
                 raise UserError(f"--set {shaped[0]}: the policy's sizes come from the --init checkpoint: leave it out")

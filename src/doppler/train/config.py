@@ -200,7 +200,7 @@ class TrainConfig:
         for name, lo, hi in (("hidden", 1, MAX_WIDTH), ("mlp_hidden", 1, MAX_WIDTH), ("mp_steps", 0, MAX_MP_STEPS),
                              ("distill_updates", 0, MAX_DISTILL_UPDATES)):  # fmt: skip
             self._require((name,), lambda v: not int(v) < lo, f">= {lo}")
-            self._require((name,), lambda v: not int(v) > hi, f"at most {hi}")
+            self._require((name,), lambda v: not int(v) > hi, f"at most {hi:,}")
         self._require(("eps_start", "eps_end", "real_eps"), lambda v: 0 <= float(v) <= 1, "in [0, 1]")
         self._require(("entropy_coef", "noise_sigma"), lambda v: not float(v) < 0, ">= 0")
         unknown = [s for s in self.stages if s not in STAGES]
