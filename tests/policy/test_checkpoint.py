@@ -159,11 +159,13 @@ NAN, INF = float("nan"), float("inf")
     (_adam("step", lambda v: torch.ones(2)), "the optimizer's step of parameter 0 is a torch.float32 tensor of shape [2]"),
     (lambda ck: ck["optimizer"]["state"][0].pop("exp_avg_sq"), "the optimizer's state of a parameter holds ['exp_avg', 'step']"),
     # its settings: numbers in range, flags its own
-    (_group("weight_decay", "x"), "the optimizer's weight_decay is 'x', not a number in [0, 1]"),
-    (_group("betas", (0.9,)), "the optimizer's betas is (0.9,), not two numbers in [0, 1)"),
-    (_group("betas", (0.9, 1.0)), "the optimizer's betas is (0.9, 1.0), not two numbers in [0, 1)"),
+    (_group("weight_decay", "x"), "the optimizer's weight_decay is 'x', not 0, the optimizer's own"),
+    (_group("betas", (0.9,)), "the optimizer's betas is (0.9,), not (0.9, 0.999), the optimizer's own"),
+    (_group("betas", (0.9, 1.0)), "the optimizer's betas is (0.9, 1.0), not (0.9, 0.999), the optimizer's own"),
     (_group("lr", NAN), "the optimizer's lr is nan, not a learning rate in [0, 1]"),
-    (_group("eps", 0.0), "the optimizer's eps is 0.0, not a number in (0, 1]"),
+    (_group("eps", 0.0), "the optimizer's eps is 0.0, not 1e-08, the optimizer's own"),
+    (_group("eps", 1e-300), "the optimizer's eps is 1e-300, not 1e-08, the optimizer's own"),  # (its first step: inf)
+    (_group("lr", 2.0), "the optimizer's lr is 2.0, not a learning rate in [0, 1]"),
     (_group("maximize", True), "the optimizer's maximize is True, not False, the optimizer's own"),
     (_group("amsgrad", True), "the optimizer's amsgrad is True, not False, the optimizer's own"),
     # the generators

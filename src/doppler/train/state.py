@@ -151,18 +151,22 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-#: the Adam settings that are numbers, each with the range a step stays finite in (the learning rate is set again
-#: before every update; the rest are torch's defaults, which doppler never changes)
-_ADAM_NUMBERS = {"lr": ("a learning rate in [0, 1]", lambda v: _number(v) and 0 <= v <= 1),
-                 "betas": ("two numbers in [0, 1)", lambda v: isinstance(v, (tuple, list)) and len(v) == 2
-                           and all(_number(b) and 0 <= b < 1 for b in v)),
-                 "eps": ("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1),
-                 "weight_decay": ("a number in [0, 1]", lambda v: _number(v) and 0 <= v <= 1)}  # fmt: skip
+def _same(value: Any, own: Any) -> bool:
+    """Whether a loaded optimizer setting is the optimizer's own (a tuple and a list alike)."""
+    if isinstance(own, (tuple, list)):
+        return isinstance(value, (tuple, list)) and len(value) == len(own) and all(map(_same, value, own))
+    return type(value) is type(own) and value == own
+
+
+#: the Adam setting a checkpoint may hold a value of its own for (set again before every update), with its range;
+#: every other one (betas, eps, weight decay, the flags) is torch's default, which doppler never changes, and must
+#: be the optimizer's own (an eps of 1e-300 made the first step inf)
+_ADAM_NUMBERS = {"lr": ("a learning rate in [0, 1]", lambda v: _number(v) and 0 <= v <= 1)}
 
 
 def load_optimizer_state(optimizer: torch.optim.Adam, state: dict[str, Any]) -> None:
-    """A checkpoint's Adam state into ``optimizer``, checked as its next step will use it: each group's numbers in
-    their ranges (:data:`_ADAM_NUMBERS`) and its flags the optimizer's own; each parameter's state the step count
+    """A checkpoint's Adam state into ``optimizer``, checked as its next step will use it: each group's learning rate
+    in range and its other settings the optimizer's own (:data:`_ADAM_NUMBERS`); each parameter's state the step count
     (a whole number from 0 to :data:`MAX_RUN_COUNT`) and the moments (real, finite, of its shape; the second
     moments >= 0). torch checks only that the groups hold as many parameters and casts what it loads to the
     parameters' type (a complex moment to its real part, 1e300 to inf), so anything else was an error or a NaN
@@ -177,7 +181,7 @@ def load_optimizer_state(optimizer: torch.optim.Adam, state: dict[str, Any]) -> 
     for group, settings in zip(optimizer.param_groups, own):
         for key, mine in settings.items():
             value = group.get(key)
-            what, ok = _ADAM_NUMBERS.get(key, (f"{mine!r}, the optimizer's own", lambda v: type(v) is type(mine) and v == mine))
+            what, ok = _ADAM_NUMBERS.get(key, (f"{mine!r}, the optimizer's own", lambda v: _same(v, mine)))
             if not ok(value):
                 raise ValueError(f"the optimizer's {key} is {shown(value)}, not {what}")
         moments = {"exp_avg", "exp_avg_sq"} | ({"max_exp_avg_sq"} if group["amsgrad"] else set())

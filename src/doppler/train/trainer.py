@@ -92,7 +92,8 @@ class Trainer:
     distill_step: int = 0  # distillation updates done (set to distill_updates once greedy matches the best)
     distill_best: tuple[float, dict] | None = None  # during distillation: the best greedy score and its weights
     history: list[dict[str, float]] = field(default_factory=list)
-    writer: Any = None
+    writer: Any = None  # TensorBoard's SummaryWriter, made at the first number logged (open_writer)
+    tensorboard_dir: Path | None = None  # where it logs (open_writer)
     phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
     real_oracles: dict[int, CostOracle] = field(default_factory=dict)  # Stage III oracles per task (engine-backed)
     identity_left_out: int | None = None  # `--init`: the device count of the checkpoint's learned device identity,
@@ -413,15 +414,14 @@ class Trainer:
                 next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
 
     def open_writer(self, run_dir: Path) -> None:
-        """Log to TensorBoard in ``run_dir/tensorboard`` (once). First the run directory is made, and refused
-        (exit 2) if it or a name the run writes in it (:data:`RUN_DIR_MEMBERS`) is a symbolic link, or a file
-        is in the way. The event file's name ends in a random part: no link can be planted at it beforehand."""
-        if self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
+        """Log to TensorBoard in ``run_dir/tensorboard``. First (once) the run directory is made, and refused (exit 2)
+        if it or a name the run writes in it (:data:`RUN_DIR_MEMBERS`) is a symbolic link, or a file is in the way;
+        the event file is made at the first number logged (:meth:`add_scalars`), so that a run that stops in its
+        first update (it diverged: a damaged state) leaves the run directory as it was. The event file's name ends
+        in a random part: no link can be planted at it beforehand."""
+        if self.tensorboard_dir is None:
             refuse_links(make_run_dir(run_dir), RUN_DIR_MEMBERS)
-            self.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")),
-                                        filename_suffix=f".{secrets.token_hex(8)}")  # fmt: skip
+            self.tensorboard_dir = make_run_dir(run_dir / "tensorboard")
 
     def _log(self, stage: str, stats: dict[str, Any]) -> None:
         row = {"stage_il": float(stage == "il"), "stage_distill": float(stage == "distill"),
@@ -433,6 +433,10 @@ class Trainer:
     def add_scalars(self, prefix: str, stats: dict[str, Any], step: int, skip: tuple[str, ...]) -> None:
         """The numbers of ``stats`` but ``skip`` to TensorBoard (if open), as ``losses/{prefix}_{name}`` (losses,
         entropies) and ``charts/{prefix}_{name}``."""
+        if self.writer is None and self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.tensorboard_dir), filename_suffix=f".{secrets.token_hex(8)}")
         for k, v in stats.items():
             if self.writer is not None and isinstance(v, (int, float)) and k not in skip:
                 group = "losses" if k.startswith(("loss", "entropy")) else "charts"
