@@ -19,7 +19,7 @@ from doppler.hardware import Cluster
 from doppler.methods import assign
 from doppler.cli import app
 from doppler.io_util import write_json
-from doppler.pretrain import Pretrainer, pretrain_config, thin_history
+from doppler.pretrain import MAX_BUDGET_H, Pretrainer, pretrain_config, thin_history
 from doppler.policy.architectures import read_checkpoint
 from doppler.train import TrainError
 
@@ -108,6 +108,53 @@ def test_train_resume_refuses_a_pretraining_run(tmp_path):
 def test_zero_or_negative_budget_is_refused():
     with pytest.raises(TrainError, match="budget"):
         Pretrainer.create(pretrain_config(**TINY), budget_s=0)
+    with pytest.raises(TrainError, match=r"--budget-h must be in \(0, 1000\] hours"):
+        Pretrainer.create(pretrain_config(**TINY), budget_s=MAX_BUDGET_H * 3600 * 1.001)
+
+
+def _meta(**changes):
+    return lambda ck: ck.update(pretrain=json.dumps({**json.loads(ck["pretrain"]), **changes}))
+
+
+@pytest.mark.parametrize("change, words", [
+    (_meta(budget_s=1e30), "budget_s is 1e+30, more than 1000 hours"),
+    (_meta(budget_s=float("nan")), "budget_s is nan, not a finite number > 0"),
+    (_meta(elapsed_s=-1.0), "elapsed_s is -1, not a training time >= 0"),
+    (_meta(elapsed_s="x"), "elapsed_s is 'x', not a finite number"),
+    (_meta(updates=-1), "updates is -1, not an integer from 0 to 1,000,000,000"),
+    (_meta(corpus_rng={"bit_generator": "PCG64", "state": {"state": 1.5, "inc": 3}, "has_uint32": 0, "uinteger": 0}),
+     "corpus_rng is not the state of numpy's PCG64 generator"),
+    (_meta(workers=3), "workers is 3, but the checkpoint holds the streams of 1"),
+    (_meta(workers=2, worker_streams=[{"corpus_rng": None, "numpy_rng": None}]), "worker 1's corpus_rng is not the state"),
+    (_meta(worker_streams={}), "worker_streams is not a list"),
+    (_meta(init=5), "init is int, not an object or null"),
+    (lambda ck: ck.update(torch_rng=ck["torch_rng"][:-1]), "torch_rng is a torch.uint8 tensor of shape [5055]"),
+    (lambda ck: ck["optimizer"]["state"][0].update(exp_avg=ck["optimizer"]["state"][0]["exp_avg"] * float("nan")),
+     "the optimizer's exp_avg of parameter 0 holds values that are not finite"),
+    (lambda ck: ck.update(episode=10**9 + 1), "episode is 1000000001, not an integer from 0 to 1,000,000,000"),
+])  # fmt: skip
+def test_a_damaged_pretraining_state_is_refused_when_resumed(tmp_path, change, words):
+    """Each was taken as it was: a budget of 1e30 s (a run without end), a float in a generator's state, a NaN
+    moment that the next update made NaN weights of."""
+    from tests.fuzz.checkpoints import rewrite_checkpoint
+
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    _updates(pt, 3)
+    pt.save(tmp_path)
+    rewrite_checkpoint(tmp_path / "checkpoint.pt", change)
+    with pytest.raises(TrainError) as e:
+        Pretrainer.resume(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'checkpoint.pt'}: a damaged checkpoint: ") and words in str(e.value), str(e.value)
+
+
+def test_a_pretraining_runs_config_json_must_say_what_its_checkpoint_says(tmp_path):
+    pt = Pretrainer.create(pretrain_config(**TINY), budget_s=3600)
+    _updates(pt, 1)
+    pt.save(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    write_json(tmp_path / "config.json", {**config, "il_lr": 0.5})
+    with pytest.raises(TrainError, match="config.json: il_lr is 0.5, but the run's checkpoint says 0.002"):
+        Pretrainer.resume(tmp_path)
 
 
 # ---------------------------------------------------------------- the CLI
@@ -300,6 +347,7 @@ def test_device_identity_starts_at_zero_trains_and_applies_on_its_own_cluster_on
 
 def test_pretrain_and_init_bad_input_exit_2(tmp_path):
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--budget-h", "0"), "--budget-h")
+    _usage_error(_run("pretrain", "-o", tmp_path / "x", "--budget-h", "1e30"), "--budget-h must be in (0, 1000] hours")
     _usage_error(_run("pretrain", "-o", tmp_path / "x", "--resume"), "no checkpoint")
     for bad in ("0", "-1e-3", "nan", "2"):
         _usage_error(_run("pretrain", "-o", tmp_path / "x", "--il-lr", bad), "--il-lr")

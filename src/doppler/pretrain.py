@@ -46,11 +46,16 @@ from doppler.io_util import file_sha256
 from doppler.policy.architectures import read_checkpoint
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, require_training_state, write_checkpoint
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.train.config import TrainConfig, TrainError, config_to_json, saved_config
-from doppler.train.state import history_from_json, loading_state
+from doppler.train.config import MAX_RUN_COUNT, TrainConfig, TrainError, check_config_file, config_to_json, saved_config
+from doppler.train.state import (check_numpy_rng, check_torch_rng, count, finite, history_from_json,
+                                 loading_state)  # fmt: skip
 from doppler.train.trainer import Trainer
 
-__all__ = ["PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
+__all__ = ["MAX_BUDGET_H", "PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretrainer", "pretrain_config"]
+
+#: the longest training time of a pretraining run (``--budget-h``, and a resumed run's own budget), in hours: the
+#: shipped policy trained for half an hour
+MAX_BUDGET_H = 1000.0
 
 
 def pretrain_config(**overrides: Any) -> TrainConfig:
@@ -59,9 +64,9 @@ def pretrain_config(**overrides: Any) -> TrainConfig:
     Stage I runs for the whole budget; Stage II on the corpus runs only when ``il_episodes`` is set
     below the budget's."""
     base = dict(
-        stages=("il", "sim"), il_episodes=10**9, list_schedule="heft", episodes=10**9, batch=16, il_batch=8, lr=2e-4, lr_final=2e-5,
-        il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5, search_every=0,
-        search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=10**9,
+        stages=("il", "sim"), il_episodes=MAX_RUN_COUNT, list_schedule="heft", episodes=MAX_RUN_COUNT, batch=16, il_batch=8,
+        lr=2e-4, lr_final=2e-5, il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5,
+        search_every=0, search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=MAX_RUN_COUNT,
         device_identity=False,  # a pair per update, each with its own cluster: no devices to learn a state for
     )  # fmt: skip
     base.update(overrides)
@@ -97,8 +102,8 @@ class Pretrainer:
                rank: int = 0) -> "Pretrainer":  # fmt: skip
         """A new run. Worker ``rank`` > 0 of ``--workers`` draws its own streams of pairs and of rollouts
         (rank 0's are those of a run without workers)."""
-        if not budget_s > 0:
-            raise TrainError(f"--budget-h must be > 0, got {budget_s / 3600:g}")
+        if not 0 < budget_s <= MAX_BUDGET_H * 3600:
+            raise TrainError(f"--budget-h must be in (0, {MAX_BUDGET_H:g}] hours, got {budget_s / 3600:g}")
         cfg.validate()  # before the corpus stream is seeded from it
         corpus_rng, rollout_rng = _streams(cfg.seed, rank)
         g, c = sample_pair(corpus_rng)
@@ -124,8 +129,8 @@ class Pretrainer:
         with loading_state(init):
             tr.load_weights(ck)
             meta = json.loads(ck["pretrain"])
-            pt.init = {"checkpoint": str(init), "sha256": file_sha256(init),
-                       "updates": int(meta["updates"]), "elapsed_s": float(meta["elapsed_s"])}  # fmt: skip
+            pt.init = {"checkpoint": str(init), "sha256": file_sha256(init), "updates": count(meta["updates"], "updates"),
+                       "elapsed_s": _elapsed(meta)}  # fmt: skip
         tr.il_episode = max(tr.il_episode, cfg.il_episodes)  # Stage I is done
         return pt
 
@@ -228,27 +233,42 @@ class Pretrainer:
             raise TrainError(f"{run_dir}: not a pretraining checkpoint (made by `doppler train`, not `doppler pretrain`)")
         meta = json.loads(ck["pretrain"])
         cfg = saved_config(ck, ckpt)
+        check_config_file(ckpt.parent, cfg)
         with loading_state(ckpt):
-            budget_s = float(budget_s or meta["budget_s"])
+            own_budget_s = finite(meta["budget_s"], "budget_s", positive=True)
+            if own_budget_s > MAX_BUDGET_H * 3600:
+                raise ValueError(f"budget_s is {own_budget_s:g}, more than {MAX_BUDGET_H:g} hours")
+            budget_s = float(budget_s or own_budget_s)
+            streams = meta.get("worker_streams", [])
+            if not isinstance(streams, list) or not all(isinstance(w, dict) for w in streams):
+                raise ValueError("worker_streams is not a list of each worker's generator states")
+            workers = count(meta.get("workers", 1), "workers")
+            if workers != 1 + len(streams):
+                raise ValueError(f"workers is {workers}, but the checkpoint holds the streams of {1 + len(streams)}")
+            init = meta.get("init")
+            if init is not None and not isinstance(init, dict):
+                raise ValueError(f"init is {type(init).__name__}, not an object or null")
         pt = cls.create(cfg, budget_s)
         tr = pt.trainer
         with loading_state(ckpt):
             tr.load_weights(ck)
-            torch.set_rng_state(ck["torch_rng"])
-            tr.rng.bit_generator.state = json.loads(ck["numpy_rng"])
-            pt.corpus_rng.bit_generator.state = meta["corpus_rng"]
+            torch.set_rng_state(check_torch_rng(ck["torch_rng"]))
+            tr.rng.bit_generator.state = check_numpy_rng(json.loads(ck["numpy_rng"]), "numpy_rng")
+            pt.corpus_rng.bit_generator.state = check_numpy_rng(meta["corpus_rng"], "corpus_rng")
+            for i, w in enumerate(streams, start=1):
+                for key in ("corpus_rng", "numpy_rng"):
+                    check_numpy_rng(w.get(key), f"worker {i}'s {key}")
             if rank:  # a worker continues its own streams; one the run did not have starts its streams afresh
                 pt.rank = rank
-                saved = meta.get("worker_streams", [])
-                if rank <= len(saved):
-                    pt.corpus_rng.bit_generator.state = saved[rank - 1]["corpus_rng"]
-                    tr.rng.bit_generator.state = saved[rank - 1]["numpy_rng"]
+                if rank <= len(streams):
+                    pt.corpus_rng.bit_generator.state = streams[rank - 1]["corpus_rng"]
+                    tr.rng.bit_generator.state = streams[rank - 1]["numpy_rng"]
                 else:
                     pt.corpus_rng, tr.rng = _streams(cfg.seed, rank)
-            pt.elapsed_s, pt.updates = float(meta["elapsed_s"]), int(meta["updates"])
+            pt.elapsed_s, pt.updates = _elapsed(meta), count(meta["updates"], "updates")
             pt.history = history_from_json(ck["history"])
-            pt.init = meta.get("init")
-            pt.saved_workers = int(meta.get("workers", 1))
+            pt.init = init
+            pt.saved_workers = workers
         return pt
 
 
@@ -265,6 +285,14 @@ def thin_history(history: list[dict[str, float]], rows: int | None = None) -> li
     if len(history) <= 2 * (HISTORY_ROWS if rows is None else rows):
         return history
     return history[(len(history) - 1) % 2 :: 2]
+
+
+def _elapsed(meta: dict[str, Any]) -> float:
+    """A pretraining checkpoint's training time so far: a finite number of seconds >= 0."""
+    elapsed_s = finite(meta["elapsed_s"], "elapsed_s")
+    if elapsed_s < 0:
+        raise ValueError(f"elapsed_s is {elapsed_s:g}, not a training time >= 0")
+    return elapsed_s
 
 
 def _streams(seed: int, rank: int) -> tuple[np.random.Generator, np.random.Generator | None]:

@@ -152,7 +152,7 @@ def test_unknown_method_exit_2(graph_file: Path, tmp_path: Path) -> None:
     assert res.exit_code == 2 and "bogus" in res.output
 
 
-@pytest.mark.parametrize("budget", ["0", "-2"])
+@pytest.mark.parametrize("budget", ["0", "-2", "604801", "1e30"])  # (over a week: a search that would not end)
 def test_bad_budget_exit_2(graph_file: Path, tmp_path: Path, budget: str) -> None:
     res = run(
         "assign", str(graph_file), "--cluster", "p100x4", "--method", "anneal",

@@ -111,6 +111,16 @@ def test_validate_json_and_plot(files) -> None:
     assert len(json.loads((d / "v.json").read_text())["assignments"]) == 5
     bad = run("validate", files["graph"], "-c", files["cal"], "--n", 1)
     assert bad.exit_code == 2 and "--n" in bad.output
+    bad = run("validate", files["graph"], "-c", files["cal"], "--n", 10**15)  # (it ran until killed)
+    assert bad.exit_code == 2 and "--n must be from 2 to 10,000" in bad.output
+
+
+def test_calibrate_bounds_its_runs_and_sizes(tmp_path: Path) -> None:
+    res = run("calibrate", "-o", tmp_path / "cal.json", "--runs", 10**15)
+    assert res.exit_code == 2 and "--runs must be from 1 to 10,000" in res.output
+    res = run("calibrate", "-o", tmp_path / "cal.json", "--runs", 1, "--sizes", f"32,{10**15}")
+    assert res.exit_code == 2 and "must be a multiple of 4 from 4 to 4096" in res.output
+    assert not (tmp_path / "cal.json").exists()
 
 
 def test_train_with_a_real_stage(files) -> None:

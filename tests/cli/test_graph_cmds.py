@@ -141,6 +141,11 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
 def test_demo_rejects_bad_budget() -> None:
     res = run("demo", "--budget-s", "0")
     assert res.exit_code == 2 and "--budget-s" in res.stderr
+    res = run("demo", "--budget-s", "1e30")
+    assert res.exit_code == 2 and "--budget-s: the time budget must be at most 604800 s" in res.stderr
+    for option in ("--train-episodes", "--il-episodes"):  # (each ran until killed)
+        res = run("demo", option, str(10**15))
+        assert res.exit_code == 2 and "--il-episodes from 1 to 1,000,000" in res.stderr
 
 
 def test_demo_refuses_an_output_directory_that_is_a_file_before_any_work(tmp_path: Path) -> None:

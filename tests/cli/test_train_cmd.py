@@ -388,3 +388,115 @@ def test_set_and_memory_options_reach_the_config(tmp_path: Path, trained) -> Non
     assert_usage_error(run(*base, "--set", "batch=4", "-o", tmp_path / "U"), "has an option of its own: --batch")
     assert_usage_error(run(*base, "--memory-fraction", "2", "-o", tmp_path / "V"), "--memory-fraction")
     assert not any((tmp_path / name).exists() and any((tmp_path / name).iterdir()) for name in "TUV")
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    """Every file under ``d`` (the TensorBoard events too) and its bytes."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--episodes", "1000000000000000"), ["--episodes must be at most 1,000,000 (a doppler train run"]),
+    (("--il-episodes", str(10**30)), ["--il-episodes must be at most 1,000,000"]),
+    (("--real-episodes", "100001", "--stages", "il,sim,real"), ["--real-episodes must be at most 100,000"]),
+    (("--search-evals", str(10**12)), ["--search-evals must be at most 10,000,000"]),
+    (("--search-every", str(10**12)), ["--search-every must be at most 1,000,000,000"]),
+    (("--set", "distill_updates=1000000"), ["--set distill_updates must be at most 100,000"]),
+    (("--set", "checkpoint_every=1e15"), ["'1e15' is not a whole number"]),
+])  # fmt: skip
+def test_huge_counts_are_refused_in_one_line_before_any_work(tmp_path: Path, trained, extra, words) -> None:
+    """`train --episodes 1e15` once ran until it was killed, with no message."""
+    _, g, _, _, _ = trained
+    out = tmp_path / "R"
+    assert_usage_error(run("train", g, "-c", "unit:2", *extra, "-o", out), *words)
+    assert not out.exists()
+
+
+def test_a_count_that_is_not_a_whole_number_is_refused(tmp_path: Path, trained) -> None:
+    """(click's usage error: one line from the real entry point, tests/fuzz/test_entry_point.py)"""
+    _, g, _, _, _ = trained
+    for option in ("--episodes", "--il-episodes", "--real-episodes", "--search-evals"):
+        res = run("train", g, "-c", "unit:2", option, "1e15", "-o", tmp_path / "R")
+        assert res.exit_code == 2 and "'1e15' is not a valid int" in res.output, res.output
+    assert not (tmp_path / "R").exists()
+
+
+def _poisoned_copy(run_dir: Path, tmp_path: Path, change) -> Path:
+    from tests.fuzz.checkpoints import rewrite_checkpoint
+
+    d = tmp_path / "RUN"
+    shutil.copytree(run_dir, d)
+    rewrite_checkpoint(d / "checkpoint.pt", change)
+    return d
+
+
+def _nan_moment(ck) -> None:
+    st = ck["optimizer"]["state"][0]
+    st["exp_avg"] = st["exp_avg"] * float("nan")
+
+
+@pytest.mark.parametrize("change, words", [
+    (_nan_moment, ["checkpoint.pt: a damaged checkpoint", "exp_avg of parameter 0 holds values that are not finite"]),
+    (lambda ck: ck.update(config=ck["config"].replace('"episodes": 64', '"episodes": 1000000000000000')),
+     ["checkpoint.pt: a damaged checkpoint: its configuration does not hold (--episodes must be at most"]),
+    (lambda ck: ck.update(episode=10**6), ["episode is 1000000, not an integer from 0 to 71"]),
+])  # fmt: skip
+def test_a_poisoned_resume_exits_2_and_writes_nothing(tmp_path: Path, trained, change, words) -> None:
+    """A run whose optimizer state held NaN once resumed with exit 0 and saved NaN weights, which the next assign
+    refused: now it is one line naming the run, and every file of the run directory stays as it was."""
+    _, g, _, run_dir, _ = trained
+    d = _poisoned_copy(run_dir, tmp_path, change)
+    before = _files(d)
+    for extra in ((), ("--episodes", "72")):
+        assert_usage_error(run("train", g, "-c", "unit:2", "-o", d, "--resume", *extra), str(d), *words)
+        assert _files(d) == before
+
+
+def test_a_resume_whose_config_json_was_edited_exits_2_and_writes_nothing(tmp_path: Path, trained) -> None:
+    _, g, _, run_dir, _ = trained
+    d = tmp_path / "RUN"
+    shutil.copytree(run_dir, d)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "episodes": 10**15}))
+    before = _files(d)
+    assert_usage_error(run("train", g, "-c", "unit:2", "-o", d, "--resume"), str(d / "config.json"),
+                       "--episodes must be at most 1,000,000,000")  # fmt: skip
+    (d / "config.json").write_text(json.dumps({**config, "lr": 0.5}))
+    before = _files(d)
+    assert_usage_error(run("train", g, "-c", "unit:2", "-o", d, "--resume"), str(d / "config.json"),
+                       "lr is 0.5, but the run's checkpoint says 0.003")  # fmt: skip
+    assert _files(d) == before
+
+
+def test_a_diverged_run_exits_1_fresh_or_2_from_a_saved_state_and_keeps_its_checkpoint(tmp_path: Path, trained,
+                                                                                     monkeypatch) -> None:  # fmt: skip
+    """An update that makes a weight NaN stops the run in one line; from a saved state (--resume, --init), which
+    is then the likelier cause, with exit 2, else 1 (a bug of ours, or of the hyper-parameters)."""
+    import torch
+
+    from doppler.policy.architectures import load_policy
+
+    _, g, _, run_dir, _ = trained
+    d = tmp_path / "RUN"
+    shutil.copytree(run_dir, d)
+    before = _files(d)
+    step = torch.optim.Adam.step
+
+    def poisoned(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        with torch.no_grad():
+            self.param_groups[0]["params"][0].view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(torch.optim.Adam, "step", poisoned)
+    res = run("train", g, "-c", "unit:2", "-o", d, "--resume", "--episodes", "72")
+    line = assert_usage_error(res, "training diverged in the update after 16 Stage I and 64 Stage II episodes",
+                              f"{d} keeps its last checkpoint (the run started from {d}")  # fmt: skip
+    assert "holds values that are not finite" in line
+    assert _files(d) == before  # (its first update diverged: not even a TensorBoard event file)
+    load_policy(d)
+    fresh = tmp_path / "FRESH"
+    res = run("train", g, *TRAIN_ARGS, "--threads", "1", "-o", fresh)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(lines) == 1 and "training diverged in the update after 0 Stage I" in lines[0]
+    assert not (fresh / "checkpoint.pt").exists()  # (its first update diverged: nothing to keep)

@@ -95,6 +95,10 @@ def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
     assert simulate(g, cl, np.arange(g.num_ops) % 2).makespan_s > 0
     with pytest.raises(EngineError, match="multiple of 4"):
         calibrate(2, sizes=(30,), runs=1)
+    with pytest.raises(EngineError, match="calibration size 1000000000000000 must be a multiple of 4 from 4 to 4096"):
+        calibrate(2, sizes=(10**15,), runs=1)  # (it allocated until a MemoryError)
+    with pytest.raises(EngineError, match="runs must be an integer from 1 to 10000"):
+        calibrate(2, sizes=(32,), runs=10**15)
 
 
 def test_validation_assignments_are_distinct_and_span_the_baselines() -> None:

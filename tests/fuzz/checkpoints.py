@@ -166,9 +166,23 @@ def content_mutated(draw: Any, ck: dict) -> bytes:
             ck[key] = draw(ODD_CONTENTS)
         if key in ck and not steps[-1].startswith(("delete", "inner state_dict")):
             steps[-1] += f" -> {_short(ck[key])}"
+    return Mutant(torch_bytes(ck), "; ".join(steps))
+
+
+def torch_bytes(obj: Any) -> bytes:
+    """``obj`` as ``torch.save`` writes it."""
     buf = io.BytesIO()
-    torch.save(ck, buf)
-    return Mutant(buf.getvalue(), "; ".join(steps))
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def rewrite_checkpoint(path: pathlib.Path, change: Any) -> None:
+    """The checkpoint file ``path`` loaded (weights only), changed in place by ``change(ck)``, and saved again."""
+    from doppler.torch_files import load_plain
+
+    ck = load_plain(path)
+    change(ck)
+    path.write_bytes(torch_bytes(ck))
 
 
 def _short(v: Any, limit: int = 300) -> str:

@@ -343,6 +343,93 @@ def test_a_non_finite_gradient_skips_the_step():
     assert not all(torch.equal(a, b) for a, b in zip(before, tr.policy.parameters()))
 
 
+def _poison_step(monkeypatch, after: int) -> None:
+    """Adam's step makes the first weight NaN from its ``after``-th call on (a diverging update, as a damaged
+    optimizer state that is finite yet huge makes one)."""
+    calls = [0]
+    step = torch.optim.Adam.step
+
+    def poisoned(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] > after:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].view(-1)[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(torch.optim.Adam, "step", poisoned)
+
+
+def test_a_diverging_update_stops_the_run_and_keeps_its_last_checkpoint(tmp_path, monkeypatch):
+    """A run once saved NaN weights (from a poisoned optimizer state) that its own assign then refused: now the
+    update that makes one stops the run, and the run directory keeps its last checkpoint, which loads."""
+    from doppler.train import TrainingDiverged
+
+    g = workloads.build("random", size="tiny", num_ops=8)
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, il_batch=4, episodes=32, batch=4, checkpoint_every=8,
+                      search_every=0, sim_seed_methods=(), distill_updates=0, hidden=8, mlp_hidden=8, mp_steps=1)  # fmt: skip
+    saved = []
+    monkeypatch.setattr(Trainer, "save", lambda self, d, save=Trainer.save: (save(self, d), saved.append(self.episode)))
+    _poison_step(monkeypatch, after=4)  # 2 Stage I updates, then Stage II: the 3rd Stage II update diverges
+    tr = Trainer.create([g], cluster("unit:2"), cfg)
+    with pytest.raises(TrainingDiverged, match=r"training diverged in the update after 8 Stage I and 8 Stage II "
+                                               r"episodes: weight '[\w.]+' holds values that are not finite"):
+        tr.run(tmp_path)
+    assert saved == [0, 8]  # at the end of Stage I and after 8 Stage II episodes: the last good update's, as it was
+    policy, meta = load_policy(tmp_path)
+    assert meta["episode"] == 8 and all(bool(torch.isfinite(w).all()) for w in policy.state_dict().values())
+
+
+def test_no_checkpoint_is_written_with_weights_that_are_not_finite(tmp_path):
+    from doppler.policy.checkpoint import write_checkpoint
+
+    g = workloads.build("random", size="tiny", num_ops=8)
+    tr = Trainer.create([g], cluster("unit:2"), TrainConfig(hidden=8, mlp_hidden=8, mp_steps=1))
+    tr.save(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    state = tr.state()
+    state["state_dict"] = {k: v.clone() for k, v in state["state_dict"].items()}  # (not the policy's own)
+    state["state_dict"]["sel.mlp.2.bias"][0] = float("inf")
+    with pytest.raises(ValueError, match="not saved: weight 'sel.mlp.2.bias' holds values that are not finite"):
+        write_checkpoint(tmp_path, state, {})
+    state = tr.state()
+    state["distill_best"] = {"score": 1.0, "state_dict": {"w": torch.tensor([float("nan")])}}
+    with pytest.raises(ValueError, match="not saved: distill_best weight 'w'"):
+        write_checkpoint(tmp_path, state, {})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_a_run_longer_than_max_episodes_is_refused_before_it_writes(tmp_path):
+    from doppler.train.config import MAX_EPISODES
+
+    g = workloads.build("random", size="tiny", num_ops=8)
+    tr = Trainer.create([g], cluster("unit:2"), TrainConfig(episodes=MAX_EPISODES + 1, hidden=8, mlp_hidden=8, mp_steps=1))
+    with pytest.raises(TrainError, match=f"--episodes must be at most {MAX_EPISODES:,}"):
+        tr.run(tmp_path / "RUN")
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_resume_validates_the_counters_and_the_config_json_before_anything_is_written(tmp_path):
+    g = workloads.build("random", size="tiny", num_ops=8)
+    cfg = TrainConfig(stages=("il", "sim"), il_episodes=8, il_batch=4, episodes=8, batch=4, search_every=0,
+                      sim_seed_methods=(), distill_updates=0, hidden=8, mlp_hidden=8, mp_steps=1)  # fmt: skip
+    Trainer.create([g], cluster("unit:2"), cfg).run(tmp_path)
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(TrainError, match="--episodes 4: the run in .* has already done 8 Stage II episodes"):
+        Trainer.resume(tmp_path, [g], cluster("unit:2"), episodes=4)
+    with pytest.raises(TrainError, match=r"--episodes must be at most 1,000,000 \(a doppler train run"):
+        Trainer.resume(tmp_path, [g], cluster("unit:2"), episodes=10**7)
+    config = json.loads(files["config.json"])
+    (tmp_path / "config.json").write_text(json.dumps({**config, "episodes": 10**15}))
+    with pytest.raises(TrainError, match="config.json: the run's configuration does not hold"):
+        Trainer.resume(tmp_path, [g], cluster("unit:2"))
+    (tmp_path / "config.json").write_bytes(files["config.json"])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == files
+    resumed = Trainer.resume(tmp_path, [g], cluster("unit:2"), episodes=12)  # (and the undamaged run resumes)
+    resumed.run(tmp_path)
+    assert resumed.episode == 12
+
+
 class TransferCountingOracle:
     """A stand-in "real system" where every transfer costs 1 s and compute is free."""
 

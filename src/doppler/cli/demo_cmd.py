@@ -35,10 +35,16 @@ def demo_cmd(
         from doppler.presets import cluster
         from doppler.progress import ProgressEvent
 
-        if not budget_s > 0:
-            raise UserError(f"--budget-s must be > 0, got {budget_s}")
-        if train_episodes < 0 or il_episodes < 1:
-            raise UserError(f"--train-episodes must be >= 0 and --il-episodes >= 1, got {train_episodes}, {il_episodes}")
+        from doppler.methods import MethodError, check_budget
+        from doppler.train.config import MAX_EPISODES
+
+        try:
+            check_budget(budget_s)
+        except MethodError as e:
+            raise UserError(f"--budget-s: {e}") from None
+        if not (0 <= train_episodes <= MAX_EPISODES and 1 <= il_episodes <= MAX_EPISODES):
+            raise UserError(f"--train-episodes must be from 0 and --il-episodes from 1 to {MAX_EPISODES:,}, got "
+                            f"{train_episodes}, {il_episodes}")  # fmt: skip
         methods = DEMO_METHODS + (ZERO_SHOT,) + (("doppler",) if train_episodes else ())
         cl = cluster(cluster_name)
         # made, locked and checked for links before minutes of work, not at the first picture

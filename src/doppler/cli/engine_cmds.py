@@ -297,7 +297,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
     with handle_errors():
-        from doppler.engine import check_options
+        from doppler.engine import MAX_REPEATS, check_options
         from doppler.engine.calibrate import calibrate
 
         check_options(engine, devices, 1, opts.timeout_s, seed, opts.device_type)
@@ -307,8 +307,8 @@ def calibrate_cmd(
             raise UserError(f"--sizes must be comma-separated integers, got {sizes!r}") from None
         if not size_list:
             raise UserError("--sizes is empty")
-        if runs < 1:
-            raise UserError(f"--runs must be >= 1, got {runs}")
+        if not 1 <= runs <= MAX_REPEATS:
+            raise UserError(f"--runs must be from 1 to {MAX_REPEATS:,}, got {runs}")
         if memory_bytes is not None and not (math.isfinite(memory_bytes) and memory_bytes > 0):
             raise UserError(f"--memory-bytes must be a number of bytes > 0, got {memory_bytes!r}")
         hold_outputs(ctx, files={"--output": output}, inputs={})  # writable? before the measurements
@@ -375,7 +375,7 @@ def validate_cmd(
     with handle_errors():
 
         from doppler.engine import check_options, check_time_scale
-        from doppler.engine.validate import scatter_plot, validate
+        from doppler.engine.validate import MAX_ASSIGNMENTS, scatter_plot, validate
         from doppler.formats import load_graph
         from doppler.presets import cluster
         from doppler.io_util import write_json
@@ -384,8 +384,8 @@ def validate_cmd(
         cl = cluster(cluster_name)
         check_options(engine, cl.num_devices, repeats, opts.timeout_s, seed, opts.device_type)
         check_time_scale(time_scale)
-        if n < 2:
-            raise UserError(f"--n must be >= 2, got {n}")
+        if not 2 <= n <= MAX_ASSIGNMENTS:
+            raise UserError(f"--n must be from 2 to {MAX_ASSIGNMENTS:,}, got {n}")
         if dispatch not in ("fifo", "priority"):
             raise UserError(f"--dispatch must be fifo or priority, got {dispatch!r}")
         if plot is not None:

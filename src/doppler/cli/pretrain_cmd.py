@@ -33,13 +33,14 @@ def pretrain_cmd(
         # one writer (worker 0, this process), no member a link: before torch is imported
         hold_outputs(ctx, dirs={"": output}, members=RUN_DIR_MEMBERS)
         from doppler.methods.threads import usable_cores
-        from doppler.pretrain import pretrain_config
+        from doppler.pretrain import MAX_BUDGET_H, pretrain_config
         from doppler.pretrain_parallel import Recipe, run_workers
         from doppler.policy.checkpoint import CheckpointError
+        from doppler.cli.train_cmd import diverged_run
         from doppler.train import TrainError
 
-        if budget_h is not None and (not budget_h > 0 or budget_h > 1000):
-            raise UserError(f"--budget-h must be in (0, 1000] hours, got {budget_h:g}")
+        if budget_h is not None and (not budget_h > 0 or budget_h > MAX_BUDGET_H):
+            raise UserError(f"--budget-h must be in (0, {MAX_BUDGET_H:g}] hours, got {budget_h:g}")
         budget_s = None if budget_h is None else budget_h * 3600  # None: a resumed run's own, else 1 h
         cores = usable_cores()
 
@@ -102,7 +103,8 @@ def pretrain_cmd(
                 with as_user_error(TrainError):
                     in_sync = run_workers(pt, recipe, workers, output, on_progress)
             else:
-                pt.run(output, on_progress)
+                with diverged_run(output, output if resume else init):
+                    pt.run(output, on_progress)
         summary = {"run_dir": str(output), "checkpoint": str(ckpt), "updates": pt.updates,
                    "il_episodes": pt.trainer.il_episode, "episodes": pt.trainer.episode,
                    "train_s": pt.elapsed_s, "elapsed_s": time.perf_counter() - t0, "workers": workers,

@@ -1,8 +1,9 @@
 """``doppler train``: Stage I (imitation) and Stage II (simulator RL) of DOPPLER."""
 
+import contextlib
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -86,6 +87,22 @@ def trainer_from_init(graphs: list, cl, cfg, init: str, op_features: str | None 
     return trainer
 
 
+@contextlib.contextmanager
+def diverged_run(output: Path, started_from: Any = None) -> Iterator[None]:
+    """A training run inside that diverges (:class:`~doppler.train.TrainingDiverged`) ends in one line saying that
+    ``output`` keeps its last checkpoint: exit 2 if it ``started_from`` a saved state (``--resume``, ``--init``),
+    whose damage is the likelier cause; else exit 1 (``internal error``)."""
+    from doppler.train import TrainingDiverged
+
+    try:
+        yield
+    except TrainingDiverged as e:
+        if started_from is not None:
+            raise UserError(f"{e}; {output} keeps its last checkpoint (the run started from {started_from}, whose "
+                            "state may be damaged)") from None  # fmt: skip
+        raise TrainingDiverged(f"{e}; {output} keeps its last checkpoint") from None
+
+
 def _typed_options(ctx: typer.Context) -> dict[str, Any]:
     """The command's parameters the user gave (on the command line or from the environment), by name."""
     return {p.name: p for p in ctx.command.params
@@ -94,8 +111,8 @@ def _typed_options(ctx: typer.Context) -> dict[str, Any]:
 
 def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) -> None:
     """``--resume`` continues a run as it was configured: an option typed on the command line (``typed``) that
-    differs from the run's own is refused (it would be ignored), and so is ``--episodes`` below the Stage II
-    episodes the run has already done."""
+    differs from the run's own is refused (it would be ignored). (``--episodes`` below the Stage II episodes the
+    run has already done is refused by :meth:`~doppler.train.Trainer.resume`.)"""
     from doppler.train.config import RUN_OPTIONS
 
     for name, field in RUN_OPTIONS.items():
@@ -111,9 +128,6 @@ def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) ->
                             f"{theirs} (leave it out, or start a new run with another -o)")  # fmt: skip
     if "set_" in typed:
         raise UserError(f"--resume continues {run_dir} as it was configured: leave out --set")
-    if "episodes" in typed and cfg.episodes < trainer.episode:
-        raise UserError(f"--episodes {cfg.episodes}: the run in {run_dir} has already done {trainer.episode} Stage II "
-                        "episodes (--resume can only extend it)")  # fmt: skip
 
 
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
@@ -218,6 +232,7 @@ def train_cmd(
                               memory_fraction=None if ignore_memory else memory_fraction,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
             cfg = set_fields(cfg, set_)
+            cfg.check_lengths()  # (first: validate's own bound of these counts is pretraining's, far above)
             cfg.validate()
             shaped = [item for item in set_ if item.partition("=")[0].strip() in ("hidden", "mp_steps", "mlp_hidden")]
             if init is not None and shaped:
@@ -238,7 +253,8 @@ def train_cmd(
                           f"--init: the checkpoint's device identity ({trainer.identity_left_out} devices) is left out",
                           highlight=False)  # fmt: skip
         t0 = time.perf_counter()
-        _run_with_progress(trainer, output, quiet=json_out)
+        with diverged_run(output, output if resume else init):
+            _run_with_progress(trainer, output, quiet=json_out)
         elapsed = time.perf_counter() - t0
         summary = _summary(trainer, output, elapsed)
         if json_out:

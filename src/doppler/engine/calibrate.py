@@ -46,6 +46,8 @@ __all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster"]
 
 #: default matrix sizes of the calibration graph (each op kind at each size, tiled 2x2)
 DEFAULT_SIZES = (128, 256, 512, 1024)
+#: the largest matrix size (``--sizes``): ten 4096 x 4096 float32 matrices hold 640 MB
+MAX_SIZE = 4096
 
 
 def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
@@ -55,8 +57,8 @@ def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float3
     b = TileBuilder("calibration", dtype)
     for n in sizes:
         n = int(n)
-        if n < 4 or n % 4:
-            raise EngineError(f"calibration size {n} must be a multiple of 4 and >= 4")
+        if n < 4 or n % 4 or n > MAX_SIZE:
+            raise EngineError(f"calibration size {n} must be a multiple of 4 from 4 to {MAX_SIZE}")
         A = b.input(f"A{n}", (n, n), (2, 2))
         B = b.input(f"B{n}", (n, n), (2, 2))
         w = b.input(f"w{n}", (n,), (2,), {"init": "norm_weight"})
@@ -234,12 +236,12 @@ def calibrate(
 ) -> CalibrationResult:
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster whose
     devices have ``memory_bytes`` each (None: unlimited)."""
-    from doppler.engine import check_options, run
+    from doppler.engine import MAX_REPEATS, check_options, run
     from doppler.engine.local import DEVICE_SETS
 
     check_options(engine, num_devices, 1, timeout_s, seed, device_type)
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise EngineError(f"runs must be an integer >= 1, got {runs!r}")
+    if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_REPEATS:
+        raise EngineError(f"runs must be an integer from 1 to {MAX_REPEATS}, got {runs!r}")
     graph = calibration_graph(sizes)
     program = build_program(graph, seed=seed)
     rng = np.random.default_rng(seed)

@@ -60,6 +60,10 @@ class ValidationResult:
         return {**{name: getattr(self, name) for name in figures}, **self.info, "assignments": self.rows}
 
 
+#: the most assignments one validation runs (``--n``; default 30), each executed ``repeats`` times
+MAX_ASSIGNMENTS = 10_000
+
+
 def _is_method(label: str) -> bool:
     """True for the assignment of a placement method (not a partial offload or a perturbation)."""
     return "~" not in label and not label.startswith("partial")
@@ -70,8 +74,8 @@ def validation_assignments(graph: DataflowGraph, cluster: Cluster, n: int, *, se
     (10-80% of the ops in contiguous blocks moved to other devices), then perturbations."""
     from doppler.methods import assign, get_method
 
-    if n < 2:
-        raise EngineError(f"validation needs at least 2 assignments, got n={n}")
+    if not 2 <= n <= MAX_ASSIGNMENTS:
+        raise EngineError(f"validation needs from 2 to {MAX_ASSIGNMENTS:,} assignments, got n={n}")
     out: list[tuple[str, np.ndarray]] = []
     seen: dict[bytes, int] = {}
 

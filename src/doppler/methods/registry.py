@@ -111,7 +111,12 @@ def get_method(name: str) -> MethodSpec:
     return spec
 
 
+#: the longest search budget (``--budget-s``), in seconds: a week (a search of 1e30 s would never end)
+MAX_BUDGET_S = 7 * 24 * 3600.0
+
+
 def check_budget(budget_s: float | None) -> None:
+    """MethodError unless ``budget_s`` is None or a number of seconds in (0, :data:`MAX_BUDGET_S`]."""
     if budget_s is None:
         return
     try:
@@ -120,6 +125,8 @@ def check_budget(budget_s: float | None) -> None:
         raise MethodError(f"the time budget must be a number of seconds, got {budget_s!r}") from None
     if not math.isfinite(b) or b <= 0:
         raise MethodError(f"the time budget must be a positive number of seconds, got {budget_s!r}")
+    if b > MAX_BUDGET_S:
+        raise MethodError(f"the time budget must be at most {MAX_BUDGET_S:g} s (a week), got {budget_s!r}")
 
 
 def check_seed(seed: Any) -> int:

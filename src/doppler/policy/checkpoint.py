@@ -38,10 +38,32 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, of another format, or that does not fit (exit code 2)."""
 
 
-def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str, Any]) -> None:
-    """``run_dir/checkpoint.pt`` (``state``) and ``run_dir/config.json``, each written atomically."""
+def weight_fault(weights: Any) -> str | None:
+    """What is wrong with the first tensor of ``weights`` (a state dict) that is not one of floating-point numbers
+    finite as float32, the type of every policy's weights: "weight NAME is a DTYPE tensor, ..." (torch would cast
+    an integer one, and a complex one to its real part, as it loads it) or "weight NAME holds values that are not
+    finite numbers (NaN or inf)" (a float64 1e300 is inf as float32); None if none. Entries that are not tensors
+    are the layout check's to name."""
     import torch
 
+    for name, w in weights.items() if isinstance(weights, dict) else ():
+        if torch.is_tensor(w) and not w.is_floating_point():
+            return f"weight {str(name)!r} is a {w.dtype} tensor, not one of floating-point numbers"
+        if torch.is_tensor(w) and not bool(torch.isfinite(w.float()).all()):
+            return f"weight {str(name)!r} holds values that are not finite numbers (NaN or inf)"
+    return None
+
+
+def write_checkpoint(run_dir: Path, state: dict[str, Any], config_json: dict[str, Any]) -> None:
+    """``run_dir/checkpoint.pt`` (``state``) and ``run_dir/config.json``, each written atomically. Weights that are
+    not finite are never written (:func:`read_archive` would refuse them): a ValueError naming one, and the
+    files already there stay as they are."""
+    import torch
+
+    for where, weights in (("", state.get("state_dict")), ("distill_best ", (state.get("distill_best") or {}).get("state_dict"))):
+        fault = weight_fault(weights)
+        if fault is not None:
+            raise ValueError(f"{run_dir}: not saved: {where}{fault}")
     buf = io.BytesIO()
     torch.save(state, buf)
     atomic_write_bytes(run_dir / "checkpoint.pt", buf.getvalue())
@@ -75,19 +97,13 @@ def read_archive(path: str | Path) -> dict[str, Any]:
     if head != b"PK\x03\x04":  # torch.save's zip archive; anything else would go to torch's legacy unpickler
         why = "the file ends early: empty or cut short" if not head else "not a zip archive, the format torch.save writes"
         raise CheckpointError(f"{p}: not a readable doppler checkpoint ({why})")
-    import torch
-
     try:
         ck = load_plain(p)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a bad file
         raise CheckpointError(f"{p}: not a readable doppler checkpoint ({load_failure(e)})") from None
-    weights = ck.get("state_dict") if isinstance(ck, dict) else None
-    if isinstance(weights, dict):  # NaN or inf weights make NaN scores: refused here, not met in a decode
-        bad = next((k for k, w in weights.items()
-                    if torch.is_tensor(w) and w.is_floating_point() and not bool(torch.isfinite(w).all())), None)  # fmt: skip
-        if bad is not None:
-            raise CheckpointError(f"{p}: weight {bad!r} holds values that are not finite numbers (NaN or inf): a "
-                                  "diverged or damaged checkpoint")  # fmt: skip
+    fault = weight_fault(ck.get("state_dict") if isinstance(ck, dict) else None)
+    if fault is not None:  # NaN or inf weights make NaN scores: refused here, not met in a decode
+        raise CheckpointError(f"{p}: {fault}: a diverged or damaged checkpoint")
     if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{p}: not a doppler checkpoint (format {ck.get('format') if isinstance(ck, dict) else '?'!r})")
     _check_layout(ck, p)

@@ -2,9 +2,9 @@
 (:mod:`.tasks`), the losses (:mod:`.losses`), the trainer and its stages (:mod:`.trainer`), and a
 checkpoint's training state checked as it loads (:mod:`.state`)."""
 
-from doppler.train.config import INIT_SEARCH_EVALS, STAGES, TrainConfig, TrainError
+from doppler.train.config import INIT_SEARCH_EVALS, STAGES, TrainConfig, TrainError, TrainingDiverged
 from doppler.train.tasks import CostOracle, SimulatorOracle, Task, make_task
 from doppler.train.trainer import Trainer, train_and_assign
 
 __all__ = ["INIT_SEARCH_EVALS", "STAGES", "CostOracle", "SimulatorOracle", "Task", "TrainConfig", "TrainError",
-           "Trainer", "make_task", "train_and_assign"]
+           "Trainer", "TrainingDiverged", "make_task", "train_and_assign"]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from doppler.io_util import check_seed
+from doppler.io_util import check_seed, read_json
 from doppler.listsched import LIST_SCHEDULES
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
@@ -38,6 +38,21 @@ MAX_BATCH = 1024
 MAX_PAIRS_PER_UPDATE = 64
 #: the most torch threads (``--threads``): far more than any machine's cores (100,000 crashed torch)
 MAX_TORCH_THREADS = 256
+#: the most episodes of Stage I or of Stage II of a ``doppler train`` run (``--il-episodes``, ``--episodes``; a
+#: resumed run's own): the paper trains 4,000 to 8,000. 10**6 takes hours on a graph of 8 ops (18 episodes/s
+#: with the defaults) and days on real ones, so a mistyped count is refused instead of running for weeks
+MAX_EPISODES = 1_000_000
+#: the most Stage III episodes (``--real-episodes``; default 64), each a measured run on the engine
+MAX_REAL_EPISODES = 100_000
+#: the most distillation updates (``--set distill_updates``; default 1,000)
+MAX_DISTILL_UPDATES = 100_000
+#: the most simulator evaluations of one local search (``--search-evals``; default 20,000, 100,000 with ``--init``)
+MAX_SEARCH_EVALS = 10_000_000
+#: the largest count a run's configuration or training state may hold: the interval fields (``checkpoint_every``,
+#: ``search_every``), the episode and update counters of a checkpoint, the optimizer's step counts. Pretraining,
+#: which runs until its time budget ends, sets its episode counts to this: they stand for "the whole budget"
+#: (:data:`MAX_EPISODES` bounds only ``doppler train``, whose stages those counts end)
+MAX_RUN_COUNT = 10**9
 #: the fields ``doppler train`` sets with options of their own (option name -> field); ``--set`` sets the rest
 RUN_OPTIONS = {"stages": "stages", "episodes": "episodes", "il_episodes": "il_episodes", "batch": "batch",
                "method": "method", "teacher": "teacher", "list_schedule": "list_schedule", "baseline": "baseline",
@@ -50,6 +65,11 @@ RUN_OPTIONS = {"stages": "stages", "episodes": "episodes", "il_episodes": "il_ep
 
 class TrainError(ValueError):
     """Bad training request or checkpoint (reported with exit code 2 by the CLI)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """An update made a weight that is not a finite number (NaN or inf): the run stops there, and its run
+    directory keeps the last checkpoint it wrote (every checkpoint holds finite weights only)."""
 
 
 #: fields that ``doppler pretrain`` sets with options of their own
@@ -178,9 +198,9 @@ class TrainConfig:
         """Raise :class:`TrainError` naming the first field (by its option) that does not hold."""
         self._check_types()
         for name, lo, hi in (("hidden", 1, MAX_WIDTH), ("mlp_hidden", 1, MAX_WIDTH), ("mp_steps", 0, MAX_MP_STEPS),
-                             ("distill_updates", 0, math.inf)):  # fmt: skip
+                             ("distill_updates", 0, MAX_DISTILL_UPDATES)):  # fmt: skip
             self._require((name,), lambda v: not int(v) < lo, f">= {lo}")
-            self._require((name,), lambda v: not int(v) > hi, f"at most {hi}")
+            self._require((name,), lambda v: not int(v) > hi, f"at most {hi:,}")
         self._require(("eps_start", "eps_end", "real_eps"), lambda v: 0 <= float(v) <= 1, "in [0, 1]")
         self._require(("entropy_coef", "noise_sigma"), lambda v: not float(v) < 0, ">= 0")
         unknown = [s for s in self.stages if s not in STAGES]
@@ -213,6 +233,10 @@ class TrainConfig:
         self._require(("self_improve_coef", "distill_on_policy"), lambda v: v is None or 0 <= float(v) <= 100,
                       "a weight in [0, 100]")  # fmt: skip
         self._require(("search_every", "search_evals"), lambda v: not int(v) < 0, ">= 0")
+        for name, cap in (("episodes", MAX_RUN_COUNT), ("il_episodes", MAX_RUN_COUNT), ("real_episodes", MAX_REAL_EPISODES),
+                          ("search_evals", MAX_SEARCH_EVALS),
+                          ("search_every", MAX_RUN_COUNT), ("checkpoint_every", MAX_RUN_COUNT)):  # fmt: skip
+            self._require((name,), lambda v: not int(v) > cap, f"at most {cap:,}")
         from doppler.methods import MethodError, get_method
 
         for m in (*self.sim_seed_methods, *self.real_seed_methods):
@@ -224,6 +248,13 @@ class TrainConfig:
         self._check_engine()
         if self.baseline != "running" and self.batch < 2:
             raise TrainError(f"baseline {self.baseline!r} needs --batch >= 2")
+
+    def check_lengths(self) -> None:
+        """TrainError unless a ``doppler train`` run of this configuration ends in a bounded time: its Stage I and
+        Stage II episodes at most :data:`MAX_EPISODES` (:meth:`validate` bounds the other counts). Pretraining,
+        which stops when its time budget ends, does not check this: its counts stand for the whole budget."""
+        self._require(("il_episodes", "episodes"), lambda v: not int(v) > MAX_EPISODES,
+                      f"at most {MAX_EPISODES:,} (a doppler train run; the paper trains 4,000 to 8,000)")  # fmt: skip
 
     def _check_engine(self) -> None:
         from doppler.engine import DEVICE_TYPES, ENGINES
@@ -306,6 +337,27 @@ def config_from_json(obj: dict[str, Any]) -> TrainConfig:
         kw[key] = tuple(value) if isinstance(value, list) else value
     kw.setdefault("device_identity", False)  # a run saved before the option existed had none
     return TrainConfig(**kw)
+
+
+def check_config_file(run_dir: str | Path, cfg: TrainConfig) -> None:
+    """TrainError unless the run directory's ``config.json``, where there is one, holds ``cfg``, the configuration
+    of its checkpoint: a run continues as its checkpoint says, so a config.json that says otherwise (edited or
+    damaged) is refused naming it and the first field that differs, not overwritten with the checkpoint's. A
+    missing one is written again by the next checkpoint."""
+    path = Path(run_dir) / "config.json"
+    if not path.exists() and not path.is_symlink():
+        return
+    doc = read_json(path, "run configuration", TrainError)
+    try:
+        own = config_from_json(doc)
+        own.validate()
+    except TrainError as e:
+        raise TrainError(f"{path}: the run's configuration does not hold ({e})") from None
+    differs = next((f.name for f in dataclasses.fields(TrainConfig) if getattr(own, f.name) != getattr(cfg, f.name)), None)
+    if differs is not None:
+        raise TrainError(f"{path}: {differs} is {getattr(own, differs)!r}, but the run's checkpoint says "
+                         f"{getattr(cfg, differs)!r} (a run continues as its checkpoint says: restore config.json, or "
+                         "start a new run with another -o)")  # fmt: skip
 
 
 def saved_config(ck: dict[str, Any], path: str | Path) -> TrainConfig:

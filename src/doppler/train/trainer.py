@@ -40,12 +40,14 @@ from doppler.hardware import Cluster
 from doppler.io_util import make_run_dir, refuse_links
 from doppler.malloc import tune_malloc
 from doppler.policy.architectures import build_policy
-from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, write_checkpoint
+from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, weight_fault, write_checkpoint
 from doppler.policy.rollout import rollout
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.train.config import RULE_TEACHER, TrainConfig, TrainError, config_to_json, saved_config
+from doppler.train.config import (RULE_TEACHER, TrainConfig, TrainError, TrainingDiverged, check_config_file,
+                                  config_to_json, saved_config)  # fmt: skip
 from doppler.train.losses import advantages, best_nll, imitation_loss, on_policy_nll, policy_gradient_loss
-from doppler.train.state import finite, history_from_json, load_optimizer_state, loading_state, replayable_best
+from doppler.train.state import (check_counters, check_numpy_rng, check_torch_rng, check_weights, count, finite,
+                                 history_from_json, load_optimizer_state, loading_state, replayable_best)  # fmt: skip
 from doppler.train.tasks import CostOracle, Task, greedy_rollout, make_task
 
 
@@ -90,7 +92,8 @@ class Trainer:
     distill_step: int = 0  # distillation updates done (set to distill_updates once greedy matches the best)
     distill_best: tuple[float, dict] | None = None  # during distillation: the best greedy score and its weights
     history: list[dict[str, float]] = field(default_factory=list)
-    writer: Any = None
+    writer: Any = None  # TensorBoard's SummaryWriter, made at the first number logged (open_writer)
+    tensorboard_dir: Path | None = None  # where it logs (open_writer)
     phase_s: dict[str, float] = field(default_factory=dict)  # wall time per phase of Stage II updates
     real_oracles: dict[int, CostOracle] = field(default_factory=dict)  # Stage III oracles per task (engine-backed)
     identity_left_out: int | None = None  # `--init`: the device count of the checkpoint's learned device identity,
@@ -327,6 +330,10 @@ class Trainer:
             self.optimizer.zero_grad()
             return False
         self.optimizer.step()
+        fault = weight_fault(self.policy.state_dict())
+        if fault is not None:
+            raise TrainingDiverged(f"training diverged in the update after {self.il_episode} Stage I and {self.episode} "
+                                   f"Stage II episodes: {fault}")  # fmt: skip
         return True
 
     def _set_lr(self, lr: float) -> None:
@@ -363,6 +370,7 @@ class Trainer:
     def run(self, run_dir: str | Path | None = None, on_progress: ProgressFn | None = None) -> None:
         """Run the configured stages from where the counters stand (a resumed run continues)."""
         cfg = self.cfg
+        cfg.check_lengths()
         run_dir = Path(run_dir) if run_dir is not None else None
         if run_dir is not None:
             self.open_writer(run_dir)
@@ -406,15 +414,14 @@ class Trainer:
                 next_ckpt = (ep // self.cfg.checkpoint_every + 1) * self.cfg.checkpoint_every
 
     def open_writer(self, run_dir: Path) -> None:
-        """Log to TensorBoard in ``run_dir/tensorboard`` (once). First the run directory is made, and refused
-        (exit 2) if it or a name the run writes in it (:data:`RUN_DIR_MEMBERS`) is a symbolic link, or a file
-        is in the way. The event file's name ends in a random part: no link can be planted at it beforehand."""
-        if self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
+        """Log to TensorBoard in ``run_dir/tensorboard``. First (once) the run directory is made, and refused (exit 2)
+        if it or a name the run writes in it (:data:`RUN_DIR_MEMBERS`) is a symbolic link, or a file is in the way;
+        the event file is made at the first number logged (:meth:`add_scalars`), so that a run that stops in its
+        first update (it diverged: a damaged state) leaves the run directory as it was. The event file's name ends
+        in a random part: no link can be planted at it beforehand."""
+        if self.tensorboard_dir is None:
             refuse_links(make_run_dir(run_dir), RUN_DIR_MEMBERS)
-            self.writer = SummaryWriter(str(make_run_dir(run_dir / "tensorboard")),
-                                        filename_suffix=f".{secrets.token_hex(8)}")  # fmt: skip
+            self.tensorboard_dir = make_run_dir(run_dir / "tensorboard")
 
     def _log(self, stage: str, stats: dict[str, Any]) -> None:
         row = {"stage_il": float(stage == "il"), "stage_distill": float(stage == "distill"),
@@ -426,6 +433,10 @@ class Trainer:
     def add_scalars(self, prefix: str, stats: dict[str, Any], step: int, skip: tuple[str, ...]) -> None:
         """The numbers of ``stats`` but ``skip`` to TensorBoard (if open), as ``losses/{prefix}_{name}`` (losses,
         entropies) and ``charts/{prefix}_{name}``."""
+        if self.writer is None and self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.tensorboard_dir), filename_suffix=f".{secrets.token_hex(8)}")
         for k, v in stats.items():
             if self.writer is not None and isinstance(v, (int, float)) and k not in skip:
                 group = "losses" if k.startswith(("loss", "entropy")) else "charts"
@@ -494,23 +505,34 @@ class Trainer:
             raise TrainError(f"{run_dir}: a pretraining run (made by `doppler pretrain`, not `doppler train`): continue "
                              "it with `doppler pretrain -o DIR --resume`, or fine-tune it with `train --init DIR`")  # fmt: skip
         saved = saved_config(ck, ckpt)
-        if episodes is not None:
-            saved.episodes = episodes
+        try:
+            saved.check_lengths()
+        except TrainError as e:
+            raise TrainError(f"{ckpt}: a damaged checkpoint: its configuration does not hold ({e})") from None
+        check_config_file(run_dir, saved)
         trained_on = json.loads(ck["cluster"])
         if trained_on != cluster.to_json():
             raise TrainError(f"{ckpt}: trained on cluster {trained_on.get('name')!r}, not {cluster.name!r}")
-        trainer = cls.create(graphs, cluster, saved)
+        with loading_state(ckpt):
+            check_counters(ck, saved, len(ck["graphs"]))
+        if episodes is not None and episodes < ck["episode"]:
+            raise TrainError(f"--episodes {episodes}: the run in {run_dir} has already done {ck['episode']} Stage II "
+                             "episodes (--resume can only extend it)")  # fmt: skip
+        run_cfg = saved if episodes is None else dataclasses.replace(saved, episodes=episodes)
+        run_cfg.check_lengths()
+        trainer = cls.create(graphs, cluster, run_cfg)
         with loading_state(ckpt):
             trainer.load_state(ck)
-        if trainer.episode < saved.episodes:  # Stage II is extended: distil its new best again afterwards
+        if trainer.episode < run_cfg.episodes:  # Stage II is extended: distil its new best again afterwards
             trainer.distill_step, trainer.distill_best = 0, None
         return trainer
 
     def load_weights(self, ck: dict[str, Any]) -> None:
-        """A checkpoint's policy weights, optimizer state and Stage I/II episode counters."""
-        self.policy.load_state_dict(ck["state_dict"])
+        """A checkpoint's policy weights, optimizer state and Stage I/II episode counters, each checked
+        (:func:`~doppler.train.state.check_weights`, :func:`~doppler.train.state.load_optimizer_state`)."""
+        self.policy.load_state_dict(check_weights(ck["state_dict"], self.policy, "state_dict"))
         load_optimizer_state(self.optimizer, ck["optimizer"])
-        self.il_episode, self.episode = int(ck["il_episode"]), int(ck["episode"])
+        self.il_episode, self.episode = count(ck["il_episode"], "il_episode"), count(ck["episode"], "episode")
 
     def load_state(self, ck: dict[str, Any]) -> None:
         """Continue from a checkpoint of the same graphs (see :meth:`state`)."""
@@ -519,19 +541,21 @@ class Trainer:
         ):
             raise TrainError("the checkpoint was trained on other graphs (fingerprints differ)")
         self.load_weights(ck)
-        torch.set_rng_state(ck["torch_rng"])
-        self.rng.bit_generator.state = json.loads(ck["numpy_rng"])
-        self.distill_step = int(ck["distill_step"])
+        torch.set_rng_state(check_torch_rng(ck["torch_rng"]))
+        self.rng.bit_generator.state = check_numpy_rng(json.loads(ck["numpy_rng"]), "numpy_rng")
+        self.distill_step = count(ck["distill_step"], "distill_step")
         best = ck.get("distill_best")  # saved during distillation
-        self.distill_best = None if best is None else (float(best["score"]), best["state_dict"])
-        self.real_episode = int(ck.get("real_episode", 0))
+        self.distill_best = None if best is None else (
+            finite(best["score"], "distill_best score", positive=True),
+            check_weights(best["state_dict"], self.policy, "distill_best"))  # fmt: skip
+        self.real_episode = count(ck.get("real_episode", 0), "real_episode")
         self.history = history_from_json(ck["history"], stages=True)
-        for t, g in zip(self.tasks, ck["graphs"]):
-            t.baseline = None if g["baseline"] is None else finite(g["baseline"], "baseline")
+        for i, (t, g) in enumerate(zip(self.tasks, ck["graphs"])):
+            t.baseline = None if g["baseline"] is None else finite(g["baseline"], f"graphs[{i}] baseline", positive=True)
             if hasattr(t.oracle, "calls"):
-                t.oracle.calls = int(g["oracle_calls"])
+                t.oracle.calls = count(g["oracle_calls"], f"graphs[{i}] oracle_calls")
             if g["best"] is not None:
-                t.best_makespan_s = finite(g["best_makespan_s"], "best_makespan_s")
+                t.best_makespan_s = finite(g["best_makespan_s"], f"graphs[{i}] best_makespan_s", positive=True)
                 t.best_order, t.best_step_device, t.best_assignment = replayable_best(g["best"], t)
 
 
