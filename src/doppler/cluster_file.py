@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from doppler.hardware import Cluster, ClusterError, Device
+from doppler.hardware import MAX_DEVICES, Cluster, ClusterError, Device
 from doppler.io_util import read_json
 
 __all__ = ["cluster_from_json", "load_cluster"]
@@ -69,6 +69,8 @@ def _devices(obj: dict[str, Any], where: str) -> list[Device]:
     raw_devices = obj["devices"]
     if not isinstance(raw_devices, list) or not raw_devices:
         raise ClusterError(f"{where}'devices' must be a non-empty list")
+    if len(raw_devices) > MAX_DEVICES:  # (before any device is built, or a matrix of every pair allocated)
+        raise ClusterError(f"{where}'devices' lists {len(raw_devices):,} devices; at most {MAX_DEVICES:,} are supported")
     devices = [_device_from_json(rd, f"{where}devices[{i}]") for i, rd in enumerate(raw_devices)]
     names = [d.name for d in devices]
     if len(set(names)) != len(names):
@@ -80,14 +82,17 @@ def _devices(obj: dict[str, Any], where: str) -> list[Device]:
 def _link_matrices(obj: dict[str, Any], names: list[str], where: str) -> tuple[np.ndarray, np.ndarray]:
     """Bandwidth and latency of every ordered device pair: ``default_link``, then each listed link."""
     d = len(names)
+    raw_links = obj.get("links", [])
+    if not isinstance(raw_links, list):
+        raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
+    if len(raw_links) > d * (d - 1):  # (each ordered pair of distinct devices is listed at most once)
+        raise ClusterError(f"{where}'links' lists {len(raw_links):,} links, more than the {d * (d - 1):,} ordered pairs "
+                           f"of its {d} devices: a pair is listed twice")  # fmt: skip
     bw = np.full((d, d), np.nan)
     lat = np.full((d, d), np.nan)
     default = obj.get("default_link")
     if default is not None:
         bw[:], lat[:] = _link_numbers(default, f"{where}default_link", require_endpoints=False)
-    raw_links = obj.get("links", [])
-    if not isinstance(raw_links, list):
-        raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
     listed = np.zeros((d, d), dtype=bool)
     index = {n: i for i, n in enumerate(names)}
     for k, rl in enumerate(raw_links):

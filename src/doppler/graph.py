@@ -45,6 +45,12 @@ MAX_BLOCK_DIMS = 4
 #: the largest total FLOPs (or output bytes) of a graph: sums, longest paths and times on slow
 #: devices must not overflow float64 (whose maximum is about 1.8e308)
 MAX_TOTAL_COST = 1e250
+#: the most elements one tensor shape in a graph file may describe (an input in ``meta.inputs``, an output
+#: in ``meta.outputs``, an op's or operand's ``shape`` in its spec): 2**40, about 1.1e12, past any tensor of
+#: a model a cluster of :data:`~doppler.hardware.MAX_DEVICES` devices holds (a cost-only import of a 70B
+#: model declares 1e9). doppler allocates a declared shape only to execute a graph, which checks first that
+#: the memory is there (:func:`doppler.references.make_inputs`)
+MAX_TENSOR_ELEMENTS = 1 << 40
 
 
 class GraphError(ValueError):

@@ -7,6 +7,7 @@ reference from its metadata.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from typing import Any, Mapping, Sequence
 
@@ -129,13 +130,69 @@ def require_values(graph: DataflowGraph, source: str) -> None:
                             "execute; simulate, assign, compare and train work on it")  # fmt: skip
 
 
+#: the share of the memory available when a graph's inputs are made (:func:`make_inputs`) that they may take
+#: together: the run's tiles and outputs need the rest
+INPUT_MEMORY_SHARE = 0.5
+
+
+def available_memory_bytes() -> float:
+    """The bytes this process may still allocate: the machine's available memory (``MemAvailable`` of
+    ``/proc/meminfo``, else its physical memory), less where an address-space limit (``ulimit -v``) is lower."""
+    import resource
+
+    avail = float("inf")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = float(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if math.isinf(avail):
+        try:
+            avail = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as f:
+                used = float(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            used = 0.0
+        avail = min(avail, soft - used)
+    return avail
+
+
+def _check_input_memory(graph: DataflowGraph, dtype: Any) -> None:
+    """WorkloadError unless the graph's full inputs at ``dtype`` fit :data:`INPUT_MEMORY_SHARE` of the memory
+    available now, and its largest op output fits the rest: before anything is allocated for them."""
+    itemsize = np.dtype(dtype).itemsize
+    shapes = graph.meta["inputs"]
+    need = sum(math.prod(int(d) for d in shape) for shape in shapes.values()) * itemsize
+    largest = max((math.prod(int(d) for d in spec["shape"]) for spec in graph.specs or ()
+                   if isinstance(spec, dict) and isinstance(spec.get("shape"), list)), default=0) * itemsize  # fmt: skip
+    avail = available_memory_bytes()
+    as_dtype = f"as {np.dtype(dtype).name}"
+    if need > INPUT_MEMORY_SHARE * avail:
+        raise WorkloadError(f"graph {graph.name!r}: its inputs take {need:,} bytes {as_dtype}, more than "
+                            f"{INPUT_MEMORY_SHARE:.0%} of the {avail:,.0f} bytes of memory available")  # fmt: skip
+    if need + largest > avail:
+        raise WorkloadError(f"graph {graph.name!r}: its inputs and its largest op output take {need + largest:,} bytes "
+                            f"{as_dtype}, more than the {avail:,.0f} bytes of memory available")  # fmt: skip
+
+
 def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
     """Random full input arrays for a workload graph (rotary tables are the real ones); a cost-only graph
-    is refused (:func:`require_values`)."""
+    is refused (:func:`require_values`), and so is one whose inputs the machine cannot hold (more than
+    :data:`INPUT_MEMORY_SHARE` of the memory available, or no room left for its largest op output), before
+    anything is allocated."""
     meta = graph.meta
     require_values(graph, f"graph {graph.name!r}")
     if "inputs" not in meta:
         raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
+    _check_input_memory(graph, dtype)
     init = meta.get("input_init", {})
     out: dict[str, np.ndarray] = {}
     for name, shape in meta["inputs"].items():
