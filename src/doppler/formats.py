@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from doppler.graph import MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind
+from doppler.graph import MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, shape_elements
 from doppler.io_util import atomic_write_text, parse_json, read_text, write_json
 from doppler.memory import input_slices
 
@@ -264,14 +264,9 @@ def _check_shape(shape: Any, where: str) -> None:
             return
     elif not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
         raise GraphError(f"{where} is {reprlib.repr(shape)}, not a list of whole numbers >= 0")
-    if 0 in shape:
-        return
-    numel = 1
-    for d in shape:  # (stops early: a shape of a thousand huge dimensions costs no big product)
-        numel *= d
-        if numel > MAX_TENSOR_ELEMENTS:
-            raise GraphError(f"{where} {reprlib.repr(shape)} describes more than {MAX_TENSOR_ELEMENTS:,} elements, the most "
-                             "a graph's tensor may have")  # fmt: skip
+    if shape_elements(shape) is None:
+        raise GraphError(f"{where} {reprlib.repr(shape)} describes more than {MAX_TENSOR_ELEMENTS:,} elements, the most "
+                         "a graph's tensor may have")  # fmt: skip
 
 
 def _op_name(i: int, names: list[str] | None) -> str:

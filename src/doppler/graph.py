@@ -53,6 +53,19 @@ MAX_TOTAL_COST = 1e250
 MAX_TENSOR_ELEMENTS = 1 << 40
 
 
+def shape_elements(shape: Sequence[int], limit: int = MAX_TENSOR_ELEMENTS) -> int | None:
+    """The element count of ``shape`` (whole numbers >= 0), or None if it is past ``limit``: the product stops
+    growing there, so that a shape of thousands of huge dimensions costs no huge product."""
+    if 0 in shape:
+        return 0
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > limit:
+            return None
+    return numel
+
+
 class GraphError(ValueError):
     """A graph (or graph file) is malformed; the message says what and where."""
 

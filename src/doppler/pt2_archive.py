@@ -27,7 +27,6 @@ declared size, and a JSON member is read only up to :data:`MAX_JSON_BYTES`.
 from __future__ import annotations
 
 import json
-import math
 import operator
 import re
 import zipfile
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from doppler.graph import MAX_TENSOR_ELEMENTS, shape_elements
 from doppler.io_util import loads_json
 from doppler.torch_files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, ArchiveError, load_failure, load_plain,
                                  open_zip, read_member)  # fmt: skip
@@ -49,8 +49,9 @@ OPERATOR_FUNCTIONS = {name: getattr(operator, name) for name in (
 #: the largest JSON member read (the program ``models/NAME.json``, a weights table; a 0.1B-parameter model's
 #: program takes a few MB): its objects take some 10 times its bytes
 MAX_JSON_BYTES = 32 << 20
-#: the most tensor elements a recorded size may describe (a shape, not an allocation)
-MAX_ELEMENTS = 1 << 50
+#: the most tensor elements a recorded size may describe (a shape, not an allocation): a graph file's bound
+#: (:data:`doppler.graph.MAX_TENSOR_ELEMENTS`), so that an imported graph reads back
+MAX_ELEMENTS = MAX_TENSOR_ELEMENTS
 
 _ATEN = re.compile(r"torch\.ops\.aten\.([A-Za-z_][A-Za-z0-9_]{0,99})\.([A-Za-z_][A-Za-z0-9_]{0,99})")
 _PAYLOAD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -148,8 +149,9 @@ class _Archive:
             raise Pt2Error(f"member {member} is damaged ({_short(e)})") from None
 
     def json(self, member: str) -> Any:
+        data = self.read(member, MAX_JSON_BYTES)
         try:
-            return loads_json(self.read(member, MAX_JSON_BYTES).decode("utf-8"))
+            return loads_json(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise Pt2Error(f"member {member} is not valid JSON ({_short(e)})") from None
 
@@ -203,9 +205,9 @@ class _Reader:
             strides = _contiguous(sizes)
         if min(sizes + strides + [offset], default=0) < 0:
             raise Pt2Error(f"{self.where}: a negative size, stride or offset")
-        numel = math.prod(sizes)
-        if numel > MAX_ELEMENTS:
-            raise Pt2Error(f"{self.where}: a tensor of {numel} elements (more than {MAX_ELEMENTS})")
+        if shape_elements(sizes, MAX_ELEMENTS) is None:
+            raise Pt2Error(f"{self.where}: a tensor of more than {MAX_ELEMENTS:,} elements, the most a graph's tensor "
+                           "may have")  # fmt: skip
         return _lookup(self.dtypes, tm.get("dtype"), self.where, "dtype"), sizes, strides, offset
 
     # -------------------------------------------------------------- payloads

@@ -35,7 +35,7 @@ __all__ = [
 #: the most members a zip archive may hold (a checkpoint holds one per tensor storage, about 100; a ``.pt2``
 #: program one per weight and constant, a few hundred for a 0.1B-parameter model)
 MAX_ZIP_MEMBERS = 10_000
-#: the largest central directory (the archive's table of members) parsed: 10,000 members with names of 800
+#: the largest central directory (the archive's table of members) parsed: 10,000 members with names of 700
 #: characters; it is bounded before it is read, so that a table of millions of members is never parsed
 MAX_ZIP_DIRECTORY_BYTES = 8 << 20
 #: the largest declared uncompressed size of one member (a ``.pt2`` weight: a 0.1B-parameter model's largest,
@@ -43,7 +43,7 @@ MAX_ZIP_DIRECTORY_BYTES = 8 << 20
 MAX_ZIP_MEMBER_BYTES = 512 << 20
 #: the largest sum of the members' declared uncompressed sizes (a 0.1B-parameter model in float32 holds about
 #: 400 MB of weights; the largest checkpoint, a policy of the widest layers with its optimizer's moments, about
-#: 350 MB): what a reader may hold of one archive, so that reading it peaks under 2 GB
+#: 400 MB): what a reader may hold of one archive, so that reading it peaks under 2 GB
 MAX_ZIP_TOTAL_BYTES = 1 << 30
 #: the largest compression ratio (declared uncompressed / compressed size) of a member over
 #: :data:`ZIP_RATIO_MIN_BYTES`: ``torch.save`` and ``torch.export.save`` store members uncompressed (ratio 1),
@@ -77,7 +77,7 @@ def _check_directory(f: IO[bytes]) -> None:
         return  # (not a zip archive: ZipFile says so)
     members, size = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]  # noqa: SLF001
     if members > MAX_ZIP_MEMBERS:
-        raise ArchiveError(f"a zip archive of {members} members, more than the {MAX_ZIP_MEMBERS} doppler reads")
+        raise ArchiveError(f"a zip archive of {members:,} members, more than the {MAX_ZIP_MEMBERS:,} doppler reads")
     if size > MAX_ZIP_DIRECTORY_BYTES:
         raise ArchiveError(f"a zip archive whose table of members takes {_bytes(size)}, more than the "
                             f"{_bytes(MAX_ZIP_DIRECTORY_BYTES)} doppler reads")  # fmt: skip
@@ -90,7 +90,7 @@ def check_zip(zf: zipfile.ZipFile) -> None:
     could take different members for it)."""
     infos = zf.infolist()
     if len(infos) > MAX_ZIP_MEMBERS:
-        raise ArchiveError(f"a zip archive of {len(infos)} members, more than the {MAX_ZIP_MEMBERS} doppler reads")
+        raise ArchiveError(f"a zip archive of {len(infos):,} members, more than the {MAX_ZIP_MEMBERS:,} doppler reads")
     seen: set[str] = set()
     total = 0
     for info in infos:

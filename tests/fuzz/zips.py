@@ -43,20 +43,24 @@ def zip_bytes(members: Iterable[tuple[str, bytes | int]], *, compression: int = 
     return buf.getvalue()
 
 
-def declare_sizes(data: bytes, name: str, *, file_size: int | None = None, compress_size: int | None = None) -> bytes:
+def declare_sizes(data: bytes, name: str, *, file_size: int | None = None, compress_size: int | None = None,
+                  crc: int | None = None) -> bytes:  # fmt: skip
     """``data`` (a zip archive without zip64 sizes) with member ``name``'s uncompressed and compressed sizes
-    rewritten (each below 2**32) in its local header and in the table of members; its bytes unchanged."""
+    (each below 2**32) and checksum rewritten in its local header and in the table of members; its bytes
+    unchanged."""
     out = bytearray(data)
     encoded = name.encode()
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         offsets = [i.header_offset for i in z.infolist() if i.filename == name]
-    for off in offsets:  # local headers: compressed size at +18, uncompressed at +22
+    for off in offsets:  # local headers: checksum at +14, compressed size at +18, uncompressed at +22
+        _put(out, off + 14, crc)
         _put(out, off + 18, compress_size)
         _put(out, off + 22, file_size)
     pos = 0
-    while (pos := out.find(b"PK\x01\x02", pos)) >= 0:  # table entries: +20 compressed, +24 uncompressed
+    while (pos := out.find(b"PK\x01\x02", pos)) >= 0:  # table entries: +16 checksum, +20 compressed, +24 uncompressed
         (n,) = struct.unpack_from("<H", out, pos + 28)
         if bytes(out[pos + 46: pos + 46 + n]) == encoded:
+            _put(out, pos + 16, crc)
             _put(out, pos + 20, compress_size)
             _put(out, pos + 24, file_size)
         pos += 4
