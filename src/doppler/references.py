@@ -130,8 +130,12 @@ def require_values(graph: DataflowGraph, source: str) -> None:
                             "execute; simulate, assign, compare and train work on it")  # fmt: skip
 
 
-#: the share of the memory available when a graph's inputs are made (:func:`make_inputs`) that they may take
-#: together: the run's tiles and outputs need the rest
+#: the most bytes making a graph's full inputs may take (:func:`make_inputs`: the inputs at their dtype, and the
+#: largest drawn in float64 first): the built-in layer-sized workloads at their default sizes take at most
+#: 3.7 GB (``llama_layer`` with ``execute --check``, in float64); a whole ``llama_model`` is for simulation
+MAX_INPUT_BYTES = 4 << 30
+#: the share of the memory available when a graph's inputs are made that they may take: the run's tiles and
+#: outputs need the rest
 INPUT_MEMORY_SHARE = 0.5
 
 
@@ -166,17 +170,21 @@ def available_memory_bytes() -> float:
 
 
 def _check_input_memory(graph: DataflowGraph, dtype: Any) -> None:
-    """WorkloadError unless the graph's full inputs at ``dtype`` fit :data:`INPUT_MEMORY_SHARE` of the memory
-    available now, and its largest op output fits the rest: before anything is allocated for them."""
+    """WorkloadError unless making the graph's full inputs at ``dtype`` (each drawn in float64 first) takes at
+    most :data:`MAX_INPUT_BYTES` and :data:`INPUT_MEMORY_SHARE` of the memory available now, and its largest op
+    output fits the rest: before anything is allocated for them."""
     itemsize = np.dtype(dtype).itemsize
-    shapes = graph.meta["inputs"]
-    need = sum(math.prod(int(d) for d in shape) for shape in shapes.values()) * itemsize
+    elements = [math.prod(int(d) for d in shape) for shape in graph.meta["inputs"].values()]
+    need = sum(elements) * itemsize + max(elements, default=0) * 8  # (the inputs, and the largest one drawn)
     largest = max((math.prod(int(d) for d in spec["shape"]) for spec in graph.specs or ()
                    if isinstance(spec, dict) and isinstance(spec.get("shape"), list)), default=0) * itemsize  # fmt: skip
     avail = available_memory_bytes()
     as_dtype = f"as {np.dtype(dtype).name}"
+    if need > MAX_INPUT_BYTES:
+        raise WorkloadError(f"graph {graph.name!r}: making its inputs takes {need:,} bytes {as_dtype}, more than the "
+                            f"{MAX_INPUT_BYTES:,} doppler makes")  # fmt: skip
     if need > INPUT_MEMORY_SHARE * avail:
-        raise WorkloadError(f"graph {graph.name!r}: its inputs take {need:,} bytes {as_dtype}, more than "
+        raise WorkloadError(f"graph {graph.name!r}: making its inputs takes {need:,} bytes {as_dtype}, more than "
                             f"{INPUT_MEMORY_SHARE:.0%} of the {avail:,.0f} bytes of memory available")  # fmt: skip
     if need + largest > avail:
         raise WorkloadError(f"graph {graph.name!r}: its inputs and its largest op output take {need + largest:,} bytes "
@@ -185,9 +193,9 @@ def _check_input_memory(graph: DataflowGraph, dtype: Any) -> None:
 
 def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
     """Random full input arrays for a workload graph (rotary tables are the real ones); a cost-only graph
-    is refused (:func:`require_values`), and so is one whose inputs the machine cannot hold (more than
-    :data:`INPUT_MEMORY_SHARE` of the memory available, or no room left for its largest op output), before
-    anything is allocated."""
+    is refused (:func:`require_values`), and so is one whose inputs take more than :data:`MAX_INPUT_BYTES` or
+    than the machine can hold (:data:`INPUT_MEMORY_SHARE` of the memory available, and room left for its
+    largest op output), before anything is allocated."""
     meta = graph.meta
     require_values(graph, f"graph {graph.name!r}")
     if "inputs" not in meta:
