@@ -9,9 +9,18 @@ Needs ``pip install doppler[hf]``.
 ``llama2_7b``, ``mistral_7b`` and ``llama3_8b`` are the real sizes, built on the meta device: no weight
 is allocated, and the graph is cost-only (its ops, FLOPs, bytes and modules, but no values to execute).
 Each model is the stock ``*ForCausalLM`` with its default ``use_cache``; the importer exports its logits.
+
+``llama_58m``, ``qwen2_58m`` and ``tiny_llama`` run with their own weights (docs/run_weights.md): each is
+built with its parameters on the meta device and its buffers real
+(:func:`doppler.torch_import.parameters_on_meta`), so the graph records the rotary tables and
+``doppler execute --weights`` loads the weights; the same factory is the ``--reference`` of
+``execute --check``. ``python examples/hf_models.py save NAME DIR`` writes that model with random weights
+as ``save_pretrained`` does (sharded safetensors).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -94,3 +103,66 @@ def _built(model_cls, cfg, seq_len: int, device: str = "meta", dtype: torch.dtyp
     if device == "meta":
         return model, (torch.empty((1, seq_len), dtype=torch.long, device="meta"),)
     return model, (torch.randint(0, cfg.vocab_size, (1, seq_len)),)
+
+
+# ----------------------------------------------------------------- models run with their own weights
+#: name -> (config class, model class, config arguments, sequence length): LLaMA- and Qwen2-style causal LMs
+#: of 58 M parameters (232 MB in float32), and a tiny LLaMA for quick runs
+RUNNABLE = {
+    "llama_58m": ("LlamaConfig", "LlamaForCausalLM",
+                  dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=8), 32),
+    "qwen2_58m": ("Qwen2Config", "Qwen2ForCausalLM",
+                  dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                       num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False), 32),
+    "tiny_llama": ("LlamaConfig", "LlamaForCausalLM",
+                   dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True), 16),
+}  # fmt: skip
+
+
+def runnable(name: str, weights: bool = False):
+    """Model ``name`` of :data:`RUNNABLE`: with random weights (``weights``; seeded), else its parameters on the
+    meta device and its buffers real; and one sequence of token ids (on the meta device when it has no weights)."""
+    import transformers
+
+    config_cls, model_cls, args, seq_len = RUNNABLE[name]
+    cfg = getattr(transformers, config_cls)(**args, max_position_embeddings=4 * seq_len, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    if weights:
+        return getattr(transformers, model_cls)(cfg).eval(), (torch.randint(0, cfg.vocab_size, (1, seq_len)),)
+    from doppler.torch_import import parameters_on_meta
+
+    with parameters_on_meta():
+        model = getattr(transformers, model_cls)(cfg).eval()
+    return model, (torch.empty((1, seq_len), dtype=torch.long, device="meta"),)
+
+
+def llama_58m():
+    """A 58 M-parameter ``LlamaForCausalLM`` (8 layers, dim 512, vocab 32000), parameters on the meta device."""
+    return runnable("llama_58m")
+
+
+def qwen2_58m():
+    """A 58 M-parameter ``Qwen2ForCausalLM`` (8 layers, dim 512, 2 key/value heads, query/key/value biases),
+    parameters on the meta device."""
+    return runnable("qwen2_58m")
+
+
+def tiny_llama():
+    """A 0.1 M-parameter ``LlamaForCausalLM`` (2 layers, dim 64, a head tied to the embedding), parameters on
+    the meta device."""
+    return runnable("tiny_llama")
+
+
+def save(name: str, out_dir: str, max_shard_size: str = "50MB") -> None:
+    """Write model ``name`` with random weights to ``out_dir`` as ``save_pretrained`` does: safetensors, sharded
+    at ``max_shard_size`` with a ``model.safetensors.index.json``."""
+    model, _ = runnable(name, weights=True)
+    model.save_pretrained(out_dir, max_shard_size=max_shard_size)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "save" or sys.argv[2] not in RUNNABLE:
+        sys.exit(f"usage: python {sys.argv[0]} save {{{','.join(RUNNABLE)}}} DIR [MAX_SHARD_SIZE]")
+    save(*sys.argv[2:])

@@ -125,9 +125,14 @@ def require_values(graph: DataflowGraph, source: str) -> None:
     """Refuse a cost-only graph (``meta["cost_only"]``: a model imported from the meta device) where values
     are needed: it has the costs, shapes and modules of its ops but no weights or constants to compute with.
     Raises :class:`WorkloadError` naming ``source`` (the graph file, or the graph)."""
-    if graph.meta.get("cost_only"):
-        raise WorkloadError(f"{source}: built on the meta device (cost-only), it has no weights or constants to "
-                            "execute; simulate, assign, compare and train work on it")  # fmt: skip
+    reason = graph.meta.get("cost_only")
+    if reason:
+        from doppler.torch_import import NO_WEIGHTS
+
+        weights_only = reason == NO_WEIGHTS  # its constants are recorded: a checkpoint runs it
+        raise WorkloadError(f"{source}: built on the meta device (cost-only), it has no weights"
+                            f"{'' if weights_only else ' or constants'} to execute; simulate, assign, compare and "
+                            f"train work on it{', and execute --weights loads its weights' if weights_only else ''}")  # fmt: skip
 
 
 #: the most bytes making a graph's full inputs may take (:func:`make_inputs`: the inputs at their dtype, and the
@@ -169,12 +174,12 @@ def available_memory_bytes() -> float:
     return avail
 
 
-def _check_input_memory(graph: DataflowGraph, dtype: Any) -> None:
-    """WorkloadError unless making the graph's full inputs at ``dtype`` (each drawn in float64 first) takes at
+def _check_input_memory(graph: DataflowGraph, dtype: Any, shapes: dict[str, Any]) -> None:
+    """WorkloadError unless making the inputs ``shapes`` at ``dtype`` (each drawn in float64 first) takes at
     most :data:`MAX_INPUT_BYTES` and :data:`INPUT_MEMORY_SHARE` of the memory available now, and its largest op
     output fits the rest: before anything is allocated for them."""
     itemsize = np.dtype(dtype).itemsize
-    elements = [math.prod(int(d) for d in shape) for shape in graph.meta["inputs"].values()]
+    elements = [math.prod(int(d) for d in shape) for shape in shapes.values()]
     need = sum(elements) * itemsize + max(elements, default=0) * 8  # (the inputs, and the largest one drawn)
     largest = max((math.prod(int(d) for d in spec["shape"]) for spec in graph.specs or ()
                    if isinstance(spec, dict) and isinstance(spec.get("shape"), list)), default=0) * itemsize  # fmt: skip
@@ -191,19 +196,23 @@ def _check_input_memory(graph: DataflowGraph, dtype: Any) -> None:
                             f"{as_dtype}, more than the {avail:,.0f} bytes of memory available")  # fmt: skip
 
 
-def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) -> dict[str, np.ndarray]:
+def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64,
+                names: Sequence[str] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Random full input arrays for a workload graph (rotary tables are the real ones); a cost-only graph
-    is refused (:func:`require_values`), and so is one whose inputs take more than :data:`MAX_INPUT_BYTES` or
-    than the machine can hold (:data:`INPUT_MEMORY_SHARE` of the memory available, and room left for its
-    largest op output), before anything is allocated."""
+    is refused (:func:`require_values`). ``names``: only these inputs (each must have a value to draw: the
+    weights of a cost-only graph come from a checkpoint instead). Inputs that would take more than
+    :data:`MAX_INPUT_BYTES` to make, or more than the machine can hold (:data:`INPUT_MEMORY_SHARE` of the
+    memory available, and room left for the largest op output), are refused before anything is allocated."""
     meta = graph.meta
-    require_values(graph, f"graph {graph.name!r}")
+    if names is None:
+        require_values(graph, f"graph {graph.name!r}")
     if "inputs" not in meta:
         raise WorkloadError(f"graph {graph.name!r} has no workload metadata (meta['inputs'])")
-    _check_input_memory(graph, dtype)
     init = meta.get("input_init", {})
     out: dict[str, np.ndarray] = {}
-    for name, shape in meta["inputs"].items():
+    wanted = meta["inputs"] if names is None else {n: meta["inputs"][n] for n in names if n in meta["inputs"]}
+    _check_input_memory(graph, dtype, wanted)
+    for name, shape in wanted.items():
         shape = tuple(int(s) for s in shape)
         how = init.get(name, {"init": "normal", "std": 1.0})
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
@@ -224,6 +233,8 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64) ->
             arr = np.asarray(how["data"], dtype=np.float64)
             if arr.shape != shape:
                 raise WorkloadError(f"input {name!r}: recorded value has shape {list(arr.shape)}, expected {list(shape)}")
+        elif kind == "meta":
+            raise WorkloadError(f"graph {graph.name!r}: input {name!r} has no value (built on the meta device)")
         else:
             raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
         out[name] = np.asarray(arr, dtype=dtype)

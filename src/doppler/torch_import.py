@@ -13,6 +13,11 @@ and a kernel spec the engine runs.
   its buffers is evaluated on the meta device (shapes only) and read as an input of known shape with
   no value, what is computed from shapes alone (a causal mask) is still evaluated, and the graph is
   *cost-only* (``meta["cost_only"]``): the same ops, costs and modules, nothing to execute.
+* **Weights by name.** ``meta["weights"]`` maps every parameter input to its ``state_dict`` key, shape,
+  element type, the keys tied to it and the key a Hugging Face checkpoint saves it under where that differs; the op specs' operand references say which slice of it each tile
+  reads (``{"input", "slice"}``, in the parameter's own layout, with a transpose as an ``xform`` step), so
+  ``doppler execute --weights`` loads each tile from a checkpoint. A model built under
+  :func:`parameters_on_meta` has no weights but real buffers: what it computes from them is recorded.
 * **Modules.** Every op records the module it runs in (``nn_module_stack``), named as
   ``named_modules()`` names it. A Hugging Face forward (one that takes ``use_cache``) is exported
   without its cache, returning its logits only.
@@ -34,6 +39,7 @@ whole import with one message that lists every such op and how often it occurs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -44,7 +50,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -52,7 +58,8 @@ from doppler.graph import DataflowGraph, OpKind
 from doppler.tiling import Tensor, TileBuilder, WorkloadError, tiled_softmax
 
 __all__ = ["GraphImportError", "WRAPPED", "auto_blocks", "export_model", "import_model", "load_factory", "load_pt2",
-           "lower_program", "model_inputs", "module_path", "parameter_dtype", "parse_blocks", "parse_input_shapes"]
+           "checkpoint_keys", "lower_program", "model_inputs", "module_path", "parameter_dtype", "parameters_on_meta",
+           "parse_blocks", "parse_input_shapes", "without_cache"]
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: the largest constant (in elements) recorded inside a graph file
@@ -61,6 +68,9 @@ MAX_RECORDED_ELEMENTS = 1 << 20
 MAX_FOLDED_ELEMENTS = 1 << 28
 #: ``meta["cost_only"]`` of a graph whose model has no values
 NO_VALUES = "built on the meta device: no weights or constants"
+#: ``meta["cost_only"]`` of a graph whose model has no weights but whose constants are recorded: ``doppler execute
+#: --weights`` runs it
+NO_WEIGHTS = "built on the meta device: no weights (execute --weights loads them from a checkpoint)"
 
 
 class GraphImportError(ValueError):
@@ -141,7 +151,7 @@ def _reshaped_inputs(module: Any, example: tuple, shapes: Mapping[str, Sequence[
 WRAPPED = "_doppler_wrapped"
 
 
-def _without_cache(module: Any) -> Any:
+def without_cache(module: Any) -> Any:
     """``module`` itself, or, when its forward takes ``use_cache`` (a Hugging Face model), a wrapper whose
     forward has the same signature, calls it with ``use_cache=False`` and returns only its logits (or, for a
     model without logits, its first output): the key/value cache is not part of the computation to place."""
@@ -168,11 +178,36 @@ def _without_cache(module: Any) -> Any:
     return LogitsOnly(module)
 
 
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Build modules inside this block with every parameter on the meta device and every buffer where it
+    would be without it (accelerate's ``init_empty_weights(include_buffers=False)``).
+
+    No weight is allocated or initialised, while what a model computes from its buffers at import (a rotary
+    embedding's tables) keeps its values. A graph imported from such a model is cost-only (no weights)
+    but records those constants, so ``doppler execute --weights`` can run it with a checkpoint's weights."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: Any, name: str, param: Any) -> None:
+        register(module, name, param)
+        p = module._parameters.get(name)
+        if p is not None and not p.is_meta:
+            module._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
 def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequence[int]] | None = None):
     """``torch.export`` of ``module`` at ``example`` (non-strict; dropout and friends in eval mode).
 
     A forward that takes ``use_cache`` (a Hugging Face model) is exported with ``use_cache=False`` and
-    returning only its logits (:func:`_without_cache`). Returns ``(exported program, example)``."""
+    returning only its logits (:func:`without_cache`). Returns ``(exported program, example)``."""
     import torch
 
     if not isinstance(module, torch.nn.Module):
@@ -182,7 +217,7 @@ def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequenc
     logging.disable(logging.CRITICAL)  # torch logs a failed trace's whole traceback; we report one line
     try:
         with torch.no_grad():
-            return torch.export.export(_without_cache(module), example, strict=False), example
+            return torch.export.export(without_cache(module), example, strict=False), example
     except Exception as e:
         raise GraphImportError(f"torch.export failed: {_one_line(e)}") from None
     finally:
@@ -545,6 +580,9 @@ class _Lowering:
         self.slices: dict[int, tuple] = {}  # id(sliced tensor) -> (it, source, axis, start, end): rotate_half
         self.user_inputs: list[str] = []  # graph input names of the forward's tensor arguments, in order
         self.cost_only = ""  # why the graph records no values ("" when it does): see _cost_only
+        self.constants_missing = False  # a constant has no recorded value (not only the weights)
+        self.weights: dict[str, dict[str, Any]] = {}  # graph input -> its state_dict key, shape, dtype, ties
+        self.params: dict[str, tuple[Any, list[str]]] = {}  # state_dict key -> (its tensor, the keys tied to it)
         self.handlers: dict[str, Callable] = {
             "aten.linear.default": self._linear, "aten.mm.default": self._mm, "aten.bmm.default": self._mm,
             "aten.matmul.default": self._mm, "aten.addmm.default": self._addmm, "aten.einsum.default": self._einsum,
@@ -586,7 +624,9 @@ class _Lowering:
         key = id(value)
         if value.is_meta:
             self.cost_only = NO_VALUES
-        if key not in self.const_inputs and self.cost_only:
+            self.constants_missing = True
+        if key not in self.const_inputs and (value.is_meta or (self.cost_only and value.numel() > MAX_RECORDED_ELEMENTS)):
+            self.constants_missing = True  # (a constant too large to record in a graph that is not executed anyway)
             self.const_inputs[key] = self.input_tensor(f"const.{hint}", value, {"init": "meta"})
         if key not in self.const_inputs:
             if value.numel() > MAX_RECORDED_ELEMENTS:
@@ -650,8 +690,9 @@ class _Lowering:
             raise GraphImportError("the model computes nothing from its inputs and parameters")
         graph = self.b.finish(self.name, {"source": self.name})
         graph.meta["user_inputs"] = list(self.user_inputs)
+        graph.meta["weights"] = self.weights
         if self.cost_only:
-            graph.meta["cost_only"] = self.cost_only
+            graph.meta["cost_only"] = NO_VALUES if self.constants_missing else NO_WEIGHTS
         return graph
 
     def _dynamic_nodes(self, nodes: list, kinds: Mapping[str, Any]) -> set:
@@ -717,11 +758,25 @@ class _Lowering:
         if kind == "PARAMETER":
             name = spec.target.removeprefix(WRAPPED + ".")
             if value.is_meta:
-                return self.input_tensor(name, value, {"init": "meta"})
-            v = value.detach().double()
-            std = float(v.std()) if v.numel() > 1 else 0.0
-            return self.input_tensor(name, value, {"init": "normal", "mean": float(v.mean()), "std": std})
+                t = self.input_tensor(name, value, {"init": "meta"})
+            else:
+                v = value.detach().double()
+                std = float(v.std()) if v.numel() > 1 else 0.0
+                t = self.input_tensor(name, value, {"init": "normal", "mean": float(v.mean()), "std": std})
+            self._bind_weight(t.name, name, value)
+            return t
         return value.detach()  # buffers and lifted constants: known values
+
+    def _bind_weight(self, input_name: str, key: str, value: Any) -> None:
+        """Record graph input ``input_name`` as the parameter ``key`` of the module's ``state_dict``: its shape
+        and element type there, and the keys of the parameters it is tied to (one tensor under several names,
+        as a language model head tied to its embedding, which a checkpoint stores under one of them)."""
+        tied = [k for k, (v, _) in self.params.items() if v is value]
+        for k in tied:
+            self.params[k][1].append(key)
+        self.params[key] = (value, tied)
+        self.weights[input_name] = {"key": key, "shape": [int(s) for s in value.shape],
+                                    "dtype": str(value.dtype).removeprefix("torch."), "tied": tied}  # fmt: skip
 
     def _outputs(self, node: Any) -> None:
         outs = self._args(node)[0][0]
@@ -900,7 +955,7 @@ class _Lowering:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return float(v)
         if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_meta:
-            self.cost_only = NO_VALUES
+            self.cost_only, self.constants_missing = NO_VALUES, True
             return 1.0
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             return float(v.reshape(()))
@@ -1242,21 +1297,45 @@ def parameter_dtype(ep: Any) -> str:
     return dtype if dtype in ("float16", "bfloat16", "float32", "float64") else "float32"
 
 
+def checkpoint_keys(module: Any) -> dict[str, str]:
+    """``state_dict`` key -> the key a Hugging Face ``save_pretrained`` checkpoint stores it under, where the two
+    differ: transformers renames some parameters on saving (GPT-NeoX's ``lm_head.weight`` is
+    ``embed_out.weight`` on disk). Only renames are listed: a parameter that saving splits or merges with others
+    has no key of its own there. Empty for a module that is not a ``transformers`` model."""
+    if not hasattr(module, "save_pretrained") or "transformers" not in sys.modules:
+        return {}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = dict(module.state_dict())
+        saved = revert_weight_conversion(module, dict(state))
+    except Exception:  # an older transformers, or a conversion that needs real values: no renames known
+        return {}
+    key_of = {id(t): k for k, t in saved.items()}
+    return {k: key_of[id(t)] for k, t in state.items() if key_of.get(id(t), k) != k}
+
+
 def import_model(source: str, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  blocks: Mapping[int, int] | None = None, dtype: str | None = None,
                  devices: int | None = None) -> DataflowGraph:  # fmt: skip
     """``doppler graph import``: a factory (``module:function``) or a ``.pt2`` file -> a graph whose bytes
     are counted in ``dtype`` (default: the parameters' own, :func:`parameter_dtype`)."""
+    renames: dict[str, str] = {}
     if source.endswith(".pt2"):
         if input_shapes:
             raise GraphImportError(f"{source}: --input-shape applies to factories; a .pt2 program has fixed shapes")
         ep = load_pt2(Path(source))
     else:
-        ep, _ = export_model(*load_factory(source), input_shapes)
+        module, example = load_factory(source)
+        ep, _ = export_model(module, example, input_shapes)
+        renames = checkpoint_keys(module)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(source).stem if source.endswith(".pt2") else source.rpartition(":")[2])
     if not blocks and devices:
         blocks = auto_blocks(ep, devices)
     graph = lower_program(ep, blocks=blocks, dtype=dtype or parameter_dtype(ep), name=name)
+    for how in graph.meta["weights"].values():
+        if how["key"] in renames:
+            how["saved_as"] = [renames[how["key"]]]
     graph.meta["params"] = {"source": source, "blocks": {str(k): v for k, v in sorted((blocks or {}).items())}}
     if devices is not None:
         graph.meta["devices"] = int(devices)

@@ -243,3 +243,156 @@ def test_execute_refuses_an_assignment_over_the_memory_budget_before_it_runs(fil
     assert res.exit_code == 0 and "does not fit" in res.stderr
     out = json.loads(res.stdout)
     assert out["memory_budget_bytes"] == [450.0, 450.0] and max(out["simulated_peak_memory_bytes"]) > 450
+
+
+# ------------------------------------------------------------------ a model run with its own weights
+HF_MODELS = Path(__file__).resolve().parents[2] / "examples" / "hf_models.py"
+
+
+def _one_line_exit_2(res, needle: str) -> None:
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in res.output, res.output
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> dict[str, Path]:
+    """tiny_llama imported on the meta device for 2 devices, placed by anneal, and its weights saved by
+    save_pretrained in shards."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(HF_MODELS.parent))
+    import hf_models
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    hf_models.save("tiny_llama", str(d / "ckpt"), max_shard_size="100KB")
+    g, a = d / "g.json", d / "a.json"
+    assert run("graph", "import", f"{HF_MODELS}:tiny_llama", "-o", g, "--devices", 2).exit_code == 0
+    res = run("assign", g, "-c", "cpu4:2", "-m", "anneal", "--budget-s", 1, "--threads", 1, "-o", a)
+    assert res.exit_code == 0, res.output
+    return {"g": g, "a": a, "ckpt": d / "ckpt", "dir": d, "ref": f"{HF_MODELS}:tiny_llama"}
+
+
+def test_execute_weights_check_reference_input_ids(tiny_llama) -> None:
+    """A graph imported on the meta device runs with its checkpoint; its logits are the module's; the report
+    keeps one measured and one simulated peak per device, and they agree."""
+    t = tiny_llama
+    ids = t["dir"] / "ids.json"
+    ids.write_text(json.dumps([list(range(7, 23))]))
+    res = run("execute", t["g"], "-a", t["a"], "-c", "cpu4:2", "--weights", t["ckpt"], "--check", "--reference", t["ref"],
+              "--input-ids", ids, "--repeats", 1, "--warmup", 0, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["outputs_match"] is True and out["top1_agree"] == out["positions_checked"] == 16
+    assert out["checked_output"] in out["max_rel_error"] and max(out["max_rel_error"].values()) < 1e-5
+    assert out["tolerance"] == 1e-4
+    assert len(out["peak_memory_bytes"]) == len(out["simulated_peak_memory_bytes"]) == 2
+    np.testing.assert_allclose(out["peak_memory_bytes"], out["simulated_peak_memory_bytes"], rtol=0.15)
+    human = run("execute", t["g"], "-a", t["a"], "--weights", t["ckpt"], "--check", "--reference", t["ref"],
+                "--input-ids", 16, "--repeats", 1)  # fmt: skip
+    assert human.exit_code == 0, human.output
+    assert "logits match" in human.output and "top-1 token agrees at 16 of 16 positions" in human.output
+
+
+def test_execute_weights_faults_exit_2_in_one_line(tiny_llama, tmp_path) -> None:
+    """A checkpoint missing one key, one with a wrong shape, a .bin, and option mix-ups: exit 2, one line."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    t = tiny_llama
+    state = {}
+    for f in sorted(t["ckpt"].glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    save_file({k: v for k, v in state.items() if k != "model.layers.1.self_attn.o_proj.weight"}, str(tmp_path / "missing.safetensors"))
+    save_file({**state, "model.layers.0.mlp.up_proj.weight": torch.zeros(176, 32)}, str(tmp_path / "shape.safetensors"))
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    base = ("execute", t["g"], "-a", t["a"], "--repeats", 1)
+    for extra, needle in (
+        (["--weights", tmp_path / "missing.safetensors"], "no tensor 'model.layers.1.self_attn.o_proj.weight'"),
+        (["--weights", tmp_path / "shape.safetensors"], "'model.layers.0.mlp.up_proj.weight' has shape [176, 32]"),
+        (["--weights", tmp_path / "pytorch_model.bin"], "a pickle checkpoint (torch.save): loading it would run"),
+        (["--weights", tmp_path / "nowhere"], "no such file or directory"),
+        (["--weights", t["ckpt"], "--check"], "give --reference"),
+        (["--check", "--reference", t["ref"]], "give --weights too"),
+        (["--weights", t["ckpt"], "--reference", t["ref"]], "give --check too"),
+        (["--weights", t["ckpt"], "--engine", "dask"], "the dask engine does not read checkpoints"),
+        (["--weights", t["ckpt"], "--input-ids", 9], "holds 16 ids"),
+        ([], "built on the meta device (cost-only), it has no weights to execute"),
+    ):  # fmt: skip
+        _one_line_exit_2(run(*base, *extra), needle)
+    _one_line_exit_2(run(*base, "--weights", t["ckpt"], "--check", "--reference", f"{HF_MODELS}:gpt2"),
+                     "no tensor 'transformer.wte.weight', which the reference")
+
+
+def test_execute_weights_on_a_graph_without_keys_exit_2(files, tiny_llama) -> None:
+    _one_line_exit_2(run("execute", files["graph"], "-a", files["a"], "--weights", tiny_llama["ckpt"]),
+                     "the graph records no state_dict keys")
+
+
+def test_a_58m_llama_from_its_config_to_checked_logits(tmp_path) -> None:
+    """docs/run_weights.md's walk-through on a 58 M-parameter LLaMA (232 MB in float32) and 2 CPU workers:
+    save_pretrained in shards, import on the meta device, anneal, execute with its weights against the
+    module. Each worker's measured peak is within 15% of the simulated one, and holds its placement's weight
+    slices only: the bytes read from the checkpoint are the placement's resident weights."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(HF_MODELS.parent))
+    import hf_models
+
+    from doppler.assignment import load_assignment
+    from doppler.formats import load_graph
+    from doppler.memory import resident_bytes
+
+    ckpt, g, a = tmp_path / "ckpt", tmp_path / "g.json", tmp_path / "a.json"
+    hf_models.save("llama_58m", str(ckpt), max_shard_size="50MB")
+    assert (ckpt / "model.safetensors.index.json").is_file() and len(list(ckpt.glob("*.safetensors"))) >= 4
+    res = run("graph", "import", f"{HF_MODELS}:llama_58m", "-o", g, "--devices", 2)
+    assert res.exit_code == 0, res.output
+    res = run("assign", g, "-c", "cpu4:2", "-m", "anneal", "--budget-s", 2, "--threads", 1, "-o", a)
+    assert res.exit_code == 0, res.output
+    res = run("execute", g, "-a", a, "-c", "cpu4:2", "--weights", ckpt, "--check", "--reference",
+              f"{HF_MODELS}:llama_58m", "--input-ids", 32, "--repeats", 1, "--warmup", 0, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["outputs_match"] is True and out["top1_agree"] == out["positions_checked"] == 32
+    measured, simulated = np.array(out["peak_memory_bytes"]), np.array(out["simulated_peak_memory_bytes"])
+    assert measured.shape == (2,) and np.all(np.abs(measured - simulated) <= 0.15 * simulated)
+    graph = load_graph(g)
+    resident = resident_bytes(graph, load_assignment(a, graph, 2).devices, 2)
+    weights = sum(4 * np.prod(h["shape"]) for h in graph.meta["weights"].values())
+    assert weights > 2.2e8 and out["weight_bytes_read"] <= resident.sum() and out["weight_bytes_read"] >= weights
+
+
+def test_train_stage_three_with_weights(tiny_llama) -> None:
+    """train --weights: Stage III measures the meta-imported model run on its checkpoint."""
+    t = tiny_llama
+    out_dir = t["dir"] / "run"
+    res = run("train", t["g"], "-c", "cpu4:2", "--stages", "il,sim,real", "--il-episodes", 8, "--episodes", 8,
+              "--real-episodes", 8, "--batch", 8, "--threads", 1, "--weights", t["ckpt"], "-o", out_dir, "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["real_episodes"] == 8 and out["graphs"][0]["greedy_measured_makespan_s"] > 0
+    for extra, needle in ((["--stages", "il,sim"], "give --stages with real"),
+                          (["--stages", "il,sim,real", "--engine", "dask"], "the dask engine does not read checkpoints")):  # fmt: skip
+        bad = run("train", t["g"], "-c", "cpu4:2", *extra, "--weights", t["ckpt"], "-o", t["dir"] / "bad")
+        _one_line_exit_2(bad, needle)
+
+
+def test_calibrate_memory_bytes_gives_each_device_a_budget(tmp_path) -> None:
+    cal = tmp_path / "cal.json"
+    res = run("calibrate", "-o", cal, "--devices", 2, "--runs", 1, "--sizes", "32", "--memory-bytes", 2e8, "--json")
+    assert res.exit_code == 0, res.output
+    assert [d["memory_bytes"] for d in json.loads(cal.read_text())["devices"]] == [2e8, 2e8]
+    _one_line_exit_2(run("calibrate", "-o", tmp_path / "x.json", "--memory-bytes", -1), "--memory-bytes must be")
+
+
+def test_execute_input_ids_on_a_graph_with_weights_checks_against_the_same_ids(tmp_path) -> None:
+    """--input-ids without --weights: the graph's own (random) weights, the given token ids, and --check's
+    numpy evaluation of the same ids."""
+    pytest.importorskip("transformers")
+    g, a, ids = tmp_path / "g.json", tmp_path / "a.json", tmp_path / "ids.txt"
+    assert run("graph", "import", f"{HF_MODELS}:llama", "-o", g, "--input-shape", "input_ids=1x8").exit_code == 0
+    assert run("assign", g, "-c", "cpu4:2", "-m", "round_robin", "-o", a).exit_code == 0
+    ids.write_text("5 7 11 13 17 19 23 29")
+    res = run("execute", g, "-a", a, "--input-ids", ids, "--check", "--repeats", 1, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["outputs_match"] is True
+    ids.write_text("5 7 11 13 17 19 23 512")
+    _one_line_exit_2(run("execute", g, "-a", a, "--input-ids", ids), "id 512 at position 7 is outside the vocabulary")

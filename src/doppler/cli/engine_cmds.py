@@ -5,14 +5,16 @@ versus engine on many assignments)."""
 import dataclasses
 import functools
 import inspect
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
-                                 handle_errors, hold_outputs, live_progress, memory_check, write_trace_files)  # fmt: skip
+from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, as_user_error, console,
+                                 emit_json, handle_errors, hold_outputs, live_progress, memory_check,
+                                 write_trace_files)  # fmt: skip
 
 ENGINE_OPT = typer.Option("local", "--engine", "-e", help="local (threads on this machine) or dask.")
 SCHEDULER_OPT = typer.Option(
@@ -103,6 +105,9 @@ def execute_cmd(
     device_type: str = DEVICE_TYPE_OPT,
     memory_fraction: float = MEMORY_FRACTION_OPT,
     ignore_memory: bool = IGNORE_MEMORY_OPT,
+    weights_path: Optional[Path] = typer.Option(None, "--weights", help="The model's own weights for a graph made by `graph import` (also one imported on the meta device): a .safetensors file, or a directory with model.safetensors.index.json or model.safetensors (save_pretrained). Each tile's slice is read onto the device that reads it. Pickle checkpoints (.bin) are refused."),
+    input_ids: Optional[str] = typer.Option(None, "--input-ids", help="Token ids of a causal LM instead of random ones: a file (JSON list of integers, or integers separated by white space or commas), or a count (that many random ids with --seed; the graph's input size)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="With --weights and --check: compare the logits with this factory's module (FILE.py:FUNCTION, your code: it runs) loaded with the same weights and run forward in torch."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Execute one assignment on a real engine and report the measured makespan (an assignment over the
@@ -112,21 +117,22 @@ def execute_cmd(
         from doppler.assignment import load_assignment
         from doppler.engine import check_options, check_time_scale, run
         from doppler.formats import load_graph
-        from doppler.references import require_values
         from doppler.sim import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
         check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
         check_time_scale(time_scale)
+        _check_weight_options(weights_path, reference, check, engine)
         if gantt_path is not None:
             from doppler.report import figure_format
 
             figure_format(gantt_path)
         hold_outputs(ctx, files={"--gantt": gantt_path, "--trace": trace_path, "--chrome-trace": chrome_path,
                                  "--ops-csv": csv_path},
-                     inputs={"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name})  # fmt: skip
+                     inputs={"G": graph_path, "--assignment": assignment_path, "--cluster": cluster_name,
+                             "--weights": weights_path, "--input-ids": input_ids})  # fmt: skip
         graph = load_graph(graph_path)
-        require_values(graph, str(graph_path))  # before the assignment and the memory check name other faults
+        bound = _bound_inputs(graph, str(graph_path), weights_path, input_ids, seed)  # before the assignment's faults
         synthetic = not (graph.specs and any(sp is not None for sp in graph.specs))  # a cost-only graph
         if check and synthetic:
             raise UserError(f"--check: graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
@@ -134,7 +140,7 @@ def execute_cmd(
         chk = memory_check(graph, cl, simulate(graph, cl, assignment, trace=True), memory_fraction, ignore_memory,
                            str(assignment_path))  # before the run, as the simulator counts memory  # fmt: skip
         res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
-                  timeout_s=timeout_s,
+                  timeout_s=timeout_s, program=bound.program if bound else None,
                   cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler, device_type=device_type)  # fmt: skip
         sim = simulate(graph, cl, assignment, link_contention=True).makespan_s
         if synthetic:  # cost-only graph: its kernels ran time_scale x the cluster's times
@@ -153,8 +159,13 @@ def execute_cmd(
             "simulated_peak_memory_bytes": chk.peak_memory_bytes.tolist(),
             "memory_budget_bytes": chk.to_json()["memory_budget_bytes"],
         }
-        if check:
-            out.update(_check_outputs(graph, res.outputs, seed))
+        if bound is not None and bound.checkpoint is not None:
+            out["weights"] = str(weights_path)
+            out["weight_bytes_read"] = float(sum(n for _, _, n in bound.checkpoint.reads))
+        if check and reference is not None:
+            out.update(_check_against_reference(graph, res, bound, reference))
+        elif check:
+            out.update(_check_outputs(graph, res.outputs, seed, bound.user_inputs if bound else {}))
         names = res.info.get("devices") or [f"cpu{d}" for d in range(num_devices)]
         written = write_trace_files(res.trace, graph, names, out,
                                     trace_path=trace_path, chrome_path=chrome_path, csv_path=csv_path)  # fmt: skip
@@ -172,9 +183,48 @@ def execute_cmd(
             raise typer.Exit(1)
 
 
-def _check_outputs(graph, outputs: dict, seed: int) -> dict[str, Any]:
+def _check_weight_options(weights_path: Optional[Path], reference: Optional[str], check: bool, engine: str) -> None:
+    """The combinations of --weights, --reference and --check that mean something."""
+    if reference is not None and weights_path is None:
+        raise UserError("--reference compares with the model run on the same weights: give --weights too")
+    if reference is not None and not check:
+        raise UserError("--reference is what --check compares with: give --check too")
+    if check and weights_path is not None and reference is None:
+        raise UserError("--check with --weights compares with the model itself: give --reference FILE.py:FACTORY")
+    if weights_path is not None and engine != "local":
+        raise UserError("--weights: the dask engine does not read checkpoints (each worker would need the file); "
+                        "use --engine local")  # fmt: skip
+
+
+def _bound_inputs(graph, source: str, weights_path: Optional[Path], input_ids: Optional[str], seed: int):
+    """With --weights or --input-ids, the :class:`~doppler.engine.weights.BoundProgram` to run (None: the engine
+    draws every input from --seed). A cost-only graph without --weights is refused here, in one line."""
+    from doppler.engine.weights import WeightsError, bound_program
+    from doppler.references import require_values
+
+    if weights_path is None:
+        require_values(graph, source)
+    if weights_path is None and input_ids is None:
+        return None
+    with as_user_error(WeightsError):
+        return bound_program(graph, source, weights_path, input_ids, seed)
+
+
+def _check_against_reference(graph, res, bound: Any, reference: str) -> dict[str, Any]:
+    """--check --reference: the run's logits against the factory's module on the same weights and inputs."""
+    from doppler.engine.model_check import coarser, compare_logits, reference_outputs
+    from doppler.engine.weights import WeightsError
+
+    dtype = coarser(str(graph.meta.get("dtype", "float32")), *{how["dtype"] for how in graph.meta["weights"].values()})
+    with as_user_error(WeightsError):
+        ref = reference_outputs(reference, bound.checkpoint, graph, bound.user_inputs)
+        return compare_logits(res.outputs, ref, source=reference, dtype=dtype).to_json()
+
+
+def _check_outputs(graph, outputs: dict, seed: int, given: dict) -> dict[str, Any]:
     """Compare an engine run's outputs with numpy: a built-in workload's untiled reference, or for an
-    imported model the graph evaluated with numpy in one place (float64 inputs of the same seed)."""
+    imported model the graph evaluated with numpy in one place (float64 inputs of the same seed, and the
+    ``given`` ones: --input-ids)."""
     import numpy as np
 
     if not outputs:
@@ -183,7 +233,7 @@ def _check_outputs(graph, outputs: dict, seed: int) -> dict[str, Any]:
     from doppler.workloads import WORKLOADS, reference
     from doppler.references import assemble_outputs, make_inputs
 
-    x = make_inputs(graph, seed=seed, dtype=np.float64)
+    x = make_inputs(graph, seed=seed, dtype=np.float64) | {k: np.asarray(v, dtype=np.float64) for k, v in given.items()}
     if graph.meta.get("workload") in WORKLOADS:
         ref = reference(graph, x)
     else:
@@ -213,7 +263,16 @@ def _report_run(graph, res, out: dict, *, engine: str, device_type: str, cl, rep
         pairs = ", ".join(f"{format_bytes(m)} / {format_bytes(s)}"
                           for m, s in zip(out["peak_memory_bytes"], out["simulated_peak_memory_bytes"]))  # fmt: skip
         console.print(f"peak memory per device, measured / simulated: {pairs}", highlight=False)
-    if "outputs_match" in out:
+    if "weights" in out:
+        console.print(f"weights: {format_bytes(out['weight_bytes_read'])} read from {out['weights']}, each tile onto "
+                      "the device that reads it", highlight=False)  # fmt: skip
+    if "reference" in out:
+        verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
+        console.print(f"logits {verdict} {escape(out['reference'])}'s forward on the same weights: max error "
+                      f"{out['max_abs_error']:.2g} ({max(out['max_rel_error'].values()):.2g} of the largest logit, "
+                      f"tolerance {out['tolerance']:.0e}); top-1 token agrees at {out['top1_agree']} of "
+                      f"{out['positions_checked']} positions", markup=True, highlight=False)  # fmt: skip
+    elif "outputs_match" in out:
         verdict = "[green]match[/]" if out["outputs_match"] else "[red]DO NOT match[/]"
         console.print(f"outputs {verdict} the numpy reference (max relative error "
                       f"{max(out['max_rel_error'].values()):.2g})", markup=True)  # fmt: skip
@@ -232,6 +291,7 @@ def calibrate_cmd(
     runs: int = typer.Option(4, "--runs", help="Measured runs of the calibration graph."),
     sizes: str = typer.Option("128,256,512,1024", "--sizes", help="Comma-separated matrix sizes of the calibration graph."),
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the assignments."),
+    memory_bytes: Optional[float] = typer.Option(None, "--memory-bytes", help="Each device's memory in bytes, written to the cluster (CPU workers share the host's memory, so no run measures it; default: unlimited); placements keep within --memory-fraction of it."),
     opts: EngineOptions = ENGINE_OPTIONS,
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -249,10 +309,12 @@ def calibrate_cmd(
             raise UserError("--sizes is empty")
         if runs < 1:
             raise UserError(f"--runs must be >= 1, got {runs}")
+        if memory_bytes is not None and not (math.isfinite(memory_bytes) and memory_bytes > 0):
+            raise UserError(f"--memory-bytes must be a number of bytes > 0, got {memory_bytes!r}")
         hold_outputs(ctx, files={"--output": output}, inputs={})  # writable? before the measurements
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, progress=on_progress,
-                            **dataclasses.asdict(opts))  # fmt: skip
+                            memory_bytes=memory_bytes, **dataclasses.asdict(opts))  # fmt: skip
         res.cluster.save(output)
         out = {
             "cluster": str(output),

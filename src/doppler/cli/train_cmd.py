@@ -138,6 +138,25 @@ def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, res
     return trainer_from_init(graphs, cl, cfg, init, op_features)
 
 
+def _real_oracle_with_weights(trainer, graph_paths: list[Path], weights_path: Path) -> None:
+    """``--weights``: Stage III measures the one graph's runs on the checkpoint's weights (bound now, so that a
+    bad checkpoint stops the command before any training)."""
+    from doppler.engine.oracle import EngineOracle
+    from doppler.engine.weights import WeightsError, bound_program
+
+    if len(graph_paths) != 1:
+        raise UserError("--weights: give one graph (the checkpoint holds one model's weights)")
+    if "real" not in trainer.cfg.stages:
+        raise UserError("--weights is what Stage III runs: give --stages with real")
+    if trainer.cfg.engine != "local":
+        raise UserError("--weights: the dask engine does not read checkpoints; use --engine local")
+    task, cfg = trainer.tasks[0], trainer.cfg
+    with as_user_error(WeightsError):
+        bound = bound_program(task.graph, str(graph_paths[0]), weights_path, seed=cfg.seed)
+    trainer.real_oracles[0] = EngineOracle(task.graph, task.cluster, engine=cfg.engine, repeats=1, seed=cfg.seed,
+                                           program=bound.program, device_type=cfg.engine_device_type)  # fmt: skip
+
+
 @app.command("train")
 def train_cmd(
     ctx: typer.Context,
@@ -169,6 +188,7 @@ def train_cmd(
     device_identity: Optional[bool] = typer.Option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc)."),
     memory_fraction: float = MEMORY_FRACTION_OPT,
     ignore_memory: bool = typer.Option(False, "--ignore-memory", help="Train without the memory budget: episodes may place ops where they do not fit."),
+    weights_path: Optional[Path] = typer.Option(None, "--weights", help="Stage III runs the model with its own weights (a graph from `graph import`, also on the meta device; one graph): a .safetensors file or a save_pretrained directory, as `execute --weights` reads it."),
     set_: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE", help="Any other hyper-parameter of the run (repeatable), e.g. lr=1e-3, hidden=64, distill_updates=0 (docs/doppler.md, Training configuration, lists them)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -210,6 +230,8 @@ def train_cmd(
                                resume_episodes=episodes if "episodes" in typed else None)  # fmt: skip
             if resume:
                 _check_resume_options(typed, trainer, cfg, output)
+        if weights_path is not None:
+            _real_oracle_with_weights(trainer, graph_paths, weights_path)
         if trainer.identity_left_out and not json_out:
             console.print(f"--init: the checkpoint's device identity ({trainer.identity_left_out} devices) was learned on "
                           "another cluster; it starts again at zero" if trainer.cfg.learns_device_identity else

@@ -142,6 +142,9 @@ def run(
         program = build_program(graph, cluster=cluster, time_scale=time_scale, seed=seed)
     elif program.graph is not graph:
         raise EngineError("the program was built for a different graph")
+    if engine == "dask" and program.checkpoint is not None:
+        raise EngineError("the dask engine does not read weights from a checkpoint (its workers would each need the "
+                          "file); use the local engine")  # fmt: skip
     total = int(warmup) + repeats
     if engine == "local":
         from doppler.engine.local import make_devices, run_local

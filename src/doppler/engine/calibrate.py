@@ -147,11 +147,12 @@ def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndar
 
 def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
                 meta: dict[str, Any] | None = None, device_kind: str = "cpu",
-                copies_inbound: bool = False) -> CalibrationResult:  # fmt: skip
+                copies_inbound: bool = False, memory_bytes: float | None = None) -> CalibrationResult:  # fmt: skip
     """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring).
 
     ``device_kind`` (``"cpu"`` or ``"gpu"``) names the devices ``cpu0``... or ``gpu0``...;
-    ``copies_inbound``: the engine's devices made the copies into them (CPU workers)."""
+    ``copies_inbound``: the engine's devices made the copies into them (CPU workers); ``memory_bytes``: each
+    device's memory (None: unlimited), which no run measures (CPU workers share the host's memory)."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
     dev = np.concatenate([t.op_device for t in traces])
@@ -184,7 +185,8 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
         mm = rates.get("matmul", max(rates.values()) if rates else 1e9)
         devices.append(
             Device(name=f"{device_kind}{d}", kind=device_kind, flops_per_s=mm, flops_per_s_by_kind=rates,
-                   overhead_s=dispatch, overhead_s_by_kind=overheads, copies_inbound=copies_inbound)  # fmt: skip
+                   overhead_s=dispatch, overhead_s_by_kind=overheads, copies_inbound=copies_inbound,
+                   memory_bytes=float("inf") if memory_bytes is None else float(memory_bytes))  # fmt: skip
         )
     bw = np.full((num_devices, num_devices), np.inf)
     lat = np.zeros((num_devices, num_devices))
@@ -228,8 +230,10 @@ def calibrate(
     scheduler: str | None = None,
     progress: ProgressFn | None = None,
     device_type: str = "cpu",
+    memory_bytes: float | None = None,
 ) -> CalibrationResult:
-    """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster."""
+    """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster whose
+    devices have ``memory_bytes`` each (None: unlimited)."""
     from doppler.engine import check_options, run
     from doppler.engine.local import DEVICE_SETS
 
@@ -260,6 +264,6 @@ def calibrate(
     name = f"{engine}-{device_type}{num_devices}-calibrated"
     copies = engine == "local" and DEVICE_SETS[device_type].copies_inbound
     res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu",
-                      copies_inbound=copies)  # fmt: skip
+                      copies_inbound=copies, memory_bytes=memory_bytes)  # fmt: skip
     res.cluster.meta["dispatch_s"] = res.dispatch_s
     return res

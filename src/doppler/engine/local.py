@@ -130,6 +130,10 @@ class HostDevices:
         """A copy of ``array`` in device ``d``'s memory."""
         return np.array(array, copy=True)
 
+    def adopt(self, array: np.ndarray, d: int) -> np.ndarray:
+        """``array``, freshly made for device ``d`` alone (a weight tile read from a checkpoint), in its memory."""
+        return array
+
     def empty(self, shape: tuple[int, ...], dtype: Any, d: int) -> np.ndarray:
         """A receive buffer on ``d``, touched so that no copy into it pays page faults."""
         buf = np.empty(shape, dtype=dtype)
@@ -238,6 +242,10 @@ class CudaDevices:
 
     def place(self, array: np.ndarray, d: int) -> Any:
         return self.torch.from_numpy(np.ascontiguousarray(array)).to(self.ops[d].device, copy=True)
+
+    def adopt(self, array: np.ndarray, d: int) -> Any:
+        """A host array made for device ``d`` alone (a weight tile), uploaded to it; the host copy is dropped."""
+        return self.place(array, d)
 
     def empty(self, shape: tuple[int, ...], dtype: Any, d: int) -> Any:
         ops = self.ops[d]

@@ -9,7 +9,10 @@ op's compute time on a given cluster, writing an output buffer of the op's
 ``output_bytes`` so that transfers move real bytes.
 
 :meth:`Program.place` resolves input tiles for one assignment: each op's input
-tiles are copied into its device's memory before the clock starts.
+tiles are copied into its device's memory before the clock starts. A model's own
+weights (``build_program(checkpoint=..., weights=...)``) are tiles of a checkpoint,
+each read from the file for each device that reads it when it is placed
+(:mod:`doppler.engine.weights`).
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ class Program:
 
     graph: DataflowGraph
     operands: list[list[Operand]]  # per op, in kernel order
-    tiles: list[np.ndarray]  # distinct input tiles (host copies)
+    tiles: list[Any]  # distinct input tiles: host arrays, or WeightTile slices of a checkpoint read when placed
     synthetic_s: np.ndarray | None  # float64[n, D]: synthetic durations, None for real kernels
     dtype: Any
     specs: list[dict[str, Any]] | None = None
@@ -134,6 +137,8 @@ class Program:
     #: input tiles already copied to a device that keeps them between runs ((tile, device set, device) -> copy)
     device_tiles: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
     tile_inputs: list[str] = field(default_factory=list)  # the input tensor each tile is a slice of
+    #: where the :class:`~doppler.engine.weights.WeightTile` among ``tiles`` are read from (``--weights``)
+    checkpoint: Any = None
 
     @property
     def num_ops(self) -> int:
@@ -169,7 +174,9 @@ class Program:
     def place(self, devices: np.ndarray, num_devices: int, hw: Any = None) -> "PlacedProgram":
         """Copy every op's input tiles into its device's memory (once per (tile, device)).
 
-        ``hw``: the engine's device set (its ``place(array, d)`` makes the copy); default host memory.
+        ``hw``: the engine's device set (its ``place(array, d)`` makes the copy); default host memory. A weight
+        tile (:class:`~doppler.engine.weights.WeightTile`) is read from the checkpoint for each device that reads
+        it, and only its slice: the program keeps no host copy of it.
         """
         local: dict[tuple[int, int], Any] = {}
         per_op: list[list[np.ndarray | None]] = []
@@ -178,17 +185,25 @@ class Program:
             for t in [o.tile for o in ops if o.tile >= 0]:
                 if (t, d) in local:
                     continue
-                tile = self.tiles[t]
-                if hw is None:
-                    local[(t, d)] = np.array(tile, copy=True)
-                elif hw.keeps_inputs:  # read-only: one upload per program and device
+                if hw is not None and hw.keeps_inputs:  # read-only: one upload per program and device
                     if (t, id(hw), d) not in self.device_tiles:
-                        self.device_tiles[(t, id(hw), d)] = hw.place(tile, d)
+                        self.device_tiles[(t, id(hw), d)] = self._place_tile(t, d, hw)
                     local[(t, d)] = self.device_tiles[(t, id(hw), d)]
                 else:
-                    local[(t, d)] = hw.place(tile, d)
+                    local[(t, d)] = self._place_tile(t, d, hw)
             per_op.append([local[(o.tile, d)] if o.tile >= 0 else None for o in ops])
+        if self.checkpoint is not None:
+            self.checkpoint.close()  # the memory maps: every tile is read out of them
         return PlacedProgram(self, np.asarray(devices, dtype=np.int64), num_devices, per_op)
+
+    def _place_tile(self, t: int, d: int, hw: Any) -> Any:
+        """Input tile ``t`` in device ``d``'s memory: a copy of a host tile, or a weight tile read from the
+        checkpoint (a fresh array, handed to the device as it is)."""
+        tile = self.tiles[t]
+        if isinstance(tile, np.ndarray):
+            return np.array(tile, copy=True) if hw is None else hw.place(tile, d)
+        array = self.checkpoint.read(tile.key, tile.bounds, tile.dtype)
+        return array if hw is None else hw.adopt(array, d)
 
 
 @dataclass
@@ -216,11 +231,15 @@ class PlacedProgram:
         return sorted({(u, int(dev[v])) for u, v in zip(g.src.tolist(), g.dst.tolist()) if dev[u] != dev[v]})
 
 
-def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray],
-                 dtype: Any) -> tuple[list[list[Operand]], list[np.ndarray], list[str]]:  # fmt: skip
+def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any,
+                 weights: dict[str, str]) -> tuple[list[list[Operand]], list[Any], list[str]]:  # fmt: skip
     """Each op's operands: another op's output, which must be one of its predecessors (it arrives over an
-    edge), or a tile of a named input tensor."""
-    tiles: list[np.ndarray] = []
+    edge), or a tile of a named input tensor: a slice of an array of ``inputs``, or of a checkpoint tensor
+    (``weights``: graph input -> checkpoint key) to be read when placed."""
+    from doppler.engine.weights import WeightTile
+
+    shapes = graph.meta.get("inputs") or {}
+    tiles: list[Any] = []
     names: list[str] = []
     tile_ids: dict[tuple[str, str], int] = {}
     operands: list[list[Operand]] = []
@@ -243,19 +262,37 @@ def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray],
                 row.append(Operand(op=int(u)))
                 continue
             name = ref.get("input")
-            if name not in inputs:
+            if name not in inputs and name not in weights:
                 raise EngineError(f"op {label}: input tensor {name!r} was not provided")
             sl = ref.get("slice")
             key = (name, repr(sl))
             if key not in tile_ids:
-                full = inputs[name]
-                tile = full if sl is None else full[tuple(slice(int(lo), int(hi)) for lo, hi in sl)]
                 tile_ids[key] = len(tiles)
-                tiles.append(np.ascontiguousarray(tile, dtype=dtype))
+                if name in weights:
+                    tiles.append(WeightTile(name, weights[name], _bounds(sl, shapes.get(name), label), np.dtype(dtype)))
+                else:
+                    full = inputs[name]
+                    tile = full if sl is None else full[tuple(slice(int(lo), int(hi)) for lo, hi in sl)]
+                    ids = (graph.meta.get("input_init", {}).get(name) or {}).get("init") == "index"
+                    # token ids stay exact integers: float16 holds them only up to 2048
+                    tiles.append(np.ascontiguousarray(tile, dtype=np.promote_types(dtype, np.float32) if ids else dtype))
                 names.append(name)
             row.append(Operand(tile=tile_ids[key]))
         operands.append(row)
     return operands, tiles, names
+
+
+def _bounds(sl: Any, shape: Any, label: str) -> tuple[tuple[int, int], ...]:
+    """A weight tile's ``[lo, hi)`` per axis: its operand's ``slice``, or the whole input of ``shape``."""
+    dims = [int(s) for s in shape or ()]
+    if sl is None:
+        return tuple((0, s) for s in dims)
+    ok = (isinstance(sl, list) and len(sl) == len(dims)
+          and all(isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) for x in b) for b in sl)
+          and all(0 <= lo < hi <= s for (lo, hi), s in zip(sl, dims)))  # fmt: skip
+    if not ok:
+        raise EngineError(f"op {label}: slice {sl!r} does not fit its input of shape {dims}")
+    return tuple((int(lo), int(hi)) for lo, hi in sl)
 
 
 def build_program(
@@ -266,12 +303,18 @@ def build_program(
     time_scale: float = 1.0,
     seed: int = 0,
     dtype: Any = None,
+    checkpoint: Any = None,
+    weights: dict[str, str] | None = None,
 ) -> Program:
     """The :class:`Program` of ``graph``.
 
     With op specs: real kernels on ``inputs`` (default: ``references.make_inputs(graph, seed)``)
     in ``dtype`` (default: the graph's dtype). Without: synthetic kernels lasting
     ``time_scale x`` the op's compute time on ``cluster`` (required then).
+
+    ``checkpoint`` and ``weights`` (graph input -> checkpoint key, :func:`doppler.engine.weights.bind`): those
+    inputs are read from the checkpoint, tile by tile, when placed; ``inputs`` (default: drawn with ``seed``)
+    then gives the others.
     """
     labels = [graph.op_label(v) for v in range(graph.num_ops)]
     if graph.specs is not None and any(s is not None for s in graph.specs):
@@ -280,11 +323,15 @@ def build_program(
         dtype = np.dtype(dtype or graph.meta.get("dtype", "float32"))
         if dtype.name not in DTYPE_BYTES:
             raise EngineError(f"dtype {dtype.name} is not one of {', '.join(DTYPE_BYTES)}")
+        weights = dict(weights or {})
+        if weights and checkpoint is None:
+            raise EngineError("weights bound by name need the checkpoint they are read from")
         if inputs is None:
-            inputs = make_inputs(graph, seed=seed, dtype=dtype)
-        operands, tiles, names = _input_tiles(graph, dict(inputs), dtype)
+            rest = None if not weights else [n for n in graph.meta.get("inputs", {}) if n not in weights]
+            inputs = make_inputs(graph, seed=seed, dtype=dtype, names=rest)
+        operands, tiles, names = _input_tiles(graph, dict(inputs), dtype, weights)
         return Program(graph, operands, tiles, None, dtype, list(graph.specs), labels,  # type: ignore[arg-type]
-                       tile_inputs=names)  # fmt: skip
+                       tile_inputs=names, checkpoint=checkpoint if weights else None)  # fmt: skip
     if cluster is None:
         raise EngineError(
             f"graph {graph.name!r} has no op specs (a cost-only graph): give a cluster so that its synthetic kernels "
