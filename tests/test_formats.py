@@ -325,3 +325,69 @@ def test_an_operand_naming_no_input_is_refused_in_one_line(tmp_path, name, with_
     path.write_text(json.dumps(doc))
     with pytest.raises(GraphError, match=r"g\.json: op \d+ .*: an operand's input .* is not an input name"):
         load_graph(path)
+
+
+# ---------------------------------------------------------------------------- declared shapes, duplicate keys
+def _chainmm_doc() -> dict:
+    from doppler import workloads
+
+    return graph_to_json(workloads.build("chainmm", size="tiny"))
+
+
+def _shape_at(where: str):
+    def put(doc: dict, shape) -> None:
+        if where == "input":
+            doc["meta"]["inputs"]["A"] = shape
+        elif where == "output":
+            doc["meta"]["outputs"]["Y"]["shape"] = shape
+        elif where == "spec":
+            doc["ops"]["spec"][3]["shape"] = shape
+        else:
+            doc["ops"]["spec"][3]["inputs"][1]["shape"] = shape
+
+    return put
+
+
+NAMED = {"input": "meta.inputs['A']", "output": "meta.outputs['Y'].shape", "spec": "op 3 ('DE[0,1]k0'): its spec's shape",
+         "operand": "op 3 ('DE[0,1]k0'): operand 1's shape"}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", list(NAMED))
+@pytest.mark.parametrize("shape, words", [
+    ([10**9, 10**9], "describes more than 1,099,511,627,776 elements"),
+    ([2**20, 2**20, 2], "describes more than"),
+    ([10] * 13, "describes more than"),
+    ([7] * 100_000 + [10**4000], "describes more than"),
+    ([1e9, 1e9], "is [1000000000.0, 1000000000.0], not a list of whole numbers >= 0"),
+    ([-1, 4], "not a list of whole numbers"),
+    ([True, 2], "not a list of whole numbers"),
+    ("16x16", "not a list of whole numbers"),
+])  # fmt: skip
+def test_a_declared_shape_past_the_limit_is_refused_as_the_file_is_read(tmp_path, where, shape, words) -> None:
+    doc = _chainmm_doc()
+    _shape_at(where)(doc, shape)
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(GraphError) as e:
+        load_graph(p)
+    assert str(e.value).startswith(f"{p}: {NAMED[where]}") and words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("where", list(NAMED))
+def test_a_shape_at_the_limit_or_with_a_zero_reads(tmp_path, where) -> None:
+    from doppler.graph import MAX_TENSOR_ELEMENTS
+
+    for shape in ([MAX_TENSOR_ELEMENTS], [2**20, 2**20], [0, 10**30, 10**30], []):
+        doc = _chainmm_doc()
+        _shape_at(where)(doc, shape)
+        graph_from_json(doc, source="g.json")  # (what the shapes mean is checked where they are used)
+
+
+def test_a_graph_file_naming_a_key_twice_is_refused_naming_the_key(tmp_path) -> None:
+    text = json.dumps(_chainmm_doc())
+    p = tmp_path / "g.json"
+    p.write_text(text.replace('"edges": {', '"edges": {"src": [0], ', 1))
+    with pytest.raises(GraphError) as e:
+        load_graph(p)
+    assert str(e.value) == f"{p}: not valid JSON (key 'src' appears twice in one object)"
+

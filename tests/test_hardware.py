@@ -170,6 +170,28 @@ def test_device_count_above_the_maximum_is_rejected_before_building() -> None:
         Cluster("big", devs, np.ones((n, n)), np.zeros((n, n)))
 
 
+def test_a_cluster_file_of_a_million_devices_is_refused_before_any_device_is_built(tmp_path, monkeypatch) -> None:
+    import doppler.cluster_file as cluster_file
+    from doppler.hardware import MAX_DEVICES
+
+    p = tmp_path / "c.json"
+    p.write_text('{"devices": [' + ",".join(["{}"] * 1_000_000) + "]}")  # (written compactly: 3 MB)
+    monkeypatch.setattr(cluster_file, "_device_from_json", lambda *a: pytest.fail("a device was built"))
+    with pytest.raises(ClusterError) as e:
+        load_cluster(p)
+    assert str(e.value) == f"{p}: 'devices' lists 1,000,000 devices; at most {MAX_DEVICES:,} are supported"
+
+
+def test_a_links_list_longer_than_the_ordered_pairs_is_refused_before_its_links_are_read(monkeypatch) -> None:
+    import doppler.cluster_file as cluster_file
+
+    obj = _obj()
+    obj["links"] += [{"src": "a", "dst": "b"}]
+    monkeypatch.setattr(cluster_file, "_endpoint", lambda *a: pytest.fail("a link was read"))
+    with pytest.raises(ClusterError, match=r"'links' lists 3 links, more than the 2 ordered pairs of its 2 devices"):
+        cluster_from_json(obj, source="c.json")
+
+
 def test_a_cluster_built_in_python_names_what_is_wrong() -> None:
     from doppler.hardware import Cluster, ClusterError, Device, homogeneous
 

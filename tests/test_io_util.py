@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from doppler.io_util import atomic_write_bytes, atomic_write_text, check_seed, write_json
+from doppler.io_util import (DuplicateKeyError, atomic_write_bytes, atomic_write_text, check_seed, loads_json,
+                             parse_json, write_json)  # fmt: skip
 
 
 def test_new_file_gets_umask_permissions(tmp_path: Path) -> None:
@@ -78,6 +79,23 @@ def test_write_json_writes_numpy_values_atomically(tmp_path):
     write_json(p, [1, 2], compact=True)
     assert p.read_text() == "[1,2]\n"
     assert [q.name for q in p.parent.iterdir()] == ["x.json"]  # no temporary file left behind
+
+
+def test_a_key_named_twice_in_any_object_is_an_error_naming_the_file_and_the_key() -> None:
+    assert loads_json('{"a": {"b": 1, "c": [{"d": 2}]}}') == {"a": {"b": 1, "c": [{"d": 2}]}}
+    for text, key in [('{"a": 1, "a": 1}', "a"), ('{"x": [{"k": 1, "j": 2, "k": 3}]}', "k"), ('[{"": 0, "": 0}]', "")]:
+        with pytest.raises(DuplicateKeyError) as e:
+            loads_json(text)
+        assert e.value.key == key
+        with pytest.raises(ValueError) as e:
+            parse_json(text, "f.json", ValueError)
+        assert str(e.value) == f"f.json: not valid JSON (key {key!r} appears twice in one object)"
+
+
+def test_what_we_write_reads_back_under_the_duplicate_check(tmp_path: Path) -> None:
+    doc = {"a": {"1": 1, 1: 2}, "b": [np.int64(3)]}  # (keys 1 and "1" become one: written once)
+    write_json(tmp_path / "d.json", doc)
+    assert loads_json((tmp_path / "d.json").read_text()) == {"a": {"1": 2}, "b": [3]}
 
 
 def test_one_seed_check_for_every_layer():

@@ -205,6 +205,81 @@ def test_a_view_past_its_bytes_is_refused(tmp_path: Path, good: Path) -> None:
         read_pt2(path)
 
 
+# ---------------------------------------------------------------------------- bounds
+def _archive(tmp_path: Path, good: Path, extra: list, name: str = "m.pt2", declared: dict | None = None) -> Path:
+    """``good``'s members and ``extra`` (name under the root, bytes or a count of deflated zeros), with what
+    ``declared`` says (name under the root -> uncompressed size, compressed size[, checksum]) rewritten."""
+    from tests.fuzz.zips import declare_sizes, zip_bytes
+
+    root, m = _members(good)
+    data = zip_bytes(list(m.items()) + [(f"{root}/{n}", c) for n, c in extra])
+    for member, (size, packed, *crc) in (declared or {}).items():
+        data = declare_sizes(data, f"{root}/{member}", file_size=size, compress_size=packed, crc=(crc or [None])[0])
+    (tmp_path / name).write_bytes(data)
+    return tmp_path / name
+
+
+def test_a_member_declaring_gigabytes_is_refused_before_anything_is_read(tmp_path, good, monkeypatch) -> None:
+    import doppler.pt2_archive as pt2
+
+    path = _archive(tmp_path, good, [("extra/blob", b"x")], declared={"extra/blob": (3 << 30, 3 << 20)})
+    monkeypatch.setattr(pt2, "read_member", lambda *a: pytest.fail("a member was read"))
+    with pytest.raises(Pt2Error, match=r"^member \S+/extra/blob declares 3,221,225,472 bytes \(3 GiB\) uncompressed"):
+        read_pt2(path)
+
+
+def test_a_deflated_bomb_under_the_member_limit_is_refused_by_its_ratio(tmp_path, good) -> None:
+    path = _archive(tmp_path, good, [("extra/blob", 8 << 20)])
+    with pytest.raises(Pt2Error, match=r"extra/blob declares 8,388,608 bytes .* compression ratio over 100"):
+        read_pt2(path)
+
+
+def test_a_member_never_used_is_read_no_further_than_its_first_bytes(tmp_path, good) -> None:
+    """A member of 1 MiB with a wrong checksum: reading it whole would fail the check; the pickle check reads
+    its first bytes only, so the program imports."""
+    path = _archive(tmp_path, good, [("extra/blob", b"x" * (1 << 20))], declared={"extra/blob": (None, None, 1234)})
+    assert read_pt2(path).state_dict.keys() == read_pt2(good).state_dict.keys()
+
+
+def test_a_weight_whose_bytes_lie_about_their_size_is_refused_naming_it(tmp_path, good) -> None:
+    root, m = _members(good)
+    weight = next(n for n in m if "/data/weights/weight_" in n)[len(root) + 1:]
+    for declared, words in [((10, None), "is damaged .*CRC"), ((300 << 20, 300 << 20), "(fewer than|ends before) the")]:
+        path = _archive(tmp_path, good, [], declared={weight: declared})
+        with pytest.raises(Pt2Error, match=rf"^member {root}/{weight} {words}"):
+            read_pt2(path)
+
+
+def test_a_json_member_past_its_limit_is_refused_unread(tmp_path, good) -> None:
+    from doppler.pt2_archive import MAX_JSON_BYTES
+
+    path = _archive(tmp_path, good, [], declared={"models/model.json": (MAX_JSON_BYTES + 1, MAX_JSON_BYTES + 1)})
+    with pytest.raises(Pt2Error, match=r"^member \S+/models/model.json declares 33,554,433 bytes .* more than the 33,554,432"):
+        read_pt2(path)
+
+
+def test_a_program_naming_a_key_twice_is_refused_naming_the_key(tmp_path, good) -> None:
+    root, m = _members(good)
+    text = m[f"{root}/models/model.json"].decode()
+    m[f"{root}/models/model.json"] = text.replace('{"graph_module": {', '{"graph_module": {"graph": 0, ', 1).encode()
+    assert m[f"{root}/models/model.json"].decode() != text
+    with pytest.raises(Pt2Error, match="member models/model.json is not valid JSON .key 'graph' appears twice"):
+        read_pt2(_write(tmp_path / "dup.pt2", m))
+
+
+def test_a_pickle_member_is_checked_on_the_meta_device_and_a_large_one_is_refused(tmp_path, good, monkeypatch) -> None:
+    import doppler.pt2_archive as pt2
+
+    calls = []
+    real = pt2.load_plain
+    monkeypatch.setattr(pt2, "load_plain", lambda data, meta=False: calls.append(meta) or real(data, meta=meta))
+    read_pt2(good)
+    assert calls == [True]  # (its sample inputs: a torch.save file)
+    path = _archive(tmp_path, good, [("extra/big.pkl", b"\x80\x04" + bytes(17 << 20))])
+    with pytest.raises(Pt2Error, match="member extra/big.pkl is a pickle of 17,825,794 bytes, more than the 16,777,216"):
+        read_pt2(path)
+
+
 # ---------------------------------------------------------------------------- fuzzing
 ODD = st.one_of(st.none(), st.booleans(), st.integers(-(2**66), 2**66), st.floats(allow_nan=True),
                 st.text(max_size=8), st.sampled_from(["torch.os.system", "torch.ops.aten.__class__.__init__",

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from doppler.hardware import Cluster, ClusterError, Device
+from doppler.hardware import MAX_DEVICES, Cluster, ClusterError, Device
 from doppler.io_util import read_json
 
 __all__ = ["cluster_from_json", "load_cluster"]
@@ -36,6 +36,7 @@ def cluster_from_json(obj: Any, source: str = "") -> Cluster:
     if not isinstance(obj, dict):
         raise ClusterError(f"{where}a cluster must be a JSON object, got {type(obj).__name__}")
     _no_unknown(obj, _CLUSTER_FIELDS, where)
+    _check_counts(obj, where)
     devices = _devices(obj, where)
     bw, lat = _link_matrices(obj, [d.name for d in devices], where)
     meta = obj.get("meta", {})
@@ -62,6 +63,20 @@ def _no_unknown(obj: dict[str, Any], allowed: set[str], head: str) -> None:
         raise ClusterError(f"{head}unknown field(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(sorted(allowed))})")
 
 
+def _check_counts(obj: dict[str, Any], where: str) -> None:
+    """Bound the lists before any of their entries is read: at most :data:`~doppler.hardware.MAX_DEVICES`
+    devices, and no more links than ordered pairs of distinct devices (each is listed at most once)."""
+    raw_devices, raw_links = obj.get("devices"), obj.get("links")
+    if not isinstance(raw_devices, list):
+        return  # (_devices says what is wrong, as it does of an empty list)
+    d = len(raw_devices)
+    if d > MAX_DEVICES:
+        raise ClusterError(f"{where}'devices' lists {d:,} devices; at most {MAX_DEVICES:,} are supported")
+    if d and isinstance(raw_links, list) and len(raw_links) > d * (d - 1):
+        raise ClusterError(f"{where}'links' lists {len(raw_links):,} links, more than the {d * (d - 1):,} ordered pairs "
+                           f"of its {d} devices: a pair is listed twice")  # fmt: skip
+
+
 def _devices(obj: dict[str, Any], where: str) -> list[Device]:
     """The devices, each validated, with distinct names."""
     if "devices" not in obj:
@@ -80,14 +95,14 @@ def _devices(obj: dict[str, Any], where: str) -> list[Device]:
 def _link_matrices(obj: dict[str, Any], names: list[str], where: str) -> tuple[np.ndarray, np.ndarray]:
     """Bandwidth and latency of every ordered device pair: ``default_link``, then each listed link."""
     d = len(names)
+    raw_links = obj.get("links", [])
+    if not isinstance(raw_links, list):
+        raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
     bw = np.full((d, d), np.nan)
     lat = np.full((d, d), np.nan)
     default = obj.get("default_link")
     if default is not None:
         bw[:], lat[:] = _link_numbers(default, f"{where}default_link", require_endpoints=False)
-    raw_links = obj.get("links", [])
-    if not isinstance(raw_links, list):
-        raise ClusterError(f"{where}'links' must be a list of {{src, dst, bandwidth_Bps, latency_s}} objects")
     listed = np.zeros((d, d), dtype=bool)
     index = {n: i for i, n in enumerate(names)}
     for k, rl in enumerate(raw_links):

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
+from doppler.graph import MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, shape_elements
 from doppler.io_util import atomic_write_text, parse_json, read_text, write_json
 from doppler.memory import input_slices
 
@@ -221,6 +222,7 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):
         raise GraphError(f"{source}: meta must be an object")
+    _check_shapes(meta, specs, names, source)
     try:
         return DataflowGraph.from_arrays(
             flops, output_bytes, src, dst,
@@ -229,6 +231,46 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
         )
     except GraphError as e:
         raise GraphError(f"{source}: {e}") from None
+
+
+def _check_shapes(meta: dict[str, Any], specs: list | None, names: list[str] | None, source: str) -> None:
+    """GraphError naming ``source`` and the tensor unless every shape the file declares, the ones that executing
+    the graph allocates (``meta.inputs``, ``meta.outputs[NAME].shape``, each spec's ``shape`` and its operands'),
+    is a list of whole numbers >= 0 describing at most :data:`~doppler.graph.MAX_TENSOR_ELEMENTS` elements.
+    Checked as the file is read, before anything is built from it."""
+    inputs = meta.get("inputs")
+    if isinstance(inputs, dict):
+        for name, shape in inputs.items():
+            _check_shape(shape, f"{source}: meta.inputs[{name!r:.60}]")
+    outputs = meta.get("outputs")
+    if isinstance(outputs, dict):
+        for name, info in outputs.items():
+            if isinstance(info, dict) and "shape" in info:
+                _check_shape(info["shape"], f"{source}: meta.outputs[{name!r:.60}].shape")
+    for i, spec in enumerate(specs or ()):
+        if not isinstance(spec, dict):
+            continue
+        if spec.get("shape") is not None:
+            _check_shape(spec["shape"], f"{source}: op {_op_name(i, names)}: its spec's shape")
+        refs = spec.get("inputs")
+        for k, ref in enumerate(refs if isinstance(refs, list) else ()):
+            if isinstance(ref, dict) and ref.get("shape") is not None:
+                _check_shape(ref["shape"], f"{source}: op {_op_name(i, names)}: operand {k}'s shape")
+
+
+def _check_shape(shape: Any, where: str) -> None:
+    if type(shape) is list and len(shape) <= 8 and all(type(d) is int and 0 <= d <= MAX_TENSOR_ELEMENTS for d in shape):
+        if math.prod(shape) <= MAX_TENSOR_ELEMENTS:  # (the common case, decided fast)
+            return
+    elif not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise GraphError(f"{where} is {reprlib.repr(shape)}, not a list of whole numbers >= 0")
+    if shape_elements(shape) is None:
+        raise GraphError(f"{where} {reprlib.repr(shape)} describes more than {MAX_TENSOR_ELEMENTS:,} elements, the most "
+                         "a graph's tensor may have")  # fmt: skip
+
+
+def _op_name(i: int, names: list[str] | None) -> str:
+    return f"{i} ({names[i][:60]!r})" if names else str(i)
 
 
 # --------------------------------------------------------------------- text

@@ -45,6 +45,25 @@ MAX_BLOCK_DIMS = 4
 #: the largest total FLOPs (or output bytes) of a graph: sums, longest paths and times on slow
 #: devices must not overflow float64 (whose maximum is about 1.8e308)
 MAX_TOTAL_COST = 1e250
+#: the most elements one tensor shape in a graph file may describe (an input in ``meta.inputs``, an output
+#: in ``meta.outputs``, an op's or operand's ``shape`` in its spec): 2**40, about 1.1e12, past any tensor of
+#: a model a cluster of :data:`~doppler.hardware.MAX_DEVICES` devices holds (a cost-only import of a 70B
+#: model declares 1e9). doppler allocates a declared shape only to execute a graph, which checks first that
+#: the memory is there (:func:`doppler.references.make_inputs`)
+MAX_TENSOR_ELEMENTS = 1 << 40
+
+
+def shape_elements(shape: Sequence[int], limit: int = MAX_TENSOR_ELEMENTS) -> int | None:
+    """The element count of ``shape`` (whole numbers >= 0), or None if it is past ``limit``: the product stops
+    growing there, so that a shape of thousands of huge dimensions costs no huge product."""
+    if 0 in shape:
+        return 0
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > limit:
+            return None
+    return numel
 
 
 class GraphError(ValueError):

@@ -75,11 +75,39 @@ def read_text(path: str | Path, what: str, error: type[Exception]) -> str:
         raise error(f"{p}: cannot read ({e.strerror or e})") from None
 
 
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice (:func:`loads_json`); ``key`` is that key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r:.80} appears twice in one object")
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return obj
+
+
+def loads_json(text: str | bytes | bytearray) -> Any:
+    """``json.loads`` of a document doppler reads, except that an object naming a key twice is a
+    :class:`DuplicateKeyError` (a ValueError) instead of its last value silently winning."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+
+
 def parse_json(text: str, source: str, error: type[Exception]) -> Any:
-    """``text`` as JSON, or ``error`` naming ``source`` (and the line): invalid JSON, an integer literal
-    past Python's 4,300 digits, or nesting too deep for the parser."""
+    """``text`` as JSON, or ``error`` naming ``source`` (and the line): invalid JSON, an object that names a
+    key twice (:func:`loads_json`), an integer literal past Python's 4,300 digits, or nesting too deep for
+    the parser."""
     try:
-        return json.loads(text)
+        return loads_json(text)
+    except DuplicateKeyError as e:
+        raise error(f"{source}: not valid JSON ({e})") from None
     except json.JSONDecodeError as e:
         raise error(f"{source}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
     except ValueError as e:  # an integer literal too long to convert

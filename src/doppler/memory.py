@@ -105,6 +105,8 @@ def _find_input_slices(graph: DataflowGraph) -> InputSlices:
             else:
                 extent = [hi - lo for lo, hi in key[1]]
             s = index.get(key)
+            if s is None and key[1] and name in shapes:
+                _check_inside(graph, v, key, shapes[name])
             if s is None:
                 s = index[key] = len(names)
                 names.append(str(name))
@@ -115,6 +117,16 @@ def _find_input_slices(graph: DataflowGraph) -> InputSlices:
     users = set(users)
     return InputSlices(names, np.asarray(nbytes, dtype=np.float64), np.array([n not in users for n in names], bool),
                        ptr, np.asarray(idx, dtype=np.int64))  # fmt: skip
+
+
+def _check_inside(graph: DataflowGraph, v: int, key: tuple, shape: object) -> None:
+    """GraphError naming op ``v`` unless the slice ``key`` (input, bounds) lies inside the input's declared
+    ``shape`` (``meta.inputs``): as many dimensions, each bound at most its size."""
+    name, bounds = key
+    if not isinstance(shape, (list, tuple)) or len(shape) != len(bounds) or any(
+            not isinstance(d, int) or hi > d for (_, hi), d in zip(bounds, shape)):  # fmt: skip
+        raise GraphError(f"op {graph.op_label(v)}: its slice {[list(b) for b in bounds]!s:.80} of input {name!r:.60} "
+                         f"does not lie inside the input's shape {shape!s:.60} (meta.inputs)")  # fmt: skip
 
 
 def _plain_slice_key(name: object, bounds: object) -> tuple | None:

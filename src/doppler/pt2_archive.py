@@ -16,20 +16,29 @@ functions of :data:`OPERATOR_FUNCTIONS`; the graph signature; and the tensors. A
 read as its recorded example value (the expression text is never parsed). Anything else is refused
 with one :class:`Pt2Error` line: a pickled payload, a custom or opaque object, a higher-order op (its
 subgraph), an operator outside ATen, an archive from before torch 2.7 (it stores pickles). Sample
-inputs, extra files and compiled AOTInductor code are never opened.
+inputs, extra files and compiled AOTInductor code are never used: of each, the first bytes are read to
+find a pickle (which is refused if torch's weights-only loader refuses it, see :func:`_check_pickles`).
+
+The archive is bounded before any member is read (:func:`doppler.torch_files.open_zip`: member count,
+declared sizes, their sum, compression ratios), every member is read a chunk at a time, never past its
+declared size, and a JSON member is read only up to :data:`MAX_JSON_BYTES`.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import operator
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from doppler.graph import MAX_TENSOR_ELEMENTS, shape_elements
+from doppler.io_util import loads_json
+from doppler.torch_files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, ArchiveError, load_failure, load_plain,
+                                 open_zip, read_member)  # fmt: skip
 
 __all__ = ["OPERATOR_FUNCTIONS", "Program", "Pt2Error", "read_pt2"]
 
@@ -37,10 +46,12 @@ __all__ = ["OPERATOR_FUNCTIONS", "Program", "Pt2Error", "read_pt2"]
 OPERATOR_FUNCTIONS = {name: getattr(operator, name) for name in (
     "getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos", "abs",
     "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_")}  # fmt: skip
-#: the largest archive member read into memory (bytes): a declared size past it is refused unread
-MAX_MEMBER_BYTES = 1 << 36
-#: the most tensor elements a recorded size may describe (a shape, not an allocation)
-MAX_ELEMENTS = 1 << 50
+#: the largest JSON member read (the program ``models/NAME.json``, a weights table; a 0.1B-parameter model's
+#: program takes a few MB): its objects take some 10 times its bytes
+MAX_JSON_BYTES = 32 << 20
+#: the most tensor elements a recorded size may describe (a shape, not an allocation): a graph file's bound
+#: (:data:`doppler.graph.MAX_TENSOR_ELEMENTS`), so that an imported graph reads back
+MAX_ELEMENTS = MAX_TENSOR_ELEMENTS
 
 _ATEN = re.compile(r"torch\.ops\.aten\.([A-Za-z_][A-Za-z0-9_]{0,99})\.([A-Za-z_][A-Za-z0-9_]{0,99})")
 _PAYLOAD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
@@ -103,7 +114,7 @@ class _Archive:
     """The members of one ``.pt2`` zip archive under its root folder, read on demand and bounded."""
 
     def __init__(self, zf: zipfile.ZipFile) -> None:
-        self.zf = zf
+        self.zf = zf  # (bounded by doppler.torch_files.open_zip)
         names = zf.namelist()
         roots = sorted({n.split("/", 1)[0] for n in names if n.endswith("/archive_format") and n.count("/") == 1})
         if not roots:
@@ -119,20 +130,28 @@ class _Archive:
     def has(self, member: str) -> bool:
         return member in self.names
 
-    def read(self, member: str) -> bytes:
+    def read(self, member: str, limit: int = MAX_ZIP_MEMBER_BYTES) -> bytearray:
+        """The bytes of ``member`` (:func:`doppler.torch_files.read_member`: at most its declared size, refused
+        past ``limit``)."""
         if member not in self.names:
             raise Pt2Error(f"member {member} is missing")
-        info = self.zf.getinfo(self.names[member])
-        if info.file_size > MAX_MEMBER_BYTES:
-            raise Pt2Error(f"member {member} declares {info.file_size} bytes (more than {MAX_MEMBER_BYTES})")
         try:
-            return self.zf.read(info)
-        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError) as e:
+            return read_member(self.zf, self.zf.getinfo(self.names[member]), limit)
+        except ArchiveError as e:
+            raise Pt2Error(str(e)) from None
+
+    def head(self, member: str, size: int) -> bytes:
+        """The first ``size`` bytes of ``member`` (fewer if it is shorter), all that is decompressed of it."""
+        try:
+            with self.zf.open(self.names[member]) as f:
+                return f.read(size)
+        except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError, ValueError, zlib.error) as e:
             raise Pt2Error(f"member {member} is damaged ({_short(e)})") from None
 
     def json(self, member: str) -> Any:
+        data = self.read(member, MAX_JSON_BYTES)
         try:
-            return json.loads(self.read(member).decode("utf-8"))
+            return loads_json(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise Pt2Error(f"member {member} is not valid JSON ({_short(e)})") from None
 
@@ -186,9 +205,9 @@ class _Reader:
             strides = _contiguous(sizes)
         if min(sizes + strides + [offset], default=0) < 0:
             raise Pt2Error(f"{self.where}: a negative size, stride or offset")
-        numel = math.prod(sizes)
-        if numel > MAX_ELEMENTS:
-            raise Pt2Error(f"{self.where}: a tensor of {numel} elements (more than {MAX_ELEMENTS})")
+        if shape_elements(sizes, MAX_ELEMENTS) is None:
+            raise Pt2Error(f"{self.where}: a tensor of more than {MAX_ELEMENTS:,} elements, the most a graph's tensor "
+                           "may have")  # fmt: skip
         return _lookup(self.dtypes, tm.get("dtype"), self.where, "dtype"), sizes, strides, offset
 
     # -------------------------------------------------------------- payloads
@@ -219,11 +238,11 @@ class _Reader:
         return out
 
     def _flat(self, member: str, dtype: Any) -> Any:
-        data = self.archive.read(member)
+        data = self.archive.read(member)  # (a fresh buffer: the tensor takes it over without a copy)
         size = self.torch.empty((), dtype=dtype).element_size()
         if len(data) % size:
             raise Pt2Error(f"{self.where}: {len(data)} bytes are not whole {dtype} elements")
-        flat = self.torch.frombuffer(bytearray(data), dtype=dtype) if data else self.torch.empty(0, dtype=dtype)
+        flat = self.torch.frombuffer(data, dtype=dtype) if data else self.torch.empty(0, dtype=dtype)
         if not self.little and size > 1:
             flat = self.torch.frombuffer(bytearray(flat.numpy().byteswap().tobytes()), dtype=dtype)
         return flat
@@ -549,50 +568,67 @@ def read_pt2(path: str | Path, model: str = "model") -> Program:
             if f.read(4) != b"PK\x03\x04":
                 raise Pt2Error("not a zip archive (torch.export.save writes one)")
             f.seek(0)
-            with zipfile.ZipFile(f) as zf:
+            with open_zip(f) as zf:
                 return _read(_Archive(zf), model)
+    except ArchiveError as e:
+        raise Pt2Error(str(e)) from None
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as e:
         raise Pt2Error(f"a damaged zip archive ({_short(e)})") from None
-
-
-def _is_pickle(data: bytes) -> bool:
-    """A raw pickle (protocol 2-5 header) or a ``torch.save`` zip archive (it holds a ``data.pkl``)."""
-    if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
-        return True
-    if data[:4] == b"PK\x03\x04":
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as z:
-                return any(n.endswith("data.pkl") for n in z.namelist())
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
-            return False
-    return False
 
 
 def _check_pickles(archive: _Archive) -> None:
     """Refuse an archive any member of which is a pickle that torch's weights-only loader refuses (one that
     names ``os.system``, say). doppler reads no pickle from an archive; such a member is never needed, but
     it is a file made to run code under ``torch.export.load``, and the user should know. Tensor payloads
-    (read as raw bytes) are not pickles and are not checked."""
-    from doppler.torch_files import load_failure, load_plain
+    (read as raw bytes) are not pickles and are not checked.
 
+    Of every other member only the first 4 bytes are read, unless they begin a pickle: a raw pickle (a
+    protocol 2 to 5 header) is then read up to :data:`~doppler.torch_files.MAX_PICKLE_BYTES`, a zip archive
+    (a ``torch.save`` file) up to its declared size; either is loaded onto torch's meta device, so that no
+    tensor in it is read or allocated (a nested archive is bounded like the outer one)."""
     for member in sorted(archive.names):
         if member.startswith(("data/weights/weight_", "data/constants/tensor_")) or member.endswith("/"):
             continue
-        data = archive.read(member)
-        if not _is_pickle(data):
+        head = archive.head(member, 4)
+        if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+            size = archive.zf.getinfo(archive.names[member]).file_size
+            if size > MAX_PICKLE_BYTES:
+                raise Pt2Error(f"member {member} is a pickle of {size:,} bytes, more than the {MAX_PICKLE_BYTES:,} doppler "
+                               "checks; doppler never unpickles a file, and cannot tell whether this one runs code "
+                               "under torch.export.load")  # fmt: skip
+            data = archive.read(member, MAX_PICKLE_BYTES)
+        elif head == b"PK\x03\x04":
+            data = archive.read(member)
+            if not _holds_pickle(data, member):
+                continue
+        else:
             continue
         try:
-            load_plain(data)
+            load_plain(data, meta=True)
         except Exception as e:  # noqa: BLE001 - any refusal of the weights-only loader
             raise Pt2Error(f"member {member} is a pickle that needs more than torch's weights-only loader "
                            f"({load_failure(e)}); doppler never runs a full unpickle") from None  # fmt: skip
 
 
+def _holds_pickle(data: bytearray, member: str) -> bool:
+    """Whether the zip archive ``data`` (``member``) holds a ``data.pkl`` (a ``torch.save`` file), by its table of
+    members, which is bounded first (a :class:`Pt2Error` past a bound)."""
+    import io
+
+    try:
+        with open_zip(io.BytesIO(data)) as z:
+            return any(n.endswith("data.pkl") for n in z.namelist())
+    except ArchiveError as e:
+        raise Pt2Error(f"member {member} is a zip archive: {e}") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return False
+
+
 def _read(archive: _Archive, model: str) -> Program:
-    fmt = archive.read("archive_format").decode("utf-8", "replace").strip()
+    fmt = archive.read("archive_format", MAX_JSON_BYTES).decode("utf-8", "replace").strip()
     if fmt != "pt2":
         raise Pt2Error(f"archive_format is {fmt[:20]!r}, not 'pt2'")
-    byteorder = archive.read("byteorder").strip() if archive.has("byteorder") else b"little"
+    byteorder = bytes(archive.read("byteorder", MAX_JSON_BYTES)).strip() if archive.has("byteorder") else b"little"
     if byteorder not in (b"little", b"big"):
         raise Pt2Error("byteorder is neither 'little' nor 'big'")
     _check_pickles(archive)

@@ -7,6 +7,7 @@ reference from its metadata.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from typing import Any, Mapping, Sequence
 
@@ -134,11 +135,74 @@ def require_values(graph: DataflowGraph, source: str) -> None:
                             f"train work on it{', and execute --weights loads its weights' if weights_only else ''}")  # fmt: skip
 
 
+#: the most bytes making a graph's full inputs may take (:func:`make_inputs`: the inputs at their dtype, and the
+#: largest drawn in float64 first): the built-in layer-sized workloads at their default sizes take at most
+#: 3.7 GB (``llama_layer`` with ``execute --check``, in float64); a whole ``llama_model`` is for simulation
+MAX_INPUT_BYTES = 4 << 30
+#: the share of the memory available when a graph's inputs are made that they may take: the run's tiles and
+#: outputs need the rest
+INPUT_MEMORY_SHARE = 0.5
+
+
+def available_memory_bytes() -> float:
+    """The bytes this process may still allocate: the machine's available memory (``MemAvailable`` of
+    ``/proc/meminfo``, else its physical memory), less where an address-space limit (``ulimit -v``) is lower."""
+    import resource
+
+    avail = float("inf")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = float(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if math.isinf(avail):
+        try:
+            avail = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as f:
+                used = float(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            used = 0.0
+        avail = min(avail, soft - used)
+    return avail
+
+
+def _check_input_memory(graph: DataflowGraph, dtype: Any, shapes: dict[str, Any]) -> None:
+    """WorkloadError unless making the inputs ``shapes`` at ``dtype`` (each drawn in float64 first) takes at
+    most :data:`MAX_INPUT_BYTES` and :data:`INPUT_MEMORY_SHARE` of the memory available now, and its largest op
+    output fits the rest: before anything is allocated for them."""
+    itemsize = np.dtype(dtype).itemsize
+    elements = [math.prod(int(d) for d in shape) for shape in shapes.values()]
+    need = sum(elements) * itemsize + max(elements, default=0) * 8  # (the inputs, and the largest one drawn)
+    largest = max((math.prod(int(d) for d in spec["shape"]) for spec in graph.specs or ()
+                   if isinstance(spec, dict) and isinstance(spec.get("shape"), list)), default=0) * itemsize  # fmt: skip
+    avail = available_memory_bytes()
+    as_dtype = f"as {np.dtype(dtype).name}"
+    if need > MAX_INPUT_BYTES:
+        raise WorkloadError(f"graph {graph.name!r}: making its inputs takes {need:,} bytes {as_dtype}, more than the "
+                            f"{MAX_INPUT_BYTES:,} doppler makes")  # fmt: skip
+    if need > INPUT_MEMORY_SHARE * avail:
+        raise WorkloadError(f"graph {graph.name!r}: making its inputs takes {need:,} bytes {as_dtype}, more than "
+                            f"{INPUT_MEMORY_SHARE:.0%} of the {avail:,.0f} bytes of memory available")  # fmt: skip
+    if need + largest > avail:
+        raise WorkloadError(f"graph {graph.name!r}: its inputs and its largest op output take {need + largest:,} bytes "
+                            f"{as_dtype}, more than the {avail:,.0f} bytes of memory available")  # fmt: skip
+
+
 def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64,
                 names: Sequence[str] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Random full input arrays for a workload graph (rotary tables are the real ones); a cost-only graph
     is refused (:func:`require_values`). ``names``: only these inputs (each must have a value to draw: the
-    weights of a cost-only graph come from a checkpoint instead)."""
+    weights of a cost-only graph come from a checkpoint instead). Inputs that would take more than
+    :data:`MAX_INPUT_BYTES` to make, or more than the machine can hold (:data:`INPUT_MEMORY_SHARE` of the
+    memory available, and room left for the largest op output), are refused before anything is allocated."""
     meta = graph.meta
     if names is None:
         require_values(graph, f"graph {graph.name!r}")
@@ -147,6 +211,7 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64,
     init = meta.get("input_init", {})
     out: dict[str, np.ndarray] = {}
     wanted = meta["inputs"] if names is None else {n: meta["inputs"][n] for n in names if n in meta["inputs"]}
+    _check_input_memory(graph, dtype, wanted)
     for name, shape in wanted.items():
         shape = tuple(int(s) for s in shape)
         how = init.get(name, {"init": "normal", "std": 1.0})

@@ -196,6 +196,9 @@ def test_bad_checkpoints_name_the_key(tiny, tmp_path: Path) -> None:
     (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     with pytest.raises(WeightsError, match="not a readable safetensors file"):
         open_checkpoint(tmp_path / "junk.safetensors")
+    (tmp_path / "bad" / "model.safetensors.index.json").write_text('{"weight_map": {"a": "x.safetensors", "a": "y.safetensors"}}')
+    with pytest.raises(WeightsError, match="model.safetensors.index.json: not a readable JSON index .*key 'a' appears twice in one object"):
+        open_checkpoint(tmp_path / "bad")  # (which file holds 'a'?)
 
 
 def test_a_graph_without_constants_or_keys_is_refused(tiny) -> None:

@@ -70,6 +70,8 @@ def _delete(key):
     (lambda ck: ck["state_dict"].pop("sel.mlp.2.bias"), "state_dict weight 'sel.mlp.2.bias' is missing"),
     (lambda ck: ck["state_dict"].update({"extra": torch.zeros(2)}), "'extra' is not a weight of this policy"),
     (lambda ck: ck["state_dict"].update({"sel.mlp.2.bias": 0.5}), "entry str 'sel.mlp.2.bias' is float 0.5, not a tensor"),
+    (_set("config", '{"episodes": 8, "episodes": 9}'), "the JSON text of config is not valid (key 'episodes' appears twice"),
+    (_set("cluster", '{"devices": [{"name": "a", "name": "b"}]}'), "of cluster is not valid (key 'name' appears twice"),
 ])  # fmt: skip
 def test_a_damaged_checkpoint_is_refused_naming_the_field(run, tmp_path, change, words) -> None:
     d = _damaged(run, tmp_path, change)
@@ -241,3 +243,21 @@ def test_a_file_where_the_tensorboard_directory_goes_is_an_output_error(run, tmp
     with pytest.raises(OutputPathError, match="tensorboard is a file, not a directory"):
         trainer.run(d)
     assert json.loads((d / "config.json").read_text())["episodes"] == 8  # nothing was trained or written
+
+
+def test_a_checkpoint_with_a_deflated_huge_tensor_is_refused_naming_the_member(run, tmp_path) -> None:
+    """A storage replaced by 600 MB of deflated zeros (a file of a few hundred kB) is refused by its declared
+    size before torch reads it (tests/test_torch_files.py covers each bound)."""
+    import zipfile
+
+    from tests.fuzz.zips import write_zip
+
+    with zipfile.ZipFile(run[0] / "checkpoint.pt") as z:
+        entries = [(i.filename, z.read(i)) for i in z.infolist()]
+    storage = next(n for n, _ in entries if "/data/" in n and not n.endswith(".pkl"))
+    bomb = tmp_path / "bomb.pt"
+    write_zip(bomb, [(n, c) for n, c in entries if n != storage] + [(storage, 600 << 20)])
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(bomb)
+    assert str(e.value).startswith(f"{bomb}: not a readable doppler checkpoint (member {storage} declares 629,145,600 "
+                                   "bytes"), str(e.value)  # fmt: skip

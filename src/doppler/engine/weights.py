@@ -22,7 +22,6 @@ names the file and the key.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph
+from doppler.io_util import loads_json
 from doppler.torch_import import NO_WEIGHTS
 
 __all__ = ["BoundProgram", "Checkpoint", "WeightTile", "WeightsError", "bind", "bound_program", "check_executable",
@@ -177,7 +177,7 @@ def _from_index(index: Path) -> dict[str, Path]:
         size = index.stat().st_size
         if size > MAX_INDEX_BYTES:
             raise WeightsError(f"{index}: {size} bytes, more than an index holds ({MAX_INDEX_BYTES})")
-        doc = json.loads(index.read_text(encoding="utf-8"))
+        doc = loads_json(index.read_text(encoding="utf-8"))  # (a tensor named twice: refused)
     except WeightsError:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as e:
@@ -343,7 +343,7 @@ def _parse_ids(text: str, path: Path) -> np.ndarray:
     stripped = text.strip()
     if stripped.startswith("["):
         try:
-            doc = json.loads(stripped)
+            doc = loads_json(stripped)
         except ValueError as e:
             raise WeightsError(f"--input-ids {path}: not valid JSON ({_one_line(e)})") from None
         flat: list[Any] = []

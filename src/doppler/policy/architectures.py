@@ -34,9 +34,11 @@ BASELINE_POLICIES: dict[str, type[nn.Module]] = {"single_policy": SinglePolicy, 
 #: the most message-passing steps of a policy (DOPPLER's encoder repeats one layer this many times per encoding:
 #: a checkpoint's or a configuration's count past it would stall every decode; the paper uses 6)
 MAX_MP_STEPS = 64
-#: the widest embedding or hidden layer of a policy (``hidden``, ``mlp_hidden``): a GRU of this width holds
-#: 100 M weights; the default is 128
-MAX_WIDTH = 4096
+#: the widest embedding or hidden layer of a policy (``hidden``, ``mlp_hidden``): a policy of this width holds
+#: at most 100 MB of weights, so that its checkpoint (the weights, the optimizer's two moments and a best copy:
+#: about 400 MB) stays within what a checkpoint may hold (:data:`doppler.torch_files.MAX_ZIP_TOTAL_BYTES`);
+#: the default is 128
+MAX_WIDTH = 1024
 
 
 def build_policy(method: str, *, num_devices: int, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128,

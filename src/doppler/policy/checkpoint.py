@@ -14,13 +14,12 @@ lives with the architectures.
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.io_util import atomic_write_bytes, write_json
+from doppler.io_util import DuplicateKeyError, atomic_write_bytes, loads_json, write_json
 from doppler.torch_files import load_failure, load_plain
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written: doppler.policy.infer runs without it
@@ -132,7 +131,9 @@ def _is_kind(value: Any, kind: Any) -> bool:
         return torch.is_tensor(value)
     if isinstance(kind, str):
         try:
-            doc = json.loads(value) if isinstance(value, str) else None
+            doc = loads_json(value) if isinstance(value, str) else None
+        except DuplicateKeyError:
+            raise
         except (ValueError, RecursionError):
             return False
         return isinstance(doc, dict if kind == "object" else list)
@@ -146,7 +147,11 @@ def _check_layout(ck: dict[str, Any], p: Path) -> None:
         for key, kind in fields.items():
             if key not in ck:
                 raise CheckpointError(f"{p}: a damaged checkpoint: it has no {key!r}")
-            if not _is_kind(ck[key], kind):
+            try:
+                ok = _is_kind(ck[key], kind)
+            except DuplicateKeyError as e:  # (JSON text whose objects name a key twice: which value is meant?)
+                raise CheckpointError(f"{p}: a damaged checkpoint: the JSON text of {key} is not valid ({e})") from None
+            if not ok:
                 raise CheckpointError(f"{p}: a damaged checkpoint: {key} is {shown_value(ck[key])}, not {_KIND_NAMES[kind]}")
 
     check(_POLICY_FIELDS)
@@ -219,7 +224,7 @@ def identity_serves(meta: dict, cluster: Cluster) -> bool:
 
     known = meta.get("policy_config", {}).get("device_identity")
     return (bool(known) and bool(meta.get("cluster"))
-            and devices_and_links(json.loads(meta["cluster"])) == devices_and_links(cluster.to_json()))  # fmt: skip
+            and devices_and_links(loads_json(meta["cluster"])) == devices_and_links(cluster.to_json()))  # fmt: skip
 
 
 def identity_left_out(meta: dict, cluster: Cluster) -> int:
@@ -292,7 +297,7 @@ def check_checkpoint_fits(meta: dict, graph: DataflowGraph, cluster: Cluster, wh
         )
     transferable = config.get("op_features", "full") != "full"
     if trained_on_graph(meta, graph):
-        return json.loads(meta["cluster"]) != cluster.to_json()
+        return loads_json(meta["cluster"]) != cluster.to_json()
     if len(graphs) == 1 and not transferable:
         raise CheckpointError(
             f"{where}: trained on graph {graphs[0]['name']!r} ({graphs[0]['num_ops']} ops), which is not "

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from doppler._jit import jit
-from doppler.io_util import atomic_write_bytes, file_sha256
+from doppler.io_util import atomic_write_bytes, file_sha256, loads_json
 from doppler.policy import LEAK, LEARNED_HEADS
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method
 from doppler.policy.decode import DecodePlan, Rollout, run_heads
@@ -83,8 +83,8 @@ class NumpyPolicy:
         with np.load(path, allow_pickle=False) as z:
             meta = {k: str(z[k]) for k in _META_KEYS}
             weights = {k: z[k] for k in z.files if k not in _META_KEYS}
-        meta["policy_config"] = json.loads(meta["policy_config"])
-        meta["graphs"] = json.loads(meta["graphs"])
+        meta["policy_config"] = loads_json(meta["policy_config"])
+        meta["graphs"] = loads_json(meta["graphs"])
         return cls(meta, weights)
 
     def _conv(self, x: np.ndarray, edges: "_Edges", coeff: np.ndarray) -> np.ndarray:
