@@ -217,8 +217,8 @@ def _number_map(obj: dict[str, Any], field_name: str, unit: str, at: str) -> dic
     """``obj[field_name]``, an object of numbers (keys checked by :meth:`Device.validate`)."""
     values = obj[field_name]
     if not isinstance(values, dict):
-        raise ClusterError(f"{at}: {field_name} must be an object mapping {'number formats' if 'dtype' in field_name else 'op kinds'} "
-                           f"to {unit}")  # fmt: skip
+        keys = "number formats" if "dtype" in field_name else "op kinds"
+        raise ClusterError(f"{at}: {field_name} must be an object mapping {keys} to {unit}")
     return {str(k): _number(values, k, f"{at} {field_name}", repr(k)) for k in values}
 
 

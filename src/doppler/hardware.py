@@ -114,11 +114,18 @@ def _check_by_kind(at: str, field_name: str, values: Any, unit: str, ok: Callabl
             raise ClusterError(f"{at}: {field_name}[{label!r}] must be a finite number {bound}, got {value!r}")
 
 
-def _peak_key(dtype: str, matrix: bool, float32_matmul: str) -> str:
-    """The ``peak_flops_by_dtype`` key an op of number format ``dtype`` runs at (before any fallback)."""
-    if dtype == "float32" and matrix and float32_matmul == "tf32":
+def _peak_key(dtype: str, float32_matmul: str) -> str:
+    """The ``peak_flops_by_dtype`` key a matrix op of number format ``dtype`` runs at (before any fallback)."""
+    if dtype == "float32" and float32_matmul == "tf32":
         return "tf32"
     return "float8" if dtype.startswith("float8") else dtype
+
+
+def _op_classes(graph: DataflowGraph, dtype: np.ndarray, dtype_names: tuple[str, ...]) -> tuple[np.ndarray, list]:
+    """Ops alike for the roofline: per op, the index of its (kind label, dtype name) class, and the classes."""
+    codes = graph.kind.astype(np.int64) * len(dtype_names) + dtype
+    classes, inv = np.unique(codes, return_inverse=True)
+    return inv, [(OpKind(int(c) // len(dtype_names)).label, dtype_names[int(c) % len(dtype_names)]) for c in classes]
 
 
 @dataclass(frozen=True)
@@ -195,8 +202,10 @@ class Device:
             value = getattr(self, label)
             if not _finite_positive(value) or value > 1:
                 raise ClusterError(f"{at}: {label} must be a number in (0, 1], got {value!r}")
-        roofline_only = [label for label in ("vector_flops_per_s", "memory_bandwidth_Bps") if getattr(self, label) is not None]
-        roofline_only += [label for label in ("achieved_compute_fraction", "achieved_memory_fraction") if getattr(self, label) != 1.0]
+        roofline_only = [label for label in ("vector_flops_per_s", "memory_bandwidth_Bps")
+                         if getattr(self, label) is not None]  # fmt: skip
+        roofline_only += [label for label in ("achieved_compute_fraction", "achieved_memory_fraction")
+                          if getattr(self, label) != 1.0]  # fmt: skip
         if peaks and self.memory_bandwidth_Bps is None:
             raise ClusterError(f"{at}: a roofline device (peak_flops_by_dtype) needs memory_bandwidth_Bps")
         if not peaks and roofline_only:
@@ -218,7 +227,7 @@ class Device:
         if kind in VECTOR_KINDS:
             peak = self.vector_flops_per_s if self.vector_flops_per_s is not None else self.peak_flops_by_dtype["float32"]
             return float(peak) * self.achieved_compute_fraction, bytes_rate, False
-        key = _peak_key(dtype, True, float32_matmul)
+        key = _peak_key(dtype, float32_matmul)
         peak = self.peak_flops_by_dtype.get(key)
         fell_back = peak is None
         if fell_back:
@@ -432,40 +441,39 @@ class Cluster:
                 t = t + self.overhead_matrix()[kinds]
         return t
 
+    def _first_alike(self) -> list[int]:
+        """Per device, the index of the first device alike (every field but the name equal)."""
+        seen: dict[str, int] = {}
+        return [seen.setdefault(repr(replace(d, name="").to_json()), j) for j, d in enumerate(self.devices)]
+
     def op_times(self, graph: DataflowGraph) -> "OpTimes":
         """The terms of :meth:`compute_time_s` per (op, device) (:class:`OpTimes`), computed per class of
         ops alike (kind, dtype) and device model, then spread over the ops in bulk."""
-        kinds = graph.kind.astype(np.int64)
-        roofline = self.roofline
-        traffic = op_traffic(graph) if roofline else None
-        names = traffic.dtype_names if traffic is not None else ("float32",)
-        mode = traffic.float32_matmul if traffic is not None else "float32"
-        codes = kinds * len(names) + (traffic.dtype if traffic is not None else 0)
-        classes, inv = np.unique(codes, return_inverse=True)
-        labels = [(OpKind(int(c) // len(names)).label, names[int(c) % len(names)]) for c in classes]
-        rates = np.empty((classes.size, self.num_devices))
-        byte_rates = np.empty((classes.size, self.num_devices))
-        seen: dict[str, int] = {}  # a device model (every field but the name) -> its first device
-        first: list[int] = []
-        missing: dict[int, list[str]] = {}  # first device -> dtypes it has no peak for
+        traffic = op_traffic(graph) if self.roofline else None
+        if traffic is None:
+            inv, labels = _op_classes(graph, np.zeros(graph.num_ops, np.int64), ("float32",))
+            mode, moved = "float32", np.zeros(graph.num_ops)
+        else:
+            inv, labels = _op_classes(graph, traffic.dtype, traffic.dtype_names)
+            mode, moved = traffic.float32_matmul, traffic.bytes_moved
+        rates = np.empty((len(labels), self.num_devices))
+        byte_rates = np.empty((len(labels), self.num_devices))
+        missing: dict[int, list[str]] = {}  # a first device alike -> the dtypes it has no peak for
+        first = self._first_alike()
         for j, dev in enumerate(self.devices):
-            model = repr(replace(dev, name="").to_json())
-            if model in seen:  # a device like one before: the same column
-                rates[:, j], byte_rates[:, j] = rates[:, seen[model]], byte_rates[:, seen[model]]
-            else:
-                seen[model] = j
-                missing[j] = []
-                for u, (kind, dtype) in enumerate(labels):
-                    rates[u, j], byte_rates[u, j], fell_back = dev.op_rate(kind, dtype, mode)
-                    if fell_back and dtype not in missing[j]:
-                        missing[j].append(dtype)
-            first.append(seen[model])
+            if first[j] != j:  # a device like one before: the same column
+                rates[:, j], byte_rates[:, j] = rates[:, first[j]], byte_rates[:, first[j]]
+                continue
+            missing[j] = []
+            for u, (kind, dtype) in enumerate(labels):
+                rates[u, j], byte_rates[u, j], fell_back = dev.op_rate(kind, dtype, mode)
+                if fell_back and dtype not in missing[j]:
+                    missing[j].append(dtype)
         fallbacks = tuple((dev.name, dtype) for dev, f in zip(self.devices, first) for dtype in missing[f])
-        moved = traffic.bytes_moved if traffic is not None else np.zeros(graph.num_ops)
         with np.errstate(over="ignore"):  # inf: caught by check_times, which names the op
             compute = graph.flops[:, None] / rates[inv]
             memory = moved[:, None] / byte_rates[inv]
-        return OpTimes(compute, memory, self.overhead_matrix()[kinds], fallbacks)
+        return OpTimes(compute, memory, self.overhead_matrix()[graph.kind.astype(np.int64)], fallbacks)
 
     def dtype_fallbacks(self, graph: DataflowGraph) -> tuple[tuple[str, str], ...]:
         """``(device, dtype)`` for every number format of the graph's matrix ops that a roofline device
@@ -478,30 +486,21 @@ class Cluster:
         (:class:`RooflineRow`), ordered by device, then by time spent."""
         times = self.op_times(graph)
         traffic = op_traffic(graph)
-        total = times.total_s
-        names = traffic.dtype_names
-        codes = graph.kind.astype(np.int64) * len(names) + traffic.dtype
-        classes, inv = np.unique(codes, return_inverse=True)
+        inv, labels = _op_classes(graph, traffic.dtype, traffic.dtype_names)
+        first = self._first_alike()
         rows: list[RooflineRow] = []
-        seen: dict[str, int] = {}
-        for j, dev in enumerate(self.devices):
-            model = repr(replace(dev, name="").to_json())
-            if model in seen:
-                rows = [replace(r, alike=r.alike + 1) if r.device == self.devices[seen[model]].name else r for r in rows]
-                continue
-            seen[model] = j
-            mem = np.bincount(inv, weights=times.memory_bound[:, j], minlength=classes.size)
-            per = [np.bincount(inv, weights=w, minlength=classes.size)
-                   for w in (np.ones(graph.num_ops), graph.flops, traffic.bytes_moved, total[:, j])]  # fmt: skip
+        for j in sorted(set(first)):
+            dev = self.devices[j]
+            per = [np.bincount(inv, weights=w, minlength=len(labels))
+                   for w in (np.ones(graph.num_ops), times.memory_bound[:, j], graph.flops, traffic.bytes_moved,
+                             times.total_s[:, j])]  # fmt: skip
             found = []
-            for u, code in enumerate(classes):
-                ops, flops, moved, seconds = (float(a[u]) for a in per)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    flop_rate, byte_rate = (x / seconds if seconds > 0 else 0.0 for x in (flops, moved))
-                found.append(RooflineRow(dev.name, 1, "roofline" if dev.roofline else "plain",
-                                         OpKind(int(code) // len(names)).label, names[int(code) % len(names)],
-                                         int(ops), int(ops - mem[u]), int(mem[u]), flops, moved, seconds, flop_rate,
-                                         byte_rate))  # fmt: skip
+            for u, (kind, dtype) in enumerate(labels):
+                ops, mem, flops, moved, seconds = (float(a[u]) for a in per)
+                per_s = 1.0 / seconds if seconds > 0 else 0.0
+                found.append(RooflineRow(dev.name, first.count(j), "roofline" if dev.roofline else "plain", kind, dtype,
+                                         int(ops), int(ops - mem), int(mem), flops, moved, seconds, flops * per_s,
+                                         moved * per_s))  # fmt: skip
             rows += sorted(found, key=lambda r: -r.time_s)
         return rows
 

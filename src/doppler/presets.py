@@ -112,8 +112,9 @@ def _gpu_box(preset: str, num_devices: int, native: int, gpu: Gpu, *, link_Bps: 
 
 def p100x4(num_devices: int = 4) -> Cluster:
     """The paper's machine: Tesla P100 PCIe 16 GB (:data:`P100_PCIE`, from the NVIDIA Tesla P100 PCIe
-    datasheet; the paper names no NVLink topology, so the PCIe card), peer to peer over PCIe 3.0 x16 through a PCIe switch: 15.75 GB/s theoretical per
-    direction, 12 GB/s achieved, 10 us; every pair alike."""
+    datasheet; the paper names no NVLink topology, so the PCIe card), peer to peer over PCIe 3.0 x16
+    through a PCIe switch: 15.75 GB/s theoretical per direction, 12 GB/s achieved, 10 us; every pair
+    alike."""
     return _gpu_box("p100x4", num_devices, 4, P100_PCIE, link_Bps=12e9, link_latency_s=10e-6,
                     source="NVIDIA Tesla P100 PCIe datasheet; PCIe 3.0 x16 peer to peer")  # fmt: skip
 
@@ -131,11 +132,12 @@ DGX1_V100_NVLINKS: dict[tuple[int, int], int] = {
 
 
 def v100x8() -> Cluster:
-    """DGX-1 with 8x Tesla V100 SXM2 16 GB (:data:`V100_SXM2`, from the NVIDIA Tesla V100 datasheet), hybrid cube-mesh NVLink 2.0: 25 GB/s per
-    direction per link, six links per GPU to four peers (``nvidia-smi topo -m`` on a DGX-1V): two quads
-    {0,1,2,3} and {4,5,6,7}, fully connected inside, plus i <-> i+4. Pairs with one link (NV1): 22 GB/s
-    achieved; with two (NV2): 44 GB/s; both 8 us. The other pairs (e.g. 0 <-> 5) go over PCIe and the host
-    (cross-socket UPI): about 9 GB/s achieved, 20 us."""
+    """DGX-1 with 8x Tesla V100 SXM2 16 GB (:data:`V100_SXM2`, from the NVIDIA Tesla V100 datasheet),
+    hybrid cube-mesh NVLink 2.0: 25 GB/s per direction per link, six links per GPU to four peers
+    (``nvidia-smi topo -m`` on a DGX-1V): two quads {0,1,2,3} and {4,5,6,7}, fully connected inside,
+    plus i <-> i+4. Pairs with one link (NV1): 22 GB/s achieved; with two (NV2): 44 GB/s; both 8 us.
+    The other pairs (e.g. 0 <-> 5) go over PCIe and the host (cross-socket UPI): about 9 GB/s
+    achieved, 20 us."""
     d = 8
     nvlink_Bps_per_link, nvlink_lat = 22e9, 8e-6
     host_Bps, host_lat = 9e9, 20e-6
@@ -145,9 +147,10 @@ def v100x8() -> Cluster:
         for a, b in ((i, j), (j, i)):
             bw[a, b] = nvlink_Bps_per_link * links
             lat[a, b] = nvlink_lat
+    meta = {"preset": "v100x8", "gpu": V100_SXM2.model,
+            "source": "NVIDIA Tesla V100 datasheet; DGX-1V hybrid cube-mesh NVLink 2.0"}  # fmt: skip
     return Cluster(name="v100x8", devices=[V100_SXM2.device(f"gpu{i}") for i in range(d)], bandwidth_Bps=bw,
-                   latency_s=lat, meta={"preset": "v100x8", "gpu": V100_SXM2.model,
-                                        "source": "NVIDIA Tesla V100 datasheet; DGX-1V hybrid cube-mesh NVLink 2.0"})  # fmt: skip
+                   latency_s=lat, meta=meta)  # fmt: skip
 
 
 def a100x8(num_devices: int = 8) -> Cluster:
@@ -176,11 +179,12 @@ def h200x8(num_devices: int = 8) -> Cluster:
 
 
 def l40sx8(num_devices: int = 8) -> Cluster:
-    """A PCIe server with 8x L40S 48 GB (:data:`L40S`, from the NVIDIA L40S datasheet) and no NVLink: peer traffic crosses PCIe Gen4 x16
-    (64 GB/s both directions together, 31.5 per direction after encoding) through the PCIe switches and
-    the host. 24 GB/s achieved (76 % of the link, the share ``p100x4`` takes of PCIe 3.0), 10 us (a peer
-    copy's launch and synchronisation, as ``p100x4``). Every pair alike, so that ``l40sx8:N`` exists;
-    pairs under different CPU sockets are slower in a real box (write a cluster file for those)."""
+    """A PCIe server with 8x L40S 48 GB (:data:`L40S`, from the NVIDIA L40S datasheet) and no NVLink:
+    peer traffic crosses PCIe Gen4 x16 (64 GB/s both directions together, 31.5 per direction after
+    encoding) through the PCIe switches and the host. 24 GB/s achieved (76 % of the link, the share
+    ``p100x4`` takes of PCIe 3.0), 10 us (a peer copy's launch and synchronisation, as ``p100x4``).
+    Every pair alike, so that ``l40sx8:N`` exists; pairs under different CPU sockets are slower in a
+    real box (write a cluster file for those)."""
     return _gpu_box("l40sx8", num_devices, 8, L40S, link_Bps=24e9, link_latency_s=10e-6,
                     source="NVIDIA L40S datasheet; PCIe Gen4 x16 peer to peer through the host, no NVLink")  # fmt: skip
 

@@ -61,7 +61,8 @@ def _find_traffic(graph: DataflowGraph) -> OpTraffic:
     bad = next((x for x in uniq if not isinstance(x, str)), None)
     if bad is not None:
         v = names.index(bad)
-        raise GraphError(f"op {graph.op_label(v)}: its spec's dtype must be a string such as \"float16\", got {bad!r:.40}")
+        raise GraphError(f"op {graph.op_label(v)}: its spec's dtype must be a string such as \"float16\", "
+                         f"got {bad!r:.40}")  # fmt: skip
     codes = {name: i for i, name in enumerate(uniq)}
     dtype = np.fromiter((codes[x] for x in names), dtype=np.int64, count=n)
     moved = np.bincount(graph.dst, weights=graph.output_bytes[graph.src], minlength=n).astype(np.float64)
