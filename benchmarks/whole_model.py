@@ -34,10 +34,10 @@ import numpy as np
 
 from doppler import cluster as resolve_cluster
 from doppler import memory, workloads
+from doppler.corpus import gpu_rates
 from doppler.hardware import Cluster, Device
 from doppler.io_util import write_json
 from doppler.methods import MethodError, assign, score
-from doppler.presets import gpu_rates
 from doppler.sim import lower_bound, traced
 
 MODELS: dict[str, dict[str, Any]] = {

@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 #: lowest first; a module may import its own layer and the layers below it
 LAYERS = [
     {"_jit", "graph", "io_util", "kernels", "malloc", "progress", "torch_files"},
-    {"hardware", "cluster_file", "presets", "costs", "memory"},
+    {"hardware", "cluster_file", "presets", "costs", "memory", "traffic"},
     {"tiling", "references", "workloads", "formats", "assignment", "corpus", "pt2_archive", "torch_import"},
     {"listsched", "trace"},
     {"sim"},

@@ -15,10 +15,16 @@ from doppler.methods import MethodError, assign
 from doppler.sim import simulate
 
 
-def _with_memory(name: str, memory_bytes: float):
-    c = cluster(name)
-    return dataclasses.replace(c, name=f"{name}@{memory_bytes:g}",
-                               devices=[dataclasses.replace(d, memory_bytes=memory_bytes) for d in c.devices])  # fmt: skip
+def _paper_box(memory_bytes: float = 16e9):
+    """The paper's 4x P100 16 GB over PCIe with plain per-FLOP rates (the p100x4 preset before the roofline:
+    :func:`doppler.corpus.gpu_rates`). The tests below tighten a budget under the peak of a free schedule
+    that overfills one device; the roofline's free schedules spread the weights evenly, leaving no such room."""
+    from doppler.corpus import gpu_rates
+    from doppler.hardware import homogeneous
+
+    rate, by_kind = gpu_rates(9.3e12, 732e9)
+    return homogeneous(f"paper@{memory_bytes:g}", 4, flops_per_s=rate, flops_per_s_by_kind=by_kind, bandwidth_Bps=12e9,
+                       latency_s=10e-6, memory_bytes=memory_bytes)  # fmt: skip
 
 
 def test_a_weight_slice_is_held_once_per_device_that_reads_it():
@@ -89,13 +95,13 @@ def test_memory_aware_list_schedulers_place_within_the_budget(method, name):
     keeps each device within its budget when simulated, or says it cannot; with room to spare it is the
     unlimited schedule."""
     g = workloads.build(name) if name == "llama_layer" else workloads.build(name, size="tiny")
-    c = cluster("p100x4")
+    c = _paper_box()
     free = assign(g, c, method)
     free_peak = simulate(g, c, free, trace=True).peak_memory_bytes
     assert np.array_equal(assign(g, c, method, memory_fraction=1.0).devices, free.devices)  # nothing binds
     fitted = 0
     for share in (0.98, 0.9, 0.8):
-        tight = _with_memory("p100x4", free_peak.max() * share / memory.DEFAULT_MEMORY_FRACTION)
+        tight = _paper_box(free_peak.max() * share / memory.DEFAULT_MEMORY_FRACTION)
         try:
             a = assign(g, tight, method)
         except MethodError as e:
@@ -109,7 +115,7 @@ def test_memory_aware_list_schedulers_place_within_the_budget(method, name):
 
 def test_a_method_that_does_not_place_by_memory_is_refused_naming_the_device():
     g = workloads.build("llama_layer")
-    c = _with_memory("p100x4", 1e9)
+    c = _paper_box(1e9)
     with pytest.raises(MethodError, match=r"single's placement of llama_layer does not fit \(single does not place "
                                           r"by memory\): gpu0 holds .* at peak"):  # fmt: skip
         assign(g, c, "single")
@@ -122,18 +128,18 @@ def test_where_live_activations_overflow_every_try_the_error_says_so():
     """tiny ffnn holds six times more activations than weights: lowering the weights' caps cannot make room,
     and after its tries the method names the device still over budget."""
     g = workloads.build("ffnn", size="tiny")
-    c = cluster("p100x4")
+    c = _paper_box()
     peak = simulate(g, c, assign(g, c, "heft"), trace=True).peak_memory_bytes
-    tight = _with_memory("p100x4", peak.max() * 0.98 / memory.DEFAULT_MEMORY_FRACTION)
+    tight = _paper_box(peak.max() * 0.98 / memory.DEFAULT_MEMORY_FRACTION)
     with pytest.raises(MethodError, match=r"heft's placement of ffnn does not fit( after \d tries)?: gpu\d holds"):
         assign(g, tight, "heft")
 
 
 def test_anneal_searches_within_the_budget_from_a_start_that_fits():
     g = workloads.build("llama_layer")
-    c = cluster("p100x4")
+    c = _paper_box()
     free = simulate(g, c, assign(g, c, "anneal", max_evals=2000), trace=True)
-    tight = _with_memory("p100x4", free.peak_memory_bytes.max() * 0.98 / memory.DEFAULT_MEMORY_FRACTION)
+    tight = _paper_box(free.peak_memory_bytes.max() * 0.98 / memory.DEFAULT_MEMORY_FRACTION)
     a = assign(g, tight, "anneal", max_evals=2000)
     r = simulate(g, tight, a, trace=True)
     assert (r.peak_memory_bytes <= memory.budget_bytes(tight)).all() and a.info["memory_feasible"]
@@ -151,9 +157,9 @@ def test_anneal_without_a_budget_searches_as_before():
 
 def test_doppler_keeps_the_best_decode_that_fits_and_searches_within_the_budget():
     g = workloads.build("llama_layer")
-    c = cluster("p100x4")
+    c = _paper_box()
     free = simulate(g, c, assign(g, c, "doppler", samples=8), trace=True)
-    tight = _with_memory("p100x4", free.peak_memory_bytes.max() * 0.95 / memory.DEFAULT_MEMORY_FRACTION)
+    tight = _paper_box(free.peak_memory_bytes.max() * 0.95 / memory.DEFAULT_MEMORY_FRACTION)
     for kw in ({"samples": 8}, {"budget_s": 0.5}):
         try:
             a = assign(g, tight, "doppler", **kw)
@@ -172,9 +178,9 @@ def test_dopplers_decode_puts_each_op_only_where_it_has_room():
     from doppler.policy.infer import load_shipped
 
     g = workloads.build("llama_layer")
-    c = cluster("p100x4")
+    c = _paper_box()
     free = simulate(g, c, assign(g, c, "doppler"), trace=True)
-    tight = _with_memory("p100x4", free.peak_memory_bytes.max() * 0.9 / memory.DEFAULT_MEMORY_FRACTION)
+    tight = _paper_box(free.peak_memory_bytes.max() * 0.9 / memory.DEFAULT_MEMORY_FRACTION)
     with pytest.raises(MethodError, match="does not fit"):
         assign(g, tight, "single")
     a = assign(g, tight, "doppler")

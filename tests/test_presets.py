@@ -1,4 +1,5 @@
-"""Presets: valid, round-trip through cluster files, name:N, the DGX-1 topology and per-kind rates."""
+"""Presets: valid, round-trip through cluster files, name:N, the DGX-1 topology, datasheet numbers and their
+sources, and the roofline's rates on them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from doppler import presets
 from doppler.graph import OpKind, from_edges
 from doppler.hardware import ClusterError
 from doppler.presets import DGX1_V100_NVLINKS, PRESETS, cluster
@@ -37,7 +39,8 @@ def test_unit_preset() -> None:
     assert tt[0, 1] == 7.0 and tt[2, 2] == 0.0
 
 
-@pytest.mark.parametrize("spec,count", [("unit:8", 8), ("cpu4:2", 2), ("p100x4:2", 2), ("h100x8:4", 4), ("v100x8:8", 8), (" unit:1 ", 1)])
+@pytest.mark.parametrize("spec,count", [("unit:8", 8), ("cpu4:2", 2), ("p100x4:2", 2), ("h100x8:4", 4), ("v100x8:8", 8),
+                                        (" unit:1 ", 1), ("a100x8:3", 3), ("h200x8:1", 1), ("l40sx8:16", 16)])  # fmt: skip
 def test_name_with_count(spec: str, count: int) -> None:
     c = cluster(spec)
     assert c.num_devices == count
@@ -81,9 +84,55 @@ def test_v100_is_the_dgx1_hybrid_cube_mesh() -> None:
     assert c.latency_s[0, 5] > c.latency_s[0, 1]
 
 
-def test_per_kind_rates_of_gpu_presets() -> None:
+def test_an_add_is_memory_bound_and_a_matmul_compute_bound_on_a_gpu_preset() -> None:
     c = cluster("p100x4")
-    g = from_edges([1e9, 1e9], [], [0, 0], kind=[OpKind.MATMUL, OpKind.ADD])
-    t = c.compute_time_s(g)
-    assert t[1, 0] > 10 * t[0, 0]  # an add is memory-bound
-    assert c.devices[0].rate("add") == c.devices[0].rate(OpKind.ADD)
+    # 1 GFLOP each; the add moves 12 GB (two float32 reads and a write per FLOP), the matmul 12 MB
+    g = from_edges([1e9, 1e9], [], [12e6, 12e9], kind=[OpKind.MATMUL, OpKind.ADD])
+    t = c.compute_time_s(g)[:, 0]
+    assert t[0] == pytest.approx(5e-6 + 1e9 / (9.3e12 * 0.7))  # float32 peak x achieved, plus the launch
+    assert t[1] == pytest.approx(5e-6 + 12e9 / (732e9 * 0.8))  # datasheet HBM2 x achieved
+    assert t[1] > 10 * t[0]
+
+
+_HOPPER = {"float32": 67, "tf32": 494.5, "float16": 989.5, "bfloat16": 989.5, "float8": 1979}
+#: (preset, the datasheet its docstring names, dense peaks in TFLOP/s, memory bandwidth in TB/s, memory in GB)
+DATASHEETS = [
+    ("p100x4", "NVIDIA Tesla P100 PCIe datasheet", {"float32": 9.3, "float16": 18.7}, 0.732, 16),
+    ("v100x8", "NVIDIA Tesla V100 datasheet", {"float32": 15.7, "float16": 125}, 0.9, 16),
+    ("a100x8", "NVIDIA A100 Tensor Core GPU datasheet", {"float32": 19.5, "tf32": 156, "float16": 312, "bfloat16": 312},
+     2.039, 80),
+    ("h100x8", "NVIDIA H100 Tensor Core GPU datasheet", _HOPPER, 3.35, 80),
+    ("h200x8", "NVIDIA H200 Tensor Core GPU datasheet", _HOPPER, 4.8, 141),
+    ("l40sx8", "NVIDIA L40S datasheet", {"float32": 91.6, "tf32": 183, "float16": 362.05, "bfloat16": 362.05,
+                                         "float8": 733}, 0.864, 48),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,datasheet,peaks_tflops,hbm_TBps,memory_GB", DATASHEETS)
+def test_gpu_presets_carry_their_datasheet_numbers_and_name_their_source(name: str, datasheet: str, peaks_tflops: dict,
+                                                                         hbm_TBps: float, memory_GB: float) -> None:  # fmt: skip
+    c = cluster(name)
+    assert c.roofline and len({repr(d.to_json() | {"name": ""}) for d in c.devices}) == 1  # one GPU model per box
+    dev = c.devices[0]
+    assert dev.peak_flops_by_dtype == pytest.approx({k: v * 1e12 for k, v in peaks_tflops.items()})
+    assert dev.memory_bandwidth_Bps == pytest.approx(hbm_TBps * 1e12) and dev.memory_bytes == memory_GB * 1e9
+    assert 0 < dev.achieved_compute_fraction <= 1 and 0 < dev.achieved_memory_fraction <= 1
+    assert 0 < dev.overhead_s <= 2e-5  # a launch: microseconds
+    assert "datasheet" in c.meta["source"] and c.meta["gpu"]
+    doc = " ".join((getattr(presets, name).__doc__ or "").split())
+    assert datasheet in doc and datasheet in c.meta["source"]
+
+
+def test_the_pcie_box_has_no_nvlink_and_its_links_are_pcie_speed() -> None:
+    pcie, nvlink = cluster("l40sx8"), cluster("h100x8")
+    off = ~np.eye(8, dtype=bool)
+    assert pcie.bandwidth_Bps[off].max() <= 31.5e9  # PCIe Gen4 x16, one direction, after encoding
+    assert pcie.bandwidth_Bps[off].max() * 10 < nvlink.bandwidth_Bps[off].min()
+    assert pcie.latency_s[off].min() > nvlink.latency_s[off].max()
+    assert "no NVLink" in pcie.meta["source"]
+
+
+def test_cpu4_stays_a_plain_calibration_placeholder() -> None:
+    c = cluster("cpu4")
+    assert not c.roofline and "calibrate" in c.meta["source"]
+    assert c.devices[0].rate("add") == c.devices[0].rate(OpKind.ADD) == 2.5e9

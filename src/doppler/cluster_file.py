@@ -1,7 +1,10 @@
 """Cluster files: parsing and validating a cluster's JSON (the format is in :mod:`doppler.hardware`).
 
 Every error is a :class:`~doppler.hardware.ClusterError` that names the file, the field and the
-device or link at fault.
+device or link at fault. A file's ``format_version`` (1 where absent) says which device fields it may
+use: version 1 plain devices only (``flops_per_s``, exactly their meaning before roofline devices
+existed), version 2 plain or roofline devices (:data:`ROOFLINE_FIELDS`; a device gives ``flops_per_s``
+or ``peak_flops_by_dtype``, not both). :meth:`Cluster.to_json` writes version 2.
 """
 
 from __future__ import annotations
@@ -12,17 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from doppler.hardware import MAX_DEVICES, Cluster, ClusterError, Device
+from doppler.hardware import FORMAT_VERSION, MAX_DEVICES, Cluster, ClusterError, Device
 from doppler.io_util import read_json
 
-__all__ = ["cluster_from_json", "load_cluster"]
+__all__ = ["FORMAT_VERSIONS", "ROOFLINE_FIELDS", "cluster_from_json", "load_cluster"]
 
+#: the cluster-file versions this doppler reads (it writes the last)
+FORMAT_VERSIONS = (1, FORMAT_VERSION)
+#: the device fields of a roofline device (format version 2)
+ROOFLINE_FIELDS = ("peak_flops_by_dtype", "vector_flops_per_s", "memory_bandwidth_Bps", "achieved_compute_fraction",
+                   "achieved_memory_fraction")  # fmt: skip
 _DEVICE_FIELDS = {
     "name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams",
     "copies_inbound",
 }  # fmt: skip
 _LINK_FIELDS = {"src", "dst", "bandwidth_Bps", "latency_s"}
-_CLUSTER_FIELDS = {"name", "devices", "links", "default_link", "meta"}
+_CLUSTER_FIELDS = {"format_version", "name", "devices", "links", "default_link", "meta"}
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -36,8 +44,12 @@ def cluster_from_json(obj: Any, source: str = "") -> Cluster:
     if not isinstance(obj, dict):
         raise ClusterError(f"{where}a cluster must be a JSON object, got {type(obj).__name__}")
     _no_unknown(obj, _CLUSTER_FIELDS, where)
+    version = obj.get("format_version", 1)
+    if isinstance(version, bool) or version not in FORMAT_VERSIONS:
+        raise ClusterError(f"{where}format_version must be one of {', '.join(map(str, FORMAT_VERSIONS))}, got "
+                           f"{version!r:.40}")  # fmt: skip
     _check_counts(obj, where)
-    devices = _devices(obj, where)
+    devices = _devices(obj, where, version)
     bw, lat = _link_matrices(obj, [d.name for d in devices], where)
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
@@ -77,14 +89,14 @@ def _check_counts(obj: dict[str, Any], where: str) -> None:
                            f"of its {d} devices: a pair is listed twice")  # fmt: skip
 
 
-def _devices(obj: dict[str, Any], where: str) -> list[Device]:
-    """The devices, each validated, with distinct names."""
+def _devices(obj: dict[str, Any], where: str, version: int) -> list[Device]:
+    """The devices, each validated, with distinct names (the fields of format ``version``)."""
     if "devices" not in obj:
         raise ClusterError(f"{where}missing field 'devices'")
     raw_devices = obj["devices"]
     if not isinstance(raw_devices, list) or not raw_devices:
         raise ClusterError(f"{where}'devices' must be a non-empty list")
-    devices = [_device_from_json(rd, f"{where}devices[{i}]") for i, rd in enumerate(raw_devices)]
+    devices = [_device_from_json(rd, f"{where}devices[{i}]", version) for i, rd in enumerate(raw_devices)]
     names = [d.name for d in devices]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
@@ -171,10 +183,14 @@ def _link_numbers(obj: Any, at: str, *, require_endpoints: bool) -> tuple[float,
     return bw, lat
 
 
-def _device_from_json(obj: Any, at: str) -> Device:
+def _device_from_json(obj: Any, at: str, version: int) -> Device:
     if not isinstance(obj, dict):
         raise ClusterError(f"{at}: a device must be an object")
-    _no_unknown(obj, _DEVICE_FIELDS, f"{at}: ")
+    if version == 1 and set(obj) & set(ROOFLINE_FIELDS):
+        field_name = sorted(set(obj) & set(ROOFLINE_FIELDS))[0]
+        raise ClusterError(f"{at}: {field_name!r} is a roofline field: give the file \"format_version\": 2 (a file "
+                           "without one is version 1, plain devices only)")  # fmt: skip
+    _no_unknown(obj, _DEVICE_FIELDS | set(ROOFLINE_FIELDS), f"{at}: ")
     if "name" not in obj:
         raise ClusterError(f"{at}: missing field 'name'")
     name = obj["name"]
@@ -182,15 +198,21 @@ def _device_from_json(obj: Any, at: str) -> Device:
         raise ClusterError(f"{at}: 'name' must be a non-empty string, got {name!r}")
     at = f"{at} ({name!r})"
     kwargs: dict[str, Any] = {k: obj[k] for k in ("name", "kind", "copies_inbound") if k in obj}  # (checked by Device)
-    kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
+    if "peak_flops_by_dtype" in obj:
+        if "flops_per_s" in obj:
+            raise ClusterError(f"{at}: give flops_per_s (a plain device) or peak_flops_by_dtype (a roofline device), "
+                               "not both")  # fmt: skip
+        kwargs.update(_roofline_fields(obj, at))
+    else:
+        kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
+        for field_name in ROOFLINE_FIELDS:
+            if field_name in obj:
+                raise ClusterError(f"{at}: {field_name} needs peak_flops_by_dtype (a roofline device)")
     if "overhead_s" in obj:
         kwargs["overhead_s"] = _number(obj, "overhead_s", at)
     for field_name, unit in (("flops_per_s_by_kind", "FLOP/s"), ("overhead_s_by_kind", "seconds")):
         if field_name in obj:
-            by_kind = obj[field_name]
-            if not isinstance(by_kind, dict):
-                raise ClusterError(f"{at}: {field_name} must be an object mapping op kinds to {unit}")
-            kwargs[field_name] = {str(k): _number(by_kind, k, f"{at} {field_name}", repr(k)) for k in by_kind}
+            kwargs[field_name] = _number_map(obj, field_name, unit, at)
     if obj.get("memory_bytes") is not None:
         kwargs["memory_bytes"] = _number(obj, "memory_bytes", at)
     if "streams" in obj:
@@ -204,3 +226,22 @@ def _device_from_json(obj: Any, at: str) -> Device:
     except ClusterError as e:
         raise ClusterError(f"{at.rsplit(' (', 1)[0]}: {e}") from None
     return dev
+
+
+def _number_map(obj: dict[str, Any], field_name: str, unit: str, at: str) -> dict[str, float]:
+    """``obj[field_name]``, an object of numbers (keys checked by :meth:`Device.validate`)."""
+    values = obj[field_name]
+    if not isinstance(values, dict):
+        keys = "number formats" if "dtype" in field_name else "op kinds"
+        raise ClusterError(f"{at}: {field_name} must be an object mapping {keys} to {unit}")
+    return {str(k): _number(values, k, f"{at} {field_name}", repr(k)) for k in values}
+
+
+def _roofline_fields(obj: dict[str, Any], at: str) -> dict[str, Any]:
+    """A roofline device's fields, as numbers (their ranges are checked by :meth:`Device.validate`)."""
+    out: dict[str, Any] = {"peak_flops_by_dtype": _number_map(obj, "peak_flops_by_dtype", "FLOP/s", at),
+                           "memory_bandwidth_Bps": _number(obj, "memory_bandwidth_Bps", at)}  # fmt: skip
+    for field_name in ("vector_flops_per_s", "achieved_compute_fraction", "achieved_memory_fraction"):
+        if field_name in obj:
+            out[field_name] = _number(obj, field_name, at)
+    return out

@@ -35,8 +35,8 @@ import numpy as np
 
 from doppler import workloads
 from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster, Device
-from doppler.presets import gpu_rates, cluster as preset
+from doppler.hardware import VECTOR_KINDS, Cluster, Device
+from doppler.presets import cluster as preset
 
 TRAIN_OPS = (30, 1000)  #: the op counts training graphs are drawn from (inclusive)
 TRAIN_DEVICES = (2, 16)  #: the device counts training clusters are drawn from (inclusive)
@@ -52,6 +52,15 @@ _GPUS = {
     "v100": (15.7e12, 900e9, 44e9, 8e-6),
     "h100": (67e12, 3.35e12, 360e9, 5e-6),
 }
+
+
+def gpu_rates(peak_fp32_flops: float, hbm_Bps: float) -> tuple[float, dict[str, float]]:
+    """The plain per-FLOP rates the training clusters' GPUs have (the model the pretrained policy learned
+    on, kept as it was): (compute-bound FLOP/s, per-kind FLOP/s of :data:`VECTOR_KINDS`) = (0.7 x the
+    float32 peak, 0.8 x the memory bandwidth over 8 bytes per FLOP)."""
+    compute = peak_fp32_flops * 0.7
+    mem = hbm_Bps * 0.8 / 8.0
+    return compute, {k: mem for k in VECTOR_KINDS}
 
 
 class CorpusError(ValueError):

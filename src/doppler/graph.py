@@ -31,9 +31,10 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -686,6 +687,23 @@ class DataflowGraph:
 
     def __repr__(self) -> str:
         return f"DataflowGraph(name={self.name!r}, ops={self.num_ops}, edges={self.num_edges}, depth={self.depth})"
+
+
+_T = TypeVar("_T")
+
+
+def once_per_graph(find: Callable[["DataflowGraph"], _T]) -> Callable[["DataflowGraph"], _T]:
+    """``find(graph)``, computed once per live graph and kept while the graph lives (graphs are immutable
+    and compared by identity); for facts derived from a whole graph that several consumers read."""
+    found: "weakref.WeakKeyDictionary[DataflowGraph, _T]" = weakref.WeakKeyDictionary()
+
+    def get(graph: "DataflowGraph") -> _T:
+        value = found.get(graph)
+        if value is None:
+            value = found[graph] = find(graph)
+        return value
+
+    return get
 
 
 def from_edges(

@@ -1,41 +1,50 @@
 """Devices and links: how long an op takes on a device, how long a transfer takes.
 
-A :class:`Cluster` is a list of :class:`Device` plus two ``D x D`` matrices for
-the ordered device pairs: ``bandwidth_Bps`` (bytes/s) and ``latency_s``. Moving
-``b`` bytes from device ``i`` to ``j != i`` takes ``latency_s[i, j] + b /
-bandwidth_Bps[i, j]``; staying on a device is free (the diagonal is ignored).
-An op of kind ``k`` with ``f`` FLOPs takes ``overhead + f / rate`` seconds on a
-device, where ``rate`` is the device's ``flops_per_s_by_kind[k]`` if given, else
-its ``flops_per_s``, and ``overhead`` its ``overhead_s_by_kind[k]`` if given, else
-its ``overhead_s`` (0 by default: the presets model GPUs at full speed;
-``doppler calibrate`` fits both for a real engine, where a kernel launch and the
-engine's dispatch cost a fixed time per op). A device with ``streams = s`` runs up to ``s`` ops at once, each
-at full speed (docs/design.md, Execution semantics). A device with ``copies_inbound`` makes the copies of
-the transfers into it itself, queued with its ops (a CPU worker has no copy
-engine; ``doppler calibrate`` sets it for CPU devices); otherwise transfers run
-on their links, beside the ops.
+A :class:`Cluster` is a list of :class:`Device` plus two ``D x D`` matrices for the ordered device
+pairs: ``bandwidth_Bps`` (bytes/s) and ``latency_s``. Moving ``b`` bytes from device ``i`` to ``j != i``
+takes ``latency_s[i, j] + b / bandwidth_Bps[i, j]``; staying on a device is free (the diagonal is ignored).
 
-JSON format (``Cluster.to_json``)::
+An op's time on a device (:meth:`Cluster.compute_time_s`, the one owner every consumer asks) is
+``overhead + work``, ``overhead`` the device's ``overhead_s_by_kind[kind]`` if given, else its
+``overhead_s`` (a kernel launch and the engine's dispatch). ``work`` depends on the device:
 
-    {"name": "mybox",
-     "devices": [{"name": "gpu0", "kind": "gpu", "flops_per_s": 1e13,
-                  "flops_per_s_by_kind": {"add": 9e10},   # optional
-                  "overhead_s": 2e-5, "overhead_s_by_kind": {"add": 1e-5},  # optional
-                  "memory_bytes": 1.6e10,                  # optional, null = unlimited
-                  "streams": 1,                            # optional, default 1
-                  "copies_inbound": true}, ...],           # optional, default false (see above)
-     "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},  # optional
-     "links": [{"src": "gpu0", "dst": "gpu1", "bandwidth_Bps": 2.5e10, "latency_s": 8e-6}, ...],
-     "meta": {...}}                                        # optional, free-form
+* a **plain** device (``flops_per_s``; every cluster file of format version 1, ``doppler calibrate``'s
+  fits): ``flops / rate``, ``rate`` its ``flops_per_s_by_kind[kind]`` if given, else ``flops_per_s``;
+* a **roofline** device (``peak_flops_by_dtype`` and ``memory_bandwidth_Bps``, format version 2):
+  ``max(flops / (peak x achieved_compute_fraction), bytes_moved / (memory_bandwidth_Bps x
+  achieved_memory_fraction))`` with the op's bytes moved and number format from :mod:`doppler.traffic`.
+  ``peak`` is, for a matrix kind (matmul, einsummable, unknown: tensor cores), the peak of the op's
+  dtype (float32 ops take ``float32``, the non-tensor-core peak, unless the graph says ``tf32``); for a
+  kind in :data:`VECTOR_KINDS` (elementwise maps, norms, softmax, reductions: CUDA cores, computing in
+  float32 whatever the stored dtype, as PyTorch's ``opmath`` does) ``vector_flops_per_s`` (default: the
+  float32 peak). A dtype without a peak runs at the float32 peak (:meth:`Cluster.dtype_fallbacks` names
+  them; ``doppler graph info`` says so). A kind in ``flops_per_s_by_kind`` keeps the plain time (a
+  calibrated rate wins).
 
-Links are *ordered* pairs (``src -> dst``), named by device name or index. Every
-ordered pair of distinct devices needs a link, either listed or covered by
-``default_link``; a missing pair, a duplicate pair, a non-positive bandwidth,
-a negative latency or an unknown field is an error naming the file, the field
-and the device(s).
+A device with ``streams = s`` runs up to ``s`` ops at once, each at full speed (docs/design.md, Execution
+semantics). A device with ``copies_inbound`` makes the copies of the transfers into it itself, queued with
+its ops (a CPU worker has no copy engine; ``doppler calibrate`` sets it for CPU devices); otherwise
+transfers run on their links, beside the ops.
 
-Presets (``p100x4``, ``v100x8``, ...) and :func:`~doppler.presets.cluster`, which resolves a preset
-name or a cluster file, are in :mod:`doppler.presets`.
+JSON format (``Cluster.to_json``; docs/formats.md has every field)::
+
+    {"format_version": 2, "name": "mybox",
+     "devices": [{"name": "gpu0", "kind": "gpu",
+                  "peak_flops_by_dtype": {"float32": 6.7e13, "float16": 9.9e14},
+                  "memory_bandwidth_Bps": 3.35e12, "achieved_compute_fraction": 0.8,
+                  "achieved_memory_fraction": 0.8, "overhead_s": 5e-6, "memory_bytes": 8e10},
+                 {"name": "cpu0", "kind": "cpu", "flops_per_s": 5e10, "flops_per_s_by_kind": {"add": 2e9},
+                  "overhead_s_by_kind": {"add": 1e-5}, "streams": 1, "copies_inbound": true}],
+     "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},
+     "links": [{"src": "gpu0", "dst": "cpu0", "bandwidth_Bps": 2.5e10, "latency_s": 8e-6}, ...],
+     "meta": {...}}
+
+A file without ``format_version`` is version 1: plain devices only, exactly the meaning it always had.
+Links are *ordered* pairs (``src -> dst``), named by device name or index; every ordered pair of distinct
+devices needs a link, listed or covered by ``default_link``. A missing or duplicate pair, a non-positive
+bandwidth or peak, a fraction outside (0, 1], a negative latency or overhead, or an unknown field is an
+error naming the file, the field and the device(s). Presets and :func:`~doppler.presets.cluster` (a
+preset name or a cluster file) are in :mod:`doppler.presets`.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
 from doppler.io_util import to_jsonable, write_json
+from doppler.traffic import op_traffic
 
 DEVICE_KINDS = ("cpu", "gpu")
 
@@ -60,6 +70,19 @@ MAX_STREAMS = 4096
 
 #: op-kind label -> OpKind code (per-kind rates are looked up for every op of every simulated graph)
 _KIND_CODES = {k.label: k.value for k in OpKind}
+
+#: the cluster-file format version :meth:`Cluster.to_json` writes (:mod:`doppler.cluster_file` reads 1 too)
+FORMAT_VERSION = 2
+
+#: the number formats a roofline device may give a peak for (``peak_flops_by_dtype``): dense (non-sparse)
+#: datasheet peaks; ``float32`` is the non-tensor-core peak, ``tf32`` the tensor-core one for float32
+#: inputs, ``float8`` covers e4m3 and e5m2; ``float32`` is required (the fallback of every other dtype)
+PEAK_DTYPES = ("float32", "tf32", "float16", "bfloat16", "float8")
+
+#: op kinds that run on the vector units (CUDA cores), not on matrix units (tensor cores): elementwise
+#: maps, norms, softmax, reductions, selections and the text format's data-movement optypes
+VECTOR_KINDS = ("add", "elementwise", "softmax", "norm", "rotary", "mask_fill", "select", "reduce", "fill",
+                "formation", "complexer", "squeezer")  # fmt: skip
 
 
 class ClusterError(ValueError):
@@ -91,13 +114,27 @@ def _check_by_kind(at: str, field_name: str, values: Any, unit: str, ok: Callabl
             raise ClusterError(f"{at}: {field_name}[{label!r}] must be a finite number {bound}, got {value!r}")
 
 
+def _peak_key(dtype: str, float32_matmul: str) -> str:
+    """The ``peak_flops_by_dtype`` key a matrix op of number format ``dtype`` runs at (before any fallback)."""
+    if dtype == "float32" and float32_matmul == "tf32":
+        return "tf32"
+    return "float8" if dtype.startswith("float8") else dtype
+
+
+def _op_classes(graph: DataflowGraph, dtype: np.ndarray, dtype_names: tuple[str, ...]) -> tuple[np.ndarray, list]:
+    """Ops alike for the roofline: per op, the index of its (kind label, dtype name) class, and the classes."""
+    codes = graph.kind.astype(np.int64) * len(dtype_names) + dtype
+    classes, inv = np.unique(codes, return_inverse=True)
+    return inv, [(OpKind(int(c) // len(dtype_names)).label, dtype_names[int(c) % len(dtype_names)]) for c in classes]
+
+
 @dataclass(frozen=True)
 class Device:
-    """One execution device: a GPU or a CPU worker."""
+    """One execution device: a GPU or a CPU worker, plain or roofline (see the module docstring)."""
 
     name: str
     kind: str = "gpu"  # "cpu" | "gpu"
-    flops_per_s: float = 1.0
+    flops_per_s: float = 1.0  # a plain device's FLOP/s (a roofline device ignores it)
     flops_per_s_by_kind: dict[str, float] = field(default_factory=dict)  # OpKind label -> FLOP/s override
     memory_bytes: float = float("inf")
     streams: int = 1
@@ -106,6 +143,19 @@ class Device:
     #: transfers into this device are copies its own worker makes, queued with its ops (a CPU worker,
     #: which has no copy engine); otherwise a transfer runs on its link, beside the device's ops
     copies_inbound: bool = False
+    #: dense datasheet peak FLOP/s of the matrix units per number format (:data:`PEAK_DTYPES`); non-empty:
+    #: a roofline device
+    peak_flops_by_dtype: dict[str, float] = field(default_factory=dict)
+    #: peak FLOP/s of the vector units, for :data:`VECTOR_KINDS` (None: the float32 peak)
+    vector_flops_per_s: float | None = None
+    memory_bandwidth_Bps: float | None = None  # datasheet memory bandwidth of a roofline device
+    achieved_compute_fraction: float = 1.0  # share of the peaks the device's kernels reach, in (0, 1]
+    achieved_memory_fraction: float = 1.0  # share of the memory bandwidth they reach, in (0, 1]
+
+    @property
+    def roofline(self) -> bool:
+        """Whether op times here follow the roofline (``peak_flops_by_dtype`` given), not ``flops_per_s``."""
+        return bool(self.peak_flops_by_dtype)
 
     def validate(self, where: str = "") -> None:
         """Raise ClusterError unless every field is sensible."""
@@ -128,14 +178,73 @@ class Device:
             raise ClusterError(f"{at}: streams must be an integer from 1 to {MAX_STREAMS}, got {self.streams!r}")
         if not isinstance(self.copies_inbound, (bool, np.bool_)):
             raise ClusterError(f"{at}: copies_inbound must be true or false, got {self.copies_inbound!r}")
+        self._validate_roofline(at)
+
+    def _validate_roofline(self, at: str) -> None:
+        """The roofline fields: all or none of peaks and bandwidth, each a finite number > 0, fractions in (0, 1]."""
+        peaks = self.peak_flops_by_dtype
+        if not isinstance(peaks, dict):
+            raise ClusterError(f"{at}: peak_flops_by_dtype must be an object mapping number formats to FLOP/s")
+        for key, value in peaks.items():
+            if key not in PEAK_DTYPES:
+                raise ClusterError(f"{at}: peak_flops_by_dtype: unknown number format {key!r} (known: "
+                                   f"{', '.join(PEAK_DTYPES)})")  # fmt: skip
+            if not _finite_positive(value):
+                raise ClusterError(f"{at}: peak_flops_by_dtype[{key!r}] must be a finite number > 0, got {value!r}")
+        if peaks and "float32" not in peaks:
+            raise ClusterError(f"{at}: peak_flops_by_dtype must give float32 (the peak of every number format "
+                               "it does not list)")  # fmt: skip
+        for label, value in (("vector_flops_per_s", self.vector_flops_per_s),
+                             ("memory_bandwidth_Bps", self.memory_bandwidth_Bps)):  # fmt: skip
+            if value is not None and not _finite_positive(value):
+                raise ClusterError(f"{at}: {label} must be a finite number > 0, got {value!r}")
+        for label in ("achieved_compute_fraction", "achieved_memory_fraction"):
+            value = getattr(self, label)
+            if not _finite_positive(value) or value > 1:
+                raise ClusterError(f"{at}: {label} must be a number in (0, 1], got {value!r}")
+        roofline_only = [label for label in ("vector_flops_per_s", "memory_bandwidth_Bps")
+                         if getattr(self, label) is not None]  # fmt: skip
+        roofline_only += [label for label in ("achieved_compute_fraction", "achieved_memory_fraction")
+                          if getattr(self, label) != 1.0]  # fmt: skip
+        if peaks and self.memory_bandwidth_Bps is None:
+            raise ClusterError(f"{at}: a roofline device (peak_flops_by_dtype) needs memory_bandwidth_Bps")
+        if not peaks and roofline_only:
+            raise ClusterError(f"{at}: {roofline_only[0]} needs peak_flops_by_dtype (a roofline device)")
 
     def rate(self, kind: int | str | OpKind) -> float:
-        """FLOP/s of this device for ops of ``kind``."""
+        """FLOP/s of this plain device for ops of ``kind`` (a roofline device: :meth:`op_rate`)."""
         label = OpKind(kind).label if not isinstance(kind, str) else OpKind.parse(kind).label
         return float(self.flops_per_s_by_kind.get(label, self.flops_per_s))
 
+    def op_rate(self, kind: str, dtype: str, float32_matmul: str = "float32") -> tuple[float, float, bool]:
+        """``(FLOP/s, bytes/s, fell_back)`` an op of ``kind`` (label) computing in ``dtype`` achieves here:
+        the bytes rate is ``inf`` where bytes cost nothing (a plain device, a kind in
+        ``flops_per_s_by_kind``); ``fell_back``: the dtype has no peak here and runs at the float32 one."""
+        overrides = {OpKind.parse(str(k)).label: v for k, v in self.flops_per_s_by_kind.items()}
+        if not self.roofline or kind in overrides:
+            return float(overrides.get(kind, self.flops_per_s)), math.inf, False
+        bytes_rate = float(self.memory_bandwidth_Bps) * self.achieved_memory_fraction  # type: ignore[arg-type]
+        if kind in VECTOR_KINDS:
+            peak = self.vector_flops_per_s if self.vector_flops_per_s is not None else self.peak_flops_by_dtype["float32"]
+            return float(peak) * self.achieved_compute_fraction, bytes_rate, False
+        key = _peak_key(dtype, float32_matmul)
+        peak = self.peak_flops_by_dtype.get(key)
+        fell_back = peak is None
+        if fell_back:
+            peak = self.peak_flops_by_dtype["float32"]
+        return float(peak) * self.achieved_compute_fraction, bytes_rate, fell_back
+
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "flops_per_s": float(self.flops_per_s)}
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.roofline:
+            out["peak_flops_by_dtype"] = {str(k): float(v) for k, v in self.peak_flops_by_dtype.items()}
+            if self.vector_flops_per_s is not None:
+                out["vector_flops_per_s"] = float(self.vector_flops_per_s)
+            out["memory_bandwidth_Bps"] = float(self.memory_bandwidth_Bps)  # type: ignore[arg-type]
+            out["achieved_compute_fraction"] = float(self.achieved_compute_fraction)
+            out["achieved_memory_fraction"] = float(self.achieved_memory_fraction)
+        else:
+            out["flops_per_s"] = float(self.flops_per_s)
         if self.flops_per_s_by_kind:
             out["flops_per_s_by_kind"] = {str(k): float(v) for k, v in self.flops_per_s_by_kind.items()}
         if self.overhead_s:
@@ -149,6 +258,53 @@ class Device:
         return out
 
 
+@dataclass(frozen=True)
+class OpTimes:
+    """The terms of an op's time on a device, per (op, device): ``compute_s`` (FLOPs over the achieved
+    FLOP/s), ``memory_s`` (bytes moved over the achieved bandwidth; 0 where bytes cost nothing: a plain
+    device, a kind with a calibrated rate), ``overhead_s``; ``fallbacks``: ``(device, dtype)`` pairs run
+    at the float32 peak for want of their own (:meth:`Cluster.dtype_fallbacks`)."""
+
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    overhead_s: np.ndarray
+    fallbacks: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def total_s(self) -> np.ndarray:
+        """``overhead + max(compute, memory)``: :meth:`Cluster.compute_time_s`."""
+        return self.overhead_s + np.maximum(self.compute_s, self.memory_s)
+
+    @property
+    def memory_bound(self) -> np.ndarray:
+        """Per (op, device): whether the bytes take longer than the FLOPs. bool[n, D]."""
+        return self.memory_s > self.compute_s
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """The ops of one (kind, dtype) on one device model (:meth:`Cluster.roofline_rows`): ``device`` (the
+    first of ``alike`` devices alike), ``model`` (``roofline`` or ``plain``), how many ``ops``, of which
+    ``compute_bound`` (their FLOPs take longer than their bytes, or the device is plain) and
+    ``memory_bound``; their FLOPs, bytes moved and seconds there (launch overheads included), and the
+    effective rates: ``flop_rate`` = FLOPs / seconds, ``byte_rate`` = bytes / seconds."""
+
+    device: str
+    alike: int
+    model: str
+    kind: str
+    dtype: str
+    ops: int
+    compute_bound: int
+    memory_bound: int
+    flops: float
+    bytes_moved: float
+    time_s: float
+    flop_rate: float
+    byte_rate: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 @dataclass(eq=False)
@@ -261,21 +417,92 @@ class Cluster:
         return out
 
     def throughput_matrix(self) -> np.ndarray:
-        """FLOP/s per (OpKind code, device): float64[len(OpKind), D]."""
+        """A plain device's FLOP/s per (OpKind code, device): float64[len(OpKind), D] (a roofline device's
+        times depend on each op's bytes and dtype too: :meth:`op_times`)."""
         return self._per_kind_matrix("flops_per_s", "flops_per_s_by_kind")
 
     def overhead_matrix(self) -> np.ndarray:
         """Fixed seconds per op per (OpKind code, device): float64[len(OpKind), D]."""
         return self._per_kind_matrix("overhead_s", "overhead_s_by_kind")
 
+    @property
+    def roofline(self) -> bool:
+        """Whether any device follows the roofline (module docstring)."""
+        return any(d.roofline for d in self.devices)
+
     def compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
-        """Seconds each op takes on each device: float64[num_ops, D]."""
+        """Seconds each op takes on each device: float64[num_ops, D] (the module docstring's rule)."""
+        if self.roofline:
+            return self.op_times(graph).total_s
         kinds = graph.kind.astype(np.int64)
         with np.errstate(over="ignore"):  # inf: caught by check_times, which names the op
             t = graph.flops[:, None] / self.throughput_matrix()[kinds]
             if any(d.overhead_s or d.overhead_s_by_kind for d in self.devices):
                 t = t + self.overhead_matrix()[kinds]
         return t
+
+    def _first_alike(self) -> list[int]:
+        """Per device, the index of the first device alike (every field but the name equal)."""
+        seen: dict[str, int] = {}
+        return [seen.setdefault(repr(replace(d, name="").to_json()), j) for j, d in enumerate(self.devices)]
+
+    def op_times(self, graph: DataflowGraph) -> "OpTimes":
+        """The terms of :meth:`compute_time_s` per (op, device) (:class:`OpTimes`), computed per class of
+        ops alike (kind, dtype) and device model, then spread over the ops in bulk."""
+        traffic = op_traffic(graph) if self.roofline else None
+        if traffic is None:
+            inv, labels = _op_classes(graph, np.zeros(graph.num_ops, np.int64), ("float32",))
+            mode, moved = "float32", np.zeros(graph.num_ops)
+        else:
+            inv, labels = _op_classes(graph, traffic.dtype, traffic.dtype_names)
+            mode, moved = traffic.float32_matmul, traffic.bytes_moved
+        rates = np.empty((len(labels), self.num_devices))
+        byte_rates = np.empty((len(labels), self.num_devices))
+        missing: dict[int, list[str]] = {}  # a first device alike -> the dtypes it has no peak for
+        first = self._first_alike()
+        for j, dev in enumerate(self.devices):
+            if first[j] != j:  # a device like one before: the same column
+                rates[:, j], byte_rates[:, j] = rates[:, first[j]], byte_rates[:, first[j]]
+                continue
+            missing[j] = []
+            for u, (kind, dtype) in enumerate(labels):
+                rates[u, j], byte_rates[u, j], fell_back = dev.op_rate(kind, dtype, mode)
+                if fell_back and dtype not in missing[j]:
+                    missing[j].append(dtype)
+        fallbacks = tuple((dev.name, dtype) for dev, f in zip(self.devices, first) for dtype in missing[f])
+        with np.errstate(over="ignore"):  # inf: caught by check_times, which names the op
+            compute = graph.flops[:, None] / rates[inv]
+            memory = moved[:, None] / byte_rates[inv]
+        return OpTimes(compute, memory, self.overhead_matrix()[graph.kind.astype(np.int64)], fallbacks)
+
+    def dtype_fallbacks(self, graph: DataflowGraph) -> tuple[tuple[str, str], ...]:
+        """``(device, dtype)`` for every number format of the graph's matrix ops that a roofline device
+        has no peak for: those ops run at its float32 peak (module docstring)."""
+        return self.op_times(graph).fallbacks if self.roofline else ()
+
+    def roofline_rows(self, graph: DataflowGraph) -> list["RooflineRow"]:
+        """Per device model (devices alike share one row set, named after the first) and per (op kind,
+        dtype): how many ops are compute-bound and memory-bound there, and the rates they achieve
+        (:class:`RooflineRow`), ordered by device, then by time spent."""
+        times = self.op_times(graph)
+        traffic = op_traffic(graph)
+        inv, labels = _op_classes(graph, traffic.dtype, traffic.dtype_names)
+        first = self._first_alike()
+        rows: list[RooflineRow] = []
+        for j in sorted(set(first)):
+            dev = self.devices[j]
+            per = [np.bincount(inv, weights=w, minlength=len(labels))
+                   for w in (np.ones(graph.num_ops), times.memory_bound[:, j], graph.flops, traffic.bytes_moved,
+                             times.total_s[:, j])]  # fmt: skip
+            found = []
+            for u, (kind, dtype) in enumerate(labels):
+                ops, mem, flops, moved, seconds = (float(a[u]) for a in per)
+                per_s = 1.0 / seconds if seconds > 0 else 0.0
+                found.append(RooflineRow(dev.name, first.count(j), "roofline" if dev.roofline else "plain", kind, dtype,
+                                         int(ops), int(ops - mem), int(mem), flops, moved, seconds, flops * per_s,
+                                         moved * per_s))  # fmt: skip
+            rows += sorted(found, key=lambda r: -r.time_s)
+        return rows
 
     def check_times(self, graph: DataflowGraph, compute_s: np.ndarray) -> None:
         """ClusterError unless every sum of op and transfer times of ``graph`` here stays finite
@@ -347,6 +574,7 @@ class Cluster:
                         }
                     )
         return {
+            "format_version": FORMAT_VERSION,
             "name": self.name,
             "devices": [d.to_json() for d in self.devices],
             "links": links,

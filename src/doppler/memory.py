@@ -25,13 +25,12 @@ simulating; the simulator's trace adds exactly these numbers to its peaks.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from doppler.graph import DataflowGraph, GraphError
+from doppler.graph import DataflowGraph, GraphError, once_per_graph
 from doppler.kernels import DTYPE_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,17 +66,10 @@ class InputSlices:
         return ops, self.slice_idx
 
 
-#: each live graph's input slices, found once (graphs are immutable, and compared by identity)
-_SLICES: "weakref.WeakKeyDictionary[DataflowGraph, InputSlices]" = weakref.WeakKeyDictionary()
-
-
 def input_slices(graph: DataflowGraph) -> InputSlices:
     """The graph-input slices its op specs read (:class:`InputSlices`), found once per graph. A graph
     without specs reads none."""
-    found = _SLICES.get(graph)
-    if found is None:
-        found = _SLICES[graph] = _find_input_slices(graph)
-    return found
+    return _input_slices_once(graph)
 
 
 def _find_input_slices(graph: DataflowGraph) -> InputSlices:
@@ -127,6 +119,9 @@ def _check_inside(graph: DataflowGraph, v: int, key: tuple, shape: object) -> No
             not isinstance(d, int) or hi > d for (_, hi), d in zip(bounds, shape)):  # fmt: skip
         raise GraphError(f"op {graph.op_label(v)}: its slice {[list(b) for b in bounds]!s:.80} of input {name!r:.60} "
                          f"does not lie inside the input's shape {shape!s:.60} (meta.inputs)")  # fmt: skip
+
+
+_input_slices_once = once_per_graph(_find_input_slices)
 
 
 def _plain_slice_key(name: object, bounds: object) -> tuple | None:

@@ -315,7 +315,7 @@ def test_bad_seeds_sizes_and_overflowing_times_exit_2_with_one_line(graph_file: 
                              "edges": {"src": [0], "dst": [1]}}))  # fmt: skip
     cl = cluster("p100x4")
     slow = tmp_path / "slow.json"
-    replace(cl, name="slow", devices=[replace(d, flops_per_s=1e-100, flops_per_s_by_kind={}) for d in cl.devices]).save(slow)
+    replace(cl, name="slow", devices=[replace(d, peak_flops_by_dtype={"float32": 1e-100}) for d in cl.devices]).save(slow)
     for args in (["compare", str(g), "-c", str(slow), "-m", "single,critical_path"],
                  ["assign", str(g), "-c", str(slow), "-m", "heft", "-o", str(tmp_path / "h.json")]):  # fmt: skip
         res = run(*args)

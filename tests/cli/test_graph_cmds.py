@@ -273,3 +273,62 @@ def test_build_a_decode_step_and_a_batch(tmp_path: Path) -> None:
     assert len(g.meta["structure"]["layers"]) == 2  # the layer structure survives the file
     slices = input_slices(g)
     assert all(w for name, w in zip(slices.names, slices.weight) if name.endswith("_cache"))
+
+
+def test_info_shows_which_op_kinds_are_compute_or_memory_bound_on_the_cluster(tmp_path: Path) -> None:
+    g = tmp_path / "m.json"
+    assert run("graph", "build", "llama_model", "--set", "size=tiny", "-o", str(g)).exit_code == 0
+    res = run("graph", "info", str(g), "-c", "h100x8:2", "--json")
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.stdout)
+    rows = {(r["kind"], r["dtype"]): r for r in stats["roofline"]}
+    graph = load_graph(g)
+    assert sum(r["ops"] for r in rows.values()) == graph.num_ops  # one device model (two alike): every op once
+    assert all(r["device"] == "gpu0" and r["alike"] == 2 and r["model"] == "roofline" for r in rows.values())
+    assert all(r["compute_bound"] + r["memory_bound"] == r["ops"] for r in rows.values())
+    assert rows[("softmax", "float16")]["memory_bound"] == rows[("softmax", "float16")]["ops"]
+    for r in rows.values():  # effective rates never beat the H100's datasheet
+        assert r["flop_rate"] <= 989.5e12 and r["byte_rate"] <= 3.35e12
+        assert r["time_s"] > 0 and r["flop_rate"] == pytest.approx(r["flops"] / r["time_s"])
+    assert stats["dtype_fallbacks"] == []
+    human = run("graph", "info", str(g), "-c", "h100x8:2")
+    assert human.exit_code == 0 and "memory-bound" in human.stdout and "gpu0 (+1 alike)" in human.stdout
+    assert "roofline" not in json.loads(run("graph", "info", str(g), "--json").stdout)  # only with a cluster typed
+
+
+def test_info_says_which_dtypes_run_at_the_float32_peak(tmp_path: Path) -> None:
+    g = tmp_path / "m.json"
+    assert run("graph", "build", "llama_model", "--set", "size=tiny", "--set", "dtype=bfloat16", "-o", str(g)).exit_code == 0
+    stats = json.loads(run("graph", "info", str(g), "-c", "v100x8", "--json").stdout)
+    assert {(f["device"], f["dtype"]) for f in stats["dtype_fallbacks"]} == {(f"gpu{i}", "bfloat16") for i in range(8)}
+    human = run("graph", "info", str(g), "-c", "v100x8")
+    assert "bfloat16 matrix ops run at the float32 peak on gpu0" in " ".join(human.stdout.split())
+
+
+def _bad_cluster(tmp_path: Path, **device) -> Path:
+    dev = {"name": "gpu0", "peak_flops_by_dtype": {"float32": 6.7e13, "float16": 9.9e14},
+           "memory_bandwidth_Bps": 3.35e12, "achieved_compute_fraction": 0.8, "achieved_memory_fraction": 0.8,
+           "overhead_s": 5e-6}  # fmt: skip
+    p = tmp_path / "box.json"
+    p.write_text(json.dumps({"format_version": 2, "name": "box", "devices": [dev | device]}))
+    return p
+
+
+@pytest.mark.parametrize(
+    "device,field",
+    [({"memory_bandwidth_Bps": 0}, "memory_bandwidth_Bps"), ({"memory_bandwidth_Bps": -1}, "memory_bandwidth_Bps"),
+     ({"peak_flops_by_dtype": {"float32": 0}}, "peak_flops_by_dtype['float32']"),
+     ({"peak_flops_by_dtype": {"float32": 1e13, "float16": -5}}, "peak_flops_by_dtype['float16']"),
+     ({"achieved_compute_fraction": 0}, "achieved_compute_fraction"),
+     ({"achieved_memory_fraction": 1.01}, "achieved_memory_fraction"), ({"overhead_s": -1e-6}, "overhead_s")],
+)  # fmt: skip
+def test_a_bad_roofline_cluster_file_exits_2_in_one_line_naming_file_device_and_field(tmp_path: Path, device: dict,
+                                                                                      field: str) -> None:  # fmt: skip
+    g = tmp_path / "g.json"
+    assert run("graph", "build", "ffnn", "--set", "size=tiny", "-o", str(g)).exit_code == 0
+    p = _bad_cluster(tmp_path, **device)
+    res = run("graph", "info", str(g), "-c", str(p))
+    assert res.exit_code == 2, res.output
+    line = " ".join(res.output.split())
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert str(p) in line and "gpu0" in line and field in line

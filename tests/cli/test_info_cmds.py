@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from doppler import __version__
@@ -42,5 +43,11 @@ def test_clusters_lists_every_preset_with_devices_rates_and_links() -> None:
     assert not rows["v100x8"]["device_count_settable"]
     lo, hi = rows["v100x8"]["link_bandwidth_Bps"]
     assert lo < hi  # the DGX-1's NVLink and PCIe pairs differ
+    h100 = rows["h100x8"]
+    assert h100["model"] == "roofline" and h100["gpu"] == "H100 SXM5 80 GB"
+    assert h100["peak_flops_by_dtype"]["float16"] == pytest.approx(989.5e12) and h100["memory_bandwidth_Bps"] == 3.35e12
+    assert h100["flops_per_s"] == [pytest.approx(67e12 * 0.8)] * 8  # a float32 matmul: the non-tensor-core peak
+    assert rows["cpu4"]["model"] == "plain" and rows["cpu4"]["memory_bandwidth_Bps"] is None
     human = runner.invoke(app, ["clusters"])
     assert human.exit_code == 0 and "h100x8" in human.stdout and "GB/s" in human.stdout
+    assert all(name in human.stdout for name in ("a100x8", "h200x8", "l40sx8", "L40S 48 GB", "3350 GB/s"))

@@ -142,13 +142,15 @@ def info_cmd(
     json_out: bool = JSON_OPT,
 ) -> None:
     """Size, depth, total work, critical path and makespan lower bound of a graph; its weights against the
-    cluster's memory budget."""
+    cluster's memory budget; with --cluster, per op kind and dtype, how many ops are compute-bound and
+    memory-bound there and the rates they achieve."""
     from rich.table import Table
 
     with handle_errors():
         from doppler.sim import lower_bound
 
         graph = load_graph(graph_path)
+        typed = cluster_name is not None
         if cluster_name is None:  # the graph's own device count applies only to the default cluster, never to one typed
             cluster_name, devices = "unit", devices if devices is not None else graph.meta.get("devices")
         cl = _cluster_for(cluster_name, devices)
@@ -172,6 +174,9 @@ def info_cmd(
             stats["repeated_layers"] = len(repeats)
             stats["ops_per_repeated_layer"] = int(repeats[0].size) if repeats else 0
         stats["cost_only"] = bool(graph.meta.get("cost_only"))  # built on the meta device: no values to execute
+        if typed:
+            stats["roofline"] = [row.to_json() for row in cl.roofline_rows(graph)]
+            stats["dtype_fallbacks"] = [{"device": d, "dtype": t} for d, t in cl.dtype_fallbacks(graph)]
         if json_out:
             emit_json(stats)
             return
@@ -201,6 +206,33 @@ def info_cmd(
             table.add_row("values", "none: cost-only (built on the meta device), execute refuses it")
         table.add_row("fingerprint", stats["fingerprint"])
         console.print(table)
+        if typed:
+            _print_roofline(stats, cl)
+
+
+def _print_roofline(stats: dict, cl) -> None:
+    """``graph info``'s table of op kinds on the cluster's devices, and the dtypes run at the float32 peak."""
+    from rich.table import Table
+
+    from doppler.report import format_time
+
+    table = Table(title=f"op kinds on {cl.name}: compute- or memory-bound (effective rates include launch overheads)",
+                  title_justify="left", show_edge=False, header_style="bold")  # fmt: skip
+    for col in ("device", "kind", "dtype", "ops", "compute-bound", "memory-bound", "time", "FLOP/s", "bytes/s"):
+        table.add_column(col, justify="left" if col in ("device", "kind", "dtype") else "right")
+    for r in stats["roofline"]:
+        device = r["device"] + (f" (+{r['alike'] - 1} alike)" if r["alike"] > 1 else "") + \
+            ("" if r["model"] == "roofline" else " [plain]")
+        table.add_row(escape(device), r["kind"], escape(r["dtype"]), str(r["ops"]), str(r["compute_bound"]),
+                      str(r["memory_bound"]), format_time(r["time_s"], cl), f"{r['flop_rate']:.3g}",
+                      f"{r['byte_rate']:.3g}")  # fmt: skip
+    console.print(table)
+    fallbacks: dict[str, list[str]] = {}
+    for f in stats["dtype_fallbacks"]:
+        fallbacks.setdefault(f["dtype"], []).append(f["device"])
+    for dtype, names in fallbacks.items():
+        console.print(f"note: {escape(dtype)} matrix ops run at the float32 peak on {escape(', '.join(names))} "
+                      f"(no {escape(dtype)} peak there)", highlight=False)  # fmt: skip
 
 
 @graph_app.command("convert")

@@ -64,7 +64,11 @@ def _cluster_row(name: str, scalable: bool) -> dict[str, Any]:
         "devices": cl.num_devices,
         "device_count_settable": scalable,
         "kind": cl.devices[0].kind,
-        "flops_per_s": [float(d.flops_per_s) for d in cl.devices],
+        "model": "roofline" if cl.roofline else "plain",
+        "flops_per_s": [float(d.op_rate("matmul", "float32")[0]) for d in cl.devices],
+        "peak_flops_by_dtype": cl.devices[0].peak_flops_by_dtype or None,
+        "memory_bandwidth_Bps": cl.devices[0].memory_bandwidth_Bps,
+        "gpu": cl.meta.get("gpu"),
         "link_bandwidth_Bps": [float(bw.min()), float(bw.max())],
         "link_latency_s": [float(lat.min()), float(lat.max())],
     }
@@ -72,7 +76,8 @@ def _cluster_row(name: str, scalable: bool) -> dict[str, Any]:
 
 @app.command("clusters")
 def clusters_cmd(json_out: bool = JSON_OPT) -> None:
-    """List the cluster presets: device count, FLOP/s per device, link bandwidths and latencies."""
+    """List the cluster presets: device count, the GPU, achieved float32 matmul FLOP/s and float16 peak per
+    device, memory bandwidth, link bandwidths and latencies."""
     from rich.table import Table
 
     with handle_errors():
@@ -85,16 +90,21 @@ def clusters_cmd(json_out: bool = JSON_OPT) -> None:
             return
         table = Table(show_edge=False, header_style="bold",
                       caption="name:N sets the device count of the presets marked 'yes'; a JSON file works too")  # fmt: skip
-        for col in ("preset", "devices", "name:N", "kind", "FLOP/s per device", "link bandwidth", "link latency"):
-            table.add_column(col, justify="left" if col in ("preset", "kind") else "right")
+        for col in ("preset", "devices", "name:N", "device", "fp32 FLOP/s", "fp16 peak", "memory", "link bandwidth",
+                    "link latency"):  # fmt: skip
+            table.add_column(col, justify="left" if col in ("preset", "device") else "right")
 
         def span(lo: float, hi: float, fmt) -> str:
             return fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}"
 
         for r in rows:
             flops = span(min(r["flops_per_s"]), max(r["flops_per_s"]), lambda x: f"{x:.3g}")
-            bw = span(*r["link_bandwidth_Bps"], lambda x: f"{x / 1e9:.3g} GB/s" if x >= 1e6 else f"{x:g} B/s")
+            gbs = lambda x: f"{x / 1e9:.3g} GB/s" if x >= 1e6 else f"{x:g} B/s"  # noqa: E731
+            bw = span(*r["link_bandwidth_Bps"], gbs)
             lat = span(*r["link_latency_s"], format_time)
-            table.add_row(r["name"], str(r["devices"]), "yes" if r["device_count_settable"] else "no", r["kind"],
-                          flops, bw, lat)  # fmt: skip
+            fp16 = (r["peak_flops_by_dtype"] or {}).get("float16")
+            mem = r["memory_bandwidth_Bps"]
+            table.add_row(r["name"], str(r["devices"]), "yes" if r["device_count_settable"] else "no",
+                          r["gpu"] or r["kind"], flops, "-" if fp16 is None else f"{fp16:.3g}",
+                          "-" if mem is None else f"{mem / 1e9:.4g} GB/s", bw, lat)  # fmt: skip
         console.print(table)

@@ -4,7 +4,7 @@ once per :class:`~doppler.sim.SimContext`:
 
 * :func:`critical_path_bound`: the compute-only critical path, each op timed on its fastest device;
 * :func:`work_bound`: the total work over the total device speed (streams counted), done correctly
-  for per-kind rates.
+  where devices differ by op kind or by op.
 """
 
 from __future__ import annotations
@@ -47,37 +47,36 @@ def _dual_lp_beta(W: np.ndarray, c: np.ndarray) -> np.ndarray | None:
     return np.asarray(res.x[K:]) if res.status == 0 else None
 
 
-def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
-    """Total-work lower bound on the makespan, valid with per-kind device rates.
+def work_bound(graph: DataflowGraph, cluster: Cluster, compute_s: np.ndarray | None = None) -> float:
+    """Total-work lower bound on the makespan, valid whatever each op takes on each device.
 
-    With ``W_k`` the FLOPs of kind ``k`` and ``c[k, d] = 1 / (rate[k, d] *
-    streams[d])`` the seconds device ``d`` needs per FLOP of kind ``k`` (per
-    unit of makespan), any schedule gives a feasible point of the LP
-    ``min T  s.t.  sum_d y[k, d] = W_k,  sum_k c[k, d] y[k, d] <= T``. Its dual
-    says that for every probability vector ``beta`` over devices,
-    ``sum_k W_k * min_d beta_d c[k, d]`` is a lower bound. We take ``beta``
-    from solving the dual LP (scipy HiGHS) and evaluate that closed form, so
-    the bound is valid whatever the solver tolerance. When every device has
-    one rate for all kinds present this is exactly ``total FLOPs / sum_d
-    (rate_d * streams_d)``. (Naively dividing each op's FLOPs by the sum of
-    the devices' rates *for its kind* is **not** a bound: two devices each
-    fast at a different kind beat it.)
+    With ``c[v, d] = compute_s[v, d] / streams[d]`` the seconds of makespan op ``v`` takes of device
+    ``d``'s capacity, any schedule gives a feasible point of the LP ``min T  s.t.  sum_d x[v, d] = 1,
+    sum_v c[v, d] x[v, d] <= T``. Its dual says that for every probability vector ``beta`` over
+    devices, ``sum_v min_d beta_d c[v, d]`` is a lower bound: we evaluate that closed form, so the
+    bound is valid whatever ``beta``. ``beta`` comes from the dual LP over op kinds (scipy HiGHS) with
+    each kind's total ``C[k, d] = sum_{v of kind k} c[v, d]``, which is the exact LP where times are
+    per-kind rates (a plain cluster: then, with one rate for every kind, it is exactly the total FLOPs
+    over the total speed). (Naively dividing each op's time by the devices' summed speed for its kind is
+    **not** a bound: two devices each fast at a different kind beat it.) ``compute_s`` defaults to
+    :meth:`Cluster.compute_time_s` (overheads included).
     """
+    t = cluster.compute_time_s(graph) if compute_s is None else np.asarray(compute_s, dtype=np.float64)
+    c = t / cluster.streams[None, :].astype(np.float64)  # [n, D]
     kinds = graph.kind.astype(np.int64)
-    W = np.bincount(kinds, weights=graph.flops, minlength=len(cluster.throughput_matrix()))
-    present = np.flatnonzero(W > 0)
+    C = np.stack([np.bincount(kinds, weights=c[:, d], minlength=int(kinds.max()) + 1) for d in range(c.shape[1])],
+                 axis=1)  # [K, D]  # fmt: skip
+    present = np.flatnonzero(C.sum(axis=1) > 0)
     if present.size == 0:
         return 0.0
-    W = W[present]
-    cap = cluster.throughput_matrix()[present] * cluster.streams[None, :].astype(np.float64)  # [K, D]
-    if np.all(cap == cap[0:1]):
-        return float(W.sum() / cap[0].sum())
-    c = 1.0 / cap
-    betas = [cap.sum(axis=0) / cap.sum()]
-    # Devices that differ by one speed factor for every kind (cap[k, d] = r_k * s_d, rank one): the
-    # column-sum beta (proportional to s_d) is already the LP's optimum; skip the solver and scipy's import.
-    if not np.allclose(cap[:, :1] * cap[:1, :], cap[:1, :1] * cap, rtol=1e-9, atol=0.0):
-        beta = _dual_lp_beta(W, c)
+    C = C[present]
+    with np.errstate(divide="ignore"):
+        speed = np.where(C > 0, 1.0 / C, 0.0)  # [K, D]: the share of kind k device d does per unit makespan
+    betas = [speed.sum(axis=0) / speed.sum()]
+    # Devices that differ by one speed factor for every kind (rank one): the column-sum beta is already the
+    # LP's optimum; skip the solver and scipy's import.
+    if not np.allclose(speed[:, :1] * speed[:1, :], speed[:1, :1] * speed, rtol=1e-9, atol=0.0):
+        beta = _dual_lp_beta(np.ones(C.shape[0]), C)
         if beta is not None:
             betas.append(beta)
     best = 0.0
@@ -86,5 +85,5 @@ def work_bound(graph: DataflowGraph, cluster: Cluster) -> float:
         if beta.sum() <= 0:
             continue
         beta = beta / beta.sum()
-        best = max(best, float((W * (beta[None, :] * c).min(axis=1)).sum()))
+        best = max(best, float((beta[None, :] * c).min(axis=1).sum()))
     return best
