@@ -29,7 +29,8 @@ def _weight_block(g, v: int, axis: int) -> int:
 
 
 @pytest.mark.parametrize("params, d", [(TINY4, 4), ({**TINY4, "head_blocks": 4, "hidden_blocks": 8, "vocab_blocks": 8,
-                                                      "dim_blocks": 2, "seq_blocks": 2}, 2)])  # fmt: skip
+                                                      "dim_blocks": 2, "seq_blocks": 2}, 2),
+                                       ({**TINY4, "attention": "unfused"}, 4)])  # fmt: skip
 def test_every_projection_lands_as_megatron_splits_it(params, d):
     g = workloads.build("llama_model", **params)
     a = assign(g, presets.cluster(f"unit:{d}"), "tensor_parallel")
@@ -44,8 +45,9 @@ def test_every_projection_lands_as_megatron_splits_it(params, d):
             want = [_weight_block(g, v, axis) // (blocks // d) for v in ops]  # contiguous runs of blocks
             assert dev[ops].tolist() == want, proj
         # column-parallel sums go with their partial products; what lies between follows its head or hidden slice
-        for name, source in (("q_proj", "q_proj"), ("q_rope", "q_proj"), ("scores", "q_rope"), ("pv", "attn_softmax"),
-                             ("silu_mul", "gate_proj")):  # fmt: skip
+        attention = ((("scores", "q_rope"), ("pv", "attn_softmax")) if params.get("attention") == "unfused"
+                     else (("attn", "q_rope"),))  # fmt: skip
+        for name, source in (("q_proj", "q_proj"), ("q_rope", "q_proj"), *attention, ("silu_mul", "gate_proj")):
             ops = _ops(g, rf"layers\.{i}\.{name}\[.*\]" + ("agg" if name == source else "(agg)?"))
             assert ops.size, name
             for v in ops:  # (an aggregation reads the partial products of its own logical op)
