@@ -209,3 +209,20 @@ def test_a_malformed_structure_or_weight_tile_is_refused_in_one_line():
                                           "is not one of equal blocks") as e:  # fmt: skip
         assign(g, c, "tensor_parallel", ignore_memory=True)
     _one_line(e)
+
+
+def test_llama2_7b_decode_on_two_a100s_is_faster_than_on_one_and_never_beats_reading_half_its_weights():
+    """benchmarks/serving.py's cells: one decode step of LLaMA-2-7B (context 138, batch 1), one tile per rank,
+    placed by tensor_parallel. Two A100s split the weights and cache: never faster than each reading its half
+    at the datasheet's bandwidth, and faster than one A100."""
+    from doppler import memory
+
+    def step_s(tp: int) -> tuple[float, float]:
+        g = workloads.build("llama_model", phase="decode", context=138, head_blocks=tp, hidden_blocks=tp,
+                            vocab_blocks=tp, dim_blocks=1)  # fmt: skip
+        c = presets.cluster(f"a100x8:{tp}")
+        return simulate(g, c, assign(g, c, "tensor_parallel").devices).makespan_s, memory.weight_bytes(g)
+
+    one, weights = step_s(1)
+    two, _ = step_s(2)
+    assert weights / (2 * 2.039e12) <= two < one
