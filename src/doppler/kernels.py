@@ -54,8 +54,8 @@ FLOP convention (exact, so that tiling conserves the total): ``einsum`` costs
 ``fill`` cost ``out_size`` times a per-function constant (:data:`MAP_FLOPS`,
 :data:`FILL_FLOPS`); ``select``, ``assemble`` and ``embedding`` cost 0; ``attention`` costs, per query head
 and per (query, key) pair it attends (a causal kernel skips the masked pairs, as FlashAttention skips masked
-blocks), ``4 * head_dim + 4`` (the score's ``2 * head_dim - 1``, scale, max, exp-subtract and sum, then
-``2 * head_dim`` for the weighted value), plus one division per output element.
+blocks), ``4 * head_dim + 4`` (the score's ``2 * head_dim - 1``; its scale, max, subtraction, exponential and
+sum; ``2 * head_dim`` for the weighted value), plus one division per output element.
 """
 
 from __future__ import annotations
