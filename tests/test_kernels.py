@@ -213,8 +213,8 @@ def _imported(name: str):
     return import_model(f"{examples / 'models.py'}:llama_block", blocks={256: 2, 64: 2}, dtype="float64")
 
 
-@pytest.mark.parametrize("name", ["chainmm", "ffnn", "llama_block", "llama_layer", "calibration", "import:llama_block",
-                                  "import:gpt2"])  # fmt: skip
+@pytest.mark.parametrize("name", ["chainmm", "ffnn", "llama_block", "llama_layer", "llama_model", "llama_model:decode",
+                                  "calibration", "import:llama_block", "import:gpt2"])  # fmt: skip
 def test_torch_kernels_equal_numpy_on_every_op(name):
     """The CUDA engine's kernels are the same code on torch tensors: every op of every workload agrees."""
     torch = pytest.importorskip("torch")
@@ -226,7 +226,10 @@ def test_torch_kernels_equal_numpy_on_every_op(name):
     if name.startswith("import:"):
         g = _imported(name)
     else:
-        g = calibration_graph((8, 16)) if name == "calibration" else workloads.build(name, size="tiny")
+        phase = {"phase": "decode", "context": 6, "context_blocks": 2} if name.endswith(":decode") else {"seq_blocks": 2}
+        g = (calibration_graph((8, 16)) if name == "calibration"
+             else workloads.build("llama_model", size="tiny", **phase) if name.startswith("llama_model")
+             else workloads.build(name, size="tiny"))  # fmt: skip
     x = references.make_inputs(g, seed=0, dtype=np.float64)
     values = evaluate_numpy(g, x)
     ops = TorchOps("cpu")
@@ -292,3 +295,32 @@ def test_fused_map_runs_its_steps_and_counts_their_flops():
     for bad, match in (([["fused", [0], {}]], "unknown map fn"), ([["mul", [0, 5], {}]], "arguments"), ([], "at least one")):
         with pytest.raises(ValueError, match=match):
             run_op_numpy({**spec, "params": {"steps": bad}}, [x, w])
+
+
+def _attention_reference(q, k, v, causal, q_offset):
+    s = np.einsum("bqjrd,bkjd->bjrqk", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        rows = q_offset + np.arange(q.shape[1])[:, None]
+        s = np.where(np.arange(k.shape[1])[None, :] <= rows, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bjrqk,bkjd->bqjrd", e / e.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("causal, q_offset, tiles", [(False, 0, 1), (False, 0, 3), (True, 0, 1), (True, 4, 3)])
+def test_fused_attention_is_softmax_attention_and_counts_the_pairs_it_attends(causal, q_offset, tiles):
+    """The ``attention`` kernel: key/value tiles joined in order, causal from the query's absolute position;
+    FLOPs ``(4 d + 4)`` per (query head, attended pair) plus a division per output element."""
+    b, n_q, j, r, d, n_k = 2, 4, 2, 3, 8, 4 + q_offset
+    q = rng.standard_normal((b, n_q, j, r, d))
+    k, v = rng.standard_normal((b, n_k, j, d)), rng.standard_normal((b, n_k, j, d))
+    cut = np.linspace(0, n_k, tiles + 1).astype(int)
+    ks = [k[:, lo:hi] for lo, hi in zip(cut, cut[1:])]
+    vs = [v[:, lo:hi] for lo, hi in zip(cut, cut[1:])]
+    spec = {"kernel": "attention", "inputs": [_ref(a.shape) for a in [q, *ks, *vs]], "shape": list(q.shape),
+            "params": {"kv_tiles": tiles, "causal": causal, "q_offset": q_offset, "scale": 1 / np.sqrt(d)}}
+    got = run_op_numpy(spec, [q, *ks, *vs])
+    np.testing.assert_allclose(got, _attention_reference(q, k, v, causal, q_offset), rtol=1e-12, atol=1e-12)
+    pairs = sum(q_offset + t + 1 for t in range(n_q)) if causal else n_q * n_k
+    assert flops_of(spec) == b * j * r * (pairs * (4 * d + 4) + n_q * d)
+    with pytest.raises(ValueError, match=r"op 5: attention with kv_tiles=2 takes 5 operands"):
+        run_op_numpy({**spec, "params": {**spec["params"], "kv_tiles": 2}}, [q, k, v], label=5)

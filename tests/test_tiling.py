@@ -95,3 +95,22 @@ def test_a_recorded_structure_is_read_back_and_a_malformed_one_refused():
         with pytest.raises(GraphError, match=key):
             model_structure(g)
     assert model_structure(build("chainmm", size="tiny")) is None
+
+
+def test_fused_attention_reads_the_key_blocks_at_or_before_its_query_block_and_refuses_mismatched_operands():
+    b = TileBuilder("t")
+    q = b.input("q", (1, 8, 2, 2, 4), (1, 4, 2, 1, 1))
+    k, v = b.input("k", (1, 8, 2, 4), (1, 4, 2, 1)), b.input("v", (1, 8, 2, 4), (1, 4, 2, 1))
+    out = b.attention(q, [(k, v)], name="attn", scale=0.5, causal=True)
+    assert out.shape == q.shape and out.grid == q.grid and len(b.specs) == 4 * 2
+    for spec in b.specs:
+        params, refs = spec["params"], spec["inputs"]
+        first = refs[0]["block"][1]  # the query block
+        assert params["q_offset"] == 2 * first and params["kv_tiles"] == first + 1
+        assert [r["block"][1] for r in refs[1:]] == list(range(first + 1)) * 2  # keys then values, in order
+    assert sum(b.flops) == pytest.approx(b.untiled_flops)
+    with pytest.raises(WorkloadError, match=r"t: bad: key 'k2' and value 'v' must be"):
+        b.attention(q, [(b.input("k2", (1, 8, 1, 4), (1, 4, 1, 1)), v)], name="bad", scale=1.0, causal=False)
+    with pytest.raises(WorkloadError, match=r"t: bad2: a causal attention's keys must be the queries' positions"):
+        kc = b.input("kc", (1, 4, 2, 4), (1, 2, 2, 1))
+        b.attention(q, [(kc, b.input("vc", (1, 4, 2, 4), (1, 2, 2, 1)))], name="bad2", scale=1.0, causal=True)

@@ -408,14 +408,14 @@ def test_grouped_query_attention_shrinks_only_the_key_value_weights():
 # ------------------------------------------------------------- llama_model: batches, decode, every blocking
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), phase=st.sampled_from(["prefill", "decode"]), kv=st.sampled_from([1, 2, 4]),
-       batch=st.sampled_from([1, 2, 3]), seed=st.integers(0, 3))  # fmt: skip
-def test_llama_model_any_blocking_any_phase(data, phase, kv, batch, seed):
+       batch=st.sampled_from([1, 2, 3]), seed=st.integers(0, 3), attention=st.sampled_from(["fused", "unfused"]))  # fmt: skip
+def test_llama_model_any_blocking_any_phase(data, phase, kv, batch, seed, attention):
     """Every block count from 1 to each dimension's size, at small sizes: the graph builds with the op count
     counted beforehand, its FLOPs are the untiled computation's, and it computes the reference."""
     from doppler.workloads import count_ops
 
     dims = {"dim": 16, "n_heads": 4, "head_dim": 4, "hidden": 24, "vocab": 12, "n_kv_heads": kv, "layers": 1}
-    p = {"size": "tiny", "batch": batch, **dims, "phase": phase,
+    p = {"size": "tiny", "batch": batch, **dims, "phase": phase, "attention": attention,
          "batch_blocks": data.draw(st.sampled_from(_divisors(batch))),
          "dim_blocks": data.draw(st.sampled_from(_divisors(16, 16))),
          "head_blocks": data.draw(st.sampled_from(_divisors(kv))),
@@ -450,14 +450,15 @@ def _same_weights(decode, prefill, x_prefill, seed=0):
     return x
 
 
+@pytest.mark.parametrize("attention", ["fused", "unfused"])
 @pytest.mark.parametrize("overrides", [{}, {"batch": 2, "batch_blocks": 2, "context_blocks": 7, "head_blocks": 2,
                                             "dim_blocks": 4, "hidden_blocks": 2, "vocab_blocks": 2}])  # fmt: skip
-def test_a_decode_step_over_the_cache_of_a_prefill_gives_the_prefills_last_logits(overrides):
+def test_a_decode_step_over_the_cache_of_a_prefill_gives_the_prefills_last_logits(overrides, attention):
     """The KV cache's correctness check: decode at context N, its cache the keys and values a prefill of the
     N + 1 tokens computed for the first N, gives that prefill's logits (the reference and the tiled graph)."""
     n, batch = 7, overrides.get("batch", 1)
-    prefill = build("llama_model", size="tiny", seq_len=n + 1, batch=batch)
-    decode = build("llama_model", size="tiny", phase="decode", context=n, **overrides)
+    prefill = build("llama_model", size="tiny", seq_len=n + 1, batch=batch, attention=attention)
+    decode = build("llama_model", size="tiny", phase="decode", context=n, attention=attention, **overrides)
     assert decode.meta["params"]["seq_len"] == 1 and decode.meta["inputs"]["tokens"] == [batch, 1]
     x_prefill = make_inputs(prefill, 1)
     want = reference(prefill, x_prefill)["logits"]
@@ -514,10 +515,33 @@ def test_a_decode_step_reads_every_weight_and_the_cache_once_per_token():
     ({"phase": "decode", "context": 8, "seq_len": 16}, "seq_len=16 with phase=decode: a decode step has one new token"),
     ({"phase": "decode", "context": 8, "seq_blocks": 2}, "seq_blocks=2 with phase=decode"),
     ({"phase": "decode", "context": 8, "context_blocks": 3}, "context_blocks=3 does not divide context=8"),
+    ({"attention": "flash"}, "attention='flash' must be one of fused, unfused"),
 ])  # fmt: skip
 def test_bad_phase_keys_are_refused_naming_the_key(params, match):
     with pytest.raises(WorkloadError, match=match):
         build("llama_model", size="tiny", **params)
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+@pytest.mark.parametrize("blocks", [1, 2, 4])
+def test_fused_attention_is_one_op_per_block_and_computes_the_reference(phase, blocks):
+    """``attention=fused`` (the default): one ``attention`` op per (batch, query, kv-head) block and no score
+    tensor; a causal query block reads the key blocks at or before it only; the tiled graph computes the
+    reference, and its FLOPs are the unfused graph's less the masked half of the scores."""
+    kv = {"context": 8, "context_blocks": blocks} if phase == "decode" else {"seq_len": 8, "seq_blocks": blocks}
+    p = {"size": "tiny", "layers": 1, "phase": phase, "batch": 2, "batch_blocks": 2, "head_blocks": 2, **kv}
+    g, unfused = build("llama_model", **p), build("llama_model", attention="unfused", **p)
+    attn = [v for v in range(g.num_ops) if g.specs[v]["kernel"] == "attention"]
+    q_blocks = blocks if phase == "prefill" else 1
+    assert len(attn) == 2 * q_blocks * 2 and {int(g.kind[v]) for v in attn} == {int(OpKind.MATMUL)}
+    assert not np.isin(g.kind, [int(OpKind.SOFTMAX), int(OpKind.MASK_FILL)]).any()
+    reads = sorted(g.specs[v]["params"]["kv_tiles"] for v in attn)
+    want = [i + 1 for i in range(blocks)] if phase == "prefill" else [blocks + 1]
+    assert reads == sorted(want * (len(attn) // len(want)))
+    assert g.flops.sum() == pytest.approx(g.meta["untiled_flops"])
+    if phase == "prefill":
+        assert g.flops.sum() < unfused.flops.sum()
+    _check_end_to_end(g, 0)
 
 
 def test_decode_takes_seq_len_1_and_rebuilds_from_its_params():

@@ -26,6 +26,13 @@ Kernels (``spec["kernel"]``):
 * ``assemble``    a tile put together from pieces of other tiles (``params["at"]``: where each
                   operand goes in the output; the rest is zero): re-tiling and concatenation
 * ``embedding``   rows of a table operand picked by an index operand (float-coded integers)
+* ``attention``   fused (FlashAttention-style) grouped-query attention in one op, no score tensor kept:
+                  operands ``[q, k_1..k_n, v_1..v_n]`` (``params["kv_tiles"]`` = n), ``q`` of shape
+                  (batch, queries, kv_heads, heads_per_kv, head_dim), each ``k_i``/``v_i`` (batch, keys_i,
+                  kv_heads, head_dim), the key tiles joined along their positions in order (position 0
+                  first); output ``softmax(scale * q.k^T) . v`` shaped like ``q``. ``params["causal"]``:
+                  query ``t`` (absolute position ``params["q_offset"] + t``) attends to keys ``0..q_offset+t``
+                  only; otherwise to every key
 
 An operand reference may carry ``"xform"``, a list of zero-FLOP layout steps applied to the
 tile before the kernel reads it: ``["perm", axes]``, ``["view", shape]`` (row-major reshape)
@@ -45,7 +52,10 @@ FLOP convention (exact, so that tiling conserves the total): ``einsum`` costs
 ``terms`` is the product of the sizes of all letters; reductions cost
 ``terms - out_size``; ``sum_n``/``max_n`` cost ``(n - 1) * out_size``; ``map`` and
 ``fill`` cost ``out_size`` times a per-function constant (:data:`MAP_FLOPS`,
-:data:`FILL_FLOPS`); ``select``, ``assemble`` and ``embedding`` cost 0.
+:data:`FILL_FLOPS`); ``select``, ``assemble`` and ``embedding`` cost 0; ``attention`` costs, per query head
+and per (query, key) pair it attends (a causal kernel skips the masked pairs, as FlashAttention skips masked
+blocks), ``4 * head_dim + 4`` (the score's ``2 * head_dim - 1``; its scale, max, subtraction, exponential and
+sum; ``2 * head_dim`` for the weighted value), plus one division per output element.
 """
 
 from __future__ import annotations
@@ -468,6 +478,43 @@ def _k_assemble(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: 
     return out
 
 
+def _attention_pairs(n_q: int, n_k: int, p: Mapping[str, Any]) -> int:
+    """The (query, key) pairs a fused attention attends: all ``n_q * n_k``, or causally the keys at or before
+    each query's absolute position ``q_offset + t`` (keys start at position 0)."""
+    if not p.get("causal"):
+        return n_q * n_k
+    off = int(p.get("q_offset", 0))
+    if off < 0:
+        raise ValueError(f"attention q_offset={off} must be >= 0")
+    full = max(0, min(n_q, n_k - off))  # queries whose causal window fits in the keys: 1 + off + t keys
+    return full * (off + 1) + full * (full - 1) // 2 + (n_q - full) * n_k
+
+
+def _attention_split(spec: Mapping[str, Any], n: int) -> int:
+    tiles = int((spec.get("params") or {})["kv_tiles"])
+    if tiles < 1 or n != 1 + 2 * tiles:
+        raise ValueError(f"attention with kv_tiles={tiles} takes {1 + 2 * tiles} operands, got {n}")
+    return tiles
+
+
+def _k_attention(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
+    ops = _operands(spec, arrays, None, xp)
+    tiles = _attention_split(spec, len(ops))
+    p = spec.get("params") or {}
+    q = ops[0]
+    k = ops[1] if tiles == 1 else xp.concat(ops[1 : 1 + tiles], 1)
+    v = ops[1 + tiles] if tiles == 1 else xp.concat(ops[1 + tiles :], 1)
+    if q.ndim != 5 or k.ndim != 4 or tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"attention needs q (b, s, j, r, d) and k, v (b, n, j, d), got {list(q.shape)}, "
+                         f"{list(k.shape)}, {list(v.shape)}")  # fmt: skip
+    s = xp.einsum("bqjrd,bkjd->bjrqk", q, k) * float(p.get("scale", 1.0))
+    if p.get("causal"):
+        s = _map_causal_mask([s], {"row_axis": 3, "col_axis": 4, "row_offset": int(p.get("q_offset", 0))}, xp)
+    e = xp.exp(s - _align("bjrq", "bjrqk", xp.reduce(s, "max"), xp))
+    z = xp.reduce(e, "sum")
+    return xp.einsum("bjrqk,bkjd->bqjrd", e, v) / _align("bjrq", "bqjrd", z, xp)
+
+
 def _k_embedding(spec: Mapping[str, Any], arrays: Sequence[Any], dtype: Any, xp: Any) -> Any:
     table, idx = _operands(spec, arrays, 2, xp)
     return xp.take_rows(table, idx)
@@ -485,6 +532,7 @@ NUMPY_KERNELS: dict[str, Callable[[Mapping[str, Any], Sequence[Any], Any, Any], 
     "select": _k_select,
     "assemble": _k_assemble,
     "embedding": _k_embedding,
+    "attention": _k_attention,
 }
 
 
@@ -563,6 +611,12 @@ def flops_of(spec: Mapping[str, Any], *, label: Any = None) -> float:
             return float(out_size * per[spec["fn"]])
         if kernel in ("select", "assemble", "embedding"):
             return 0.0
+        if kernel == "attention":
+            tiles = _attention_split(spec, len(shapes))
+            b, n_q, j, r, d = shapes[0]
+            n_k = sum(sh[1] for sh in shapes[1 : 1 + tiles])
+            pairs = _attention_pairs(n_q, n_k, spec.get("params") or {})
+            return float(b * j * r * (pairs * (4 * d + 4) + n_q * d))
     except (KeyError, TypeError) as e:
         raise ValueError(f"{_where(label)}malformed {kernel!r} spec: missing {e}") from None
     except OverflowError:  # (Python's integers do not overflow; their conversion to a float does)

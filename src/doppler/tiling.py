@@ -428,6 +428,45 @@ class TileBuilder:
 
         return self._per_block(name, kind, out_shape, out_grid, spec_of)
 
+    def attention(self, q: Tensor, kv: Sequence[tuple[Tensor, Tensor]], *, name: str, scale: float, causal: bool,
+                  kind: OpKind = OpKind.MATMUL) -> Tensor:  # fmt: skip
+        """Fused grouped-query attention (the ``attention`` kernel of :mod:`doppler.kernels`): one op per block of
+        ``q`` (batch, queries, kv_heads, heads_per_kv, head_dim), split along batch, queries and kv heads only,
+        reading its query tile and the key/value tiles of its batch and kv-head block from every ``(k, v)`` pair
+        of ``kv`` (each (batch, positions, kv_heads, head_dim), their positions joined in order). ``causal``
+        (one pair whose positions are the queries'): a query block reads the key blocks at or before it only,
+        as causal FlashAttention skips the blocks above the diagonal. Its kind is a matrix kind: the kernel
+        runs its two products on tensor cores and keeps no score tensor."""
+        self._claim(name)
+        if len(q.shape) != 5 or q.grid[3:] != (1, 1):
+            raise self._err(f"{name}: the query {q.name!r} must be (batch, seq, kv_heads, heads_per_kv, head_dim) "
+                            "split along batch, seq and kv_heads only")  # fmt: skip
+        b, n_q, j, r, d = q.shape
+        if not kv or (causal and len(kv) != 1):
+            raise self._err(f"{name}: attention needs one (key, value) pair, or several without causal masking")
+        for k, v in kv:
+            if (k.shape != v.shape or k.grid != v.grid or len(k.shape) != 4 or (k.shape[0], k.shape[2], k.shape[3])
+                    != (b, j, d) or (k.grid[0], k.grid[2], k.grid[3]) != (q.grid[0], q.grid[2], 1)):  # fmt: skip
+                raise self._err(f"{name}: key {k.name!r} and value {v.name!r} must be (batch, positions, kv_heads, "
+                                f"head_dim) split like the query {q.name!r} along batch and kv_heads")  # fmt: skip
+        if causal and kv[0][0].shape[1] != n_q or causal and kv[0][0].grid[1] != q.grid[1]:
+            raise self._err(f"{name}: a causal attention's keys must be the queries' positions, split alike")
+        params = {"kv_tiles": len(kv), "causal": bool(causal), "q_offset": 0, "scale": float(scale)}
+        self.untiled_flops += self._flops({"kernel": "attention", "inputs": [{"shape": list(t.shape)} for t in
+                                           [q] + [k for k, _ in kv] + [v for _, v in kv]], "shape": list(q.shape),
+                                           "params": params}, name)  # fmt: skip
+        bs_q = q.block_shape[1]
+
+        def spec_of(blk: tuple[int, ...]) -> dict[str, Any]:
+            ib, iq, ih = blk[0], blk[1], blk[2]
+            read = [(k, v, kb) for k, v in kv for kb in range(k.grid[1]) if not causal or kb <= iq]
+            ks = [dict(k.tiles[(ib, kb, ih, 0)]) for k, _, kb in read]
+            vs = [dict(v.tiles[(ib, kb, ih, 0)]) for _, v, kb in read]
+            return {"kernel": "attention", "inputs": [dict(q.tiles[blk])] + ks + vs, "shape": list(q.block_shape),
+                    "params": {**params, "kv_tiles": len(ks), "q_offset": iq * bs_q if causal else 0}}  # fmt: skip
+
+        return self._per_block(name, kind, q.shape, q.grid, spec_of)
+
     # ------------------------------------------------------------ finish
     def blockwise(self, name: str, kind: OpKind, kernel: str, shape: Sequence[int], grid: Sequence[int],
                   refs_of: Callable[[tuple[int, ...]], list[dict]], params: Callable | None = None) -> Tensor:  # fmt: skip

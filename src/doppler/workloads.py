@@ -193,7 +193,9 @@ def _decoder_layer(b: TileBuilder, p: dict[str, Any], x: Tensor, rope: tuple[Ten
     with b.scope(attn):
         q = b.map("rotary", "bsjrd,sd,sd->bsjrd", q, *rope, name=f"{name}.q_rope", kind=OpKind.ROTARY)
         k = b.map("rotary", "bsjd,sd,sd->bsjd", k, *rope, name=f"{name}.k_rope", kind=OpKind.ROTARY)
-        if p["phase"] == "decode":
+        if p["attention"] == "fused":
+            heads = _fused_attention(b, p, q, k, v, name)
+        elif p["phase"] == "decode":
             heads = _cached_attention(b, p, q, k, v, name)
         else:
             scores = b.contract("bqjrd,bkjd->bjrqk", q, k, name=f"{name}.scores")
@@ -223,20 +225,35 @@ def _decoder_layer(b: TileBuilder, p: dict[str, Any], x: Tensor, rope: tuple[Ten
         return b.map("add", "bsd,bsd->bsd", h, dn, name=f"{name}.mlp_residual")
 
 
+def _kv_cache(b: TileBuilder, p: dict[str, Any], name: str) -> tuple[Tensor, Tensor]:
+    """Layer ``name``'s key/value cache of ``context`` positions (graph inputs ``{name}.k_cache`` and
+    ``{name}.v_cache``, (batch, context, n_kv_heads, head_dim), split like the key/value projections and in
+    ``context_blocks`` along the positions)."""
+    B, N, J, hd = p["batch"], p["context"], p["n_kv_heads"], p["head_dim"]
+    grid = (p["batch_blocks"], p["context_blocks"], p["head_blocks"], 1)
+    return (b.input(f"{name}.k_cache", (B, N, J, hd), grid, _normal(1.0)),
+            b.input(f"{name}.v_cache", (B, N, J, hd), grid, _normal(1.0)))  # fmt: skip
+
+
+def _fused_attention(b: TileBuilder, p: dict[str, Any], q: Tensor, k: Tensor, v: Tensor, name: str) -> Tensor:
+    """Layer ``name``'s attention as one fused op per (batch block, query block, kv-head block)
+    (:meth:`~doppler.tiling.TileBuilder.attention`, FlashAttention's kernel): a prefill is causal over its own
+    keys; a decode step's one new query attends, unmasked, to the cache (:func:`_kv_cache`, every block of it,
+    as a split-K decode kernel reads them) and to its own key and value."""
+    kv = [(k, v)] if p["phase"] == "prefill" else [_kv_cache(b, p, name), (k, v)]
+    return b.attention(q, kv, name=f"{name}.attn", scale=1.0 / math.sqrt(p["head_dim"]), causal=p["phase"] == "prefill")
+
+
 def _cached_attention(b: TileBuilder, p: dict[str, Any], q: Tensor, k: Tensor, v: Tensor, name: str) -> Tensor:
-    """Decode attention of layer ``name``: the one new query per sequence (``q``, rotated at position
-    ``context``) attends to the layer's key/value cache of ``context`` positions (graph inputs ``{name}.k_cache``
-    and ``{name}.v_cache``, (batch, context, n_kv_heads, head_dim), split like the key/value projections and in
-    ``context_blocks`` along the positions) and to its own key/value ``k``, ``v``. The cache is not copied: the
+    """Unfused decode attention of layer ``name`` (``attention=unfused``): the one new query per sequence (``q``,
+    rotated at position ``context``) attends to the layer's key/value cache (:func:`_kv_cache`) and to its own
+    key/value ``k``, ``v``. The cache is not copied: the
     softmax over both parts is taken in two pieces and combined, as a split-K decode kernel does:
     ``m = max(max_k s_cache, s_new)``, ``e = exp((s - m) / sqrt(hd))``, and the heads are
     ``(e_cache . v_cache + e_new . v_new) / (sum e_cache + sum e_new)``. No mask: every cached position
     precedes the new token."""
-    B, N, J, hd = p["batch"], p["context"], p["n_kv_heads"], p["head_dim"]
-    grid = (p["batch_blocks"], p["context_blocks"], p["head_blocks"], 1)
-    k_cache = b.input(f"{name}.k_cache", (B, N, J, hd), grid, _normal(1.0))
-    v_cache = b.input(f"{name}.v_cache", (B, N, J, hd), grid, _normal(1.0))
-    scale = 1.0 / math.sqrt(hd)
+    k_cache, v_cache = _kv_cache(b, p, name)
+    scale = 1.0 / math.sqrt(p["head_dim"])
     s_old = b.contract("bqjrd,bkjd->bjrqk", q, k_cache, name=f"{name}.scores_cache")
     s_new = b.contract("bqjrd,bkjd->bjrqk", q, k, name=f"{name}.scores_new")
     m_old = b.reduce("bjrqk->bjrq", s_old, how="max", name=f"{name}.attn_max_cache", kind=OpKind.SOFTMAX)
@@ -259,6 +276,11 @@ def _llama_model(b: TileBuilder, p: dict[str, Any]) -> None:
     """A whole LLaMA-style causal LM: token embedding, ``layers`` decoder layers, the final RMSNorm and the
     vocabulary head on each sequence's last token (the logits generation samples from). Every logical op records
     its module as Hugging Face's ``LlamaForCausalLM`` names it (``model.layers.3.self_attn.q_proj``).
+
+    ``attention=fused`` (the default): each layer's attention is one fused op per (batch, query, kv-head) block
+    (:func:`_fused_attention`), as serving stacks run FlashAttention; ``attention=unfused``: the score tensor is
+    materialised, masked and softmaxed in passes, then multiplied by the values (``llama_block`` and
+    ``llama_layer``, the paper's workloads, are always unfused).
 
     ``phase=prefill``: ``batch`` sequences of ``seq_len`` tokens, causal attention within each. ``phase=decode``:
     one new token per sequence (``seq_len`` is 1) at position ``context``, attending to a key/value cache of
@@ -404,7 +426,8 @@ WORKLOADS: dict[str, _Workload] = {
         "`seq_len` tokens, or with phase=decode one new token per sequence over a KV cache of `context` positions; "
         "LLaMA-2-7B by default",
         {"layers": 32, **_LLAMA_DEFAULTS, "seq_len": 2048, "n_kv_heads": 32, "vocab": 32000, "vocab_blocks": 4,
-         "eps": 1e-5, "dtype": "float16", "phase": "prefill", "context": 0, "context_blocks": 1},  # fmt: skip
+         "eps": 1e-5, "dtype": "float16", "phase": "prefill", "context": 0, "context_blocks": 1,
+         "attention": "fused"},  # fmt: skip
         {"tiny": {**_LLAMA_TINY, "layers": 2, "n_kv_heads": 2, "head_blocks": 2, "vocab": 64},
          "small": {**_LLAMA_SMALL, "layers": 4, "n_kv_heads": 8, "vocab": 8000}, "paper": {}},  # fmt: skip
         _llama_model,
@@ -437,6 +460,9 @@ MAX_LAYERS = 1000
 MAX_CONTEXT = 1_000_000
 #: the phases ``llama_model`` builds
 PHASES = ("prefill", "decode")
+#: ``llama_model``'s attention: one fused op per block (FlashAttention's kernel), or the score tensor
+#: materialised and masked, softmax in passes over it, then the weighted values
+ATTENTIONS = ("fused", "unfused")
 #: the most edges a ``random`` graph may ask for (``num_ops x max_fan_in``)
 MAX_EDGES = 20_000_000
 _NONNEG_FLOAT = {"flops_sigma", "bytes_sigma"}
@@ -520,6 +546,8 @@ def _resolve(name: str, params: Mapping[str, Any]) -> tuple[_Workload, dict[str,
                             f"{MAX_EDGES} edges")  # fmt: skip
     if "phase" in p:
         _check_phase(name, p, params)
+    if "attention" in p and p["attention"] not in ATTENTIONS:
+        raise WorkloadError(f"{name}: attention={p['attention']!r} must be one of {', '.join(ATTENTIONS)}")
     for bk, dk in w.divides:
         if p[dk] % p[bk]:
             raise WorkloadError(f"{name}: {bk}={p[bk]} does not divide {dk}={p[dk]}")

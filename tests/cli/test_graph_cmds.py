@@ -100,6 +100,7 @@ def test_draw_writes_a_png(tmp_path: Path) -> None:
         (("graph", "build", "llama_model", "--set", "phase=decode", "--set", "context=1000001", "-o", "x.json"),
          "context=1000001"),
         (("graph", "build", "llama_model", "--set", "phase=serve", "-o", "x.json"), "phase='serve'"),
+        (("graph", "build", "llama_model", "--set", "attention=flash", "-o", "x.json"), "attention='flash'"),
         (("graph", "build", "llama_model", "--set", "context=64", "-o", "x.json"), "context=64 applies to phase=decode"),
         (("graph", "build", "llama_model", "--set", "phase=decode", "--set", "context=8", "--set", "seq_len=4", "-o",
           "x.json"), "seq_len=4 with phase=decode"),
@@ -276,8 +277,8 @@ def test_build_a_decode_step_and_a_batch(tmp_path: Path) -> None:
 
 
 def test_info_shows_which_op_kinds_are_compute_or_memory_bound_on_the_cluster(tmp_path: Path) -> None:
-    g = tmp_path / "m.json"
-    assert run("graph", "build", "llama_model", "--set", "size=tiny", "-o", str(g)).exit_code == 0
+    g = tmp_path / "m.json"  # (unfused attention: its softmax passes are memory-bound)
+    assert run("graph", "build", "llama_model", "--set", "size=tiny", "--set", "attention=unfused", "-o", str(g)).exit_code == 0
     res = run("graph", "info", str(g), "-c", "h100x8:2", "--json")
     assert res.exit_code == 0, res.output
     stats = json.loads(res.stdout)

@@ -29,7 +29,8 @@ def _weight_block(g, v: int, axis: int) -> int:
 
 
 @pytest.mark.parametrize("params, d", [(TINY4, 4), ({**TINY4, "head_blocks": 4, "hidden_blocks": 8, "vocab_blocks": 8,
-                                                      "dim_blocks": 2, "seq_blocks": 2}, 2)])  # fmt: skip
+                                                      "dim_blocks": 2, "seq_blocks": 2}, 2),
+                                       ({**TINY4, "attention": "unfused"}, 4)])  # fmt: skip
 def test_every_projection_lands_as_megatron_splits_it(params, d):
     g = workloads.build("llama_model", **params)
     a = assign(g, presets.cluster(f"unit:{d}"), "tensor_parallel")
@@ -44,8 +45,9 @@ def test_every_projection_lands_as_megatron_splits_it(params, d):
             want = [_weight_block(g, v, axis) // (blocks // d) for v in ops]  # contiguous runs of blocks
             assert dev[ops].tolist() == want, proj
         # column-parallel sums go with their partial products; what lies between follows its head or hidden slice
-        for name, source in (("q_proj", "q_proj"), ("q_rope", "q_proj"), ("scores", "q_rope"), ("pv", "attn_softmax"),
-                             ("silu_mul", "gate_proj")):  # fmt: skip
+        attention = ((("scores", "q_rope"), ("pv", "attn_softmax")) if params.get("attention") == "unfused"
+                     else (("attn", "q_rope"),))  # fmt: skip
+        for name, source in (("q_proj", "q_proj"), ("q_rope", "q_proj"), *attention, ("silu_mul", "gate_proj")):
             ops = _ops(g, rf"layers\.{i}\.{name}\[.*\]" + ("agg" if name == source else "(agg)?"))
             assert ops.size, name
             for v in ops:  # (an aggregation reads the partial products of its own logical op)
@@ -207,3 +209,20 @@ def test_a_malformed_structure_or_weight_tile_is_refused_in_one_line():
                                           "is not one of equal blocks") as e:  # fmt: skip
         assign(g, c, "tensor_parallel", ignore_memory=True)
     _one_line(e)
+
+
+def test_llama2_7b_decode_on_two_a100s_is_faster_than_on_one_and_never_beats_reading_half_its_weights():
+    """benchmarks/serving.py's cells: one decode step of LLaMA-2-7B (context 138, batch 1), one tile per rank,
+    placed by tensor_parallel. Two A100s split the weights and cache: never faster than each reading its half
+    at the datasheet's bandwidth, and faster than one A100."""
+    from doppler import memory
+
+    def step_s(tp: int) -> tuple[float, float]:
+        g = workloads.build("llama_model", phase="decode", context=138, head_blocks=tp, hidden_blocks=tp,
+                            vocab_blocks=tp, dim_blocks=1)  # fmt: skip
+        c = presets.cluster(f"a100x8:{tp}")
+        return simulate(g, c, assign(g, c, "tensor_parallel").devices).makespan_s, memory.weight_bytes(g)
+
+    one, weights = step_s(1)
+    two, _ = step_s(2)
+    assert weights / (2 * 2.039e12) <= two < one
