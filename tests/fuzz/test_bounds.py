@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -317,18 +316,36 @@ def test_each_probe_is_refused_in_one_line_by_a_process_under_2_gb(tmp_path, arc
         assert peak_bytes < 2e9, (label, peak_bytes)
 
 
+#: runs ``doppler ARGV[2:]`` and, as it exits, writes its own peak resident size (``VmHWM``, in kB) to ARGV[1]
+_MEASURED_LAUNCH = """
+import atexit, sys
+report = sys.argv[1]
+def _peak():
+    with open("/proc/self/status") as f:
+        hwm = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(report, "w") as f:
+        f.write(hwm)
+atexit.register(_peak)
+sys.argv = ["doppler", *sys.argv[2:]]
+from doppler.cli import main
+main()
+"""
+
+
 def _run_measured(args: list[str], cwd: Path, env: dict, timeout_s: float = 120.0) -> tuple[int, str, float]:
     """``doppler ARGS`` run to its end (killed after ``timeout_s``): its exit code, its stderr, and its peak
-    resident size in bytes as the kernel counted it (``wait4``)."""
+    resident size in bytes, as the process itself reads it from ``/proc/self/status`` on exit (``VmHWM``: the
+    high-water mark of its own memory since it started; ``wait4``'s ``ru_maxrss`` would also count the test
+    process's memory at the time it was forked)."""
+    report = cwd / ".peak_kb"
+    report.unlink(missing_ok=True)
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "doppler", *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=err, text=True)  # fmt: skip
-        timer = threading.Timer(timeout_s, proc.kill)
-        timer.start()
+        proc = subprocess.Popen([sys.executable, "-c", _MEASURED_LAUNCH, str(report), *args], cwd=cwd, env=env,
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)  # fmt: skip
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait for it again)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         err.seek(0)
-        return proc.returncode, err.read(), usage.ru_maxrss * 1024.0
+        return proc.returncode, err.read(), float(report.read_text()) * 1024.0
