@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from doppler.graph import DataflowGraph, GraphError, once_per_graph
 from doppler.memory import input_slices
 
-__all__ = ["FLOAT32_MATMUL", "OpTraffic", "op_traffic"]
+__all__ = ["FLOAT32_MATMUL", "OpTraffic", "carry_traffic", "op_traffic"]
 
 #: the values ``meta["float32_matmul"]`` may take (default ``float32``)
 FLOAT32_MATMUL = ("float32", "tf32")
@@ -45,7 +46,25 @@ def op_traffic(graph: DataflowGraph) -> OpTraffic:
     return _traffic_once(graph)
 
 
+def carry_traffic(part: DataflowGraph, whole: DataflowGraph, ops: np.ndarray) -> None:
+    """Give ``part``, the graph of ``whole``'s ``ops`` alone (its op ``i`` is ``ops[i]``), the traffic those ops
+    have in ``whole``: the bytes each moves there (its operands from outside ``ops`` and its weights included,
+    which ``part`` lacks) and its number format, so that each costs on any cluster what it costs in ``whole``.
+    Call it before anything reads ``part``'s traffic."""
+    t = op_traffic(whole)
+    ops = np.asarray(ops, np.int64)
+    if ops.shape != (part.num_ops,):
+        raise ValueError(f"carry_traffic: {ops.size} ops for a part of {part.num_ops}")
+    moved, dtype = t.bytes_moved[ops].copy(), t.dtype[ops].copy()
+    for arr in (moved, dtype):
+        arr.flags.writeable = False
+    _carried[part] = OpTraffic(moved, dtype, t.dtype_names, t.float32_matmul)
+
+
 def _find_traffic(graph: DataflowGraph) -> OpTraffic:
+    carried = _carried.get(graph)
+    if carried is not None:
+        return carried
     meta = graph.meta if isinstance(graph.meta, dict) else {}
     default = meta.get("dtype", "float32")
     if not isinstance(default, str):
@@ -77,3 +96,5 @@ def _find_traffic(graph: DataflowGraph) -> OpTraffic:
 
 
 _traffic_once = once_per_graph(_find_traffic)
+#: the traffic :func:`carry_traffic` gave a part of a graph, while the part lives
+_carried: "weakref.WeakKeyDictionary[DataflowGraph, OpTraffic]" = weakref.WeakKeyDictionary()

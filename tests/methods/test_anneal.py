@@ -420,3 +420,35 @@ def test_pool_must_be_a_whole_number_of_moves(setup):
 def test_bad_search_options_are_one_method_error(kw, match):
     with pytest.raises(MethodError, match=match):
         assign(workloads.build("ffnn", size="tiny"), cluster("p100x4"), "anneal", **kw)
+
+
+
+@pytest.mark.parametrize("size, preset, blocks", [("tiny", "h100x8:4", 4), ("small", "a100x8:2", 4),
+                                                  ("small", "h100x8", 8)])  # fmt: skip
+def test_on_a_layered_model_the_start_is_never_worse_than_the_experts(size, preset, blocks, monkeypatch):
+    """The start set holds tensor_parallel and tp_pipeline where the graph has a layer structure: with no
+    search (max_evals 0) anneal returns its start, at most either's makespan. On 8 devices, 8 blocks, no cheap
+    method is as fast as tensor_parallel: without the repeat start, the start is the expert's."""
+    from doppler.methods import anneal as A
+
+    g = workloads.build("llama_model", size=size, n_kv_heads=blocks, head_blocks=blocks, hidden_blocks=blocks,
+                        vocab_blocks=blocks)  # fmt: skip
+    c = cluster(preset)
+    expert = {m: simulate(g, c, assign(g, c, m)).makespan_s for m in ("tensor_parallel", "tp_pipeline")}
+    a = assign(g, c, "anneal", max_evals=0)
+    ms = simulate(g, c, a).makespan_s
+    assert ms == pytest.approx(a.estimated_makespan_s)
+    assert ms <= min(expert.values()) * (1 + 1e-12)
+    if blocks == 8:
+        monkeypatch.setattr(A, "_repeat_start", lambda *args: None)
+        cheap = min(simulate(g, c, assign(g, c, m)).makespan_s for m in A.WARM_START_METHODS)
+        assert min(expert.values()) < cheap
+        assert assign(g, c, "anneal", max_evals=0).info["start_method"] in expert
+
+
+def test_without_a_layer_structure_the_experts_are_left_out_of_the_start():
+    g, c = workloads.build("random", size="tiny"), cluster("h100x8:4")
+    with pytest.raises(MethodError, match="no layer structure"):
+        assign(g, c, "tensor_parallel")
+    a = assign(g, c, "anneal", max_evals=0)
+    assert a.info["start_method"] not in ("tensor_parallel", "tp_pipeline")

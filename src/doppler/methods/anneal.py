@@ -1,12 +1,13 @@
 """ANNEAL: simulated annealing over assignments, scored by the WC simulator (the obvious answer to "why RL?").
 
-* Start: the best (by simulated makespan) of every cheap method: ``critical_path``,
-  ``heft``, ``enumerative``, ``round_robin_block`` and ``metis``, and of ``heft_lookahead``
-  where its rollout is cheap (``|V|^2 (D-1) <= ROLLOUT_START_MAX_WORK``; ties: in that
-  order, the rollout last), or an explicit ``start`` assignment (``doppler assign -m anneal --init A.json``).
+* Start: the best (by simulated makespan) of every cheap method: ``critical_path``, ``heft``, ``enumerative``,
+  ``round_robin_block`` and ``metis``; of the expert's ``tensor_parallel`` and ``tp_pipeline`` where the graph
+  has a layer structure (a transformer's decoder layers); and of ``heft_lookahead`` where its rollout is cheap
+  (``|V|^2 (D-1) <= ROLLOUT_START_MAX_WORK``; ties: in that order, the rollout last), or an explicit
+  ``start`` assignment (``doppler assign -m anneal --init A.json``).
   Where the graph repeats a layer (a whole model's decoder layers) and the budget allows
-  (``REPEAT_MIN_BUDGET_S``), one layer is annealed alone and its placement copied onto every
-  repeat of the best start: the ``repeat`` start.
+  (``REPEAT_MIN_BUDGET_S``), one layer is annealed alone (from the best start's placement of it, among
+  others) and its placement copied onto every repeat of the best start: the ``repeat`` start.
 * Each iteration proposes ``batch_size`` neighbours of the current assignment
   and scores them in one :func:`doppler.sim.simulate_many` call. Moves:
   - *op*: one op to a random other device, or to the device of one of its
@@ -76,6 +77,9 @@ from doppler.sim import SimContext
 #: the cheap methods whose best assignment a search starts from (anneal's start set, and the first
 #: incumbent of DOPPLER's Stage II)
 WARM_START_METHODS = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
+#: anneal's start set also holds the expert's placements where the graph has a layer structure (elsewhere they
+#: refuse, and are left out)
+EXPERT_START_METHODS = ("tensor_parallel", "tp_pipeline")
 #: anneal's start set also holds HEFT_LOOKAHEAD's assignment where its rollout is cheap: ``|V|^2 (D-1)``
 #: (its ``|V| (D-1)`` HEFT completions times the ops each places) at most this: about 320 ops on 8
 #: devices or 840 on 2. A size rule, not a clock, so a seed and an evaluation count still fix the search
@@ -307,7 +311,8 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_
         cands = {"start": check_assignment(graph, np.asarray(start), nd)}
     else:
         cands = {}
-        for m in WARM_START_METHODS:  # (memory-aware ones within the budget; every start is checked below)
+        for m in WARM_START_METHODS + EXPERT_START_METHODS:  # (memory-aware ones within the budget; each start
+            # is checked below)
             if (cands or extra_starts) and time.perf_counter() >= deadline:
                 break
             try:
@@ -341,8 +346,8 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_
 def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
                   budget_s: float | None) -> np.ndarray | None:  # fmt: skip
     """``base`` with every repeat of the graph's repeated layer placed as one of them is placed when annealed
-    alone (:data:`REPEAT_BLOCK_WORK`; the block's inputs taken as present everywhere), or None where the
-    graph repeats no layer."""
+    alone (:data:`REPEAT_BLOCK_WORK`; the block's inputs taken as present everywhere; ``base``'s placement of it
+    among its starts), or None where the graph repeats no layer."""
     repeats = repeated_units(ctx.graph)
     if not repeats:
         return None
@@ -350,7 +355,7 @@ def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
     lo, hi = REPEAT_BLOCK_EVALS
     evals = int(min(max(REPEAT_BLOCK_WORK // ref.size, lo), hi))
     block = anneal_search(block_graph(ctx.graph, ref), ctx.cluster, seed=seed, max_evals=evals, budget_s=budget_s,
-                          threads=threads)  # fmt: skip
+                          threads=threads, extra_starts={"base": base[ref]})  # fmt: skip
     out = base.copy()
     for ops in repeats:
         out[ops] = block.devices

@@ -29,6 +29,7 @@ from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
 from doppler.methods.registry import MethodError, register
 from doppler.tiling import layer_key
+from doppler.traffic import carry_traffic
 
 #: at most this many units: finer ones (a graph whose ops record no module, placed by logical op or by op)
 #: are merged into this many runs of consecutive ones, of about equal op counts
@@ -121,13 +122,17 @@ def repeated_units(graph: DataflowGraph, min_repeats: int = 3) -> list[np.ndarra
 
 
 def block_graph(graph: DataflowGraph, ops: np.ndarray) -> DataflowGraph:
-    """The graph of ``ops`` alone: their costs, kinds and the edges among them (an edge from outside is dropped:
-    its value is taken as present on every device); no specs, so no weights (:mod:`doppler.memory`)."""
+    """The graph of ``ops`` alone: their kinds, the edges among them (an edge from outside is dropped: its value
+    is taken as present on every device) and their costs, each op's time on a cluster as in ``graph``
+    (:func:`~doppler.traffic.carry_traffic`: the bytes it moves there, weights included); no specs, so no
+    weights held (:mod:`doppler.memory`)."""
     local = np.full(graph.num_ops, -1, np.int64)
     local[ops] = np.arange(ops.size)
     inside = (local[graph.src] >= 0) & (local[graph.dst] >= 0)
-    return DataflowGraph.from_arrays(graph.flops[ops], graph.output_bytes[ops], local[graph.src[inside]],
+    part = DataflowGraph.from_arrays(graph.flops[ops], graph.output_bytes[ops], local[graph.src[inside]],
                                      local[graph.dst[inside]], kind=graph.kind[ops], name=f"{graph.name}.block")  # fmt: skip
+    carry_traffic(part, graph, ops)
+    return part
 
 
 def unit_weights(graph: DataflowGraph, unit: np.ndarray, num_units: int) -> tuple[list[np.ndarray], np.ndarray]:
