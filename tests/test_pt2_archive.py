@@ -205,6 +205,21 @@ def test_a_view_past_its_bytes_is_refused(tmp_path: Path, good: Path) -> None:
         read_pt2(path)
 
 
+def test_a_view_repeating_its_elements_is_refused(tmp_path: Path, good: Path) -> None:
+    """Strides of 0 shape a weight of 64 stored elements as 2**40 of them, every one inside its bytes: the
+    importer's mean and std of it, in float64, once tried to allocate 8 TB."""
+    root, m = _members(good)
+
+    def edit(d):
+        meta = d["config"]["lin.weight"]["tensor_meta"]
+        meta["sizes"], meta["strides"] = [{"as_int": 1 << 20}] * 2, [{"as_int": 0}] * 2
+
+    path = _write(tmp_path / "zero.pt2", _edit_json(m, f"{root}/data/weights/model_weights_config.json", edit))
+    with pytest.raises(Pt2Error, match=r"weight lin.weight: its shape \[1048576, 1048576\] holds 1,099,511,627,776 "
+                                       r"elements, more than the 64 stored"):  # fmt: skip
+        read_pt2(path)
+
+
 # ---------------------------------------------------------------------------- bounds
 def _archive(tmp_path: Path, good: Path, extra: list, name: str = "m.pt2", declared: dict | None = None) -> Path:
     """``good``'s members and ``extra`` (name under the root, bytes or a count of deflated zeros), with what

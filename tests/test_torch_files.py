@@ -166,3 +166,27 @@ def test_the_limits_sit_between_our_largest_files_and_two_gigabytes() -> None:
     assert max(p.numel() * 4 for p in policy.parameters()) < MAX_ZIP_MEMBER_BYTES
     assert 400e6 < MAX_ZIP_TOTAL_BYTES and MAX_ZIP_TOTAL_BYTES + MAX_ZIP_MEMBER_BYTES < 2e9
     assert torch_files.MAX_ZIP_DIRECTORY_BYTES < MAX_ZIP_TOTAL_BYTES
+
+
+@pytest.mark.parametrize(("make", "refusal"), [
+    (lambda: torch.zeros(1).expand(100_000, 100_000), r"tensor w/1 of shape \[100000, 100000\] holds 10,000,000,000 "
+                                                      r"elements over 4 bytes of storage"),
+    (lambda: torch.zeros(4, dtype=torch.float64).as_strided((3, 1_000_000), (1, 0)), r"tensor w/1 of shape "
+                                                                                      r"\[3, 1000000\] holds 3,000,000"),
+    (lambda: torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([1.0]), (100_000, 100_000)),
+     r"tensor w/1 is a torch.sparse_coo tensor; doppler reads dense tensors only"),
+])  # fmt: skip
+def test_a_tensor_larger_than_its_bytes_or_not_dense_is_refused_as_it_loads(make, refusal) -> None:
+    """A view whose strides repeat its elements holds ten billion elements over four bytes: a reader's isfinite
+    or cast of it once allocated 40 GB. It and a sparse tensor are refused, naming where in the file they are."""
+    data = _saved({"w": [torch.ones(2), make()]})
+    with pytest.raises(ArchiveError, match=refusal):
+        load_plain(data)
+    assert load_plain(data, meta=True)["w"][1].device.type == "meta"  # (the meta device allocates nothing)
+
+
+def test_views_within_their_bytes_load() -> None:
+    base = torch.arange(12.0)
+    got = load_plain(_saved({"t": base.reshape(3, 4).t(), "s": base[2:5], "b": base[::3]}))
+    assert torch.equal(got["t"], base.reshape(3, 4).t()) and torch.equal(got["s"], base[2:5])
+    assert torch.equal(got["b"], base[::3])

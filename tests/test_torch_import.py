@@ -492,3 +492,22 @@ def test_other_families_import_with_real_weights_and_on_the_meta_device(name: st
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
     meta = lower_program(export_model(*_family(name, "meta"))[0], dtype="float64")
     assert meta.meta["cost_only"] and (meta.num_ops, meta.flops.sum()) == (real.num_ops, real.flops.sum())
+
+
+def test_a_large_weights_mean_and_std_are_taken_a_chunk_at_a_time(monkeypatch) -> None:
+    """A weight's recorded mean and std: of the whole tensor in float64 when small (as before), else a chunk at a
+    time in two passes; a .pt2 at its 1 GiB bound once peaked at 2.4 GB making a float64 copy of each weight."""
+    import doppler.torch_import as ti
+
+    torch.manual_seed(0)
+    w = torch.randn(1000, 37) * 3 + 0.5
+    whole = (float(w.double().mean()), float(w.double().std()))
+    assert ti.mean_std(w) == whole  # (small: exactly as one float64 copy makes them)
+    monkeypatch.setattr(ti, "STATS_CHUNK", 999)  # (not a divisor: the last chunk is short)
+    calls: list[int] = []
+    double = torch.Tensor.double
+    monkeypatch.setattr(torch.Tensor, "double", lambda t: calls.append(t.numel()) or double(t))
+    mean, std = ti.mean_std(w.t())  # (a view: its elements in any order have the same statistics)
+    assert mean == pytest.approx(whole[0], rel=1e-12) and std == pytest.approx(whole[1], rel=1e-12)
+    assert calls and max(calls) <= 999  # (never the whole tensor in float64)
+    assert ti.mean_std(torch.ones(1)) == (1.0, 0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -366,16 +367,29 @@ def test_tile_ops_are_counted_exactly_before_a_graph_is_built() -> None:
 
 
 def test_sizes_whose_flops_overflow_a_float_are_refused() -> None:
-    """A dimension of 10**120 once ended in Python's OverflowError (exit 1, 'internal error'); costs past 1e250
-    are the graph's own refusal."""
+    """A dimension of 10**120 once ended in Python's OverflowError (exit 1, 'internal error'); now its tensors,
+    past the elements a graph file may declare, are refused as the ops are counted, before any is made."""
     import pytest
 
     from doppler.workloads import WorkloadError, build
 
-    with pytest.raises(WorkloadError, match=r"chainmm: DE: 'einsum' op: its FLOPs are too large for a float"):
-        build("chainmm", size="tiny", n=10**120)
-    with pytest.raises(ValueError, match=r"must stay below 1e\+250"):
-        build("chainmm", size="tiny", n=10**90)
+    for n in (10**120, 10**90):
+        with pytest.raises(WorkloadError, match=r"chainmm: input 'A' of shape \[10+, 10+\] has more than "
+                                                r"1,099,511,627,776 elements"):  # fmt: skip
+            build("chainmm", size="tiny", n=n)
+
+
+@pytest.mark.parametrize(("name", "params", "what"), [
+    ("ffnn", {"batch": 10**13}, "input 'X'"),
+    ("llama_block", {"batch": 10**6, "seq_len": 10**6}, "input 'x'"),
+    ("llama_block", {"seq_len": 2 * 10**6}, "a tile of 'scores'"),
+])  # fmt: skip
+def test_a_workload_declaring_a_tensor_no_graph_file_may_hold_is_refused_before_it_is_built(name, params, what) -> None:
+    """``graph build`` once wrote these graphs, which every reader then refused (MAX_TENSOR_ELEMENTS)."""
+    from doppler.workloads import WorkloadError, count_ops
+
+    with pytest.raises(WorkloadError, match=rf"{name}: {re.escape(what)} of shape .* has more than 1,099,511,627,776"):
+        count_ops(name, size="tiny", **params)
 
 
 def test_llama_model_is_llama_2_7b_by_default_and_every_op_records_its_module():

@@ -257,6 +257,10 @@ class _Reader:
             if flat.numel() == 0:  # torch.export.save writes no bytes for a tensor of zeros... only of size 0
                 raise Pt2Error(f"{self.where}: its payload is empty")
             raise Pt2Error(f"{self.where}: its shape reaches element {last}, past the {flat.numel()} stored")
+        numel = shape_elements(sizes, MAX_ELEMENTS)
+        if numel is not None and numel > flat.numel():  # (a zero stride: what reads every element would allocate)
+            raise Pt2Error(f"{self.where}: its shape {sizes} holds {numel:,} elements, more than the {flat.numel():,} "
+                           "stored (a view that repeats its elements)")  # fmt: skip
         return self.torch.as_strided(flat, sizes, strides, offset)
 
     # -------------------------------------------------------------- the graph

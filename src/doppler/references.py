@@ -135,10 +135,13 @@ def require_values(graph: DataflowGraph, source: str) -> None:
                             f"train work on it{', and execute --weights loads its weights' if weights_only else ''}")  # fmt: skip
 
 
-#: the most bytes making a graph's full inputs may take (:func:`make_inputs`: the inputs at their dtype, and the
-#: largest drawn in float64 first): the built-in layer-sized workloads at their default sizes take at most
-#: 3.7 GB (``llama_layer`` with ``execute --check``, in float64); a whole ``llama_model`` is for simulation
+#: the most bytes making a graph's full inputs may take (:func:`make_inputs`: the inputs at their dtype, and a
+#: chunk drawn in float64): the built-in layer-sized workloads at their default sizes take at most 2.7 GB
+#: (``chainmm`` and ``llama_layer`` with ``execute --check``, in float64); a whole ``llama_model`` is for simulation
 MAX_INPUT_BYTES = 4 << 30
+#: the elements of an input drawn at a time (in float64, then written into the input at its dtype): the draw
+#: takes this many float64 numbers twice (the draw and its scaled copy), not the whole input's
+DRAW_CHUNK = 1 << 22
 #: the share of the memory available when a graph's inputs are made that they may take: the run's tiles and
 #: outputs need the rest
 INPUT_MEMORY_SHARE = 0.5
@@ -175,12 +178,12 @@ def available_memory_bytes() -> float:
 
 
 def _check_input_memory(graph: DataflowGraph, dtype: Any, shapes: dict[str, Any]) -> None:
-    """WorkloadError unless making the inputs ``shapes`` at ``dtype`` (each drawn in float64 first) takes at
-    most :data:`MAX_INPUT_BYTES` and :data:`INPUT_MEMORY_SHARE` of the memory available now, and its largest op
-    output fits the rest: before anything is allocated for them."""
+    """WorkloadError unless making the inputs ``shapes`` at ``dtype`` (drawn :data:`DRAW_CHUNK` elements at a
+    time in float64) takes at most :data:`MAX_INPUT_BYTES` and :data:`INPUT_MEMORY_SHARE` of the memory available
+    now, and its largest op output fits the rest: before anything is allocated for them."""
     itemsize = np.dtype(dtype).itemsize
     elements = [math.prod(int(d) for d in shape) for shape in shapes.values()]
-    need = sum(elements) * itemsize + max(elements, default=0) * 8  # (the inputs, and the largest one drawn)
+    need = sum(elements) * itemsize + min(max(elements, default=0), DRAW_CHUNK) * 16  # (the inputs, a chunk drawn)
     largest = max((math.prod(int(d) for d in spec["shape"]) for spec in graph.specs or ()
                    if isinstance(spec, dict) and isinstance(spec.get("shape"), list)), default=0) * itemsize  # fmt: skip
     avail = available_memory_bytes()
@@ -218,17 +221,19 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64,
         rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode())])
         kind = how.get("init", "normal")
         if kind == "normal":
-            arr = float(how.get("mean", 0.0)) + rng.standard_normal(shape) * float(how.get("std", 1.0))
+            mean, std = float(how.get("mean", 0.0)), float(how.get("std", 1.0))
+            arr = _drawn(shape, dtype, lambda k: mean + rng.standard_normal(k) * std)
         elif kind == "norm_weight":
-            arr = 1.0 + 0.1 * rng.standard_normal(shape)
+            arr = _drawn(shape, dtype, lambda k: 1.0 + 0.1 * rng.standard_normal(k))
+        elif kind == "index":  # token ids: integers in [0, high), stored as floats like every tile
+            high = int(how["high"])
+            arr = _drawn(shape, dtype, lambda k: rng.integers(0, high, size=k))
         elif kind in ("rope_cos", "rope_sin"):
             at = how.get("position", 0)
             if isinstance(at, bool) or not isinstance(at, int) or at < 0:
                 raise WorkloadError(f"input {name!r}: position {at!r:.40} must be an integer >= 0")
             cos, sin = _rope_tables(shape[0], shape[1], float(how.get("theta", 10000.0)), at)
             arr = cos if kind == "rope_cos" else sin
-        elif kind == "index":  # token ids: integers in [0, high), stored as floats like every tile
-            arr = rng.integers(0, int(how["high"]), size=shape)
         elif kind == "value":  # a constant recorded in the graph (e.g. folded from an imported model)
             arr = np.asarray(how["data"], dtype=np.float64)
             if arr.shape != shape:
@@ -237,8 +242,20 @@ def make_inputs(graph: DataflowGraph, seed: int = 0, dtype: Any = np.float64,
             raise WorkloadError(f"graph {graph.name!r}: input {name!r} has no value (built on the meta device)")
         else:
             raise WorkloadError(f"input {name!r}: unknown init {kind!r}")
-        out[name] = np.asarray(arr, dtype=dtype)
+        out[name] = np.asarray(arr, dtype=dtype)  # (a drawn input is of dtype already: no copy)
     return out
+
+
+def _drawn(shape: tuple[int, ...], dtype: Any, draw: Any) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` filled in order by ``draw(k)`` (k numbers, in float64 or int64) for
+    :data:`DRAW_CHUNK` elements at a time: the same numbers one draw of the whole shape gives (numpy's generators
+    draw element by element), holding one chunk in float64 instead of the whole input."""
+    arr = np.empty(shape, dtype=dtype)
+    flat = arr.reshape(-1)
+    for start in range(0, flat.size, DRAW_CHUNK):
+        stop = min(start + DRAW_CHUNK, flat.size)
+        flat[start:stop] = draw(stop - start)
+    return arr
 
 
 def assemble_outputs(graph: DataflowGraph, values: Sequence[np.ndarray | None]) -> dict[str, np.ndarray]:

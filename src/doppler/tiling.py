@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from doppler.graph import MAX_BLOCK_DIMS, DataflowGraph, GraphError, Group, OpKind
+from doppler.graph import MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, shape_elements
 from doppler.kernels import DTYPE_BYTES, flops_of, parse_eq
 
 __all__ = ["COLUMN_PARALLEL", "ROW_PARALLEL", "ModelStructure", "Tensor", "TileBuilder", "WorkloadError", "derive_structure",
@@ -127,6 +127,14 @@ class TileBuilder:
         except ValueError as e:
             raise self._err(f"{name}: {e}") from None
 
+    def _check_elements(self, what: str, shape: Sequence[int]) -> None:
+        """Refuse a shape the graph file would declare (an input's or output's, an op's tile) past
+        :data:`~doppler.graph.MAX_TENSOR_ELEMENTS`, which every reader of the file refuses: checked while ops are
+        counted, before any is made."""
+        if shape_elements([int(s) for s in shape]) is None:
+            raise self._err(f"{what} of shape {list(shape)} has more than {MAX_TENSOR_ELEMENTS:,} elements, the most a "
+                            "graph's tensor may have")  # fmt: skip
+
     def _check_grid(self, name: str, shape: Sequence[int], grid: Sequence[int]) -> None:
         if len(shape) != len(grid):
             raise self._err(f"tensor {name!r} has rank {len(shape)} but a grid of rank {len(grid)}")
@@ -190,6 +198,7 @@ class TileBuilder:
                    spec_of: Callable[[tuple[int, ...]], dict[str, Any]]) -> Tensor:  # fmt: skip
         """One op (and group) of ``kind`` per block of the output grid, its spec ``spec_of(block)``; when
         counting, only their number."""
+        self._check_elements(f"a tile of {name!r}", [int(s) // int(g) for s, g in zip(shape, grid)])
         if self._count(math.prod(grid)):
             return Tensor(name, tuple(shape), tuple(grid))
         g = self._new_group(name, kind, grid)
@@ -228,6 +237,7 @@ class TileBuilder:
         resident wherever it is read (:mod:`doppler.memory`)."""
         shape, grid = tuple(int(s) for s in shape), tuple(int(g) for g in grid)
         self._check_grid(name, shape, grid)
+        self._check_elements(f"input {name!r}", shape)
         if name in self.inputs:
             raise self._err(f"input {name!r} declared twice")
         t = Tensor(name, shape, grid)
@@ -240,6 +250,7 @@ class TileBuilder:
         return t
 
     def output(self, name: str, t: Tensor) -> None:
+        self._check_elements(f"output {name!r}", t.shape)
         if self.count_only:
             return
         tiles = []
@@ -269,6 +280,7 @@ class TileBuilder:
         out_grid = [info[c][1] for c in out]
         red_grid = [info[c][1] for c in red]
         bshape = [s // g for s, g in zip(out_shape, out_grid)]
+        self._check_elements(f"a tile of {name!r}", bshape)
         self.untiled_flops += self._flops(
             {"kernel": kernel, "eq": eq, "inputs": [{"shape": list(t.shape)} for t in ts], "shape": out_shape}, name
         )

@@ -12,7 +12,10 @@ bomb) or lie about them. :func:`open_zip` is the one gate for both: before any m
 the central directory, the member count, each member's declared uncompressed size, their sum and each
 member's compression ratio (the ``MAX_ZIP_*`` constants), and :func:`read_member` reads a member in
 chunks, never past its declared size. :func:`load_plain` passes every zip through :func:`open_zip`
-before ``torch.load`` sees it.
+before ``torch.load`` sees it, and refuses what it loads if a tensor in it holds more elements than its bytes
+(a view whose strides repeat elements, as ``expand`` makes: ten billion elements over four bytes) or is not a
+dense tensor (sparse, quantized): what a reader does with every element of such a tensor (``isfinite``, a cast)
+would allocate far past the archive's bounds.
 """
 
 from __future__ import annotations
@@ -181,16 +184,44 @@ def load_plain(source: str | Path | bytes | bytearray, *, meta: bool = False) ->
     device, so that no tensor's bytes are read or allocated: what a check of the pickle alone needs); torch's
     own warnings and log lines are silenced (the caller reports one line). A zip archive (what ``torch.save``
     writes) is first bounded by :func:`open_zip` (a :class:`ArchiveError` past a bound); a raw pickle of
-    more than :data:`MAX_PICKLE_BYTES` is a :class:`ArchiveError` too. Otherwise raises what torch raises."""
+    more than :data:`MAX_PICKLE_BYTES` is a :class:`ArchiveError` too, and so is (off the meta device) a
+    tensor it gives that is not dense or holds more elements than its bytes (:func:`_check_tensors`).
+    Otherwise raises what torch raises."""
     import torch
 
     if isinstance(source, (bytes, bytearray)):
         f: Any = io.BytesIO(source)
         _check_torch_file(f, len(source))
-        return _torch_load(torch, f, meta)
-    with open(source, "rb") as f:
-        _check_torch_file(f, None)
-        return _torch_load(torch, f, meta)
+        obj = _torch_load(torch, f, meta)
+    else:
+        with open(source, "rb") as f:
+            _check_torch_file(f, None)
+            obj = _torch_load(torch, f, meta)
+    if not meta:
+        _check_tensors(torch, obj)
+    return obj
+
+
+def _check_tensors(torch: Any, obj: Any) -> None:
+    """:class:`ArchiveError` naming the first tensor in the containers of ``obj`` that is not a dense (strided,
+    unquantized) tensor, or that holds more elements than the bytes of its storage: every tensor a loaded
+    file gives is then no larger than the archive's bounded members."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend((f"{where}/{_shown(str(k))}", v) for k, v in x.items())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend((f"{where}/{i}", v) for i, v in enumerate(x))
+        elif torch.is_tensor(x):
+            name = where.lstrip("/") or "the file's tensor"
+            if x.layout != torch.strided or x.is_quantized:
+                raise ArchiveError(f"tensor {name} is a {x.layout} tensor{' (quantized)' if x.is_quantized else ''}; "
+                                   "doppler reads dense tensors only")  # fmt: skip
+            nbytes = x.untyped_storage().nbytes()
+            if x.numel() * x.element_size() > nbytes:
+                raise ArchiveError(f"tensor {name} of shape {list(x.shape)} holds {x.numel():,} elements over "
+                                   f"{_bytes(nbytes)} of storage (a view that repeats its elements)")  # fmt: skip
 
 
 def _check_torch_file(f: IO[bytes], size: int | None) -> None:

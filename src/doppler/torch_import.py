@@ -64,6 +64,9 @@ __all__ = ["GraphImportError", "WRAPPED", "auto_blocks", "export_model", "import
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 #: the largest constant (in elements) recorded inside a graph file
 MAX_RECORDED_ELEMENTS = 1 << 20
+#: the elements of a weight whose mean and spread are taken in float64 at a time (a larger weight is taken a chunk at
+#: a time, never copied whole in float64: a ``.pt2`` may hold 1 GiB of weights)
+STATS_CHUNK = 1 << 22
 #: the largest tensor (in elements) evaluated at import time (a causal mask of 16k x 16k positions)
 MAX_FOLDED_ELEMENTS = 1 << 28
 #: ``meta["cost_only"]`` of a graph whose model has no values
@@ -264,6 +267,24 @@ def auto_blocks(ep: Any, devices: int) -> dict[int, int]:
                 if devices > 1 and s % devices == 0 and s // devices >= 16:
                     out[int(s)] = devices
     return out
+
+
+def mean_std(value: Any) -> tuple[float, float]:
+    """The mean and the sample standard deviation (0 for one element) of a tensor's elements, in float64: of the
+    whole tensor at once up to :data:`STATS_CHUNK` elements, else a chunk at a time in two passes, so that no
+    float64 copy of a large weight is made."""
+    v = value.detach().reshape(-1)
+    n = v.numel()
+    if n <= STATS_CHUNK:
+        d = v.double()
+        return float(d.mean()), float(d.std()) if n > 1 else 0.0
+    chunks = [(i, min(i + STATS_CHUNK, n)) for i in range(0, n, STATS_CHUNK)]
+    mean = sum(float(v[a:b].double().sum()) for a, b in chunks) / n
+    squares = 0.0
+    for a, b in chunks:
+        d = v[a:b].double().sub_(mean)
+        squares += float(d.dot(d))
+    return mean, math.sqrt(squares / (n - 1))
 
 
 def parse_blocks(items: Sequence[str]) -> dict[int, int]:
@@ -760,9 +781,8 @@ class _Lowering:
             if value.is_meta:
                 t = self.input_tensor(name, value, {"init": "meta"})
             else:
-                v = value.detach().double()
-                std = float(v.std()) if v.numel() > 1 else 0.0
-                t = self.input_tensor(name, value, {"init": "normal", "mean": float(v.mean()), "std": std})
+                mean, std = mean_std(value)
+                t = self.input_tensor(name, value, {"init": "normal", "mean": mean, "std": std})
             self._bind_weight(t.name, name, value)
             return t
         return value.detach()  # buffers and lifted constants: known values

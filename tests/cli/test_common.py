@@ -50,3 +50,16 @@ def test_an_error_is_one_line_whatever_line_breaks_its_text_holds(tmp_path) -> N
         res = CliRunner().invoke(app, ["graph", "info", str(tmp_path / name)])
         assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, repr(res.stderr)
         assert res.stderr.startswith("error: ") and "no such graph file" in res.stderr
+
+
+def test_an_internal_error_is_one_line_too(capsys) -> None:
+    """A bug's report is exit 1 and its first line: torch's errors append a table of a hundred lines (a sparse
+    tensor in a checkpoint once printed one)."""
+    import pytest
+    import typer
+
+    with pytest.raises(typer.Exit) as e:
+        with _common.handle_errors():
+            raise NotImplementedError("Could not run 'aten::ne.Scalar'\n\nUndefined: registered at x\nCPU: y\n")
+    err = capsys.readouterr().err
+    assert e.value.exit_code == 1 and err == "internal error: NotImplementedError: Could not run 'aten::ne.Scalar'\n"

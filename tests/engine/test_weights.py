@@ -298,3 +298,72 @@ def test_a_parameter_saved_under_another_key_is_found(tmp_path) -> None:
     found = compare_logits(res.outputs, reference_outputs(source, ckpt, g, {"input_ids": ids}), source=source,
                            dtype="float32")  # fmt: skip
     assert found.match, found
+
+
+@pytest.fixture()
+def unblocked(tmp_path: Path):
+    """Named pipes (made by the function this yields) that another process keeps opening for writing and closing
+    while the test runs: a reader that would block on one forever (the fault this guards) gets an empty file
+    instead, and the test fails, not hangs (a process, not a thread: a library may block holding the GIL)."""
+    import os
+    import subprocess
+
+    fifos: list[Path] = []
+    code = ("import os, sys, time\n"
+            "while True:\n"
+            "    time.sleep(0.05)\n"
+            "    for f in open(sys.argv[1]).read().split():\n"
+            "        try: os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))\n"
+            "        except OSError: pass\n")  # fmt: skip
+    listing = tmp_path / "fifos.txt"
+    listing.write_text("")
+    writer = subprocess.Popen([sys.executable, "-c", code, str(listing)])
+
+    def make(name: str) -> Path:
+        fifo = tmp_path / name
+        os.mkfifo(fifo)
+        fifos.append(fifo)
+        listing.write_text(" ".join(map(str, fifos)))
+        return fifo
+
+    try:
+        yield make
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_pipe_or_a_device_is_refused_unread(tiny, unblocked) -> None:
+    """A pipe given as the weights, as their index or as --input-ids once blocked the command forever, and
+    /dev/zero as --input-ids read until memory ran out (5 GB, then exit 1)."""
+    for path in (unblocked("w.safetensors"), unblocked("model.safetensors.index.json"), Path("/dev/zero")):
+        with pytest.raises(WeightsError, match=rf"^{path}: not a regular file \(a pipe, socket or device\)$"):
+            open_checkpoint(path)
+    for path in (unblocked("ids.txt"), Path("/dev/zero")):
+        with pytest.raises(WeightsError, match=rf"^--input-ids {path}: not a regular file"):
+            read_input_ids(str(path), tiny["graph"], "g.json", seed=0)
+
+
+def test_a_safetensors_header_naming_a_tensor_twice_or_too_large_is_refused(tiny, tmp_path: Path) -> None:
+    """safetensors keeps the last of two entries of one name silently (here: the same bytes read as integers);
+    doppler reads the header first and refuses it, as every JSON it reads, and a header past MAX_HEADER_BYTES
+    unread (safetensors reads up to 100 MB: 1.4 GB and 17 s to list 1.6 million empty tensors)."""
+    from safetensors.torch import save
+
+    from doppler.engine.weights import MAX_HEADER_BYTES
+
+    raw = save({"a": torch.zeros(4), "b": torch.ones(2)})
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + n].decode().rstrip()
+    twin = header[:-1] + ', "b": ' + json.dumps({**json.loads(header)["b"], "dtype": "I32"}) + "}"
+    (tmp_path / "twice.safetensors").write_bytes(len(twin).to_bytes(8, "little") + twin.encode() + raw[8 + n :])
+    with pytest.raises(WeightsError, match=r"twice.safetensors: its safetensors header names 'b' twice$"):
+        open_checkpoint(tmp_path / "twice.safetensors")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "x.safetensors").write_bytes((tmp_path / "twice.safetensors").read_bytes())
+    (tmp_path / "ck" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors"}}))
+    with pytest.raises(WeightsError, match=r"ck/x.safetensors: its safetensors header names 'b' twice$"):
+        open_checkpoint(tmp_path / "ck")
+    (tmp_path / "huge.safetensors").write_bytes((MAX_HEADER_BYTES + 1).to_bytes(8, "little") + b"{}")
+    with pytest.raises(WeightsError, match=r"its safetensors header takes 16,777,217 bytes, more than the 16,777,216"):
+        open_checkpoint(tmp_path / "huge.safetensors")

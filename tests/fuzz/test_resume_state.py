@@ -1,8 +1,8 @@
 """Fuzzing what ``--resume`` loads, one value at a time: every tensor of a real run's saved state (the weights,
 the optimizer's moments and step counts, torch's generator state, distillation's best weights) made NaN, inf,
-misshapen or of another dtype, every number of it (baselines, best makespans, counters, the generators' and
-pretraining's numbers) made odd, and every count of a run's configuration made huge, in its checkpoint, in its
-``config.json`` or on the command line.
+misshapen, of another dtype or a view larger than its bytes, every number of it (baselines, best makespans,
+counters, the generators' and pretraining's numbers) made odd, and every count of a run's configuration made
+huge, in its checkpoint, in its ``config.json`` or on the command line.
 
 The property (besides tests/fuzz/common.py's): ``train --resume`` (``pretrain --resume``) either resumes to a
 checkpoint that loads, with finite weights, and that ``assign --checkpoint`` uses, or exits 2 in one line and
@@ -31,8 +31,9 @@ from doppler.train import Trainer, TrainError
 from tests.fuzz.checkpoints import rewrite_checkpoint, torch_bytes
 from tests.fuzz.common import FUZZ_EXAMPLES_ENV, fuzz, sandbox
 
-#: what a tensor is made: a NaN in it, an inf, another shape, another dtype
-TENSOR_DAMAGE = ("nan", "inf", "shape", "dtype")
+#: what a tensor is made: a NaN in it, an inf, another shape, another dtype, a view of ten billion elements over
+#: one element's bytes (a cast of it, as the optimizer's loader makes, once allocated 40 GB)
+TENSOR_DAMAGE = ("nan", "inf", "shape", "dtype", "view")
 DTYPES = (torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.complex64, torch.uint8)
 #: what a number is made
 ODD_NUMBERS = (float("nan"), float("inf"), float("-inf"), -1, -1.5, 0, 1.5, 10**30, 2**64, 1e300, "7", None, True, [1])
@@ -86,8 +87,9 @@ def number_slots(ck: dict) -> list[tuple]:
 
 
 def damaged_tensor(t: torch.Tensor, how: str, pick: int) -> torch.Tensor:
-    """``t`` with a NaN or an inf at one place (as a float tensor, if it held integers), of another shape, or of
-    another dtype (``pick`` chooses the place, the sign, the shape or the dtype)."""
+    """``t`` with a NaN or an inf at one place (as a float tensor, if it held integers), of another shape, of
+    another dtype, or a view repeating one element (``pick`` chooses the place, the sign, the shape, the dtype or
+    the view's dtype)."""
     if how in ("nan", "inf"):
         out = t.detach().clone().to(t.dtype if t.is_floating_point() else torch.float32)
         flat = out.view(-1) if out.numel() else out
@@ -98,6 +100,9 @@ def damaged_tensor(t: torch.Tensor, how: str, pick: int) -> torch.Tensor:
         shaped = [t.reshape(-1)[: max(t.numel() - 1, 0)], t.unsqueeze(0), t.reshape(-1).repeat(2), torch.zeros(())]
         shaped = [v for v in shaped if v.shape != t.shape]  # (a scalar step's zeros(()) is a step of 0, not a shape)
         return shaped[pick % len(shaped)]
+    if how == "view":
+        one = t.detach().reshape(-1)[:1].clone() if t.numel() else torch.zeros(1, dtype=t.dtype)
+        return (one.double() if pick % 2 else one).expand(100_000, 100_000)
     dtype = DTYPES[pick % len(DTYPES)]
     return torch.complex(t.float(), torch.ones_like(t.float())) if dtype.is_complex else t.to(dtype)
 
@@ -229,8 +234,8 @@ def test_a_huge_count_is_refused_in_one_line_writing_nothing(fuzz_base, runs, ki
 
 
 def test_every_tensor_of_a_resumed_state_poisoned_is_refused_or_resumes_finite(tmp_path, runs) -> None:
-    """Every tensor of a train run's state, in turn: made NaN, inf or misshapen it is refused naming the
-    checkpoint; of another dtype, refused too, or resumed (a float64 moment is cast as torch loads it) to a run
+    """Every tensor of a train run's state, in turn: made NaN, inf, misshapen or a view larger than its bytes it is
+    refused naming the checkpoint; of another dtype, refused too, or resumed (a float64 moment is cast as torch loads it) to a run
     whose checkpoint loads with finite weights. The short run gives each tensor one damage in turn, ``make fuzz``
     every damage (a library-level sweep: milliseconds per tensor, where the command line takes a second)."""
     run, ck = runs["train"]

@@ -106,3 +106,47 @@ def test_a_pickle_under_a_safetensors_name_is_refused_unread(fuzz_base, model_fi
             assert res.exit_code == 2 and "pickle checkpoint" in res.error_line, res.error_line
         res = _execute(box, model_files, box.root / "ck")
         assert res.exit_code == 2 and "pickle checkpoint" in res.error_line, res.error_line
+
+
+@fuzz(ci=12)
+@given(where=st.sampled_from(["weights", "index", "shard", "input-ids"]),
+       special=st.sampled_from(["fifo", "/dev/zero", "/dev/null", "link to fifo"]))  # fmt: skip
+def test_a_pipe_or_a_device_at_any_input_path_is_refused_unread(fuzz_base, model_files, where, special) -> None:
+    """A pipe given as the weights, their index or the token ids once blocked the command forever (a shard
+    named by an index was refused already), and /dev/zero as token ids read until memory ran out."""
+    import os
+
+    with sandbox(fuzz_base) as box:
+        target = box.root / "special"
+        if special in ("fifo", "link to fifo"):
+            os.mkfifo(target)
+        else:
+            target = Path(special)
+
+        def plant(name: str) -> Path:
+            p = box.root / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if special == "fifo":
+                os.replace(target, p)
+            else:
+                p.symlink_to(target)
+            return p
+
+        weights = box.write("w.safetensors", model_files["ckpt"])
+        extra: tuple = ()
+        if where == "weights":
+            weights = plant("x.safetensors")
+        elif where in ("index", "shard"):
+            box.write("ck/a.safetensors", model_files["a"])
+            box.write("ck/b.safetensors", model_files["b"])
+            if where == "index":
+                plant("ck/model.safetensors.index.json")
+            else:
+                box.write("ck/model.safetensors.index.json", json.dumps(model_files["index"]))
+                (box.root / "ck/b.safetensors").unlink()
+                plant("ck/b.safetensors")
+            weights = box.root / "ck" / ("model.safetensors.index.json" if where == "index" else "")
+        else:
+            extra = ("--input-ids", plant("ids.txt"))
+        res = _execute(box, model_files, weights, *extra)
+        assert res.exit_code == 2, (where, special, res.stderr)

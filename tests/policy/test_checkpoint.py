@@ -261,3 +261,21 @@ def test_a_checkpoint_with_a_deflated_huge_tensor_is_refused_naming_the_member(r
         read_checkpoint(bomb)
     assert str(e.value).startswith(f"{bomb}: not a readable doppler checkpoint (member {storage} declares 629,145,600 "
                                    "bytes"), str(e.value)  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["weight", "adam"])
+def test_a_tensor_repeating_one_element_ten_billion_times_is_refused_naming_it(run, tmp_path, where) -> None:
+    """A weight (or an Adam moment, in float64: the optimizer casts it as it loads) that is a view of one element
+    as 100,000 x 100,000: checking it once allocated 40 GB (exit 1); now it is refused as the file loads."""
+    def change(ck):
+        one = torch.zeros(1, dtype=torch.float64 if where == "adam" else torch.float32)
+        if where == "weight":
+            ck["state_dict"]["encoder.embed.weight"] = one.expand(100_000, 100_000)
+        else:
+            ck["optimizer"]["state"][0]["exp_avg"] = one.expand(100_000, 100_000)
+
+    d = _damaged(run, tmp_path, change)
+    name = "state_dict/encoder.embed.weight" if where == "weight" else "optimizer/state/0/exp_avg"
+    with pytest.raises(CheckpointError, match=rf"not a readable doppler checkpoint \(tensor {name} of shape "
+                                             r"\[100000, 100000\] holds 10,000,000,000 elements over"):  # fmt: skip
+        read_checkpoint(d)

@@ -121,7 +121,8 @@ def handle_errors() -> Iterator[None]:
         err_console.print("[bold red]interrupted[/]", markup=True)
         raise typer.Exit(130) from None
     except Exception as e:  # noqa: BLE001 - last-resort report of a bug
-        err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(str(e))}", markup=True,
+        first = re.split(LINE_BREAK, str(e).strip())[0]  # (one line: torch's errors append a table of 100 lines)
+        err_console.print(f"[bold red]internal error:[/] {type(e).__name__}: {escape(first)}", markup=True,
                           highlight=False, soft_wrap=True)  # fmt: skip
         raise typer.Exit(1) from None
 

@@ -23,6 +23,7 @@ names the file and the key.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -30,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from doppler.graph import DataflowGraph
-from doppler.io_util import loads_json
+from doppler.io_util import DuplicateKeyError, loads_json
 from doppler.torch_import import NO_WEIGHTS
 
 __all__ = ["BoundProgram", "Checkpoint", "WeightTile", "WeightsError", "bind", "bound_program", "check_executable",
@@ -43,6 +44,10 @@ SINGLE_NAME = "model.safetensors"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 #: the largest index file read (the index of a 400B-parameter model is a few MB)
 MAX_INDEX_BYTES = 64 << 20
+#: the largest safetensors header read (the JSON table of a file's tensors: a shard of a 400B-parameter model
+#: lists a few hundred tensors in tens of kB; safetensors itself reads up to 100 MB, which takes seconds and
+#: over a GB to list)
+MAX_HEADER_BYTES = 16 << 20
 #: safetensors' element types -> numpy's names (``bfloat16`` has no numpy type: it is refused where read)
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}  # fmt: skip
@@ -161,6 +166,38 @@ def _looks_pickled(path: Path) -> bool:
     return head[8:9] != b"{" and (head[:1] == b"\x80" or head[:4] == b"PK\x03\x04")
 
 
+def _regular_file(path: Path, what: str) -> None:
+    """WeightsError unless ``path`` (a link is followed) is a regular file: a pipe would block the read forever,
+    a device (``/dev/zero``) never end it."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise WeightsError(f"{what}: not a regular file (a pipe, socket or device)")
+
+
+def _check_header(shard: Path) -> None:
+    """WeightsError naming ``shard`` if its safetensors header takes more than :data:`MAX_HEADER_BYTES` or names a
+    key twice (safetensors would keep the last silently); a header that is not JSON is left to safetensors to
+    refuse."""
+    _regular_file(shard, str(shard))
+    try:
+        with shard.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER_BYTES:
+                raise WeightsError(f"{shard}: its safetensors header takes {n:,} bytes, more than the {MAX_HEADER_BYTES:,} "
+                                   "doppler reads (a checkpoint's header lists its tensors in kilobytes)")  # fmt: skip
+            text = f.read(n)
+    except OSError as e:
+        raise WeightsError(f"{shard}: cannot read ({_one_line(e)})") from None
+    try:
+        loads_json(text)
+    except DuplicateKeyError as e:
+        raise WeightsError(f"{shard}: its safetensors header names {e.key!r:.80} twice") from None
+    except (ValueError, RecursionError):
+        pass
+
+
 def _keys_of(shard: Path) -> list[str]:
     from safetensors import safe_open
 
@@ -173,6 +210,7 @@ def _keys_of(shard: Path) -> list[str]:
 
 def _from_index(index: Path) -> dict[str, Path]:
     """key -> shard, from a ``model.safetensors.index.json``: each shard a ``.safetensors`` file beside it."""
+    _regular_file(index, str(index))
     try:
         size = index.stat().st_size
         if size > MAX_INDEX_BYTES:
@@ -197,8 +235,10 @@ def _from_index(index: Path) -> dict[str, Path]:
         shard = index.parent / name
         if not shard.is_file():
             raise WeightsError(f"{index}: tensor {key!r}: its file {shard} does not exist")
-        if shard not in checked and _looks_pickled(shard):
-            raise _pickle_refusal(shard)
+        if shard not in checked:
+            if _looks_pickled(shard):
+                raise _pickle_refusal(shard)
+            _check_header(shard)
         checked.add(shard)
         out[key] = shard
     return out
@@ -226,8 +266,10 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def _single(path: Path) -> Checkpoint:
+    _regular_file(path, str(path))
     if _looks_pickled(path):
         raise _pickle_refusal(path)
+    _check_header(path)
     return Checkpoint(path, {key: path for key in _keys_of(path)})
 
 
@@ -320,6 +362,7 @@ def read_input_ids(spec: str, graph: DataflowGraph, source: str, seed: int) -> t
             raise WeightsError(f"--input-ids {count}: the graph's {name!r} holds {size} ids (shape {list(shape)})")
         return name, np.random.default_rng(seed).integers(0, vocab, size=shape, dtype=np.int64)
     path = Path(spec)
+    _regular_file(path, f"--input-ids {path}")
     try:
         if path.stat().st_size > 64 * size + 4096:
             raise WeightsError(f"--input-ids {path}: too large for {size} token ids")
