@@ -26,15 +26,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from doppler.graph import DataflowGraph, GraphError, once_per_graph
 from doppler.kernels import DTYPE_BYTES
 
-if TYPE_CHECKING:  # pragma: no cover
-    from doppler.hardware import Cluster
+
+class Cluster(Protocol):
+    """What the memory model reads of a :class:`doppler.hardware.Cluster`, named here without importing it
+    (hardware costs ops through :mod:`doppler.traffic`, which reads :func:`input_slices`)."""
+
+    devices: list[Any]
+
+    @property
+    def num_devices(self) -> int: ...
+
+    @property
+    def memory_bytes(self) -> np.ndarray: ...
 
 #: share of each device's memory that placements may fill (``--memory-fraction``)
 DEFAULT_MEMORY_FRACTION = 0.9

@@ -137,7 +137,7 @@ class Program:
     #: input tiles already copied to a device that keeps them between runs ((tile, device set, device) -> copy)
     device_tiles: dict[tuple[int, int, int], Any] = field(default_factory=dict, repr=False)
     tile_inputs: list[str] = field(default_factory=list)  # the input tensor each tile is a slice of
-    #: where the :class:`~doppler.engine.weights.WeightTile` among ``tiles`` are read from (``--weights``)
+    #: where the :class:`WeightTile` among ``tiles`` are read from (``--weights``)
     checkpoint: Any = None
 
     @property
@@ -175,7 +175,7 @@ class Program:
         """Copy every op's input tiles into its device's memory (once per (tile, device)).
 
         ``hw``: the engine's device set (its ``place(array, d)`` makes the copy); default host memory. A weight
-        tile (:class:`~doppler.engine.weights.WeightTile`) is read from the checkpoint for each device that reads
+        tile (:class:`WeightTile`) is read from the checkpoint for each device that reads
         it, and only its slice: the program keeps no host copy of it.
         """
         local: dict[tuple[int, int], Any] = {}
@@ -231,13 +231,30 @@ class PlacedProgram:
         return sorted({(u, int(dev[v])) for u, v in zip(g.src.tolist(), g.dst.tolist()) if dev[u] != dev[v]})
 
 
+@dataclass(frozen=True)
+class WeightTile:
+    """The slice of checkpoint tensor ``key`` that one graph input tile is: read when placed on a device."""
+
+    input: str  # the graph input
+    key: str  # the checkpoint's key for it (its state_dict key, the key it is saved under, or one tied to it)
+    bounds: tuple[tuple[int, int], ...]  # [lo, hi) per axis of the stored tensor
+    dtype: np.dtype  # what the tile is read into (the program's element type)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(hi - lo for lo, hi in self.bounds)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+
 def _input_tiles(graph: DataflowGraph, inputs: dict[str, np.ndarray], dtype: Any,
                  weights: dict[str, str]) -> tuple[list[list[Operand]], list[Any], list[str]]:  # fmt: skip
     """Each op's operands: another op's output, which must be one of its predecessors (it arrives over an
     edge), or a tile of a named input tensor: a slice of an array of ``inputs``, or of a checkpoint tensor
     (``weights``: graph input -> checkpoint key) to be read when placed."""
-    from doppler.engine.weights import WeightTile
-
     shapes = graph.meta.get("inputs") or {}
     tiles: list[Any] = []
     names: list[str] = []

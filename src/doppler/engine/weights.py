@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from doppler.engine.program import WeightTile, build_program
 from doppler.graph import DataflowGraph
 from doppler.io_util import DuplicateKeyError, loads_json
 from doppler.torch_import import NO_WEIGHTS
@@ -62,24 +63,6 @@ class WeightsError(ValueError):
 def _pickle_refusal(path: Path) -> WeightsError:
     return WeightsError(f"{path}: a pickle checkpoint (torch.save): loading it would run the code it names; save "
                         "the weights as safetensors (save_pretrained does by default, or safetensors.torch.save_file)")
-
-
-@dataclass(frozen=True)
-class WeightTile:
-    """The slice of checkpoint tensor ``key`` that one graph input tile is: read when placed on a device."""
-
-    input: str  # the graph input
-    key: str  # the checkpoint's key for it (its state_dict key, the key it is saved under, or one tied to it)
-    bounds: tuple[tuple[int, int], ...]  # [lo, hi) per axis of the stored tensor
-    dtype: np.dtype  # what the tile is read into (the program's element type)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(hi - lo for lo, hi in self.bounds)
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass
@@ -425,7 +408,6 @@ def bound_program(graph: DataflowGraph, source: str, weights: str | Path | None,
     """The program of ``graph`` (file ``source``) on the checkpoint ``weights`` (checked and bound first:
     :func:`check_executable`, :func:`bind`) and the token ids ``input_ids`` (:func:`read_input_ids`); every
     other input is drawn with ``seed`` as the engine draws it."""
-    from doppler.engine.program import build_program
     from doppler.references import make_inputs
 
     ckpt, binding = None, {}
