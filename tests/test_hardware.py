@@ -336,7 +336,7 @@ def test_bad_roofline_fields_are_errors_naming_file_device_and_field(obj: dict, 
 
 
 # ---------------------------------------------------------------- physics: nothing beats its datasheet roofline
-_DTYPES = ["float32", "float16", "bfloat16", "float8_e4m3fn"]
+_DTYPES = ["float32", "float16", "bfloat16", "float8_e4m3fn", "float64"]
 _KINDS = [int(k) for k in OpKind if k != OpKind.INPUT]
 
 

@@ -94,16 +94,16 @@ def test_an_add_is_memory_bound_and_a_matmul_compute_bound_on_a_gpu_preset() -> 
     assert t[1] > 10 * t[0]
 
 
-_HOPPER = {"float32": 67, "tf32": 494.5, "float16": 989.5, "bfloat16": 989.5, "float8": 1979}
+_HOPPER = {"float32": 67, "float64": 34, "tf32": 494.5, "float16": 989.5, "bfloat16": 989.5, "float8": 1979}
 #: (preset, the datasheet its docstring names, dense peaks in TFLOP/s, memory bandwidth in TB/s, memory in GB)
 DATASHEETS = [
-    ("p100x4", "NVIDIA Tesla P100 PCIe datasheet", {"float32": 9.3, "float16": 18.7}, 0.732, 16),
-    ("v100x8", "NVIDIA Tesla V100 datasheet", {"float32": 15.7, "float16": 125}, 0.9, 16),
-    ("a100x8", "NVIDIA A100 Tensor Core GPU datasheet", {"float32": 19.5, "tf32": 156, "float16": 312, "bfloat16": 312},
+    ("p100x4", "NVIDIA Tesla P100 PCIe datasheet", {"float32": 9.3, "float16": 18.7, "float64": 4.7}, 0.732, 16),
+    ("v100x8", "NVIDIA Tesla V100 datasheet", {"float32": 15.7, "float16": 125, "float64": 7.8}, 0.9, 16),
+    ("a100x8", "NVIDIA A100 Tensor Core GPU datasheet", {"float32": 19.5, "tf32": 156, "float16": 312, "bfloat16": 312, "float64": 9.7},
      2.039, 80),
     ("h100x8", "NVIDIA H100 Tensor Core GPU datasheet", _HOPPER, 3.35, 80),
     ("h200x8", "NVIDIA H200 Tensor Core GPU datasheet", _HOPPER, 4.8, 141),
-    ("l40sx8", "NVIDIA L40S datasheet", {"float32": 91.6, "tf32": 183, "float16": 362.05, "bfloat16": 362.05,
+    ("l40sx8", "NVIDIA L40S datasheet", {"float32": 91.6, "float64": 91.6 / 64, "tf32": 183, "float16": 362.05, "bfloat16": 362.05,
                                          "float8": 733}, 0.864, 48),
 ]  # fmt: skip
 

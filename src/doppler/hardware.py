@@ -76,8 +76,9 @@ FORMAT_VERSION = 2
 
 #: the number formats a roofline device may give a peak for (``peak_flops_by_dtype``): dense (non-sparse)
 #: datasheet peaks; ``float32`` is the non-tensor-core peak, ``tf32`` the tensor-core one for float32
-#: inputs, ``float8`` covers e4m3 and e5m2; ``float32`` is required (the fallback of every other dtype)
-PEAK_DTYPES = ("float32", "tf32", "float16", "bfloat16", "float8")
+#: inputs, ``float8`` covers e4m3 and e5m2, ``float64`` the non-tensor-core peak (matrix and vector ops alike);
+#: ``float32`` is required (the fallback of every other dtype)
+PEAK_DTYPES = ("float32", "tf32", "float16", "bfloat16", "float8", "float64")
 
 #: op kinds that run on the vector units (CUDA cores), not on matrix units (tensor cores): elementwise
 #: maps, norms, softmax, reductions, selections and the text format's data-movement optypes
@@ -226,6 +227,8 @@ class Device:
         bytes_rate = float(self.memory_bandwidth_Bps) * self.achieved_memory_fraction  # type: ignore[arg-type]
         if kind in VECTOR_KINDS:
             peak = self.vector_flops_per_s if self.vector_flops_per_s is not None else self.peak_flops_by_dtype["float32"]
+            if dtype == "float64" and "float64" in self.peak_flops_by_dtype:  # computed in float64, not float32
+                peak = min(peak, self.peak_flops_by_dtype["float64"])
             return float(peak) * self.achieved_compute_fraction, bytes_rate, False
         key = _peak_key(dtype, float32_matmul)
         peak = self.peak_flops_by_dtype.get(key)

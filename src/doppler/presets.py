@@ -71,25 +71,26 @@ class Gpu:
 
 
 #: Tesla P100 PCIe 16 GB (NVIDIA Tesla P100 PCIe datasheet): 9.3 TFLOP/s float32, 18.7 float16 (no
-#: tensor cores), CoWoS HBM2 732 GB/s
-P100_PCIE = Gpu("Tesla P100 PCIe 16 GB", {"float32": 9.3e12, "float16": 18.7e12}, 732e9, 16e9, 0.7)
-#: Tesla V100 SXM2 16 GB (NVIDIA Tesla V100 datasheet): 15.7 TFLOP/s float32, 125 float16 tensor cores
+#: tensor cores), 4.7 float64, CoWoS HBM2 732 GB/s
+P100_PCIE = Gpu("Tesla P100 PCIe 16 GB", {"float32": 9.3e12, "float16": 18.7e12, "float64": 4.7e12}, 732e9, 16e9, 0.7)
+#: Tesla V100 SXM2 16 GB (NVIDIA Tesla V100 datasheet): 15.7 TFLOP/s float32, 7.8 float64, 125 float16 tensor cores
 #: (Volta has no bfloat16 and no TF32), HBM2 900 GB/s
-V100_SXM2 = Gpu("Tesla V100 SXM2 16 GB", {"float32": 15.7e12, "float16": 125e12}, 900e9, 16e9, 0.7)
-#: A100 SXM4 80 GB (NVIDIA A100 Tensor Core GPU datasheet): 19.5 TFLOP/s float32, 156 TF32, 312
+V100_SXM2 = Gpu("Tesla V100 SXM2 16 GB", {"float32": 15.7e12, "float16": 125e12, "float64": 7.8e12}, 900e9, 16e9, 0.7)
+#: A100 SXM4 80 GB (NVIDIA A100 Tensor Core GPU datasheet): 19.5 TFLOP/s float32, 9.7 float64 (non-tensor-core), 156 TF32, 312
 #: float16 and bfloat16 (dense), HBM2e 2,039 GB/s; no float8
-A100_SXM4_80GB = Gpu("A100 SXM4 80 GB", {"float32": 19.5e12, "tf32": 156e12, "float16": 312e12, "bfloat16": 312e12},
+A100_SXM4_80GB = Gpu("A100 SXM4 80 GB", {"float32": 19.5e12, "tf32": 156e12, "float16": 312e12, "bfloat16": 312e12,
+                                       "float64": 9.7e12},
                      2.039e12, 80e9, 0.87)  # fmt: skip
 #: H100 SXM5 80 GB (NVIDIA H100 Tensor Core GPU datasheet, sparse figures halved): 67 TFLOP/s float32,
-#: 494.5 TF32, 989.5 float16 and bfloat16, 1,979 float8, HBM3 3.35 TB/s
-_HOPPER_PEAKS = {"float32": 67e12, "tf32": 989e12 / 2, "float16": 1979e12 / 2, "bfloat16": 1979e12 / 2,
+#: 34 float64 (non-tensor-core), 494.5 TF32, 989.5 float16 and bfloat16, 1,979 float8, HBM3 3.35 TB/s
+_HOPPER_PEAKS = {"float32": 67e12, "float64": 34e12, "tf32": 989e12 / 2, "float16": 1979e12 / 2, "bfloat16": 1979e12 / 2,
                  "float8": 3958e12 / 2}  # fmt: skip
 H100_SXM5 = Gpu("H100 SXM5 80 GB", _HOPPER_PEAKS, 3.35e12, 80e9, 0.80)
 #: H200 SXM 141 GB (NVIDIA H200 Tensor Core GPU datasheet): the H100 SXM's peaks, HBM3e 4.8 TB/s
 H200_SXM = Gpu("H200 SXM 141 GB", _HOPPER_PEAKS, 4.8e12, 141e9, 0.80)
-#: L40S 48 GB (NVIDIA L40S datasheet, sparse figures halved): 91.6 TFLOP/s float32, 183 TF32, 362.05
+#: L40S 48 GB (NVIDIA L40S datasheet, sparse figures halved): 91.6 TFLOP/s float32 (float64 at Ada's 1/64 of it, which the datasheet does not list), 183 TF32, 362.05
 #: float16 and bfloat16, 733 float8, GDDR6 864 GB/s; PCIe Gen4 x16, no NVLink
-L40S = Gpu("L40S 48 GB", {"float32": 91.6e12, "tf32": 366e12 / 2, "float16": 362.05e12, "bfloat16": 362.05e12,
+L40S = Gpu("L40S 48 GB", {"float32": 91.6e12, "float64": 91.6e12 / 64, "tf32": 366e12 / 2, "float16": 362.05e12, "bfloat16": 362.05e12,
                           "float8": 1466e12 / 2}, 864e9, 48e9, 0.7)  # fmt: skip
 
 
