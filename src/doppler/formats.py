@@ -236,7 +236,7 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
 def _check_shapes(meta: dict[str, Any], specs: list | None, names: list[str] | None, source: str) -> None:
     """GraphError naming ``source`` and the tensor unless every shape the file declares, the ones that executing
     the graph allocates (``meta.inputs``, ``meta.outputs[NAME].shape``, each spec's ``shape`` and its operands'),
-    is a list of whole numbers >= 0 describing at most :data:`~doppler.graph.MAX_TENSOR_ELEMENTS` elements.
+    where present (a key given as null is refused, not read as absent), is a list of whole numbers >= 0 describing at most :data:`~doppler.graph.MAX_TENSOR_ELEMENTS` elements.
     Checked as the file is read, before anything is built from it."""
     inputs = meta.get("inputs")
     if isinstance(inputs, dict):
@@ -250,11 +250,11 @@ def _check_shapes(meta: dict[str, Any], specs: list | None, names: list[str] | N
     for i, spec in enumerate(specs or ()):
         if not isinstance(spec, dict):
             continue
-        if spec.get("shape") is not None:
+        if "shape" in spec:
             _check_shape(spec["shape"], f"{source}: op {_op_name(i, names)}: its spec's shape")
         refs = spec.get("inputs")
         for k, ref in enumerate(refs if isinstance(refs, list) else ()):
-            if isinstance(ref, dict) and ref.get("shape") is not None:
+            if isinstance(ref, dict) and "shape" in ref:
                 _check_shape(ref["shape"], f"{source}: op {_op_name(i, names)}: operand {k}'s shape")
 
 
