@@ -380,7 +380,25 @@ def test_a_shape_at_the_limit_or_with_a_zero_reads(tmp_path, where) -> None:
     for shape in ([MAX_TENSOR_ELEMENTS], [2**20, 2**20], [0, 10**30, 10**30], []):
         doc = _chainmm_doc()
         _shape_at(where)(doc, shape)
+        if where == "output":  # (its tiles must lie within it)
+            for info in doc["meta"]["outputs"].values():
+                info["tiles"] = [[info["tiles"][0][0], [[0, min(d, 1)] for d in shape]]]
         graph_from_json(doc, source="g.json")  # (what the shapes mean is checked where they are used)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda out: out.update(shape=[]),  # a scalar the tiles index in two dimensions
+    lambda out: out["tiles"][0][1][0].__setitem__(1, 10**6),  # a tile past the output's end
+    lambda out: out["tiles"][0].__setitem__(0, 10**6),  # no such op
+    lambda out: out.update(tiles=None),
+])  # fmt: skip
+def test_output_tiles_that_do_not_lie_within_the_declared_output_are_refused_naming_it(mutate) -> None:
+    doc = _chainmm_doc()
+    name, out = next(iter(doc["meta"]["outputs"].items()))
+    mutate(out)
+    with pytest.raises(GraphError) as e:
+        graph_from_json(doc, source="g.json")
+    assert str(e.value).startswith(f"g.json: meta.outputs[{name!r}].tiles") and "\n" not in str(e.value), str(e.value)
 
 
 def test_a_graph_file_naming_a_key_twice_is_refused_naming_the_key(tmp_path) -> None:

@@ -223,6 +223,7 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
     if not isinstance(meta, dict):
         raise GraphError(f"{source}: meta must be an object")
     _check_shapes(meta, specs, names, source)
+    _check_output_tiles(meta, n, source)
     try:
         return DataflowGraph.from_arrays(
             flops, output_bytes, src, dst,
@@ -256,6 +257,29 @@ def _check_shapes(meta: dict[str, Any], specs: list | None, names: list[str] | N
         for k, ref in enumerate(refs if isinstance(refs, list) else ()):
             if isinstance(ref, dict) and "shape" in ref:
                 _check_shape(ref["shape"], f"{source}: op {_op_name(i, names)}: operand {k}'s shape")
+
+
+def _check_output_tiles(meta: dict[str, Any], n: int, source: str) -> None:
+    """GraphError naming ``source`` and the output unless each of ``meta.outputs`` that declares a shape lists its
+    tiles as ``[op, slice]`` pairs: an op of the graph's ``n``, and one ``[lo, hi]`` per dimension of the shape with
+    ``0 <= lo <= hi <=`` its size (what executing the graph stitches its outputs from)."""
+    outputs = meta.get("outputs")
+    for name, info in (outputs.items() if isinstance(outputs, dict) else ()):
+        if not isinstance(info, dict) or "shape" not in info:
+            continue
+        where, shape = f"{source}: meta.outputs[{name!r:.60}]", info["shape"]
+        tiles = info.get("tiles")
+        if not isinstance(tiles, list) or not tiles:
+            raise GraphError(f"{where}.tiles must be a non-empty list of [op, slice] pairs")
+        for k, tile in enumerate(tiles):
+            ok = isinstance(tile, list) and len(tile) == 2 and type(tile[0]) is int and 0 <= tile[0] < n
+            sl = tile[1] if ok else None
+            ok = ok and isinstance(sl, list) and len(sl) == len(shape) and all(
+                isinstance(b, list) and len(b) == 2 and all(type(x) is int for x in b) and 0 <= b[0] <= b[1] <= dim
+                for b, dim in zip(sl, shape))  # fmt: skip
+            if not ok:
+                raise GraphError(f"{where}.tiles[{k}] is {reprlib.repr(tile)}: not [op < {n}, one [lo, hi] within "
+                                 f"each of the shape {reprlib.repr(shape)}'s dimensions]")  # fmt: skip
 
 
 def _check_shape(shape: Any, where: str) -> None:
