@@ -40,7 +40,7 @@ SUBLAYERS = {
     "policy": [
         {"__init__"},
         {"features"},
-        {"checkpoint"},
+        {"checkpoint", "base", "message_passing"},
         {"decode", "networks"},
         {"rollout", "fixed_output"},
         {"single", "gdp", "placeto"},

@@ -209,6 +209,16 @@ def test_bad_sources_fail_in_one_line(tmp_path: Path, source: str, body: str | N
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("body", ["import transformers\ndef f():\n    pass\n",
+                                  "def f():\n    from transformers.models import llama\n"])
+def test_a_model_that_needs_an_extra_names_it_in_one_line(tmp_path: Path, monkeypatch, body: str) -> None:
+    """transformers missing (``pip install doppler`` without the hf extra), imported by the factory's module or by
+    the factory itself: the error names the extra that installs it."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # (importing it raises ModuleNotFoundError)
+    with pytest.raises(GraphImportError, match=r"needs transformers, which is not installed: pip install 'doppler\[hf\]'$"):
+        import_model(f"{_factory_file(tmp_path, body)}:f")
+
+
 def test_a_corrupt_pt2_file_fails_in_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pt2"
     bad.write_bytes(b"not a zip")

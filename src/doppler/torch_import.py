@@ -80,9 +80,23 @@ class GraphImportError(ValueError):
     """A model that cannot be imported; the message says what and where (exit code 2)."""
 
 
+#: the optional dependencies a model may need, and the extra of ``pip install 'doppler[EXTRA]'`` that installs each
+OPTIONAL_EXTRAS = {"transformers": "hf"}
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _missing_extra(source: str, e: BaseException) -> GraphImportError | None:
+    """The one-line error of a factory that needs an optional dependency not installed (``e``), naming the
+    extra that installs it; None for any other error."""
+    top = (getattr(e, "name", None) or "").split(".")[0] if isinstance(e, ModuleNotFoundError) else ""
+    if top not in OPTIONAL_EXTRAS:
+        return None
+    return GraphImportError(f"{source}: the model needs {top}, which is not installed: pip install "
+                            f"'doppler[{OPTIONAL_EXTRAS[top]}]'")  # fmt: skip
 
 
 # ============================================================================ sources
@@ -106,8 +120,8 @@ def load_factory(source: str) -> tuple[Any, tuple]:
             module = importlib.import_module(mod_name)
     except SystemExit as e:  # the module calls sys.exit (a script's main, say) when imported
         raise GraphImportError(f"{source}: importing {mod_name} called sys.exit({e.code!r})") from None
-    except Exception as e:  # the factory's module itself is broken
-        raise GraphImportError(f"{source}: cannot import {mod_name} ({_one_line(e)})") from None
+    except Exception as e:  # the factory's module itself is broken, or needs an optional dependency
+        raise _missing_extra(source, e) or GraphImportError(f"{source}: cannot import {mod_name} ({_one_line(e)})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise GraphImportError(f"{source}: {mod_name} has no function {fn_name!r}")
@@ -116,7 +130,7 @@ def load_factory(source: str) -> tuple[Any, tuple]:
     except SystemExit as e:
         raise GraphImportError(f"{source}: the factory called sys.exit({e.code!r})") from None
     except Exception as e:
-        raise GraphImportError(f"{source}: the factory raised {_one_line(e)}") from None
+        raise _missing_extra(source, e) or GraphImportError(f"{source}: the factory raised {_one_line(e)}") from None
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (tuple, list))):
         got = type(out).__name__ if not isinstance(out, tuple) else f"a tuple of {len(out)}" + (
             f" whose second item has type {type(out[1]).__name__}" if len(out) == 2 else "")  # fmt: skip

@@ -100,3 +100,32 @@ def test_an_unknown_architecture_is_an_error():
         policy_from_config({"architecture": "tabu"})
     with pytest.raises(ValueError, match="unknown learned method"):
         build_policy("tabu", num_devices=2)
+
+
+def test_every_learned_method_has_one_policy_class():
+    from doppler.policy.architectures import ARCHITECTURES, POLICY_OF_METHOD
+    from doppler.policy.base import BasePolicy
+
+    assert sorted(POLICY_OF_METHOD) == sorted(LEARNED_METHODS)
+    assert sum(len(cls.methods) for cls in ARCHITECTURES.values()) == len(LEARNED_METHODS)  # no method twice
+    for name, cls in ARCHITECTURES.items():
+        assert issubclass(cls, BasePolicy) and cls.architecture == name
+
+
+@pytest.mark.parametrize("method", LEARNED_METHODS)
+def test_a_checkpoints_sizes_build_its_network_again(method):
+    """config_sizes inverts each class's scaling of the asked sizes (PLACETO halves the width)."""
+    from doppler.policy.architectures import config_sizes
+
+    policy = build_policy(method, num_devices=3, hidden=32, steps=2, mlp_hidden=16)
+    sizes = config_sizes({"architecture": "doppler", **policy.config})
+    assert sizes == {"hidden": 32, "mp_steps": 2, "mlp_hidden": 16}
+    again = build_policy(method, num_devices=3, hidden=sizes["hidden"], steps=sizes["mp_steps"],
+                         mlp_hidden=sizes["mlp_hidden"])  # fmt: skip
+    assert again.config == policy.config
+
+
+@pytest.mark.parametrize("method", BASELINE_METHODS)
+def test_device_identity_is_refused_by_a_policy_without_it(method):
+    with pytest.raises(ValueError, match=f"device identity is an input of DOPPLER's device head, not of {method}"):
+        build_policy(method, num_devices=2, device_identity=True)

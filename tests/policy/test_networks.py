@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch_geometric.nn import NNConv
 
 from doppler import cluster, workloads
 from doppler.listsched import NUM_DEVICE_FEATURES
@@ -19,7 +18,8 @@ from doppler.policy.networks import LEAK, DopplerPolicy, EdgeConditionedConv
 
 
 def _mapped_pair(channels: int, edge_dim: int, basis: int, edge_hidden: int, aggr: str, seed: int):
-    """Our conv with random weights, and an NNConv carrying the same function."""
+    """Our conv with random weights, and an NNConv carrying the same function (PyG: the dev extra)."""
+    NNConv = pytest.importorskip("torch_geometric.nn").NNConv
     torch.manual_seed(seed)
     ours = EdgeConditionedConv(channels, edge_dim, basis=basis, edge_hidden=edge_hidden, aggr=aggr).double()
     edge_mlp = copy.deepcopy(ours.edge_mlp)

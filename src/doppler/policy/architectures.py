@@ -1,9 +1,10 @@
 """Which network each learned method is, and how a saved configuration or checkpoint rebuilds it.
 
-DOPPLER and its single-head ablations are :class:`~doppler.policy.networks.DopplerPolicy`; the
-learned baselines each have their own module (:mod:`~doppler.policy.single`,
-:mod:`~doppler.policy.gdp`, :mod:`~doppler.policy.placeto`). Every one of them has ``method``,
-``config`` (enough to rebuild it) and ``encode(graph features)``, whose result the rollout and the
+Every learned policy is a :class:`~doppler.policy.base.BasePolicy`: DOPPLER and its single-head
+ablations are :class:`~doppler.policy.networks.DopplerPolicy`; the learned baselines each have their
+own module (:mod:`~doppler.policy.single`, :mod:`~doppler.policy.gdp`, :mod:`~doppler.policy.placeto`).
+:data:`ARCHITECTURES` lists them by the name a checkpoint records; each class says which methods it
+makes and builds itself from a training run's sizes. Whatever ``encode`` returns, the rollout and the
 re-scoring of :mod:`doppler.policy.rollout` accept: the training loop does not know which it runs.
 
 A checkpoint (:mod:`doppler.policy.checkpoint`, the file format) is read here, where its
@@ -17,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from doppler.hardware import Cluster
-from doppler.policy import LEARNED_HEADS
+from doppler.policy.base import BasePolicy
 from doppler.policy.checkpoint import (
     CheckpointError, checkpoint_file, identity_left_out, read_archive, shown_value, strip_device_identity,
 )  # fmt: skip
@@ -29,8 +29,11 @@ from doppler.policy.networks import DopplerPolicy
 from doppler.policy.placeto import PlacetoPolicy
 from doppler.policy.single import SinglePolicy
 
-#: the architectures that are not DOPPLER's dual policy, by method name
-BASELINE_POLICIES: dict[str, type[nn.Module]] = {"single_policy": SinglePolicy, "gdp": GdpPolicy, "placeto": PlacetoPolicy}
+#: every policy class, by the ``architecture`` its checkpoints record (DOPPLER's own config names none)
+ARCHITECTURES: dict[str, type[BasePolicy]] = {cls.architecture: cls for cls in (DopplerPolicy, SinglePolicy, GdpPolicy,
+                                                                                PlacetoPolicy)}  # fmt: skip
+#: the policy class of every learned method
+POLICY_OF_METHOD: dict[str, type[BasePolicy]] = {m: cls for cls in ARCHITECTURES.values() for m in cls.methods}
 #: the most message-passing steps of a policy (DOPPLER's encoder repeats one layer this many times per encoding:
 #: a checkpoint's or a configuration's count past it would stall every decode; the paper uses 6)
 MAX_MP_STEPS = 64
@@ -43,42 +46,33 @@ MAX_WIDTH = 1024
 
 def build_policy(method: str, *, num_devices: int, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128,
                  op_features: str = "full", list_schedule: str = "critical_path",
-                 device_identity: bool = False) -> nn.Module:  # fmt: skip
-    """A fresh policy of ``method`` (DOPPLER's sizes; PLACETO and GDP take at most 3 message-passing
-    rounds and PLACETO half the width, since they embed far more often or run a transformer after).
-    ``list_schedule`` (DOPPLER's policies only): the list-schedule model of PLC's features and rule.
-    ``device_identity`` (DOPPLER's policies only): a learned state for each of the ``num_devices``."""
-    heads = {m: h for h, m in LEARNED_HEADS.items()}
-    if device_identity and method not in heads:
+                 device_identity: bool = False) -> BasePolicy:  # fmt: skip
+    """A fresh policy of ``method`` from a training run's sizes (DOPPLER's as given; each class's
+    :meth:`~doppler.policy.base.BasePolicy.build` says how it scales them). ``list_schedule`` (DOPPLER's
+    policies only): the list-schedule model of PLC's features and rule. ``device_identity`` (DOPPLER's
+    policies only): a learned state for each of the ``num_devices``."""
+    cls = POLICY_OF_METHOD.get(method)
+    if cls is None:
+        raise ValueError(f"unknown learned method {method!r}")
+    if device_identity and not cls.takes_device_identity:
         raise ValueError(f"device identity is an input of DOPPLER's device head, not of {method}")
-    if method in heads:
-        return DopplerPolicy(hidden, steps, mlp_hidden, op_features=op_features, learned=heads[method],
-                             list_schedule=list_schedule, device_identity=num_devices if device_identity else 0)  # fmt: skip
-    if method == "single_policy":
-        return SinglePolicy(hidden, steps, mlp_hidden, op_features=op_features)
-    if method == "gdp":
-        return GdpPolicy(num_devices, hidden, min(steps, 3), mlp_hidden, op_features=op_features)
-    if method == "placeto":
-        return PlacetoPolicy(num_devices, max(hidden // 2, 8), min(steps, 3), mlp_hidden, op_features=op_features)
-    raise ValueError(f"unknown learned method {method!r}")
+    return cls.build(method, num_devices=num_devices, hidden=hidden, steps=steps, mlp_hidden=mlp_hidden,
+                     op_features=op_features, list_schedule=list_schedule, device_identity=device_identity)  # fmt: skip
 
 
 def config_sizes(policy_config: dict) -> dict[str, int]:
     """The sizes ``(hidden, mp_steps, mlp_hidden)`` of a :class:`~doppler.train.TrainConfig` from which
-    :func:`build_policy` builds a policy of ``policy_config`` again (PLACETO's width is half the asked one)."""
-    hidden = policy_config["hidden"] * (2 if policy_config.get("architecture") == "placeto" else 1)
-    return {"hidden": hidden, "mp_steps": policy_config["steps"], "mlp_hidden": policy_config["mlp_hidden"]}
+    :func:`build_policy` builds a policy of ``policy_config`` again."""
+    return ARCHITECTURES[policy_config.get("architecture", "doppler")].asked_sizes(policy_config)
 
 
-def policy_from_config(config: dict) -> nn.Module:
+def policy_from_config(config: dict) -> BasePolicy:
     """Rebuild a policy from its ``config`` (as saved in a checkpoint's ``policy_config``)."""
     config = dict(config)
     arch = config.pop("architecture", "doppler")
-    if arch == "doppler":
-        return DopplerPolicy(**config)
-    if arch not in BASELINE_POLICIES:
+    if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}")
-    return BASELINE_POLICIES[arch](**config)
+    return ARCHITECTURES[arch](**config)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -134,7 +128,7 @@ def _built_config(config: dict[str, Any], weights: dict[str, Any], p: Path, wher
     return built
 
 
-def load_policy(path: str | Path, cluster: Cluster | None = None) -> tuple[nn.Module, dict[str, Any]]:
+def load_policy(path: str | Path, cluster: Cluster | None = None) -> tuple[BasePolicy, dict[str, Any]]:
     """The trained policy of a checkpoint (in eval mode; any learned method's) and the checkpoint's metadata.
     ``cluster``: where it will decode; a policy with device identity leaves it out on any cluster but
     its training one (:func:`~doppler.policy.checkpoint.identity_serves`). Without ``cluster`` the

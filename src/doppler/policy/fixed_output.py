@@ -5,31 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
+from doppler.policy.base import BasePolicy
 from doppler.policy.features import GraphFeatures, op_feature_columns
 
 
-class FixedOutputPolicy(nn.Module):
+class FixedOutputPolicy(BasePolicy):
     """The base of GDP and PLACETO: ``num_devices`` (checked), ``config`` (what a checkpoint rebuilds
-    the policy from: ``architecture``, ``num_devices``, then ``config`` in the order given) and
-    ``op_columns`` (the columns of ``config["op_features"]``)."""
+    the policy from: the class's ``architecture``, ``num_devices``, then ``config`` in the order given)
+    and ``op_columns`` (the columns of ``config["op_features"]``)."""
 
-    def __init__(self, architecture: str, num_devices: int, **config: Any) -> None:
+    def __init__(self, num_devices: int, **config: Any) -> None:
         super().__init__()
         if num_devices < 1:
             raise ValueError(f"num_devices must be >= 1, got {num_devices}")
         self.num_devices = num_devices
-        self.config = {"architecture": architecture, "num_devices": num_devices, **config}
+        self.config = {"architecture": self.architecture, "num_devices": num_devices, **config}
         self.op_columns = op_feature_columns(config["op_features"])
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
 
     def check_device_outputs(self, gf: GraphFeatures) -> None:
         """ValueError unless ``gf``'s cluster has this policy's device count."""
         if gf.num_devices != self.num_devices:
-            raise ValueError(f"this {self.config['architecture'].upper()} policy has {self.num_devices} device "
+            raise ValueError(f"this {self.architecture.upper()} policy has {self.num_devices} device "
                              f"outputs; the cluster has {gf.num_devices}")  # fmt: skip

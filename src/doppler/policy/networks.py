@@ -8,8 +8,8 @@ PLC heads (docs/design.md, The method).
   (E * H^2 floats: 4 GB at 10k ops and H = 128); since the last layer is linear,
   ``W(e) = sum_k a_k(e) W_k + W_0`` and the message is ``sum_k a_k(e) (x_j W_k)``,
   which costs E * H * (k + 1); on large graphs one basis matrix at a time (gather,
-  scale, scatter-add), so no ``[E, k + 1, H]`` tensor is ever made. PyG's
-  ``MessagePassing`` is not used here: its gather of all messages at once is the
+  scale, scatter-add with :func:`~doppler.policy.message_passing.propagate`), so no
+  ``[E, k + 1, H]`` tensor is ever made: PyG's gather of all messages at once is the
   cost that grows fastest with graph size. A test checks both paths equal ``NNConv`` with
   mapped weights.
 * :class:`GraphEncoder`: K message-passing steps with shared weights and a GRU
@@ -41,7 +41,9 @@ from torch.utils.checkpoint import checkpoint
 
 from doppler.listsched import LIST_SCHEDULES, NUM_DEVICE_FEATURES
 from doppler.policy import LEAK, LEARNED_HEADS  # noqa: F401 - LEAK re-exported
+from doppler.policy.base import BasePolicy
 from doppler.policy.features import NUM_EDGE_FEATURES, OP_FEATURES, GraphFeatures, op_feature_columns
+from doppler.policy.message_passing import degree, propagate
 
 #: largest [edges, basis + 1, H] gather the conv makes in one piece (bytes). Above it, one basis
 #: matrix at a time, so that memory traffic grows no faster than the graph; below it, the single
@@ -67,17 +69,15 @@ class EdgeConditionedConv(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
         xw = self.basis(x).view(-1, self.num_basis + 1, self.channels)
         coeff = F.pad(self.edge_mlp(edge_attr), (0, 1), value=1.0)
-        src, dst = edge_index[0], edge_index[1]
         out = x.new_zeros(x.shape[0], self.channels)
-        if xw[0].numel() * src.shape[0] * xw.element_size() <= GATHER_ALL_MAX_BYTES:
+        if xw[0].numel() * edge_index.shape[1] * xw.element_size() <= GATHER_ALL_MAX_BYTES:
             # PyG's way: gather every basis product of every edge's source at once
-            out = out.index_add(0, dst, (xw.index_select(0, src) * coeff.unsqueeze(-1)).sum(1))
+            out = propagate(xw, edge_index, message=lambda xw_j: (xw_j * coeff.unsqueeze(-1)).sum(1), into=out)
         else:  # one [E, H] gather-scale-scatter per basis matrix, never the whole [E, k + 1, H]
             for k in range(self.num_basis + 1):
-                out = out.index_add(0, dst, xw[:, k].index_select(0, src) * coeff[:, k : k + 1])
+                out = propagate(xw[:, k], edge_index, message=lambda x_j, k=k: x_j * coeff[:, k : k + 1], into=out)
         if self.aggr == "mean":
-            deg = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device).index_add_(0, dst, coeff.new_ones(dst.shape[0]))
-            out = out / deg.clamp(min=1.0).unsqueeze(1)
+            out = out / degree(edge_index[1], x.shape[0], out).unsqueeze(1)
         return out + self.root(x)
 
 
@@ -196,7 +196,7 @@ def _chain_sum(emb: torch.Tensor, jumps: list, scale: float) -> torch.Tensor:
     return out / scale
 
 
-class DopplerPolicy(nn.Module):
+class DopplerPolicy(BasePolicy):
     """The dual policy: encoder + SEL head + PLC head. ``config`` rebuilds it (:func:`doppler.policy.architectures.load_policy` loads a saved one).
 
     ``op_features`` names the static op features it reads (``"full"``: all of
@@ -205,6 +205,10 @@ class DopplerPolicy(nn.Module):
     or only SEL or only PLC, the other following CRITICAL PATH's rule (the paper's single-head ablations).
     ``device_identity``: the device count of the one cluster it is trained for, whose devices the PLC
     head then tells apart by a learned state each (0: none; it serves any cluster)."""
+
+    architecture = "doppler"
+    methods = tuple(LEARNED_HEADS.values())
+    takes_device_identity = True
 
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
                  op_features: str = "full", learned: str = "both", list_schedule: str = "critical_path",
@@ -225,14 +229,18 @@ class DopplerPolicy(nn.Module):
         self.sel = SelHead(hidden, mlp_hidden, len(self.op_columns))
         self.plc = PlcHead(hidden, mlp_hidden, op_dim=len(self.op_columns), device_identity=device_identity)
 
+    @classmethod
+    def build(cls, method: str, *, num_devices: int, hidden: int, steps: int, mlp_hidden: int, op_features: str,
+              list_schedule: str = "critical_path", device_identity: bool = False) -> DopplerPolicy:  # fmt: skip
+        """DOPPLER's sizes as given; ``method`` says which heads are learned (:data:`LEARNED_HEADS`)."""
+        learned = next(h for h, m in LEARNED_HEADS.items() if m == method)
+        return cls(hidden, steps, mlp_hidden, op_features=op_features, learned=learned, list_schedule=list_schedule,
+                   device_identity=num_devices if device_identity else 0)  # fmt: skip
+
     @property
     def method(self) -> str:
         """The method name this policy makes (:data:`LEARNED_HEADS`)."""
         return LEARNED_HEADS[self.learned]
-
-    @property
-    def device(self) -> torch.device:
-        return self.encoder.embed.weight.device
 
     def encode(self, gf: GraphFeatures) -> Encoded:
         """Run the encoder once and precompute every op-dependent head input (on the policy's device)."""

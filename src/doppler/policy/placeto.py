@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from doppler.policy.decode import DecodePlan, Rollout, choose_in_order, replay, rule_order
 from doppler.policy.features import GraphFeatures
 from doppler.policy.fixed_output import FixedOutputPolicy
+from doppler.policy.message_passing import propagate
 from doppler.policy.networks import LEAK
 from doppler.policy.rollout import ActionScores, fixed_order_scores
 
@@ -52,15 +53,27 @@ def reachability(graph, order: np.ndarray) -> np.ndarray:
 class PlacetoPolicy(FixedOutputPolicy):
     """Placement-aware message passing re-run per step + parent/child/parallel aggregation + device logits."""
 
-    method = "placeto"
+    architecture = "placeto"
+    methods = ("placeto",)
 
     def __init__(self, num_devices: int, hidden: int = 64, steps: int = 3, mlp_hidden: int = 128,
                  op_features: str = "full") -> None:  # fmt: skip
-        super().__init__("placeto", num_devices, hidden=hidden, steps=steps, mlp_hidden=mlp_hidden,
-                         op_features=op_features)  # fmt: skip
+        super().__init__(num_devices, hidden=hidden, steps=steps, mlp_hidden=mlp_hidden, op_features=op_features)
         self.embed = nn.Linear(len(self.op_columns) + num_devices + 2, hidden)
         self.rounds = nn.ModuleList(nn.Linear(3 * hidden, hidden) for _ in range(steps))
         self.out = nn.Sequential(nn.Linear(4 * hidden, mlp_hidden), nn.LeakyReLU(LEAK), nn.Linear(mlp_hidden, num_devices))
+
+    @classmethod
+    def build(cls, method: str, *, num_devices: int, hidden: int, steps: int, mlp_hidden: int, op_features: str,
+              list_schedule: str = "critical_path", device_identity: bool = False) -> PlacetoPolicy:  # fmt: skip
+        """Half the width (at least 8) and at most 3 rounds: the graph is embedded again at every step; the
+        op order is SEL's fixed rule, so ``list_schedule`` plays no part."""
+        return cls(num_devices, max(hidden // 2, 8), min(steps, 3), mlp_hidden, op_features=op_features)
+
+    @classmethod
+    def asked_sizes(cls, config: dict) -> dict[str, int]:
+        """Twice the width :meth:`build` made."""
+        return {**super().asked_sizes(config), "hidden": 2 * config["hidden"]}
 
     def encode(self, gf: GraphFeatures) -> "PlacetoDecoder":
         """The static inputs of the per-step embedding (nothing is embedded yet: that happens per step)."""
@@ -92,8 +105,8 @@ class PlacetoPolicy(FixedOutputPolicy):
         x = torch.cat([dec.op_x.expand(S, -1, -1), onehot, (placed >= 0).to(dec.op_x.dtype).unsqueeze(-1), is_current], -1)
         h = F.leaky_relu(self.embed(x), LEAK)  # [S, n, H]
         for layer in self.rounds:
-            from_parents = torch.zeros_like(h).index_add_(1, dec.dst, h[:, dec.src]) * dec.inv_indeg
-            from_children = torch.zeros_like(h).index_add_(1, dec.src, h[:, dec.dst]) * dec.inv_outdeg
+            from_parents = propagate(h, (dec.src, dec.dst), dim=1) * dec.inv_indeg
+            from_children = propagate(h, (dec.dst, dec.src), dim=1) * dec.inv_outdeg
             h = F.leaky_relu(layer(torch.cat([h, from_parents, from_children], -1)), LEAK)
         anc, desc = dec.ancestors[current], dec.descendants[current]  # [S, n]
         parallel = ~(anc | desc) & (is_current.squeeze(-1) == 0)

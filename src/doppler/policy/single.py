@@ -115,12 +115,20 @@ def _pair_kernel(
 class SinglePolicy(DopplerPolicy):
     """DOPPLER's encoder and scoring functions, one softmax over every (candidate, device) pair."""
 
-    method = "single_policy"
+    architecture = method = "single_policy"
+    methods = ("single_policy",)
+    takes_device_identity = False
 
     def __init__(self, hidden: int = 128, steps: int = 6, mlp_hidden: int = 128, basis: int = 4,
                  op_features: str = "full") -> None:  # fmt: skip
         super().__init__(hidden, steps, mlp_hidden, basis, op_features)
         self.config = {"architecture": "single_policy", **{k: v for k, v in self.config.items() if k not in ("learned", "list_schedule")}}
+
+    @classmethod
+    def build(cls, method: str, *, num_devices: int, hidden: int, steps: int, mlp_hidden: int, op_features: str,
+              list_schedule: str = "critical_path", device_identity: bool = False) -> SinglePolicy:  # fmt: skip
+        """DOPPLER's sizes; its decisions follow no list-schedule rule, so ``list_schedule`` plays no part."""
+        return cls(hidden, steps, mlp_hidden, op_features=op_features)
 
     def encode(self, gf: GraphFeatures) -> "PairDecoder":
         return PairDecoder(super().encode(gf), gf)

@@ -40,6 +40,7 @@ from doppler.hardware import Cluster
 from doppler.io_util import make_run_dir, refuse_links
 from doppler.malloc import tune_malloc
 from doppler.policy.architectures import build_policy
+from doppler.policy.base import BasePolicy
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, weight_fault, write_checkpoint
 from doppler.policy.rollout import rollout
 from doppler.progress import ProgressEvent, ProgressFn
@@ -83,7 +84,7 @@ class Trainer:
 
     cfg: TrainConfig
     tasks: list[Task]
-    policy: torch.nn.Module  # doppler.policy.architectures.build_policy(cfg.method, ...)
+    policy: BasePolicy  # doppler.policy.architectures.build_policy(cfg.method, ...)
     optimizer: torch.optim.Optimizer
     rng: np.random.Generator
     il_episode: int = 0
@@ -337,9 +338,9 @@ class Trainer:
         return True
 
     def _set_lr(self, lr: float) -> None:
-        """Set the learning rate (times the architecture's ``lr_scale``, where it has one: GDP's transformer)."""
+        """Set the learning rate (times the architecture's ``lr_scale``: GDP's transformer needs a lower one)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = lr * getattr(self.policy, "lr_scale", 1.0)
+            group["lr"] = lr * self.policy.lr_scale
 
     def _greedy_score(self) -> float:
         """Mean over tasks of the greedy decode's makespan over the lower bound."""
