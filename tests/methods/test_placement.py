@@ -11,16 +11,6 @@ from doppler.hardware import homogeneous
 from doppler.methods import METHODS, MethodError, assign, compare, get_method, list_methods, register
 
 
-@pytest.fixture
-def g():
-    return from_edges([1, 2, 3], [(0, 1), (1, 2)], output_bytes=[1, 1, 1])
-
-
-@pytest.fixture
-def c():
-    return homogeneous("h", 2, flops_per_s=1.0, bandwidth_Bps=1.0)
-
-
 @pytest.mark.parametrize("budget", [0, -1, float("nan"), float("inf"), "x"])
 def test_bad_budget(g, c, budget):
     with pytest.raises(MethodError, match="budget"):

@@ -8,18 +8,6 @@ import numpy as np
 import pytest
 
 from doppler.methods import METHODS, MethodError, assign, get_method, list_methods, option, register
-from doppler.graph import from_edges
-from doppler.hardware import homogeneous
-
-
-@pytest.fixture
-def g():
-    return from_edges([1, 2, 3], [(0, 1), (1, 2)], output_bytes=[1, 1, 1])
-
-
-@pytest.fixture
-def c():
-    return homogeneous("h", 2, flops_per_s=1.0, bandwidth_Bps=1.0)
 
 
 def test_unknown_method_lists_known_ones(g, c):
