@@ -32,17 +32,19 @@ def test_importing_the_package_and_its_cli_does_not_import_numba():
 def test_small_cheap_methods_and_one_greedy_decode_run_as_python():
     assert _run("""
         from doppler import workloads
-        from doppler.methods.registry import PYTHON_ASSIGN_MAX_OPS, get_method, runs_as_python
+        from doppler.methods.placement import PYTHON_ASSIGN_MAX_OPS, runs_as_python
+        from doppler.methods.registry import PYTHON_RUNS
         g = workloads.build("llama_block")
         big = workloads.build("random", num_ops=PYTHON_ASSIGN_MAX_OPS + 1)
         assert g.num_ops <= PYTHON_ASSIGN_MAX_OPS and big.num_ops > PYTHON_ASSIGN_MAX_OPS
         print(runs_as_python(g, 8, "doppler"), runs_as_python(g, 8, "heft"), runs_as_python(g, 8, "enumerative"),
-              runs_as_python(g, 8, "doppler", checkpoint="c.pt"), runs_as_python(g, 8, "doppler", samples=4),
+              runs_as_python(g, 8, "doppler", options={"checkpoint": "c.pt"}),
+              runs_as_python(g, 8, "doppler", options={"samples": 4}),
               runs_as_python(g, 8, "doppler", 5.0), runs_as_python(g, 8, "anneal"), runs_as_python(g, 8, "lookahead"),
-              runs_as_python(g, 8, "doppler_sel", checkpoint="c.pt"), runs_as_python(big, 8, "doppler"),
+              runs_as_python(g, 8, "doppler_sel", options={"checkpoint": "c.pt"}), runs_as_python(big, 8, "doppler"),
               runs_as_python(big, 8, "heft"))
         for m in ("doppler", "heft"):  # their Python cost grows with ops x devices: a limit of their own
-            most = get_method(m).python_max_work
+            most = PYTHON_RUNS[m].max_work
             print(runs_as_python(g, most // g.num_ops, m), runs_as_python(g, most // g.num_ops + 1, m),
                   runs_as_python(g, most // g.num_ops + 1, "critical_path"))
     """) == "True True True False False False False False False False False\nTrue False True\nTrue False True"
@@ -141,7 +143,7 @@ def test_assign_cmd_runs_as_python_and_never_starts_numba(tmp_path, method):
 
 def test_nothing_runs_as_python_once_numba_has_started():
     from doppler import workloads
-    from doppler.methods.registry import PYTHON_ASSIGN_MAX_OPS, runs_as_python
+    from doppler.methods.placement import PYTHON_ASSIGN_MAX_OPS, runs_as_python
 
     g = workloads.build("llama_block")
     assert g.num_ops <= PYTHON_ASSIGN_MAX_OPS
@@ -176,7 +178,8 @@ def test_once_numba_has_started_a_kernel_runs_its_dispatcher():
 METHODS_BOTH_WAYS = BOTH_WAYS + """
     from doppler import presets, workloads
     from doppler.corpus import sample_pair
-    from doppler.methods import assign, get_method, list_methods
+    from doppler.methods import assign, list_methods
+    from doppler.methods.registry import PYTHON_RUNS
 
     rng = np.random.default_rng(3)
     cases = [(workloads.build(name), presets.cluster(c))
@@ -185,7 +188,7 @@ METHODS_BOTH_WAYS = BOTH_WAYS + """
         g, c = sample_pair(rng)
         if g.num_ops <= 300:
             cases.append((g, c))
-    methods = [m for m in list_methods() if get_method(m).as_python is True]
+    methods = [m for m in list_methods() if m in PYTHON_RUNS and PYTHON_RUNS[m].rule is True]
 
     def assign_all():
         return [assign(g, c, m, seed=i).devices for i, (g, c) in enumerate(cases) for m in methods]

@@ -32,6 +32,7 @@ LAYERS = [
 SUBLAYERS = {
     "methods": [
         {"registry", "_anneal_kernels"},
+        {"placement"},
         {"simple", "layered", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_kernels"},
         {"lookahead", "tensor_parallel"},
         {"anneal"},

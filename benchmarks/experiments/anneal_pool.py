@@ -26,7 +26,7 @@ from generalization import CHEAP, geomean  # noqa: E402
 from doppler.corpus import held_out_split, validation_split
 from doppler.io_util import write_json
 from doppler.methods import assign
-from doppler.methods.anneal import anneal_search
+from doppler.methods.anneal import AnnealOptions, anneal_search
 from doppler.sim import SimContext
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     pools = [int(p) for p in args.pools.split(",")]
     cases = validation_split(40) if args.split == "validation" else held_out_split()
-    anneal_search(cases[0].graph, cases[0].cluster, max_evals=100, pool=max(pools))  # numba's start, not timed
+    anneal_search(cases[0].graph, cases[0].cluster, AnnealOptions(max_evals=100, pool=max(pools)))  # numba's start, not timed
     print(f"| pair | ops | {' | '.join(f'pool {p}' for p in pools)} |")
     print(f"|---|---|{'---|' * len(pools)}")
     rows = []
@@ -50,7 +50,7 @@ def main() -> None:
         best_cheap = float(ctx.simulate_many(np.stack([assign(g, cl, m).devices for m in CHEAP])).min())
         ratios = {}
         for p in pools:
-            runs = [anneal_search(g, cl, seed=s, budget_s=args.budget_s, pool=p).estimated_makespan_s
+            runs = [anneal_search(g, cl, AnnealOptions(pool=p), seed=s, budget_s=args.budget_s).estimated_makespan_s
                     for s in range(args.seeds)]  # fmt: skip
             ratios[p] = float(np.mean(runs)) / best_cheap
         rows.append({"name": case.name, "ops": g.num_ops, "ratios": ratios})

@@ -171,7 +171,7 @@ def test_bad_inputs_exit_2(graph_file: Path, tmp_path: Path) -> None:
     assert run("assign", str(graph_file), "--cluster", "nosuch", "--method", "heft", "-o", out).exit_code == 2
     assert run("compare", str(graph_file), "--cluster", "p100x4", "--methods", " , ").exit_code == 2
     res = run("assign", str(graph_file), "--cluster", "p100x4", "--method", "heft", "--checkpoint", "x.pt", "-o", out)
-    assert res.exit_code == 2 and "does not accept" in res.output
+    assert res.exit_code == 2 and "--checkpoint: method 'heft' has no option 'checkpoint'" in res.output
 
 
 def test_too_few_devices_exit_2(graph_file: Path, tmp_path: Path) -> None:
@@ -401,7 +401,7 @@ def test_tensor_parallel_and_tp_pipeline_through_the_cli(tmp_path: Path) -> None
                           ((str(rnd), "-c", "h100x8", "-m", "tp_pipeline"), "has no layer structure"),
                           ((str(g), "-c", "h100x8:4", "-m", "tp_pipeline", "--tp", "3"),
                            "tp=3 must be a whole number that divides the 4 devices"),
-                          ((str(g), "-c", "h100x8:4", "-m", "heft", "--tp", "2"), "--tp sets tp_pipeline's")):  # fmt: skip
+                          ((str(g), "-c", "h100x8:4", "-m", "heft", "--tp", "2"), "--tp: method 'heft' has no option 'tp'")):  # fmt: skip
         res = run("assign", *args, "-o", str(tmp_path / "no.json"))
         assert res.exit_code == 2, res.output
         assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
@@ -412,3 +412,34 @@ def test_tensor_parallel_and_tp_pipeline_through_the_cli(tmp_path: Path) -> None
     assert set(rows) == {"tensor_parallel", "tp_pipeline", "sequential_fill", "round_robin_block"}
     assert rows["tensor_parallel"]["makespan_s"] < rows["sequential_fill"]["makespan_s"]
     assert rows["tp_pipeline"]["makespan_s"] <= rows["tensor_parallel"]["makespan_s"] * (1 + 1e-12)
+
+
+def test_assign_sets_a_methods_options_by_name_and_refuses_an_unknown_one(graph_file: Path, tmp_path: Path) -> None:
+    """`--set OPTION=VALUE` reaches the method, read by the type its options dataclass declares; an option the
+    method does not have, a value not of its type or an option text does not set exits 2 in one line, naming it,
+    before anything is read (the graph given does not exist) and without writing the output."""
+    from doppler import presets
+    from doppler.methods import assign
+
+    out = tmp_path / "a.json"
+    res = run("assign", str(graph_file), "-c", "p100x4", "-m", "anneal", "--seed", "1", "--set", "max_evals=64",
+              "--set", "batch_size=16", "--set", "prune=false", "-o", str(out), "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    alone = assign(load_graph(graph_file), presets.cluster("p100x4"), "anneal", seed=1, max_evals=64, batch_size=16)
+    assert load_assignment(out).devices.tolist() == alone.devices.tolist()
+    missing = str(tmp_path / "missing.json")
+    for args, message in ((("-m", "anneal", "--set", "max_eval=5"), "--set 'max_eval=5': method 'anneal' has no option "
+                           "'max_eval' (its options: max_evals, batch_size, cycle_evals, t_start, t_end, start, "
+                           "extra_starts, threads, critical_share, prune, pool)"),
+                          (("-m", "heft", "--set", "max_evals=5"), "method 'heft' has no option 'max_evals' (it takes "
+                           "no options)"),
+                          (("-m", "anneal", "--set", "max_evals=x"), "'x' is not a valid integer"),
+                          (("-m", "anneal", "--set", "start=0"), "anneal's option start is not read from text; --init "
+                           "sets it"),
+                          (("-m", "gdp", "--plc-free"), "--plc-ties: method 'gdp' has no option 'plc_ties_only' (its "
+                           "options: checkpoint, samples, threads)"),
+                          (("-m", "anneal", "--threads", "2", "--set", "threads=2"), "threads is set by --threads too")):  # fmt: skip
+        res = run("assign", missing, "-c", "p100x4", *args, "-o", str(tmp_path / "no.json"))
+        assert res.exit_code == 2, res.output
+        assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert not (tmp_path / "no.json").exists()

@@ -32,6 +32,30 @@ def test_methods_lists_every_registered_method() -> None:
     assert "placeto" in human.stdout and "gdp" in human.stdout
 
 
+def test_methods_name_lists_a_methods_options_from_its_dataclass() -> None:
+    """`doppler methods NAME` shows each option of the method's options dataclass: type, default, the flag that
+    sets it, and its help; a method without options says so; an unknown name exits 2 in one line."""
+    from doppler.methods import get_method
+
+    res = runner.invoke(app, ["methods", "anneal", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert list(rows) == get_method("anneal").option_names()
+    assert rows["max_evals"] == {"name": "max_evals", "type": "int | none", "default": "none", "flag": "--set",
+                                 "help": rows["max_evals"]["help"]} and "evaluations" in rows["max_evals"]["help"]  # fmt: skip
+    assert rows["threads"]["flag"] == "--threads" and rows["start"]["flag"] == "--init"
+    assert rows["batch_size"]["default"] == "8" and rows["prune"]["type"] == "true|false"
+    assert rows["extra_starts"]["flag"] == "python only"
+    human = runner.invoke(app, ["methods", "tp_pipeline"])
+    assert human.exit_code == 0 and "tp" in human.stdout and "--tp" in human.stdout and "divisor" in human.stdout
+    res = runner.invoke(app, ["methods", "heft"])
+    assert res.exit_code == 0 and "no options" in res.stdout
+    res = runner.invoke(app, ["methods", "nope"])
+    assert res.exit_code == 2 and "unknown method 'nope'" in res.output and len(res.output.strip().splitlines()) == 1
+    listed = {r["name"]: r["options"] for r in json.loads(runner.invoke(app, ["methods", "--json"]).stdout)}
+    assert listed["heft"] == [] and listed["doppler"] == ["checkpoint", "samples", "threads", "plc_ties_only"]
+
+
 def test_clusters_lists_every_preset_with_devices_rates_and_links() -> None:
     res = runner.invoke(app, ["clusters", "--json"])
     assert res.exit_code == 0, res.output

@@ -205,13 +205,13 @@ def test_threads_change_the_speed_not_the_search(setup, pool):
 def test_pruning_changes_the_speed_not_the_search(graph, preset, pool):
     """Proposals cut short once they are sure to lose (to an earlier proposal, or to the Metropolis
     rule's draw) leave the search as it was: same best assignment, same counts, on 1 and 2 cores."""
-    from doppler.methods.anneal import anneal_search
+    from doppler.methods.anneal import AnnealOptions, anneal_search
 
     g, c = workloads.build(graph, size="tiny"), cluster(preset)
     keys = ("evals", "accepted", "improvements", "restarts")
     for seed, threads in ((0, 1), (1, 2)):
-        a, b = (anneal_search(g, c, seed=seed, max_evals=3000, cycle_evals=1000, threads=threads, prune=p, pool=pool)
-                for p in (False, True))  # fmt: skip
+        a, b = (anneal_search(g, c, AnnealOptions(max_evals=3000, cycle_evals=1000, threads=threads, prune=p, pool=pool),
+                              seed=seed) for p in (False, True))  # fmt: skip
         np.testing.assert_array_equal(a.devices, b.devices)
         assert a.estimated_makespan_s == b.estimated_makespan_s
         assert [a.info[k] for k in keys] == [b.info[k] for k in keys]
@@ -386,18 +386,18 @@ def test_a_scored_pool_keeps_the_search_reproducible(setup, pool):
     """With each proposal the best-scored of a pool, a run is still fixed by its seed and evaluation
     count: the same on 1 and 2 cores, with and without pruning, cut into calls either way."""
     from doppler.methods import anneal
-    from doppler.methods.anneal import anneal_search
+    from doppler.methods.anneal import AnnealOptions, anneal_search
 
     _, c = setup
     # a graph where the search moves often, and every seed of 0-9 improves on its start in 1,500
     # evaluations with pools of 2 and 4
     g = workloads.build("random", num_ops=80, seed=1)
     keys = ("evals", "accepted", "improvements", "restarts")
-    runs = [anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool, threads=t, prune=p)
+    runs = [anneal_search(g, c, AnnealOptions(max_evals=1500, cycle_evals=500, pool=pool, threads=t, prune=p), seed=2)
             for t, p in ((1, True), (2, True), (2, False))]  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(anneal, "CHUNK_S", 1e-12)  # one batch per compiled call
-        runs.append(anneal_search(g, c, seed=2, max_evals=1500, cycle_evals=500, pool=pool))
+        runs.append(anneal_search(g, c, AnnealOptions(max_evals=1500, cycle_evals=500, pool=pool), seed=2))
     for r in runs[1:]:
         np.testing.assert_array_equal(r.devices, runs[0].devices)
         assert r.estimated_makespan_s == runs[0].estimated_makespan_s

@@ -65,7 +65,7 @@ def test_every_method_is_valid_and_not_below_the_lower_bound(g, c, seed):
     lb = lower_bound(g, c)
     for m in ANY_GRAPH:
         # the method's own output, before assign() checks and stamps it: one device in range per op
-        raw = METHODS[m].fn(g, c, seed=seed, budget_s=None, **FAST_KW.get(m, {}))
+        raw = METHODS[m].call(g, c, FAST_KW.get(m), seed=seed)
         devices = np.asarray(raw.devices)
         assert devices.shape == (g.num_ops,) and np.issubdtype(devices.dtype, np.integer), m
         assert ((devices >= 0) & (devices < c.num_devices)).all(), m

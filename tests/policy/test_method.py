@@ -55,7 +55,7 @@ def test_zero_shot_device_choices_break_the_rules_ties_unless_told_otherwise():
         ro = load_shipped().decode(gf, make_plan(g.num_ops, batch=1, mode="greedy", plc_ties_only=ties))
         np.testing.assert_array_equal(ro.assignment[0], a.devices)
         assert bool(ro.est_tied[0, np.arange(g.num_ops), ro.step_device[0]].all()) is ties
-    with pytest.raises(MethodError, match="plc-ties"):
+    with pytest.raises(MethodError, match="method 'single_policy' has no option 'plc_ties_only'"):
         assign(g, cl, "single_policy", plc_ties_only=True)
 
 

@@ -25,7 +25,34 @@ from doppler.cli._common import (
     load_graph_and_cluster,
     memory_check,
 )
+from doppler.cli.method_options import flag_help
 from doppler.io_util import atomic_write_text, check_outputs_apart, refuse_link
+
+
+#: the flags of `assign` that set a method's option, and the option each sets
+OPTION_FLAGS = {"--checkpoint": "checkpoint", "--samples": "samples", "--plc-ties/--plc-free": "plc_ties_only",
+                "--init": "start", "--threads": "threads", "--tp": "tp"}  # fmt: skip
+
+
+def _method_options(spec: Any, flags: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """The option values of ``assign``'s method by name: the option flags given (``flags``, by flag; None: not
+    given) and the ``--set`` items. A UserError in one line, before anything is read, naming a flag or item
+    that sets an option the method does not have (listing the ones it has), or one option set twice."""
+    from doppler.cli.method_options import parse_settings
+
+    values = parse_settings(spec, items)
+    names = spec.option_names()
+    valid = f"its options: {', '.join(names)}" if names else "it takes no options"
+    for flag, value in flags.items():
+        name = OPTION_FLAGS[flag]
+        if value is None:
+            continue
+        if name not in names:
+            raise UserError(f"{flag.split('/')[0]}: method {spec.name!r} has no option {name!r} ({valid})")
+        if name in values:
+            raise UserError(f"--set {name}=...: {name} is set by {flag.split('/')[0]} too; give it once")
+        values[name] = value
+    return values
 
 
 def _assign_with_progress(graph, cl, method: str, **kw: Any):
@@ -50,57 +77,52 @@ def assign_cmd(
     budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget for search methods (s), counted from the command's start (reading the graph included); the first search after an install also compiles its kernels, once, outside the budget."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
-    samples: Optional[int] = typer.Option(None, "--samples", help="Samples drawn by a learned method."),
-    plc_ties: Optional[bool] = typer.Option(None, "--plc-ties/--plc-free", help="doppler: the device head only breaks "
-                                            "the ties of the policy's list-schedule rule (default zero-shot) / "
-                                            "chooses any device (default on the graph and cluster it was trained on)."),
+    samples: Optional[int] = typer.Option(None, "--samples", help=flag_help("a learned method", "doppler", "samples")),
+    plc_ties: Optional[bool] = typer.Option(None, "--plc-ties/--plc-free",
+                                            help=flag_help("doppler", "doppler", "plc_ties_only")),
     init: Optional[Path] = typer.Option(None, "--init", help="anneal: start from this assignment file."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="anneal, heft_lookahead, doppler --budget-s: cores "
-                                          "that simulate the search's proposals or the rollout's devices (default: every "
-                                          "core; the same result, faster)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help=flag_help("anneal, heft_lookahead, doppler --budget-s",
+                                                                             "anneal", "threads")),
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="--init: use an assignment made for another version of the graph (same op count)."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="tp_pipeline: devices per tensor-parallel group, a divisor of "
-                                     "the device count (default: each that fits is tried, the fastest kept)."),
+    tp: Optional[int] = typer.Option(None, "--tp", help=flag_help("tp_pipeline", "tp_pipeline", "tp")),
     memory_fraction: float = MEMORY_FRACTION_OPT,
     ignore_memory: bool = IGNORE_MEMORY_OPT,
+    set_: list[str] = typer.Option([], "--set", metavar="OPTION=VALUE", help="An option of the method (repeatable), "
+                                   "e.g. max_evals=2000 for anneal; `doppler methods NAME` lists a method's options."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Assign every op of a graph to a device with one method and write the assignment file (within each
     device's memory budget, or exit 2 saying what does not fit). ``--budget-s`` counts from the command's
-    start: reading the graph is taken from the search's time (at most half of it)."""
+    start: reading the graph is taken from the search's time (at most half of it). An option the method
+    does not have exits 2, naming it, before anything is read."""
     t_command = time.perf_counter()
     with handle_errors():
         from doppler.methods import assign, check_budget, get_method
 
         spec = get_method(method)
         check_budget(budget_s)
+        if threads is not None and threads < 1:
+            raise UserError(f"--threads must be >= 1, got {threads}")
+        flags = {"--checkpoint": checkpoint, "--samples": samples, "--plc-ties/--plc-free": plc_ties,
+                 "--init": init, "--threads": threads, "--tp": tp}  # fmt: skip
+        options = _method_options(spec, flags, set_)
         # (--init may be the output: it is read in full first, and refining an assignment in place is a use)
         hold_outputs(ctx, files={"--output": output},  # one writer: anneal may run for long
-                     inputs={"G": graph_path, "--cluster": cluster_name, "--checkpoint": checkpoint})  # fmt: skip
-        kw: dict[str, Any] = {k: v for k, v in (("plc_ties_only", plc_ties), ("checkpoint", checkpoint),
-                                                ("samples", samples)) if v is not None}  # (the method checks samples)
-        kw.update(memory_fraction=memory_fraction, ignore_memory=ignore_memory)
-        if threads is not None:
-            if threads < 1:
-                raise UserError(f"--threads must be >= 1, got {threads}")
-            kw["threads"] = threads
-        if tp is not None:
-            if method != "tp_pipeline":
-                raise UserError(f"--tp sets tp_pipeline's tensor-parallel group size; method {method!r} has none")
-            kw["tp"] = tp
+                     inputs={"G": graph_path, "--cluster": cluster_name, "--checkpoint": options.get("checkpoint")})  # fmt: skip
         graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         if init is not None:
-            if method != "anneal":
-                raise UserError(f"--init starts a search from an assignment; method {method!r} does not search")
             from doppler.assignment import load_assignment
 
-            kw["start"] = load_assignment(init, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint).devices
+            options["start"] = load_assignment(init, graph, cl.num_devices,
+                                               check_fingerprint=not ignore_fingerprint).devices  # fmt: skip
+        options = spec.options_from(None, options)
+        kw: dict[str, Any] = {"memory_fraction": memory_fraction, "ignore_memory": ignore_memory, "options": options}
         from doppler._jit import as_python
-        from doppler.methods.registry import runs_as_python
+        from doppler.methods.placement import runs_as_python
         from doppler.report import format_time
         from doppler.sim import lower_bound, traced
 
-        small_job = runs_as_python(graph, cl.num_devices, method, budget_s, **kw)
+        small_job = runs_as_python(graph, cl.num_devices, method, budget_s, options)
         search_s = None if budget_s is None else max(budget_s - (time.perf_counter() - t_command), budget_s / 2)
         with as_python(small_job):  # one small job: no numba start-up, and no live progress
             if spec.uses_budget and not small_job:
@@ -232,7 +254,7 @@ def compare_cmd(
         with live_progress(lambda ev: f"running [bold]{ev.stats['method']}[/]", labels={"compare": "methods"},
                            counts=True) as on_progress:  # fmt: skip
             rows = compare(graph, cl, names, seed=seed, budget_s=budget_s, on_progress=on_progress,
-                           method_kwargs={m: {"checkpoint": p} for m, p in chosen.items()},
+                           method_options={m: {"checkpoint": p} for m, p in chosen.items()},
                            memory_fraction=memory_fraction, ignore_memory=ignore_memory)  # fmt: skip
         if csv_path is not None:
             buf = io.StringIO()

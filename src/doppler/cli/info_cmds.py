@@ -3,6 +3,7 @@
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
 from doppler.cli._common import JSON_OPT, app, console, emit_json, handle_errors
 
@@ -26,27 +27,51 @@ def main_options(
 
 
 @app.command("methods")
-def methods_cmd(json_out: bool = JSON_OPT) -> None:
-    """List the placement methods: name, what it does, whether it uses a search budget."""
+def methods_cmd(
+    name: Optional[str] = typer.Argument(None, metavar="[NAME]", help="One method: list its options."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """List the placement methods: name, what it does, whether it uses a search budget, its options. With NAME,
+    that method's options: type, default, the flag that sets it (else `assign --set NAME=VALUE`) and help."""
     from rich.table import Table
 
     with handle_errors():
+        from doppler.cli.method_options import options_of, to_text
         from doppler.methods import get_method, list_methods
 
-        rows = []
-        for name in list_methods():
+        if name is not None:
             spec = get_method(name)
-            rows.append({"name": name, "description": spec.description, "min_devices": spec.min_devices,
-                         "uses_budget": spec.uses_budget, "deterministic": spec.deterministic})  # fmt: skip
+            opts = [{"name": o.name, "type": o.type_name, "default": to_text(o.default), "flag": o.flag or ("--set" if o.type else "python only"),
+                     "help": o.help} for o in options_of(spec)]  # fmt: skip
+            if json_out:
+                emit_json(opts)
+                return
+            console.print(f"[bold]{name}[/]: {escape(spec.description)}", markup=True, highlight=False)
+            if not opts:
+                console.print("no options", highlight=False)
+                return
+            table = Table(show_edge=False, header_style="bold")
+            for col in ("option", "type", "default", "set by", "help"):
+                table.add_column(col)
+            for o in opts:
+                table.add_row(o["name"], o["type"], o["default"], o["flag"], o["help"])
+            console.print(table)
+            return
+        rows = []
+        for m in list_methods():
+            spec = get_method(m)
+            rows.append({"name": m, "description": spec.description, "min_devices": spec.min_devices,
+                         "uses_budget": spec.uses_budget, "deterministic": spec.deterministic,
+                         "options": spec.option_names()})  # fmt: skip
         if json_out:
             emit_json(rows)
             return
-        table = Table(show_edge=False, header_style="bold")
-        for col in ("method", "budget", "deterministic", "description"):
+        table = Table(show_edge=False, header_style="bold", caption="doppler methods NAME: a method's options")
+        for col in ("method", "budget", "deterministic", "options", "description"):
             table.add_column(col)
         for r in rows:
             table.add_row(r["name"], "yes" if r["uses_budget"] else "-", "yes" if r["deterministic"] else "seeded",
-                          r["description"])  # fmt: skip
+                          str(len(r["options"])) if r["options"] else "-", r["description"])  # fmt: skip
         console.print(table)
 
 

@@ -1,4 +1,5 @@
-"""Device-assignment methods behind one interface (:mod:`doppler.methods.registry`).
+"""Device-assignment methods behind one interface (:mod:`doppler.methods.registry`), run by
+:mod:`doppler.methods.placement` (``assign``, ``compare``, ``score``).
 
 Built in (docs/design.md, Baselines): ``single``, ``round_robin``, ``round_robin_block``, ``sequential_fill``, ``pipeline``,
 ``tensor_parallel``, ``tp_pipeline``, ``random``, ``critical_path``, ``heft``, ``metis``, ``enumerative``, ``lookahead``, ``heft_lookahead``,
@@ -18,20 +19,10 @@ from __future__ import annotations
 from doppler.methods import simple, layered, tensor_parallel, critical_path, heft, metis, enumerative, lookahead, anneal  # noqa: F401, I001
 from doppler.methods.critical_path import CriticalPathTrace, critical_path_trace
 from doppler.methods.heft import HeftSchedule, heft_schedule
+from doppler.methods.placement import CompareRow, assign, check_budget, check_seed, compare, score
 from doppler.methods.registry import (
-    METHODS,
-    CompareRow,
-    MethodError,
-    MethodSpec,
-    assign,
-    check_budget,
-    check_seed,
-    compare,
-    get_method,
-    score,
-    list_methods,
-    register,
-)
+    METHODS, MethodError, MethodSpec, PythonRun, get_method, list_methods, option, register,
+)  # fmt: skip
 
 __all__ = [
     "METHODS",
@@ -40,6 +31,7 @@ __all__ = [
     "HeftSchedule",
     "MethodError",
     "MethodSpec",
+    "PythonRun",
     "assign",
     "check_budget",
     "check_seed",
@@ -49,5 +41,6 @@ __all__ = [
     "get_method",
     "heft_schedule",
     "list_methods",
+    "option",
     "register",
 ]

@@ -63,13 +63,15 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from doppler.assignment import Assignment, check_assignment
 from doppler.methods.layered import block_graph, repeated_units
-from doppler.methods.registry import MethodError, get_method, place_within, register
-from doppler.methods.threads import search_threads
+from doppler.methods.placement import place_within
+from doppler.methods.registry import MethodError, get_method, option, register
+from doppler.methods.threads import THREADS_HELP, search_threads
 from doppler.graph import DataflowGraph, _csr
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
@@ -132,40 +134,43 @@ class _Moves:
         apply_move(a, self.rng, *self.args(), np.empty(0, np.int64))
 
 
+@dataclass(frozen=True)
+class AnnealOptions:
+    """The options of ``anneal`` (the module docstring says what each does)."""
+
+    max_evals: int | None = option(None, "stop after this many simulator evaluations (without --budget-s: a search "
+                                   "that does not depend on the machine's speed)")  # fmt: skip
+    batch_size: int = option(8, "proposals simulated per iteration")
+    cycle_evals: int | None = option(None, "evaluations per cooling cycle (default: max(5000, 1000 x ops), at most "
+                                     "max_evals)")  # fmt: skip
+    t_start: float = option(0.02, "temperature at the start of a cycle (a relative makespan increase)")
+    t_end: float = option(1e-4, "temperature at the end of a cycle")
+    start: np.ndarray | None = option(None, "the assignment to start from, instead of the start set", flag="--init")
+    extra_starts: dict[str, np.ndarray] | None = option(None, "assignments that join the start set, by name (e.g. a "
+                                                        "policy's decodes)")  # fmt: skip
+    threads: int | None = option(None, THREADS_HELP, flag="--threads")
+    critical_share: float | None = option(None, f"share of the proposals that are critical-chain moves (default "
+                                          f"{CRITICAL_SHARE}; 0: only the blind moves)")  # fmt: skip
+    prune: bool = option(True, "simulate each proposal only as far as it can still matter (the speed, never the "
+                         "search)")  # fmt: skip
+    pool: int = option(POOL, "moves drawn per proposal, of which the one adding the least compute and transfer time "
+                       "is simulated (1: every drawn move)")  # fmt: skip
+
+
 @register(
     "anneal",
+    options=AnnealOptions,
     description="simulated annealing in the WC simulator from the best cheap method or, on small graphs, "
                 "heft_lookahead (or --init)",
-    uses_budget=True,
     deterministic=False,
     memory_aware=True,
     memory_retries=False,
 )
-def anneal_search(
-    graph: DataflowGraph,
-    cluster,
-    *,
-    seed: int = 0,
-    budget_s: float | None = None,
-    max_evals: int | None = None,
-    batch_size: int = 8,
-    cycle_evals: int | None = None,
-    t_start: float = 0.02,
-    t_end: float = 1e-4,
-    start: np.ndarray | None = None,
-    extra_starts: dict[str, np.ndarray] | None = None,
-    threads: int | None = None,
-    critical_share: float | None = None,
-    prune: bool = True,
-    pool: int = POOL,
-    on_progress: ProgressFn | None = None,
-    memory_budget_bytes: np.ndarray | None = None,
-) -> Assignment:
-    """Simulated annealing (see the module docstring). Returns the best assignment found.
-
-    ``critical_share`` (0: only the blind moves), ``pool`` (1: every drawn move is simulated), ``threads``
-    and ``prune`` (:func:`doppler.sim.kernel.sim_rows`; these two change the speed only): as the module
-    docstring says. ``extra_starts`` join the start set (e.g. a policy's decodes).
+def anneal_search(graph: DataflowGraph, cluster, options: AnnealOptions = AnnealOptions(), *, seed: int = 0,
+                  budget_s: float | None = None, on_progress: ProgressFn | None = None,
+                  memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+    """Simulated annealing (see the module docstring) with ``options`` (:class:`AnnealOptions`). Returns the best
+    assignment found.
 
     ``memory_budget_bytes[D]`` (given by :func:`~doppler.methods.assign`): the search starts from the best
     start that fits it (simulated), and accepts no proposal holding more weight bytes on a device than
@@ -177,6 +182,8 @@ def anneal_search(
     time used of the budget (or the evaluations of ``max_evals``), and in ``stats`` the evaluation
     count and the best makespan so far."""
     t0 = time.perf_counter()
+    max_evals, batch_size, cycle_evals, pool = options.max_evals, options.batch_size, options.cycle_evals, options.pool
+    t_start, t_end, start, critical_share = options.t_start, options.t_end, options.start, options.critical_share
     if max_evals is not None and (isinstance(max_evals, bool) or not isinstance(max_evals, (int, np.integer))
                                   or max_evals < 0):  # fmt: skip
         raise MethodError(f"max_evals must be an integer >= 0, got {max_evals!r}")
@@ -184,7 +191,7 @@ def anneal_search(
         raise MethodError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(pool, bool) or not isinstance(pool, (int, np.integer)) or pool < 1:
         raise MethodError(f"pool must be an integer >= 1, got {pool!r}")
-    threads = search_threads(threads, batch_size)
+    threads = search_threads(options.threads, batch_size)
     critical_share = CRITICAL_SHARE if critical_share is None else float(critical_share)
     if not 0.0 <= critical_share <= 1.0:
         raise MethodError(f"critical_share must be in [0, 1], got {critical_share}")
@@ -200,7 +207,7 @@ def anneal_search(
     ctx = SimContext(graph, cluster)  # every evaluation reuses it
     repeat = start is None and (budget_s is None or float(budget_s) >= REPEAT_MIN_BUDGET_S)
     repeat_s = (None if budget_s is None else REPEAT_BUDGET_SHARE * float(budget_s)) if repeat else 0.0
-    start_name, walk, mem = _starting_point(ctx, seed, start, extra_starts, threads, memory_budget_bytes, repeat_s,
+    start_name, walk, mem = _starting_point(ctx, seed, start, options.extra_starts, threads, memory_budget_bytes, repeat_s,
                                             deadline)  # fmt: skip
     start_ms, start_devices = walk.cur_ms, walk.cur.copy()
     if cycle_evals is None:
@@ -222,7 +229,7 @@ def anneal_search(
         t_call = time.perf_counter()
         K.anneal_batches(sim, walk.cur, walk.best, walk.crit, walk.counts, walk.values, chunk, batch_size,
                          -1 if max_evals is None else int(max_evals), cycle_evals, t_start, log_ratio, optimal_ms,
-                         rng, *moves.args(), threads, critical_share, CRITICAL_REFRESH, bool(prune),
+                         rng, *moves.args(), threads, critical_share, CRITICAL_REFRESH, bool(options.prune),
                          int(pool), mem)  # fmt: skip
         took = time.perf_counter() - t_call
         chunk = max(1, min(chunk * 4, int(chunk * CHUNK_S / took) if took > 0 else chunk * 4))
@@ -316,7 +323,7 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_
             if (cands or extra_starts) and time.perf_counter() >= deadline:
                 break
             try:
-                cands[m] = place_within(get_method(m), graph, cluster, seed, None, {}, budget)[0].devices
+                cands[m] = place_within(get_method(m), graph, cluster, budget, seed=seed)[0].devices
             except MethodError:  # no room: this start does not fit
                 continue
     for name, a in (extra_starts or {}).items():
@@ -354,8 +361,9 @@ def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
     ref = repeats[len(repeats) // 2]
     lo, hi = REPEAT_BLOCK_EVALS
     evals = int(min(max(REPEAT_BLOCK_WORK // ref.size, lo), hi))
-    block = anneal_search(block_graph(ctx.graph, ref), ctx.cluster, seed=seed, max_evals=evals, budget_s=budget_s,
-                          threads=threads, extra_starts={"base": base[ref]})  # fmt: skip
+    block = anneal_search(block_graph(ctx.graph, ref), ctx.cluster,
+                          AnnealOptions(max_evals=evals, threads=threads, extra_starts={"base": base[ref]}), seed=seed,
+                          budget_s=budget_s)  # fmt: skip
     out = base.copy()
     for ops in repeats:
         out[ops] = block.devices

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import no_room, register
+from doppler.methods.placement import no_room
+from doppler.methods.registry import PythonRun, register
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import PlacementState, earliest_start_device
@@ -215,9 +216,8 @@ def critical_path_trace(graph: DataflowGraph, cluster=None, **costs: np.ndarray 
 
 
 @register("critical_path", description="list scheduling: largest b-level first, earliest-start device",
-          as_python=True, memory_aware=True)
-def critical_path(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                  memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
-    """DOPPLER's CRITICAL PATH teacher (deterministic; ``seed``/``budget_s`` unused)."""
+          python=PythonRun(), memory_aware=True)
+def critical_path(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
+    """DOPPLER's CRITICAL PATH teacher (deterministic)."""
     res = critical_path_schedule(graph, cluster, memory_budget_bytes=memory_budget_bytes)
     return Assignment(devices=res["assignment"], estimated_makespan_s=res["makespan_s"])

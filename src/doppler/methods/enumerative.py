@@ -50,7 +50,8 @@ import numpy as np
 
 from doppler.assignment import Assignment
 from doppler.listsched.ledger import MemoryLedger
-from doppler.methods.registry import no_room, register
+from doppler.methods.placement import no_room
+from doppler.methods.registry import PythonRun, register
 from doppler.costs import CostModel
 from doppler.graph import DataflowGraph, _csr, _expand_ranges
 
@@ -252,9 +253,8 @@ def enumerative_assign(graph: DataflowGraph, cluster,
 
 
 @register("enumerative", description="structure-aware: enumerate tile placements per logical op, min max device cost",
-          as_python=True, memory_aware=True)
-def enumerative(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+          python=PythonRun(), memory_aware=True)
+def enumerative(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
     """Structure-aware enumerative heuristic (deterministic; see the module docstring)."""
     dev, max_cost = enumerative_assign(graph, cluster, memory_budget_bytes)
     return Assignment(devices=dev, info={"max_device_cost_s": max_cost})

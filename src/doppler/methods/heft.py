@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import no_room, register
+from doppler.methods.placement import no_room
+from doppler.methods.registry import PythonRun, register
 from doppler.costs import CostModel, priority_key
 from doppler.graph import DataflowGraph
 from doppler.listsched import heft_list_schedule
@@ -79,12 +80,11 @@ def heft_schedule(
     return HeftSchedule(dev, order, rank, start, finish, float(finish.max()))
 
 
-# (python_max_work: as Python, a fresh `doppler assign -m heft` took 1.01-1.21 s at 1,360 x 32 to 2,280 x 8
+# (max_work: as Python, a fresh `doppler assign -m heft` took 1.01-1.21 s at 1,360 x 32 to 2,280 x 8
 # ops x devices against 1.8-2.1 s compiled, and 1.93 s at 3,000 x 16 against 1.75 s)
-@register("heft", description="HEFT: upward rank order, earliest finish time with insertion", as_python=True,
-          python_max_work=45_000, memory_aware=True)  # fmt: skip
-def heft(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-         memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
-    """HEFT (deterministic; ``seed``/``budget_s`` unused)."""
+@register("heft", description="HEFT: upward rank order, earliest finish time with insertion", 
+          python=PythonRun(max_work=45_000), memory_aware=True)  # fmt: skip
+def heft(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
+    """HEFT (deterministic)."""
     s = heft_schedule(graph, cluster, memory_budget_bytes=memory_budget_bytes)
     return Assignment(devices=s.assignment, estimated_makespan_s=s.makespan_s)

@@ -13,7 +13,7 @@ read (:mod:`doppler.memory`), each held once per device.
   (balanced by FLOPs on equal devices), every stage's weights within its device's budget.
 
 Both are memory-aware: given ``memory_budget_bytes`` they keep each device's weights under it (the
-registry places again with lower caps where live activations overflow, :func:`~doppler.methods.registry.
+registry places again with lower caps where live activations overflow, :func:`~doppler.methods.placement.
 place_within`) and raise :class:`~doppler.methods.registry.MethodError` naming the unit that does not fit.
 With one sequence in flight neither lets two devices work at once.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from doppler import memory
 from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
-from doppler.methods.registry import MethodError, register
+from doppler.methods.registry import MethodError, PythonRun, register
 from doppler.tiling import layer_key
 from doppler.traffic import carry_traffic
 
@@ -158,9 +158,8 @@ def _gb(nbytes: float) -> str:
 
 
 @register("sequential_fill", description="whole layers in order, each device filled to its memory budget before "
-          "the next (accelerate's device_map)", as_python=True, memory_aware=True)  # fmt: skip
-def sequential_fill(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                    memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+          "the next (accelerate's device_map)", python=PythonRun(), memory_aware=True)  # fmt: skip
+def sequential_fill(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
     """Units (:func:`layer_units`) in order on device 0 while its held weights stay within its budget, then on
     device 1, and so on; MethodError naming the first unit no remaining device has room for."""
     names, unit = layer_units(graph)
@@ -203,9 +202,8 @@ def range_weights(reads: list[np.ndarray], nbytes: np.ndarray) -> np.ndarray:
 
 
 @register("pipeline", description="contiguous layer stages, one per device, balanced by compute time within the "
-          "memory budget (GPipe)", as_python=True, memory_aware=True)  # fmt: skip
-def pipeline(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-             memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+          "memory budget (GPipe)", python=PythonRun(), memory_aware=True)  # fmt: skip
+def pipeline(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
     """``min(devices, units)`` contiguous non-empty stages of units, stage ``s`` on device ``s``, that minimise
     the largest stage compute time on its device with every stage's weights within its device's budget
     (dynamic programming over split points); MethodError where no split fits."""

@@ -27,6 +27,7 @@ returns HEFT's completion of the ops decided so far (anytime).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,8 +40,9 @@ from doppler.listsched import (
     largest_key_candidate, place, take_candidate,
 )  # fmt: skip
 from doppler.listsched.ledger import MemoryLedger
-from doppler.methods.registry import get_method, no_room, place_within, register
-from doppler.methods.threads import search_threads
+from doppler.methods.placement import no_room, place_within
+from doppler.methods.registry import get_method, option, register
+from doppler.methods.threads import THREADS_HELP, search_threads
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
 
@@ -104,9 +106,8 @@ def lookahead_schedule(graph: DataflowGraph, cluster,
 
 @register("lookahead", description="critical_path with one-step rollout: each op tries every device, "
                                    "completes as critical_path, keeps the best simulated", memory_aware=True)  # fmt: skip
-def lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-              memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
-    """LOOKAHEAD (deterministic; ``seed``/``budget_s`` unused): never worse than critical_path."""
+def lookahead(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
+    """LOOKAHEAD (deterministic): never worse than critical_path."""
     devices, makespan_s = lookahead_schedule(graph, cluster, memory_budget_bytes)
     return Assignment(devices=devices, estimated_makespan_s=makespan_s)
 
@@ -119,7 +120,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     included), the steps not reached in time keep HEFT's choice. ``threads``: the cores that take a
     step's devices side by side (default: every core this process may use; the same result). With
     ``memory_budget_bytes[D]``, it starts from memory-aware HEFT (placed again where live activations
-    overflow, :func:`~doppler.methods.registry.place_within`) and keeps a step's better completion only
+    overflow, :func:`~doppler.methods.placement.place_within`) and keeps a step's better completion only
     if that fits the budget when simulated."""
     from doppler.methods import _rollout_kernels as R
     from doppler.methods.heft import heft_inputs
@@ -131,7 +132,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     if memory_budget_bytes is None:
         devices = heft_list_schedule(order, *arrays)[0]
     else:
-        devices = place_within(get_method("heft"), graph, cluster, 0, None, {}, memory_budget_bytes)[0].devices
+        devices = place_within(get_method("heft"), graph, cluster, memory_budget_bytes)[0].devices
     best_s = float(ctx.simulate_many(devices[None, :])[0])
     if nd == 1:
         return devices, best_s, n  # nothing to choose
@@ -159,15 +160,20 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     return devices, best_s, decided
 
 
-@register("heft_lookahead", description="heft with one-step rollout: each op tries every device, completes as heft, "
-                                        "keeps the best simulated; --budget-s makes it anytime",
-          uses_budget=True, memory_aware=True, memory_retries=False)  # fmt: skip
-def heft_lookahead(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                   on_progress: ProgressFn | None = None, threads: int | None = None,
-                   memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
-    """HEFT_LOOKAHEAD (``seed`` unused): never worse than heft. ``info["rollout_steps"]``: the ops the
-    rollout decided (all of them, unless ``budget_s`` ran out first). ``threads``: cores (default all;
-    the same assignment)."""
-    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress, threads,
+@dataclass(frozen=True)
+class HeftLookaheadOptions:
+    """The options of ``heft_lookahead``."""
+
+    threads: int | None = option(None, THREADS_HELP, flag="--threads")
+
+
+@register("heft_lookahead", options=HeftLookaheadOptions, description="heft with one-step rollout: each op tries "
+          "every device, completes as heft, keeps the best simulated; --budget-s makes it anytime", memory_aware=True,
+          memory_retries=False)  # fmt: skip
+def heft_lookahead(graph: DataflowGraph, cluster, options: HeftLookaheadOptions, *, budget_s: float | None = None,
+                   on_progress: ProgressFn | None = None, memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+    """HEFT_LOOKAHEAD: never worse than heft. ``info["rollout_steps"]``: the ops the rollout decided (all of
+    them, unless ``budget_s`` ran out first). ``options.threads``: cores (default all; the same assignment)."""
+    devices, makespan_s, decided = heft_lookahead_schedule(graph, cluster, budget_s, on_progress, options.threads,
                                                            memory_budget_bytes)  # fmt: skip
     return Assignment(devices=devices, estimated_makespan_s=makespan_s, info={"rollout_steps": decided})

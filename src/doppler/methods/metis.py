@@ -31,7 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import register
+from doppler.methods.registry import PythonRun, register
 from doppler.costs import CostModel
 from doppler.graph import DataflowGraph
 from doppler.memory import input_slices
@@ -130,8 +130,7 @@ def _c_stdout_silenced() -> Iterator[None]:
 
 
 @register("metis", description="balanced k-way min-cut partition (pymetis); ignores time", deterministic=False,
-          as_python=True, memory_aware=True)
-def metis(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-          memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+          python=PythonRun(), memory_aware=True)
+def metis(graph: DataflowGraph, cluster, *, seed: int = 0, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
     """Balanced min-cut partition, one part per device (``seed`` seeds METIS)."""
     return Assignment(devices=metis_partition(graph, cluster, seed=seed, memory_budget_bytes=memory_budget_bytes))

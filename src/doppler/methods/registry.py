@@ -1,34 +1,32 @@
-"""The registry of placement methods and the one interface they share.
+"""The registry of placement methods, and the one interface they share.
 
-Every method is a function ``fn(graph, cluster, *, seed, budget_s, **kw)`` that returns an
-:class:`~doppler.assignment.Assignment` (or a bare device array), registered under a name
-with :func:`register`. :func:`assign` runs one by name: it validates the request, times the
-call (``assign_time_s``), checks the result and stamps ``method`` and ``graph_fingerprint``.
-:func:`compare` runs several and scores each in the simulator.
+A method is a function ``fn(graph, cluster[, options], *, ...)`` that returns an
+:class:`~doppler.assignment.Assignment` (or a bare device array), registered under a name with
+:func:`register`. It asks only for what it uses:
 
-Memory (:mod:`doppler.memory`): unless ``ignore_memory``, :func:`assign` returns only a placement
-that fits every device's budget (``memory_bytes x memory_fraction``). Before the method runs it refuses
-a graph that no placement fits (the weights alone, or one op alone, need more than the devices offer);
-a memory-aware method (``register(..., memory_aware=True)``) is given the budget as
-``memory_budget_bytes``; and the result is simulated and refused, naming the device, if its peak is
-over budget. Where even holding everything at once fits the smallest budget, nothing is checked.
+* ``options``: an instance of its options class, a small frozen dataclass whose fields are its
+  options, each with a default and one line of help (:func:`option`); a method without options
+  takes none, and has no third argument;
+* of the call's arguments (:data:`CALL_ARGUMENTS`), the keywords its signature names: ``seed``,
+  ``budget_s`` (a method that takes it honours a time budget), ``on_progress``, and
+  ``memory_budget_bytes`` (a memory-aware method, ``register(..., memory_aware=True)``).
+
+:meth:`MethodSpec.options_from` builds the options from values by name, and refuses an unknown one by
+name, listing the method's options, before the method runs. Running a method (validation, the memory
+budget, comparing) is :mod:`doppler.methods.placement`'s.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Union
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from doppler.assignment import Assignment, check_assignment
-from doppler import io_util, memory
-from doppler.memory import DEFAULT_MEMORY_FRACTION
+from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
-from doppler.progress import ProgressEvent, ProgressFn
 
 
 class MethodError(ValueError):
@@ -37,66 +35,118 @@ class MethodError(ValueError):
 
 MethodFn = Callable[..., "Assignment | np.ndarray"]
 
+#: the arguments of a call that a method takes by keyword where its signature names them
+CALL_ARGUMENTS = ("seed", "budget_s", "on_progress", "memory_budget_bytes")
 
-#: a process that has not started numba (:mod:`doppler._jit`) runs one assignment of a graph of up to this
-#: many ops as Python, by a method that allows it (``register(..., as_python=...)``): up to this size a
-#: cheap method's Python run costs less than numba's import and start-up (benchmarks/cold_assign.py)
-PYTHON_ASSIGN_MAX_OPS = 3000
 
-#: how many times a memory-aware method places again, each device's cap lowered by its overflow, when the
-#: simulated peak of its placement (live activations on top of the weights it counted) is over budget (a
-#: search given a time budget runs once, and so do methods that keep to the budget themselves: ``anneal``)
-MEMORY_RETRIES = 3
-
-#: ``as_python`` of a method: never, always (up to PYTHON_ASSIGN_MAX_OPS ops), or when a predicate of the
-#: call's ``budget_s`` and keyword arguments holds
-AsPython = Union[bool, Callable[..., bool]]
+def option(default: Any, help: str, flag: str | None = None) -> Any:
+    """A field of a method's options dataclass: its default, one line of help, and the command-line flag that
+    sets it where it has one of its own (else ``doppler assign --set NAME=VALUE`` sets it)."""
+    return field(default=default, metadata={"help": help, "flag": flag})
 
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """A registered method: its function, options class (None: it takes no options) and what it asks for."""
+
     name: str
     fn: MethodFn
+    options: type | None = None
     description: str = ""
     min_devices: int = 1
-    uses_budget: bool = False  # True: honours budget_s (others ignore it)
     deterministic: bool = True  # same inputs -> same assignment, whatever the seed
-    as_python: AsPython = False  # one small call may run its kernels as Python (runs_as_python)
-    python_max_work: int | None = None  # ... and only up to this many ops x devices (None: no limit of its own)
     memory_aware: bool = False  # takes ``memory_budget_bytes`` and places within it
     memory_retries: bool = True  # ... and places again with lower caps where live activations overflow
+    takes: frozenset[str] = frozenset()  # the CALL_ARGUMENTS fn names
+
+    @property
+    def uses_budget(self) -> bool:
+        """Whether the method honours ``budget_s`` (the others are not given it)."""
+        return "budget_s" in self.takes
+
+    def option_names(self) -> list[str]:
+        """The names of the method's options, in the order its options class declares them."""
+        return [] if self.options is None else [f.name for f in dataclasses.fields(self.options)]
+
+    def options_from(self, options: Any = None, values: Mapping[str, Any] | None = None) -> Any:
+        """The method's options: ``options`` (an instance of its options class, or a mapping of values by name;
+        None: the defaults) with ``values`` by name on top. MethodError naming an unknown option and listing
+        the valid ones; None for a method without options."""
+        if isinstance(options, Mapping):
+            options, values = None, {**options, **(values or {})}
+        names = self.option_names()
+        unknown = [k for k in values or {} if k not in names]
+        if unknown:
+            valid = f"its options: {', '.join(names)}" if names else "it takes no options"
+            raise MethodError(f"method {self.name!r} has no option {unknown[0]!r} ({valid})")
+        if self.options is None:
+            if options is not None:
+                raise MethodError(f"method {self.name!r} takes no options, got {type(options).__name__}")
+            return None
+        if options is None:
+            options = self.options()
+        elif not isinstance(options, self.options):
+            raise MethodError(f"method {self.name!r} takes {self.options.__name__}, got {type(options).__name__}")
+        return dataclasses.replace(options, **values) if values else options
+
+    def call(self, graph: DataflowGraph, cluster: Any, options: Any = None, *, seed: int = 0,
+             budget_s: float | None = None, on_progress: Callable | None = None,
+             memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+        """Run the method itself (no checks: :func:`doppler.methods.assign` runs it checked), given the call's
+        arguments it asks for and its options (:meth:`options_from`)."""
+        given = {"seed": seed, "budget_s": budget_s, "on_progress": on_progress, "memory_budget_bytes": memory_budget_bytes}
+        kw = {k: v for k, v in given.items() if k in self.takes}
+        args = (graph, cluster) if self.options is None else (graph, cluster, self.options_from(options))
+        out = self.fn(*args, **kw)
+        return out if isinstance(out, Assignment) else Assignment(devices=np.asarray(out))
+
+
+#: ``rule`` of :class:`PythonRun`: always (True), or a predicate of the call's options and ``budget_s``
+PythonRule = Union[bool, Callable[[Any, "float | None"], bool]]
+
+
+@dataclass(frozen=True)
+class PythonRun:
+    """When one small call of a method may run its kernels as Python rather than start numba
+    (:func:`doppler.methods.placement.runs_as_python`): ``rule`` holds, and the graph's ops x devices are
+    at most ``max_work`` (None: no limit of its own)."""
+
+    rule: PythonRule = True
+    max_work: int | None = None
 
 
 METHODS: dict[str, MethodSpec] = {}
+#: the methods that may run a small call as Python, by name (a speed knob, apart from what they are)
+PYTHON_RUNS: dict[str, PythonRun] = {}
 
 
-
-def register(name: str, *, description: str = "", **options: Any) -> Callable[[MethodFn], MethodFn]:
-    """Decorator: register ``fn(graph, cluster, *, seed, budget_s, **kw)`` under ``name``; ``options``: the
-    other :class:`MethodSpec` fields (``min_devices``, ``as_python``, ``memory_aware``, ...), by name."""
+def register(name: str, *, options: type | None = None, description: str = "", python: PythonRun | None = None,
+             **spec: Any) -> Callable[[MethodFn], MethodFn]:  # fmt: skip
+    """Decorator: register ``fn`` (the module docstring) under ``name`` with its ``options`` dataclass; ``python``:
+    when a small call may run as Python; ``spec``: the other :class:`MethodSpec` fields (``min_devices``,
+    ``deterministic``, ``memory_aware``, ``memory_retries``). What ``fn`` is given is read from its signature,
+    once, here; a signature that does not fit is a TypeError."""
 
     def deco(fn: MethodFn) -> MethodFn:
+        params = inspect.signature(fn).parameters
+        takes = frozenset(a for a in CALL_ARGUMENTS if a in params)
+        if spec.get("memory_aware") and "memory_budget_bytes" not in takes:
+            raise TypeError(f"method {name!r} is memory-aware but takes no memory_budget_bytes")
+        if not spec.get("memory_aware"):
+            takes -= {"memory_budget_bytes"}
+        if ("options" in params) != (options is not None):
+            raise TypeError(f"method {name!r}: an options class and an ``options`` argument go together")
+        if options is not None and not (dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen):
+            raise TypeError(f"method {name!r}: options must be a frozen dataclass, got {options!r}")
         doc = description or (fn.__doc__ or "").strip().split("\n")[0]
-        METHODS[name] = MethodSpec(name, fn, doc, **options)
+        METHODS[name] = MethodSpec(name, fn, options, doc, takes=takes, **spec)
+        if python is not None:
+            PYTHON_RUNS[name] = python
+        else:
+            PYTHON_RUNS.pop(name, None)
         return fn
 
     return deco
-
-
-def runs_as_python(graph: DataflowGraph, num_devices: int, method: str, budget_s: float | None = None,
-                   **kw: Any) -> bool:  # fmt: skip
-    """Whether one call of ``method`` on ``graph`` and a cluster of ``num_devices`` should run its kernels
-    as Python (:func:`doppler._jit.as_python`) rather than start numba: the method allows it for this
-    call, the graph has at most :data:`PYTHON_ASSIGN_MAX_OPS` ops (and ops x devices within the method's
-    ``python_max_work``), and numba has not started in this process."""
-    from doppler._jit import started
-
-    spec = get_method(method)
-    rule, max_work = spec.as_python, spec.python_max_work
-    too_big = graph.num_ops > PYTHON_ASSIGN_MAX_OPS or (max_work is not None and graph.num_ops * num_devices > max_work)
-    if rule is False or too_big or started():
-        return False
-    return rule is True or bool(rule(budget_s=budget_s, **kw))
 
 
 def list_methods() -> list[str]:
@@ -105,266 +155,8 @@ def list_methods() -> list[str]:
 
 
 def get_method(name: str) -> MethodSpec:
+    """The registered method ``name``; MethodError listing the known ones otherwise."""
     spec = METHODS.get(name)
     if spec is None:
         raise MethodError(f"unknown method {name!r} (known: {', '.join(list_methods())})")
     return spec
-
-
-#: the longest search budget (``--budget-s``), in seconds: a week (a search of 1e30 s would never end)
-MAX_BUDGET_S = 7 * 24 * 3600.0
-
-
-def check_budget(budget_s: float | None) -> None:
-    """MethodError unless ``budget_s`` is None or a number of seconds in (0, :data:`MAX_BUDGET_S`]."""
-    if budget_s is None:
-        return
-    try:
-        b = float(budget_s)
-    except (TypeError, ValueError):
-        raise MethodError(f"the time budget must be a number of seconds, got {budget_s!r}") from None
-    if not math.isfinite(b) or b <= 0:
-        raise MethodError(f"the time budget must be a positive number of seconds, got {budget_s!r}")
-    if b > MAX_BUDGET_S:
-        raise MethodError(f"the time budget must be at most {MAX_BUDGET_S:g} s (a week), got {budget_s!r}")
-
-
-def check_seed(seed: Any) -> int:
-    """A seed is an integer >= 0 (:func:`doppler.io_util.check_seed`); else a :class:`MethodError`."""
-    return io_util.check_seed(seed, MethodError)
-
-
-def assign(
-    graph: DataflowGraph,
-    cluster: Any,
-    method: str = "critical_path",
-    *,
-    seed: int = 0,
-    budget_s: float | None = None,
-    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
-    ignore_memory: bool = False,
-    **kw: Any,
-) -> Assignment:
-    """Run method ``method`` and return its :class:`Assignment`.
-
-    ``seed`` makes randomised methods reproducible; ``budget_s`` is a wall-clock
-    budget for search methods (others ignore it); further keyword arguments go to
-    the method (e.g. ``max_evals`` for ``anneal``). The placement fits each device's
-    ``memory_bytes x memory_fraction``, or :class:`MethodError` says why (the module
-    docstring); ``ignore_memory`` places without looking at memory.
-    """
-    return _assign(graph, cluster, method, seed, budget_s, None if ignore_memory else memory_fraction, True, kw)
-
-
-def _assign(graph: DataflowGraph, cluster: Any, method: str, seed: int, budget_s: float | None,
-            memory_fraction: float | None, refuse_over: bool, kw: dict[str, Any]) -> Assignment:  # fmt: skip
-    """:func:`assign`; ``memory_fraction`` None: memory ignored; ``refuse_over`` False: a placement over budget
-    is returned (``info["memory_feasible"]`` False) rather than refused, as :func:`compare` scores it."""
-    spec = get_method(method)
-    if not isinstance(graph, DataflowGraph):
-        raise MethodError(f"expected a DataflowGraph, got {type(graph).__name__} (a file: doppler.load_graph(path))")
-    check_budget(budget_s)
-    seed = check_seed(seed)
-    if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
-    from doppler.costs import CostModel
-
-    cluster.check_times(graph, CostModel.build(graph, cluster).compute_s)  # finite op times, before any work
-    d = int(cluster.num_devices)
-    if d < spec.min_devices:
-        raise MethodError(
-            f"method {method!r} needs at least {spec.min_devices} devices, but cluster "
-            f"{getattr(cluster, 'name', '?')!r} has {d}"
-        )
-    budget = _memory_budget(graph, cluster, memory_fraction)
-    t0 = time.perf_counter()
-    out, chk, tries = place_within(spec, graph, cluster, seed, budget_s, kw, budget)
-    out.assign_time_s = float(time.perf_counter() - t0)
-    out.graph_fingerprint = graph.fingerprint()
-    if chk is not None and not chk.feasible and refuse_over:
-        from doppler.report import memory_overruns
-
-        aware = f" after {tries} tries" if tries > 1 else "" if spec.memory_aware else f" ({method} does not place by memory)"
-        raise MethodError(f"{method}'s placement of {graph.name} does not fit{aware}: {'; '.join(memory_overruns(chk))}"
-                          " (--ignore-memory places it anyway)")  # fmt: skip
-    return out
-
-
-def place_within(spec: MethodSpec, graph: DataflowGraph, cluster: Any, seed: int, budget_s: float | None,
-                 kw: dict[str, Any], budget: np.ndarray | None) -> tuple[Assignment, "memory.MemoryCheck | None", int]:  # fmt: skip
-    """Run ``spec`` (no memory when ``budget`` is None). With a per-device ``budget``, a memory-aware method is
-    given it as ``memory_budget_bytes``; its placement is simulated (kept as its
-    :attr:`~Assignment.simulation`, ``info["memory_feasible"]``), and where a device is over, a method that
-    allows it (``memory_retries``; not a search given a time budget) places again with fewer weights
-    allowed there, up to :data:`MEMORY_RETRIES` times. Returns the last placement, its memory check (None without a budget) and the tries made."""
-    caps, chk = budget, None
-    retry = spec.memory_aware and spec.memory_retries and not (spec.uses_budget and budget_s)  # (a timed search: once)
-    tries = 1 + (MEMORY_RETRIES if budget is not None and retry else 0)
-    for attempt in range(tries):
-        if caps is not None and spec.memory_aware:
-            kw = {**kw, "memory_budget_bytes": caps}
-        try:
-            out = _call(spec, graph, cluster, seed, budget_s, kw)
-        except MethodError as e:
-            if attempt == 0:
-                raise
-            from doppler.report import memory_overruns
-
-            raise MethodError(f"{spec.name}'s placement of {graph.name} does not fit: {'; '.join(memory_overruns(chk))}; "
-                              f"placed again with room kept for the live activations, {e} (--ignore-memory places "
-                              "it anyway)") from None  # fmt: skip
-        out.devices = check_assignment(graph, out.devices, int(cluster.num_devices))
-        out.method = spec.name
-        if budget is None:
-            return out, None, 1
-        from doppler.sim import traced
-
-        result = traced(graph, cluster, out)
-        out.simulation = (graph, cluster, result)
-        chk = memory.against(cluster, result.resident_bytes, result.peak_memory_bytes, budget)
-        out.info["memory_feasible"] = chk.feasible
-        if chk.feasible:
-            break
-        over = chk.peak_memory_bytes - chk.memory_budget_bytes  # a device over: fewer weights there, by more than that
-        caps = np.where(over > 0, np.minimum(caps, chk.resident_bytes) - 1.25 * over, caps)
-    return out, chk, attempt + 1
-
-
-def _call(spec: MethodSpec, graph: DataflowGraph, cluster: Any, seed: int, budget_s: float | None,
-          kw: dict[str, Any]) -> Assignment:  # fmt: skip
-    try:
-        out = spec.fn(graph, cluster, seed=seed, budget_s=budget_s, **kw)
-    except TypeError as e:
-        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(e)) if kw else None
-        if unexpected:  # (names the option the method refused, not the caller's other, internal ones)
-            raise MethodError(f"method {spec.name!r} does not accept the option {unexpected.group(1)!r}") from None
-        raise
-    return out if isinstance(out, Assignment) else Assignment(devices=np.asarray(out))
-
-
-def _memory_budget(graph: DataflowGraph, cluster: Any, memory_fraction: float | None) -> np.ndarray | None:
-    """The per-device budget a placement must keep, or None where memory cannot matter (ignored, unlimited,
-    or everything fits the smallest device at once); MethodError where no placement fits."""
-    if memory_fraction is None:
-        return None
-    try:
-        budget = memory.budget_bytes(cluster, memory_fraction)
-    except memory.MemoryBudgetError as e:
-        raise MethodError(str(e)) from None
-    slices = memory.input_slices(graph)
-    if memory.always_fits(graph, budget, slices):
-        return None
-    short = memory.shortfall(graph, budget, slices)
-    if short is not None:
-        from doppler.report import shortfall_reason
-
-        raise MethodError(f"{graph.name} does not fit {cluster.name}: {shortfall_reason(graph, cluster, short, memory_fraction)}"
-                          " (--ignore-memory places it anyway)")  # fmt: skip
-    return budget
-
-
-def no_room(graph: DataflowGraph, used: np.ndarray, cap: np.ndarray, v: int, placed: int, method: str) -> MethodError:
-    """The error of a memory-aware list schedule that found no device with room for op ``v`` after ``placed``
-    ops, with the input bytes (``used``) it had put on each device against its cap."""
-    from doppler.report import format_bytes
-
-    held = ", ".join(f"{format_bytes(float(u))} of {format_bytes(float(c))}" for u, c in zip(used, cap))
-    return MethodError(f"{method}: no device has room for op {graph.op_label(v)} after {placed} of {graph.num_ops} ops "
-                       f"(weights and inputs held per device: {held})")  # fmt: skip
-
-
-@dataclass
-class CompareRow:
-    """One method's line of :func:`compare`: its assignment scored in the simulator."""
-
-    method: str
-    makespan_s: float
-    lower_bound_s: float
-    peak_memory_bytes: list[float]  # per device, the resident weights included
-    resident_bytes: list[float]  # per device
-    memory_budget_bytes: list[float | None]  # per device (None: unlimited)
-    feasible: bool  # every device within its budget
-    memory_overruns: list[str]  # one phrase per device over its budget
-    assign_time_s: float | None
-    estimated_makespan_s: float | None
-    assignment: Assignment
-    ratio_to_lower_bound: float | None = None
-    ratio_to_critical_path: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Every field but the assignment, in the order ``doppler compare --json`` prints them."""
-        return {k: getattr(self, k) for k in ("method", "makespan_s", "lower_bound_s", "ratio_to_lower_bound",
-                "ratio_to_critical_path", "assign_time_s", "estimated_makespan_s", "feasible", "resident_bytes",
-                "peak_memory_bytes", "memory_budget_bytes", "memory_overruns")}  # fmt: skip
-
-
-def score(graph: DataflowGraph, cluster: Any, a: Assignment, lower_bound_s: float, method: str | None = None,
-          memory_fraction: float = DEFAULT_MEMORY_FRACTION) -> CompareRow:  # fmt: skip
-    """A :class:`CompareRow` of assignment ``a`` (named ``method``, default ``a.method``), simulated, its memory
-    against the budget of ``memory_fraction``."""
-    from doppler.report import memory_overruns
-    from doppler.sim import traced
-
-    result = traced(graph, cluster, a)
-    chk = memory.check(graph, cluster, result.resident_bytes, result.peak_memory_bytes, memory_fraction)
-    budget = [None if math.isinf(b) else float(b) for b in chk.memory_budget_bytes]
-    return CompareRow(method=method or a.method, makespan_s=float(result.makespan_s), lower_bound_s=lower_bound_s,
-                      peak_memory_bytes=chk.peak_memory_bytes.tolist(), resident_bytes=chk.resident_bytes.tolist(),
-                      memory_budget_bytes=budget, feasible=chk.feasible, memory_overruns=memory_overruns(chk),
-                      assign_time_s=a.assign_time_s, estimated_makespan_s=a.estimated_makespan_s, assignment=a)  # fmt: skip
-
-
-def compare(
-    graph: DataflowGraph,
-    cluster: Any,
-    methods: list[str],
-    *,
-    seed: int = 0,
-    budget_s: float | None = None,
-    on_progress: ProgressFn | None = None,
-    method_kwargs: dict[str, dict[str, Any]] | None = None,
-    memory_fraction: float = DEFAULT_MEMORY_FRACTION,
-    ignore_memory: bool = False,
-) -> list[CompareRow]:
-    """Run each method and score its assignment in the WC simulator: one :class:`CompareRow` per
-    method, whose ``ratio_to_critical_path`` is against critical_path (run as the reference if not
-    in ``methods``). Memory-aware methods place within the budget (unless ``ignore_memory``); a
-    placement over it is kept, its row not ``feasible``; a graph no placement fits is a MethodError. ``on_progress`` gets a ``"compare"`` event before each method runs (done: the
-    methods finished; ``stats["method"]``: the one starting). ``method_kwargs[name]``: extra options of one method (e.g.
-    ``{"doppler": {"checkpoint": path}}``).
-    """
-    from doppler.sim import lower_bound, simulate
-
-    if not methods:
-        raise MethodError("no methods to compare: give at least one method name")
-    duplicated = sorted({m for m in methods if methods.count(m) > 1})
-    if duplicated:
-        raise MethodError(f"method(s) named more than once: {', '.join(duplicated)}")
-    for m in methods:
-        get_method(m)
-    check_budget(budget_s)
-    check_seed(seed)
-    if not hasattr(cluster, "num_devices"):
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
-    lb = float(lower_bound(graph, cluster))
-    rows: list[CompareRow] = []
-    for i, m in enumerate(methods):
-        if on_progress is not None:
-            on_progress(ProgressEvent("compare", i, len(methods), "methods", {"method": m}))
-        a = _assign(graph, cluster, m, seed, budget_s, None if ignore_memory else memory_fraction, False,
-                    (method_kwargs or {}).get(m, {}))  # fmt: skip
-        rows.append(score(graph, cluster, a, lb, memory_fraction=memory_fraction))
-    ref = next((r.makespan_s for r in rows if r.method == "critical_path"), None)
-    if ref is None:
-        if on_progress is not None:
-            on_progress(ProgressEvent("compare", len(methods), len(methods), "methods", {"method": "critical_path"}))
-        cp = _assign(graph, cluster, "critical_path", 0, None, None if ignore_memory else memory_fraction, False, {})
-        ref = float(simulate(graph, cluster, cp).makespan_s)
-    for r in rows:
-        r.ratio_to_lower_bound = r.makespan_s / lb if lb > 0 else None
-        r.ratio_to_critical_path = r.makespan_s / ref if ref > 0 else None
-    return rows

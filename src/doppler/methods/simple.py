@@ -5,32 +5,33 @@ from __future__ import annotations
 import numpy as np
 
 from doppler.assignment import Assignment
-from doppler.methods.registry import register
+from doppler.methods.registry import PythonRun, register
 from doppler.graph import DataflowGraph
 
 
-@register("single", description="every op on device 0", as_python=True)
-def single(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+@register("single", description="every op on device 0", python=PythonRun())
+def single(graph: DataflowGraph, cluster) -> Assignment:
     """Every op on device 0 (no transfers, no parallelism)."""
     return Assignment(devices=np.zeros(graph.num_ops, dtype=np.int64))
 
 
-@register("round_robin", description="op id modulo the number of devices", as_python=True)
-def round_robin(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+@register("round_robin", description="op id modulo the number of devices", python=PythonRun())
+def round_robin(graph: DataflowGraph, cluster) -> Assignment:
     """Op ``i`` on device ``i mod D``."""
     return Assignment(devices=np.arange(graph.num_ops, dtype=np.int64) % cluster.num_devices)
 
 
-@register("random", description="uniformly random device per op (seeded)", deterministic=False, as_python=True)
-def random_assignment(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+@register("random", description="uniformly random device per op (seeded)", deterministic=False,
+          python=PythonRun())
+def random_assignment(graph: DataflowGraph, cluster, *, seed: int = 0) -> Assignment:
     """Each op on a uniformly random device, from ``numpy.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
     return Assignment(devices=rng.integers(0, cluster.num_devices, size=graph.num_ops, dtype=np.int64))
 
 
 @register("round_robin_block", description="tiles of each logical op spread over devices by block index",
-          as_python=True)
-def round_robin_block(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None) -> Assignment:
+          python=PythonRun())
+def round_robin_block(graph: DataflowGraph, cluster) -> Assignment:
     """Tile ops on device ``flattened block index mod D`` inside their logical op (the
     placement a sharded-tensor engine uses by default); ops without tile structure
     fall back to ``op id mod D``."""

@@ -46,7 +46,7 @@ from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph, GraphError
 from doppler.kernels import parse_eq
 from doppler.methods.layered import contiguous_stages, device_caps, layer_units, range_weights, unit_weights
-from doppler.methods.registry import MethodError, register
+from doppler.methods.registry import MethodError, option, register
 from doppler.methods.simple import flat_block_index
 from doppler.tiling import ModelStructure, model_structure
 
@@ -186,8 +186,7 @@ def _over_budget(graph: DataflowGraph, cluster, devices: np.ndarray, caps: np.nd
 @register("tensor_parallel", description="Megatron-LM's tensor parallelism over every device: column-parallel "
           "query/key/value and gate/up, row-parallel output and down projections, the vocabulary head by block",
           memory_aware=True, memory_retries=False)  # fmt: skip
-def tensor_parallel(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                    memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
+def tensor_parallel(graph: DataflowGraph, cluster, *, memory_budget_bytes: np.ndarray | None = None) -> Assignment:
     """One tensor-parallel group of all ``D`` devices (the module docstring); MethodError where the graph has
     no layer structure, its blocks do not divide over ``D``, or a device's weights are over its budget."""
     d = int(cluster.num_devices)
@@ -200,15 +199,23 @@ def tensor_parallel(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: f
     return Assignment(devices=devices, info={"tp": d, "stages": 1})
 
 
-@register("tp_pipeline", description="tensor-parallel groups of tp devices, one per pipeline stage of "
-          "contiguous layers (tp x stages = devices; default tp: the fastest that fits)", memory_aware=True,
-          memory_retries=False)  # fmt: skip
-def tp_pipeline(graph: DataflowGraph, cluster, *, seed: int = 0, budget_s: float | None = None,
-                memory_budget_bytes: np.ndarray | None = None, tp: int | None = None) -> Assignment:  # fmt: skip
+@dataclass(frozen=True)
+class TpPipelineOptions:
+    """The options of ``tp_pipeline``."""
+
+    tp: int | None = option(None, "devices per tensor-parallel group, a divisor of the device count (default: each "
+                            "that fits is tried, the fastest kept)", flag="--tp")  # fmt: skip
+
+
+@register("tp_pipeline", options=TpPipelineOptions, description="tensor-parallel groups of tp devices, one per "
+          "pipeline stage of contiguous layers (tp x stages = devices; default tp: the fastest that fits)",
+          memory_aware=True, memory_retries=False)  # fmt: skip
+def tp_pipeline(graph: DataflowGraph, cluster, options: TpPipelineOptions, *,
+                memory_budget_bytes: np.ndarray | None = None) -> Assignment:  # fmt: skip
     """``D / tp`` pipeline stages of ``tp`` devices each (the module docstring); MethodError where ``tp`` does
     not divide the devices, the graph has no layer structure, its blocks do not divide over ``tp``, or no split
     into stages fits the memory budget."""
-    d = int(cluster.num_devices)
+    d, tp = int(cluster.num_devices), options.tp
     proj = projections(graph, structure_of(graph, "tp_pipeline"), "tp_pipeline")
     if tp is not None:
         if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1 or d % tp:

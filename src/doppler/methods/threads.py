@@ -10,6 +10,10 @@ import numpy as np
 
 from doppler.methods.registry import MethodError
 
+#: the help of a search's ``threads`` option (``anneal``, ``heft_lookahead``, ``doppler --budget-s``)
+THREADS_HELP = ("cores that simulate the search's proposals or the rollout's devices (default: every core; the same "
+                "result, faster)")
+
 
 def usable_cores() -> int:
     """The cores this process may use (its CPU affinity where the platform tells it)."""

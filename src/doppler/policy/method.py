@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ import numpy as np
 from doppler.assignment import Assignment
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
-from doppler.methods.registry import MethodError, register
+from doppler.methods.registry import MethodError, PythonRun, option, register
+from doppler.methods.threads import THREADS_HELP
 from doppler.progress import ProgressEvent
 from doppler.policy import LEARNED_HEADS
 
@@ -39,49 +41,59 @@ SEARCH_SAMPLE_SHARE = 0.1
 ZERO_SHOT_PLC_TIES_ONLY = True
 
 
-def _greedy_only(budget_s: float | None = None, *, checkpoint=None, samples: int | None = None, **_: object) -> bool:
+@dataclass(frozen=True)
+class LearnedOptions:
+    """The options of a learned method (DOPPLER's ablations and the learned baselines)."""
+
+    checkpoint: Path | str | None = option(None, "checkpoint of the policy (doppler without one: the shipped pretrained "
+                                     "policy)", flag="--checkpoint")  # fmt: skip
+    samples: int | None = option(None, "draw this many samples and keep the best of them and the greedy decode",
+                                 flag="--samples")  # fmt: skip
+    threads: int | None = option(None, f"--budget-s: {THREADS_HELP}", flag="--threads")
+
+
+@dataclass(frozen=True)
+class DopplerOptions(LearnedOptions):
+    """The options of ``doppler``."""
+
+    plc_ties_only: bool | None = option(None, "the device head only breaks the ties of the policy's list-schedule "
+                                        "rule (default: zero-shot) or chooses any device (default: on the graph "
+                                        "and cluster it was trained on)", flag="--plc-ties/--plc-free")  # fmt: skip
+
+
+def _greedy_only(options: LearnedOptions, budget_s: float | None) -> bool:
     """One greedy decode by the shipped policy (its numpy twin, :mod:`doppler.policy.infer`): small enough
-    to run as Python (:func:`~doppler.methods.registry.runs_as_python`); samples and search compile."""
-    return checkpoint is None and not samples and not budget_s
+    to run as Python (:func:`~doppler.methods.placement.runs_as_python`); samples and search compile."""
+    return options.checkpoint is None and not options.samples and not budget_s
 
 
-# (python_max_work: as Python, a fresh greedy `doppler assign` took 0.94 s at 973 x 8 ops x devices and
+# (max_work: as Python, a fresh greedy `doppler assign` took 0.94 s at 973 x 8 ops x devices and
 # 1.66 s at 2,280 x 8, against 1.8-2.0 s compiled, but 2.98 s at 3,000 x 16 against 2.05 s)
-@register("doppler", description="learned SEL + PLC policy (default: the shipped pretrained policy, zero-shot; "
-          "--checkpoint: a trained one; --samples K: best of K; --budget-s S: search from the policy's best sample)",
-          deterministic=False, uses_budget=True, as_python=_greedy_only, python_max_work=40_000,
+@register("doppler", options=DopplerOptions, description="learned SEL + PLC policy (default: the shipped pretrained "
+          "policy, zero-shot; --checkpoint: a trained one; --samples K: best of K; --budget-s S: search from the "
+          "policy's best sample)", deterministic=False, python=PythonRun(_greedy_only, max_work=40_000),
           memory_aware=True)  # fmt: skip
-def doppler_method(
-    graph: DataflowGraph,
-    cluster: Cluster,
-    *,
-    seed: int = 0,
-    budget_s: float | None = None,
-    checkpoint: str | Path | None = None,
-    samples: int | None = None,
-    plc_ties_only: bool | None = None,
-    threads: int | None = None,
-    on_progress=None,
-    method: str = "doppler",
-    memory_budget_bytes: np.ndarray | None = None,
-) -> Assignment:
-    """Greedy decode of a policy; with ``samples`` K, the best of greedy and K samples; with
+def doppler_method(graph: DataflowGraph, cluster: Cluster, options: LearnedOptions, *, seed: int = 0,
+                   budget_s: float | None = None, on_progress=None, memory_budget_bytes: np.ndarray | None = None,
+                   method: str = "doppler") -> Assignment:  # fmt: skip
+    """Greedy decode of a policy (``options``: :class:`DopplerOptions` for ``doppler``, :class:`LearnedOptions`
+    for the others); with ``samples`` K, the best of greedy and K samples; with
     ``budget_s``, simulated annealing for that long that starts from the best of the policy's
-    decodes and anneal's own start set. ``plc_ties_only``: the device head only breaks the ties of
-    its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
+    decodes and anneal's own start set. ``plc_ties_only`` (``doppler``'s): the device head only breaks the ties
+    of its list schedule's rule (default: :data:`ZERO_SHOT_PLC_TIES_ONLY` when zero-shot, else free).
     ``memory_budget_bytes[D]`` (given by :func:`~doppler.methods.assign`): DOPPLER's decodes place each op
     only on a device with room for it (the memory ledger of its list schedule), the best decode that
     fits when simulated is kept, and the search keeps to the budget
     (:func:`~doppler.methods.anneal.anneal_search`). The learned baselines' decodes are not masked; their
     placement is checked.
     ``threads``: cores of the search's simulations (see :func:`~doppler.methods.anneal.anneal_search`)."""
+    checkpoint, samples, threads = options.checkpoint, options.samples, options.threads
+    plc_ties_only = getattr(options, "plc_ties_only", None)
     if samples is not None and (isinstance(samples, bool) or not isinstance(samples, (int, np.integer))):
         raise MethodError(f"--samples must be a whole number, got {samples!r}")
     if samples is not None and not 1 <= samples <= MAX_SAMPLES:
         raise MethodError(f"--samples must be between 1 and {MAX_SAMPLES:,}, got {samples} (for a longer search give "
                           "--budget-s)")  # fmt: skip
-    if plc_ties_only and method != "doppler":
-        raise MethodError(f"--plc-ties is a decode of DOPPLER's dual policy, not of {method}")
     t0 = time.perf_counter()
     from doppler.policy.checkpoint import (
         CheckpointError, check_checkpoint_fits, identity_left_out, resolve_checkpoint, trained_on_graph,
@@ -112,7 +124,7 @@ def doppler_method(
         what = "the shipped pretrained policy" if shipped else str(path)
         raise MethodError(f"{what} is a {made_by} checkpoint, not {method}: use --method {made_by}, or give a "
                           f"--checkpoint of `doppler train --method {method}`")  # fmt: skip
-    if plc_ties_only is None:  # (the ablations' PLC rule is CRITICAL PATH's own; True was refused above)
+    if plc_ties_only is None:  # (the ablations' PLC rule is CRITICAL PATH's own; they have no plc_ties_only)
         plc_ties_only = ZERO_SHOT_PLC_TIES_ONLY and zero_shot and method == "doppler"
     ties_only = bool(plc_ties_only)
     t_policy = time.perf_counter()  # the policy's share is its encoder and decodes, not loading it
@@ -175,11 +187,12 @@ def doppler_method(
     if not budget_s:
         return Assignment(devices=candidates[best], estimated_makespan_s=float(makespans[best]), info=info,
                           simulation=simulation)  # fmt: skip
-    from doppler.methods.anneal import anneal_search
+    from doppler.methods.anneal import AnnealOptions, anneal_search
 
     left = max(budget_s - (time.perf_counter() - t0), 1e-3)
-    found = anneal_search(graph, cluster, seed=seed, budget_s=left, extra_starts={"doppler": candidates[best]},
-                          threads=threads, on_progress=on_progress, memory_budget_bytes=memory_budget_bytes)  # fmt: skip
+    found = anneal_search(graph, cluster, AnnealOptions(extra_starts={"doppler": candidates[best]}, threads=threads),
+                          seed=seed, budget_s=left, on_progress=on_progress,
+                          memory_budget_bytes=memory_budget_bytes)  # fmt: skip
     info.update(search=found.info, policy_makespan_s=float(makespans[best]))
     return Assignment(devices=found.devices, estimated_makespan_s=found.estimated_makespan_s, info=info)
 
@@ -209,5 +222,5 @@ _DESCRIPTIONS = {
     "placeto": "PLACETO (Addanki et al. 2019): fixed op order, graph re-embedded at every step (fixed device count)",
 }
 for _name, _what in _DESCRIPTIONS.items():
-    register(_name, description=f"{_what} (needs --checkpoint of `doppler train --method {_name}`)",
-             deterministic=False, uses_budget=True)(functools.partial(doppler_method, method=_name))  # fmt: skip
+    register(_name, options=LearnedOptions, description=f"{_what} (needs --checkpoint of `doppler train --method "
+             f"{_name}`)", deterministic=False)(functools.partial(doppler_method, method=_name))  # fmt: skip

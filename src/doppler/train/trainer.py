@@ -206,12 +206,13 @@ class Trainer:
     def search_incumbent(self, task: Task, seed: int) -> None:
         """Expert iteration: simulated annealing for ``search_evals`` evaluations from the incumbent
         (deterministic for a seed); a better result becomes the incumbent the policy imitates."""
-        from doppler.methods.anneal import anneal_search
+        from doppler.methods.anneal import AnnealOptions, anneal_search
 
         if task.best_assignment is None:
             return
-        found = anneal_search(task.graph, task.cluster, seed=seed, max_evals=self.cfg.search_evals,
-                              start=task.best_assignment, threads=1,  # one core: torch's threads hold the rest
+        # (one core: torch's threads hold the rest)
+        options = AnnealOptions(max_evals=self.cfg.search_evals, start=task.best_assignment, threads=1)
+        found = anneal_search(task.graph, task.cluster, options, seed=seed,
                               memory_budget_bytes=task.memory_budget_bytes).devices  # fmt: skip
         task.adopt_best(found[None, :], np.asarray(task.oracle.evaluate(found[None, :]), dtype=np.float64))
 
