@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from doppler import presets
+from doppler.cluster_file import save_cluster
 from doppler.graph import OpKind, from_edges
 from doppler.hardware import ClusterError
 from doppler.presets import DGX1_V100_NVLINKS, PRESETS, cluster
@@ -20,7 +21,7 @@ def test_presets_are_valid_and_round_trip(name: str, tmp_path: Path) -> None:
     c.validate()
     assert c.num_devices == PRESETS[name][1]
     p = tmp_path / f"{name}.json"
-    c.save(p)
+    save_cluster(c, p)
     back = cluster(str(p))
     assert [d.to_json() for d in back.devices] == [d.to_json() for d in c.devices]
     np.testing.assert_array_equal(back.bandwidth_Bps, c.bandwidth_Bps)

@@ -1,7 +1,8 @@
 """Cluster presets, and :func:`cluster`, which resolves a preset name or a cluster file.
 
 :func:`cluster` takes a preset name, ``name:N`` for a homogeneous preset with ``N`` devices (``unit:8``,
-``cpu4:2``, ``p100x4:2``, ``h100x8:4``), or the path of a JSON file written by :meth:`Cluster.save`.
+``cpu4:2``, ``p100x4:2``, ``h100x8:4``), or the path of a JSON file
+(:func:`~doppler.cluster_file.save_cluster` writes one).
 ``v100x8`` is heterogeneous (its NVLink topology is the fixed DGX-1 hybrid cube-mesh), so it only exists
 with 8 devices: ``v100x8:8`` is accepted, any other count is a :class:`ClusterError`.
 

@@ -61,7 +61,7 @@ class MethodSpec:
     min_devices: int = 1
     uses_budget: bool = False  # True: honours budget_s (others ignore it)
     deterministic: bool = True  # same inputs -> same assignment, whatever the seed
-    as_python: AsPython = False  # one small call may run its kernels as Python (runs_as_python)
+    as_python: AsPython = False  # one small call may run its loops as Python (runs_as_python)
     python_max_work: int | None = None  # ... and only up to this many ops x devices (None: no limit of its own)
     memory_aware: bool = False  # takes ``memory_budget_bytes`` and places within it
     memory_retries: bool = True  # ... and places again with lower caps where live activations overflow
@@ -85,7 +85,7 @@ def register(name: str, *, description: str = "", **options: Any) -> Callable[[M
 
 def runs_as_python(graph: DataflowGraph, num_devices: int, method: str, budget_s: float | None = None,
                    **kw: Any) -> bool:  # fmt: skip
-    """Whether one call of ``method`` on ``graph`` and a cluster of ``num_devices`` should run its kernels
+    """Whether one call of ``method`` on ``graph`` and a cluster of ``num_devices`` should run its loops
     as Python (:func:`doppler._jit.as_python`) rather than start numba: the method allows it for this
     call, the graph has at most :data:`PYTHON_ASSIGN_MAX_OPS` ops (and ops x devices within the method's
     ``python_max_work``), and numba has not started in this process."""

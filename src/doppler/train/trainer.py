@@ -38,7 +38,7 @@ import torch
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import make_run_dir, refuse_links
-from doppler.malloc import tune_malloc
+from doppler.malloc_tuning import tune_malloc
 from doppler.policy.architectures import build_policy
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, weight_fault, write_checkpoint
 from doppler.policy.rollout import rollout
@@ -483,10 +483,10 @@ class Trainer:
         write_checkpoint(run_dir, self.state(), config_to_json(self.cfg))
         task = self.tasks[0]
         if task.best_assignment is not None:
-            from doppler.assignment import Assignment
+            from doppler.assignment import Assignment, save_assignment
 
             a = Assignment(devices=task.best_assignment, method=self.cfg.method, graph_fingerprint=task.graph.fingerprint())
-            a.save(run_dir / "best_assignment.json")
+            save_assignment(a, run_dir / "best_assignment.json")
 
     @classmethod
     def resume(cls, run_dir: str | Path, graphs: list[DataflowGraph], cluster: Cluster,
