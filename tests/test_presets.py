@@ -54,8 +54,9 @@ def test_name_with_count(spec: str, count: int) -> None:
         ("v100x8:4", "fixed 8-device topology"),
         ("unit:0", ">= 1"),
         ("unit:x", "must be an integer"),
-        ("tpu", "unknown cluster 'tpu'"),
-        ("", "preset name or a JSON file"),
+        ("tpu", r"^unknown cluster 'tpu': not a preset \(unit, p100x4, .*, cpu4, optionally with :N\) nor a cluster JSON file$"),
+        ("", r"^a cluster must be a Cluster, a preset name \(unit, p100x4, .*\) or a cluster JSON file path, got ''$"),
+        (3, r"^a cluster must be a Cluster, a preset name \(unit, .*\) or a cluster JSON file path, got int$"),
         ("nope.json", "nope.json: no such cluster file"),
     ],
 )

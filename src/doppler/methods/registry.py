@@ -28,6 +28,7 @@ from doppler.assignment import Assignment, check_assignment
 from doppler import io_util, memory
 from doppler.memory import DEFAULT_MEMORY_FRACTION
 from doppler.graph import DataflowGraph
+from doppler.presets import cluster as resolve_cluster
 from doppler.progress import ProgressEvent, ProgressFn
 
 
@@ -165,10 +166,7 @@ def _assign(graph: DataflowGraph, cluster: Any, method: str, seed: int, budget_s
         raise MethodError(f"expected a DataflowGraph, got {type(graph).__name__} (a file: doppler.load_graph(path))")
     check_budget(budget_s)
     seed = check_seed(seed)
-    if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
+    cluster = resolve_cluster(cluster)  # a Cluster, or a preset name or a cluster file as on the CLI
     from doppler.costs import CostModel
 
     cluster.check_times(graph, CostModel.build(graph, cluster).compute_s)  # finite op times, before any work
@@ -346,10 +344,7 @@ def compare(
         get_method(m)
     check_budget(budget_s)
     check_seed(seed)
-    if not hasattr(cluster, "num_devices"):
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
+    cluster = resolve_cluster(cluster)
     lb = float(lower_bound(graph, cluster))
     rows: list[CompareRow] = []
     for i, m in enumerate(methods):

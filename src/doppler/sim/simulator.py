@@ -25,6 +25,7 @@ from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import check_seed
 from doppler.memory import InputSlices, input_slices
+from doppler.presets import cluster as resolve_cluster
 from doppler.sim.bounds import critical_path_bound, work_bound
 from doppler.sim.loops import ARRAYS, sim_loop, sim_many
 from doppler.trace import Trace
@@ -286,10 +287,7 @@ def context(graph: DataflowGraph, cluster: "Cluster | str") -> SimContext:
     """A new :class:`SimContext` of (graph, cluster): hold it to simulate many assignments of one graph.
     ``cluster`` may also be a preset name (``"p100x4"``, ``"unit:8"``) or a cluster JSON path, as on
     the CLI."""
-    if not isinstance(cluster, Cluster):
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
+    cluster = resolve_cluster(cluster)
     if not isinstance(graph, DataflowGraph):
         raise SimulationError(f"expected a DataflowGraph, got {type(graph).__name__}")
     return SimContext(graph, cluster)

@@ -42,6 +42,7 @@ from doppler.malloc_tuning import tune_malloc
 from doppler.policy.architectures import build_policy
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, weight_fault, write_checkpoint
 from doppler.policy.rollout import rollout
+from doppler.presets import cluster as resolve_cluster
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train.config import (RULE_TEACHER, TrainConfig, TrainError, TrainingDiverged, check_config_file,
                                   config_to_json, saved_config)  # fmt: skip
@@ -109,7 +110,7 @@ class Trainer:
 
     @classmethod
     def create(
-        cls, graphs: list[DataflowGraph], cluster: Cluster, cfg: TrainConfig, oracles=None, real_oracles=None
+        cls, graphs: list[DataflowGraph], cluster: Cluster | str | Path, cfg: TrainConfig, oracles=None, real_oracles=None
     ) -> "Trainer":
         """Set up a run; ``oracles``/``real_oracles`` map task index -> Stage II / Stage III oracle
         (defaults: the simulator, and an :class:`~doppler.engine.oracle.EngineOracle` on ``cfg.engine``)."""
@@ -127,12 +128,7 @@ class Trainer:
         if twice is not None:
             raise TrainError(f"graphs {prints.index(prints[twice])} and {twice} are the same graph ({graphs[twice].name!r}): "
                              "give each training graph once")  # fmt: skip
-        if isinstance(cluster, (str, Path)):  # a preset name or a cluster file, as assign and simulate take
-            from doppler.presets import cluster as resolve_cluster
-
-            cluster = resolve_cluster(str(cluster))
-        if not isinstance(cluster, Cluster):
-            raise TrainError(f"expected a Cluster or a preset name, got {type(cluster).__name__}")
+        cluster = resolve_cluster(cluster)  # a Cluster, or a preset name or a cluster file as assign and simulate take
         cfg = dataclasses.replace(cfg, device_identity=cfg.learns_device_identity)  # the checkpoint says which
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
