@@ -10,7 +10,7 @@ all three alike):
   encoder runs in numpy (:mod:`doppler.policy.infer`, no torch) and, for one greedy decode of up to
   ``PYTHON_ASSIGN_MAX_OPS`` ops, the kernels run as Python with their numpy twins (no numba:
   :mod:`doppler._jit`); so do the cheap methods (``--method heft`` etc.);
-* ``numba``: the same command after ``doppler._jit.start()``, i.e. compiled kernels loaded from
+* ``numba``: the same command after ``doppler._jit.start()``, i.e. compiled loops loaded from
   numba's on-disk cache (what the command did before the kernels could run as Python);
 * ``torch``: the same shipped checkpoint given as ``--checkpoint``, loaded with torch (``doppler`` only).
 
@@ -37,7 +37,7 @@ from doppler.corpus import held_out_split
 from doppler.formats import save_graph
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT
 
-#: the command after numba has started: what ``doppler assign`` did before its kernels could run as Python
+#: the command after numba has started: what ``doppler assign`` did before its loops could run as Python
 NUMBA_FIRST = "import sys; from doppler._jit import start; start(); from doppler.cli import main; sys.argv[0] = 'doppler'; main()"
 WAYS = ("python", "numba", "torch")
 

@@ -30,7 +30,7 @@ def greedy_10k(num_ops: int, devices: int) -> None:
         # a policy trained (briefly) on two small graphs may be applied zero-shot to any graph
         small = [workloads.build("random", num_ops=20, seed=s) for s in (1, 2)]
         Trainer.create(small, cl, TrainConfig(stages=("il",), il_episodes=2, il_batch=1)).run(d)
-        assign(g, cl, "doppler", checkpoint=f"{d}/checkpoint.pt")  # warm: compiled kernels loaded
+        assign(g, cl, "doppler", checkpoint=f"{d}/checkpoint.pt")  # warm: compiled loops loaded
         t0 = time.perf_counter()
         a = assign(g, cl, "doppler", checkpoint=f"{d}/checkpoint.pt")
         elapsed = time.perf_counter() - t0

@@ -257,7 +257,7 @@ def run(args) -> None:
         i, k = (int(x) for x in args.shard.split("/"))
         jobs = jobs[i::k]
     print(f"{len(jobs)} runs on {args.jobs} processes -> {args.out}", flush=True)
-    # warm the numba cache once, so the workers load compiled kernels instead of compiling together
+    # warm the numba cache once, so the workers load compiled loops instead of compiling together
     run_job(Job("chainmm", "p100x4", "single_policy", "alone", 0, 8, 8))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,7 @@ def bench_small(quick: bool) -> list[list[str]]:
     print(f"\n## {g.name}: {g.num_ops} ops, {g.num_edges} edges on {c.name} ({D} devices)")
     ctx = context(g, c)
     rr = round_robin_by_block(g, D)
-    simulate(g, c, rr)  # load / compile the kernels
+    simulate(g, c, rr)  # load / compile the loops
     simulate_many(g, c, rr[None, :])
 
     # exactness on 100 random assignments

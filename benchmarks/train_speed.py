@@ -86,7 +86,7 @@ def measure(name: str, cfg: TrainConfig, episodes: int, per_step: bool = False) 
     tr = Trainer.create([g], cluster("p100x4"), cfg)
     cfg.episodes = 10**9  # keep lr/eps schedules from ending during the measurement
     update = (lambda: per_step_autograd_update(tr, cfg.batch)) if per_step else tr.rl_update
-    update()  # warm-up: compiled kernels loaded, allocator warm
+    update()  # warm-up: compiled loops loaded, allocator warm
     tr.phase_s.clear()
     start_ep = tr.episode
     t0 = time.perf_counter()

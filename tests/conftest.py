@@ -1,7 +1,7 @@
 """Shared test settings.
 
 Hypothesis: no per-example deadline anywhere (the first simulation in a process
-compiles or loads numba kernels, which can take seconds on a cold machine), and
+compiles or loads numba loops, which can take seconds on a cold machine), and
 under CI (``CI=true``) a derandomised, fixed set of examples so a landing never
 depends on a random draw; locally, examples stay random to keep finding bugs.
 ``make fuzz`` sets ``DOPPLER_FUZZ_EXAMPLES``: the ``fuzz`` profile then runs that many random examples

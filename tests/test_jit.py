@@ -1,4 +1,4 @@
-"""doppler._jit: kernels that start numba on first use and can run as Python with numpy twins.
+"""doppler._jit: loops that start numba on first use and can run as Python with numpy twins.
 
 What runs before numba starts can only be seen in a fresh process, so those tests run a script in
 a subprocess."""
@@ -154,23 +154,23 @@ def test_nothing_runs_as_python_once_numba_has_started():
 
 
 def test_once_numba_has_started_a_kernel_runs_its_dispatcher():
-    """A kernel stays the same object in every module that holds it (no module is rewritten); its
-    calls, and those of compiled kernels that call it, run its dispatcher."""
+    """A loop stays the same object in every module that holds it (no module is rewritten); its
+    calls, and those of compiled loops that call it, run its dispatcher."""
     import importlib
 
     _jit.start()
     listsched = importlib.import_module("doppler.listsched")
     decode = importlib.import_module("doppler.policy.decode")
-    kernel = importlib.import_module("doppler.sim.kernel")
+    loops = importlib.import_module("doppler.sim.loops")
     assert decode.features_into is listsched.features_into
-    assert isinstance(kernel.heap_push, _jit.Kernel) and all(k.dispatcher is not None for k in _jit._KERNELS)
+    assert isinstance(loops.heap_push, _jit.Loop) and all(k.dispatcher is not None for k in _jit._LOOPS)
     ht, hi = np.zeros(4), np.zeros(4, np.int64)
-    assert kernel.heap_push(ht, hi, 0, 0, 2.0, 7) == 1 and kernel.heap_push.dispatcher.signatures
+    assert loops.heap_push(ht, hi, 0, 0, 2.0, 7) == 1 and loops.heap_push.dispatcher.signatures
     from doppler.sim import context
     from doppler.workloads import build
 
     g = build("chainmm")
-    ctx = context(g, "p100x4")  # sim_kernel calls heap_push and heap_pop: numba types them as their dispatchers
+    ctx = context(g, "p100x4")  # sim_loop calls heap_push and heap_pop: numba types them as their dispatchers
     # every op on device 0 (one stream, never idle): the sum of their times
     assert ctx.makespan(np.zeros(g.num_ops, np.int64)) == pytest.approx(ctx.comp[:, 0].sum(), rel=1e-12)
 

@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 
 #: lowest first; a module may import its own layer and the layers below it
 LAYERS = [
-    {"_jit", "graph", "io_util", "kernels", "malloc", "progress", "torch_files"},
+    {"_jit", "graph", "io_util", "kernels", "malloc_tuning", "progress", "torch_files"},
     {"hardware", "cluster_file", "presets", "costs", "memory", "traffic"},
     {"tiling", "references", "workloads", "formats", "assignment", "corpus", "pt2_archive", "torch_import"},
     {"listsched", "trace"},
@@ -31,9 +31,9 @@ LAYERS = [
 #: package's ``__init__`` is a file like the others
 SUBLAYERS = {
     "methods": [
-        {"registry", "_anneal_kernels"},
+        {"registry", "_anneal_loops"},
         {"placement"},
-        {"simple", "layered", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_kernels"},
+        {"simple", "layered", "critical_path", "heft", "metis", "enumerative", "threads", "_rollout_loops"},
         {"lookahead", "tensor_parallel"},
         {"anneal"},
         {"__init__"},

@@ -81,7 +81,7 @@ def test_insertion_keeps_busy_intervals_sorted_with_zero_length_ops():
 @pytest.mark.parametrize("cluster_name", ["p100x4", "v100x8", "unit:3"])
 def test_python_twins_of_the_device_features_equal_the_kernels_bit_for_bit(cluster_name):
     """The Python-float twins that a fresh `doppler assign` runs (`doppler._jit.as_python`) against the
-    compiled kernels, step by step along random schedules of a graph with zero-length ops and
+    compiled loops, step by step along random schedules of a graph with zero-length ops and
     zero-byte edges, under both list-schedule models: every raw feature column, float64. HEFT's
     insertion is also compared on rows it did not compute itself."""
     from doppler.graph import from_edges

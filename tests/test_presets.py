@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from doppler import presets
+from doppler.cluster_file import save_cluster
 from doppler.graph import OpKind, from_edges
 from doppler.hardware import ClusterError
 from doppler.presets import DGX1_V100_NVLINKS, PRESETS, cluster
@@ -20,7 +21,7 @@ def test_presets_are_valid_and_round_trip(name: str, tmp_path: Path) -> None:
     c.validate()
     assert c.num_devices == PRESETS[name][1]
     p = tmp_path / f"{name}.json"
-    c.save(p)
+    save_cluster(c, p)
     back = cluster(str(p))
     assert [d.to_json() for d in back.devices] == [d.to_json() for d in c.devices]
     np.testing.assert_array_equal(back.bandwidth_Bps, c.bandwidth_Bps)
@@ -53,8 +54,9 @@ def test_name_with_count(spec: str, count: int) -> None:
         ("v100x8:4", "fixed 8-device topology"),
         ("unit:0", ">= 1"),
         ("unit:x", "must be an integer"),
-        ("tpu", "unknown cluster 'tpu'"),
-        ("", "preset name or a JSON file"),
+        ("tpu", r"^unknown cluster 'tpu': not a preset \(unit, p100x4, .*, cpu4, optionally with :N\) nor a cluster JSON file$"),
+        ("", r"^a cluster must be a Cluster, a preset name \(unit, p100x4, .*\) or a cluster JSON file path, got ''$"),
+        (3, r"^a cluster must be a Cluster, a preset name \(unit, .*\) or a cluster JSON file path, got int$"),
         ("nope.json", "nope.json: no such cluster file"),
     ],
 )

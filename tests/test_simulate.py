@@ -23,7 +23,7 @@ from doppler.sim import (
     simulate_many,
     work_bound,
 )
-from doppler.sim.kernel import ARRAYS, sim_many, sim_rows
+from doppler.sim.loops import ARRAYS, sim_many, sim_rows
 from tests.reference.python_sim import simulate_many_python, simulate_python
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

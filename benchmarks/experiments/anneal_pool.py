@@ -7,7 +7,7 @@ Per pair (the 40 validation pairs of :func:`doppler.corpus.validation_split`, or
 rows): ``anneal`` with each ``--pools`` size for ``--budget-s`` seconds on every core, seeds
 0..``--seeds``-1 one after the other, the mean simulated makespan over the pair's best cheap method
 (lower is better). With ``pool=P`` each proposal is the best of P drawn moves by the compute and
-transfer time it adds (``_anneal_kernels.time_added``), and only that one is simulated. The last lines:
+transfer time it adds (``_anneal_loops.time_added``), and only that one is simulated. The last lines:
 the geometric mean per pool size, and per size against the first, the pairs better and worse, also
 for the pairs of 300 ops or more. Run it on a quiet machine: the budget is wall clock.
 """

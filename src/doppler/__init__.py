@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from doppler.assignment import Assignment, load_assignment
+from doppler.assignment import Assignment, load_assignment, save_assignment
 from doppler.methods import MethodError, assign, list_methods
+from doppler.cluster_file import load_cluster, save_cluster
 from doppler.formats import load_graph, save_graph
 from doppler.graph import DataflowGraph, GraphError, OpKind
 from doppler.hardware import Cluster
@@ -28,7 +29,10 @@ __all__ = [
     "cluster",
     "lower_bound",
     "load_assignment",
+    "load_cluster",
     "load_graph",
+    "save_assignment",
+    "save_cluster",
     "save_graph",
     "simulate",
     "simulate_many",

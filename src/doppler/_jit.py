@@ -1,17 +1,17 @@
-"""numba kernels that import numba only when first called, and that can run as plain Python.
+"""numba loops that import numba only when first called, and that can run as plain Python.
 
 Importing numba and its one-time start-up (loading compiled code from its on-disk cache) take
 longer than one greedy decode of a 1,000-op graph takes as Python with numpy. So the package
-declares its kernels with :func:`jit` instead of ``numba.njit``:
+declares its loops with :func:`jit` instead of ``numba.njit``:
 
-* ``import doppler`` imports no numba: a kernel is a :class:`Kernel` that holds the plain function;
-* the first call of any kernel outside :func:`as_python` starts numba (:func:`start`): every kernel
-  gets its ``numba.njit`` dispatcher, which its calls run from then on; numba types a kernel as its
-  dispatcher, so a compiled kernel that calls another (a module global, resolved when it compiles)
-  calls the compiled one. No module's globals are rewritten: a kernel stays the same object;
-* inside :func:`as_python` (before numba has started) a kernel runs as Python, or as its numpy twin
+* ``import doppler`` imports no numba: a loop is a :class:`Loop` that holds the plain function;
+* the first call of any loop outside :func:`as_python` starts numba (:func:`start`): every loop
+  gets its ``numba.njit`` dispatcher, which its calls run from then on; numba types a loop as its
+  dispatcher, so a compiled loop that calls another (a module global, resolved when it compiles)
+  calls the compiled one. No module's globals are rewritten: a loop stays the same object;
+* inside :func:`as_python` (before numba has started) a loop runs as Python, or as its numpy twin
   where ``jit(python=...)`` names one: the scalar loops that numba makes fast and Python makes slow
-  (``tests/test_jit.py`` checks each twin against its kernel).
+  (``tests/test_jit.py`` checks each twin against its loop).
 
 A command that does one small job (``doppler assign --method doppler``, zero-shot greedy) runs it
 inside :func:`as_python` and never starts numba; everything else compiles.
@@ -24,15 +24,15 @@ import functools
 import threading
 from typing import Any, Callable, Iterator
 
-_KERNELS: list["Kernel"] = []
+_LOOPS: list["Loop"] = []
 _LOCK = threading.Lock()
 _STARTED = False
 _LOCAL = threading.local()  # .python: as_python's depth in this thread
-_PYTHON_CALLS = 0  # as_python's depth over all threads (a cheap first test in Kernel.__call__)
+_PYTHON_CALLS = 0  # as_python's depth over all threads (a cheap first test in Loop.__call__)
 
 
-class Kernel:
-    """A kernel: calls run its Python function (or twin) inside :func:`as_python` (before numba has
+class Loop:
+    """A loop: calls run its Python function (or twin) inside :func:`as_python` (before numba has
     started), else its dispatcher (starting numba on the first such call)."""
 
     def __init__(self, py_func: Callable, options: dict[str, Any], python: Callable | None) -> None:
@@ -50,7 +50,7 @@ class Kernel:
         return self.dispatcher(*args)
 
     def __repr__(self) -> str:
-        return f"<doppler kernel {self.__module__}.{self.__qualname__}>"
+        return f"<doppler loop {self.__module__}.{self.__qualname__}>"
 
 
 def jit(*, python: Callable | None = None, **options: Any) -> Callable[[Callable], Any]:
@@ -60,9 +60,9 @@ def jit(*, python: Callable | None = None, **options: Any) -> Callable[[Callable
     def wrap(py_func: Callable) -> Any:
         with _LOCK:
             if not _STARTED:
-                kernel = Kernel(py_func, options, python)
-                _KERNELS.append(kernel)
-                return kernel
+                loop = Loop(py_func, options, python)
+                _LOOPS.append(loop)
+                return loop
         import numba
 
         return numba.njit(**options)(py_func)
@@ -71,8 +71,8 @@ def jit(*, python: Callable | None = None, **options: Any) -> Callable[[Callable
 
 
 def start() -> None:
-    """Import numba and give every :class:`Kernel` its dispatcher (compiled, or loaded from numba's
-    cache, on its first call); numba types a kernel as its dispatcher from then on."""
+    """Import numba and give every :class:`Loop` its dispatcher (compiled, or loaded from numba's
+    cache, on its first call); numba types a loop as its dispatcher from then on."""
     global _STARTED
     with _LOCK:
         if _STARTED:
@@ -80,21 +80,21 @@ def start() -> None:
         import numba
         from numba.extending import typeof_impl
 
-        for kernel in _KERNELS:
-            kernel.dispatcher = numba.njit(**kernel.options)(kernel.py_func)
-        typeof_impl.register(Kernel)(lambda kernel, c: typeof_impl(kernel.dispatcher, c))
+        for loop in _LOOPS:
+            loop.dispatcher = numba.njit(**loop.options)(loop.py_func)
+        typeof_impl.register(Loop)(lambda loop, c: typeof_impl(loop.dispatcher, c))
         _STARTED = True
 
 
 def started() -> bool:
-    """Whether numba has started in this process (its kernels are compiled dispatchers)."""
+    """Whether numba has started in this process (its loops are compiled dispatchers)."""
     return _STARTED
 
 
 @contextlib.contextmanager
 def as_python(enabled: bool = True) -> Iterator[bool]:
-    """Inside, this thread's kernel calls run as Python (twins where given), unless numba has
-    already started, whose compiled kernels are faster. Yields whether they run as Python."""
+    """Inside, this thread's loop calls run as Python (twins where given), unless numba has
+    already started, whose compiled loops are faster. Yields whether they run as Python."""
     global _PYTHON_CALLS
     on = bool(enabled) and not _STARTED
     with _LOCK:

@@ -3,6 +3,7 @@ simulator and the engine, and its file format.
 
 File format: ``{"assignment": [device index per op, in op-id order], "method":
 "...", "graph_fingerprint": "..."}``; a bare JSON list is accepted on input.
+:func:`save_assignment` writes one, :func:`load_assignment` reads one.
 """
 
 from __future__ import annotations
@@ -53,9 +54,6 @@ class Assignment:
         if self.estimated_makespan_s is not None:
             out["estimated_makespan_s"] = self.estimated_makespan_s
         return out
-
-    def save(self, path: str | Path) -> None:
-        write_json(path, self.to_json())
 
 
 def as_devices(assignment: "Assignment | Sequence[int] | np.ndarray") -> np.ndarray:
@@ -114,6 +112,11 @@ def _check_range(devices: np.ndarray, num_devices: int, op_label: Any = str) -> 
             f"but the cluster has devices 0..{num_devices - 1}"
             + (f" ({bad.size - 1} more ops are out of range)" if bad.size > 1 else "")
         )
+
+
+def save_assignment(assignment: Assignment, path: str | Path) -> None:
+    """Write ``assignment`` to ``path`` as an assignment file (:meth:`Assignment.to_json`), atomically."""
+    write_json(path, assignment.to_json())
 
 
 def load_assignment(

@@ -1,10 +1,11 @@
-"""Cluster files: parsing and validating a cluster's JSON (the format is in :mod:`doppler.hardware`).
+"""Cluster files: :func:`load_cluster` reads and validates one, :func:`save_cluster` writes one (the format
+is in :mod:`doppler.hardware`).
 
 Every error is a :class:`~doppler.hardware.ClusterError` that names the file, the field and the
 device or link at fault. A file's ``format_version`` (1 where absent) says which device fields it may
 use: version 1 plain devices only (``flops_per_s``, exactly their meaning before roofline devices
 existed), version 2 plain or roofline devices (:data:`ROOFLINE_FIELDS`; a device gives ``flops_per_s``
-or ``peak_flops_by_dtype``, not both). :meth:`Cluster.to_json` writes version 2.
+or ``peak_flops_by_dtype``, not both). :func:`save_cluster` (:meth:`Cluster.to_json`) writes version 2.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from doppler.hardware import FORMAT_VERSION, MAX_DEVICES, Cluster, ClusterError, Device
-from doppler.io_util import read_json
+from doppler.io_util import read_json, write_json
 
-__all__ = ["FORMAT_VERSIONS", "ROOFLINE_FIELDS", "cluster_from_json", "load_cluster"]
+__all__ = ["FORMAT_VERSIONS", "ROOFLINE_FIELDS", "cluster_from_json", "load_cluster", "save_cluster"]
 
 #: the cluster-file versions this doppler reads (it writes the last)
 FORMAT_VERSIONS = (1, FORMAT_VERSION)
@@ -34,8 +35,13 @@ _CLUSTER_FIELDS = {"format_version", "name", "devices", "links", "default_link",
 
 
 def load_cluster(path: str | Path) -> Cluster:
-    """Read a cluster JSON file (:meth:`Cluster.load`)."""
+    """Read a cluster JSON file; every error is a :class:`~doppler.hardware.ClusterError` naming the file."""
     return cluster_from_json(read_json(path, "cluster file", ClusterError), source=str(path))
+
+
+def save_cluster(cluster: Cluster, path: str | Path) -> None:
+    """Write ``cluster`` to ``path`` as a JSON cluster file (:meth:`Cluster.to_json`), atomically."""
+    write_json(path, cluster.to_json(), indent=1)
 
 
 def cluster_from_json(obj: Any, source: str = "") -> Cluster:

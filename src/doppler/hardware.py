@@ -26,7 +26,8 @@ semantics). A device with ``copies_inbound`` makes the copies of the transfers i
 its ops (a CPU worker has no copy engine; ``doppler calibrate`` sets it for CPU devices); otherwise
 transfers run on their links, beside the ops.
 
-JSON format (``Cluster.to_json``; docs/formats.md has every field)::
+JSON format (:meth:`Cluster.to_json`; :mod:`doppler.cluster_file` saves and loads it; docs/formats.md has
+every field)::
 
     {"format_version": 2, "name": "mybox",
      "devices": [{"name": "gpu0", "kind": "gpu",
@@ -51,13 +52,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from doppler.graph import DataflowGraph, OpKind
-from doppler.io_util import to_jsonable, write_json
+from doppler.io_util import to_jsonable
 from doppler.traffic import op_traffic
 
 DEVICE_KINDS = ("cpu", "gpu")
@@ -583,10 +583,6 @@ class Cluster:
             "links": links,
             "meta": to_jsonable(self.meta),
         }
-
-    def save(self, path: str | Path) -> None:
-        """Write the cluster as JSON, atomically."""
-        write_json(path, self.to_json(), indent=1)
 
     def __repr__(self) -> str:
         return f"Cluster(name={self.name!r}, devices={self.num_devices})"

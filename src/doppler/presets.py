@@ -1,7 +1,8 @@
 """Cluster presets, and :func:`cluster`, which resolves a preset name or a cluster file.
 
 :func:`cluster` takes a preset name, ``name:N`` for a homogeneous preset with ``N`` devices (``unit:8``,
-``cpu4:2``, ``p100x4:2``, ``h100x8:4``), or the path of a JSON file written by :meth:`Cluster.save`.
+``cpu4:2``, ``p100x4:2``, ``h100x8:4``), or the path of a JSON file
+(:func:`~doppler.cluster_file.save_cluster` writes one).
 ``v100x8`` is heterogeneous (its NVLink topology is the fixed DGX-1 hybrid cube-mesh), so it only exists
 with 8 devices: ``v100x8:8`` is accepted, any other count is a :class:`ClusterError`.
 
@@ -221,16 +222,22 @@ _PRESET_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)(?::(.*))?$")
 
 
 def cluster(name_or_path: "str | Path | Cluster") -> Cluster:
-    """A preset (``p100x4``), a preset with a device count (``unit:8``) or a cluster JSON file.
+    """A preset (``p100x4``), a preset with a device count (``unit:8``) or a cluster JSON file; a
+    :class:`Cluster` is returned as it is.
 
-    Heterogeneous presets (``v100x8``) only accept their own device count.
+    The one place a cluster name is resolved: the CLI, :func:`doppler.simulate`, :func:`doppler.assign`,
+    ``compare`` and ``Trainer.create`` all call it. Heterogeneous presets (``v100x8``) only accept their
+    own device count. A name that is neither a preset nor a file is a one-line :class:`ClusterError`
+    naming it and listing the presets.
     """
     if isinstance(name_or_path, Cluster):
         return name_or_path
     if isinstance(name_or_path, Path):
         return load_cluster(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():
-        raise ClusterError(f"a cluster must be a preset name or a JSON file path, got {name_or_path!r}")
+        got = repr(name_or_path) if isinstance(name_or_path, str) else type(name_or_path).__name__
+        raise ClusterError(f"a cluster must be a Cluster, a preset name ({', '.join(PRESETS)}) or a cluster JSON file "
+                           f"path, got {got}")  # fmt: skip
     text = name_or_path.strip()
     m = _PRESET_RE.match(text)
     if m and m.group(1) in PRESETS and not Path(text).is_file():

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from doppler.assignment import load_assignment
 from doppler.cli import app
+from doppler.cluster_file import save_cluster
 from doppler.formats import load_graph, save_graph
 
 runner = CliRunner()
@@ -258,7 +259,7 @@ def _cluster_with_memory(tmp_path: Path, name: str, memory_bytes: float) -> Path
 
     cl = cluster("p100x4")
     path = tmp_path / f"{name}.json"
-    replace(cl, name=name, devices=[replace(d, memory_bytes=memory_bytes) for d in cl.devices]).save(path)
+    save_cluster(replace(cl, name=name, devices=[replace(d, memory_bytes=memory_bytes) for d in cl.devices]), path)
     return path
 
 
@@ -315,7 +316,7 @@ def test_bad_seeds_sizes_and_overflowing_times_exit_2_with_one_line(graph_file: 
                              "edges": {"src": [0], "dst": [1]}}))  # fmt: skip
     cl = cluster("p100x4")
     slow = tmp_path / "slow.json"
-    replace(cl, name="slow", devices=[replace(d, peak_flops_by_dtype={"float32": 1e-100}) for d in cl.devices]).save(slow)
+    save_cluster(replace(cl, name="slow", devices=[replace(d, peak_flops_by_dtype={"float32": 1e-100}) for d in cl.devices]), slow)
     for args in (["compare", str(g), "-c", str(slow), "-m", "single,critical_path"],
                  ["assign", str(g), "-c", str(slow), "-m", "heft", "-o", str(tmp_path / "h.json")]):  # fmt: skip
         res = run(*args)

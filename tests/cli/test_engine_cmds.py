@@ -241,11 +241,11 @@ def test_execute_refuses_an_assignment_over_the_memory_budget_before_it_runs(fil
     from dataclasses import replace
 
     from doppler.hardware import Cluster
-    from doppler.cluster_file import load_cluster
+    from doppler.cluster_file import load_cluster, save_cluster
 
     tight = files["dir"] / "tight.json"
     cl: Cluster = load_cluster(files["cal"])
-    replace(cl, devices=[replace(d, memory_bytes=500.0) for d in cl.devices]).save(tight)
+    save_cluster(replace(cl, devices=[replace(d, memory_bytes=500.0) for d in cl.devices]), tight)
     trace = files["dir"] / "tight_trace.json"
     res = run("execute", files["graph"], "-a", files["a"], "-c", tight, "--repeats", 1, "--trace", trace)
     assert res.exit_code == 2 and "does not fit: cpu0 holds" in res.output and not trace.exists()

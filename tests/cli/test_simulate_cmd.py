@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from doppler.cli import app
+from doppler.cluster_file import save_cluster
 from doppler.formats import save_graph
 from doppler.graph import from_edges
 
@@ -174,7 +175,7 @@ def _small_memory_cluster(d: Path, memory_bytes: float) -> Path:
     cl = cluster("p100x4:2")
     cl = replace(cl, name="small", devices=[replace(dv, memory_bytes=memory_bytes) for dv in cl.devices])
     p = d / "small.json"
-    cl.save(p)
+    save_cluster(cl, p)
     return p
 
 

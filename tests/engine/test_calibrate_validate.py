@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler.cluster_file import cluster_from_json
+from doppler.cluster_file import cluster_from_json, save_cluster
 from doppler.engine import EngineError
 from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.validate import agreement, validate, validation_assignments
@@ -85,7 +85,7 @@ def test_fit_cluster_recovers_links_when_devices_make_their_copies() -> None:
 def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
     res = calibrate(2, sizes=(32, 64), runs=1)
     path = tmp_path / "cal.json"
-    res.cluster.save(path)
+    save_cluster(res.cluster, path)
     cl = cluster(str(path))
     assert cl.num_devices == 2 and all(d.kind == "cpu" for d in cl.devices)
     assert cl.copies_inbound.all()  # CPU workers make the copies into them

@@ -239,7 +239,7 @@ def test_the_critical_chain_is_a_chain_of_what_held_each_op_back(name, preset):
     """Walked back from the op that ends last: each step is the op that freed the device (when the op
     waited for it) or the producer of the input that arrived last (checked with
     :meth:`Trace.arrival_s`), so the chain ends at the makespan and starts at time 0."""
-    from doppler.methods._anneal_kernels import critical_chain, critical_move
+    from doppler.methods._anneal_loops import critical_chain, critical_move
     from doppler.sim import SimContext
 
     g = workloads.build(name, size="tiny") if name != "random" else workloads.build(name, num_ops=60, seed=2)
@@ -295,7 +295,7 @@ def test_time_added_matches_a_reference_over_every_edge(name, preset):
     """The time a move adds, computed from its logged writes over the moved ops' edges only, equals the
     same sum over the whole graph, for every kind of move (tile groups, swaps, chains, critical-chain
     steps), also when the log writes an op more than once."""
-    from doppler.methods import _anneal_kernels as K
+    from doppler.methods import _anneal_loops as K
     from doppler.methods.anneal import _Moves
     from doppler.sim import SimContext
 
@@ -341,7 +341,7 @@ def test_a_scored_proposal_is_the_move_of_its_pool_that_adds_the_least_time():
     stream, the same moves, and the proposal is their best by that score."""
     import copy
 
-    from doppler.methods import _anneal_kernels as K
+    from doppler.methods import _anneal_loops as K
     from doppler.methods.anneal import _Moves
     from doppler.sim import SimContext
 

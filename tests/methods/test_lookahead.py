@@ -66,7 +66,7 @@ def test_a_branch_on_critical_paths_own_device_completes_to_critical_path():
 # ------------------------------------------------------------------ HEFT_LOOKAHEAD
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_rollout_step_is_heft_completions_and_their_makespans(threads):
-    from doppler.methods import _rollout_kernels as R
+    from doppler.methods import _rollout_loops as R
     from doppler.listsched import empty_schedule, heft_list_schedule, heft_place
     from doppler.methods.heft import heft_inputs
     from doppler.sim import SimContext

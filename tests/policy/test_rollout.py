@@ -404,14 +404,14 @@ def test_heft_list_schedule_fills_idle_gaps():
     """Op 1 waits on device 1 for op 0's data from device 0, so device 1 idles first. The short,
     independent op 2 fits into that gap: the ``heft`` model starts it at 0 on device 1, the appending
     ``critical_path`` model only after op 1."""
-    from doppler.policy.decode import DecodePlan, _no_heads, _run_kernel
+    from doppler.policy.decode import DecodePlan, _no_heads, _run_loop
 
     g = from_edges([1e9, 1e9, 1e6], [(0, 1)], output_bytes=[1e9, 1.0, 1.0])
     gf = graph_features(g, unit(2))
     est = DEVICE_FEATURES.index("est")
     plan = DecodePlan.replaying(np.array([[0, 1, 2]]), np.array([[0, 1, 1]]))
-    append = _run_kernel(gf, _no_heads(3, gf.num_devices), plan, False, False, "critical_path")
-    heft = _run_kernel(gf, _no_heads(3, gf.num_devices), plan, False, False, "heft")
+    append = _run_loop(gf, _no_heads(3, gf.num_devices), plan, False, False, "critical_path")
+    heft = _run_loop(gf, _no_heads(3, gf.num_devices), plan, False, False, "heft")
     assert append.device_features[0, 2, 1, est] > 0.0
     assert heft.device_features[0, 2, 1, est] == 0.0
     # everything else about op 2's view is the same in both models

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from doppler import cluster, workloads
+from doppler.hardware import ClusterError
 from doppler.methods import assign
 from doppler.sim import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
@@ -532,11 +533,12 @@ def test_create_names_a_wrong_object_and_takes_a_preset_name():
     cfg = TrainConfig(stages=("il",), il_episodes=8, hidden=8, mlp_hidden=8, mp_steps=1)
     for args, match in [((g, cluster("unit:2"), cfg), "graphs must be a list of DataflowGraph, got DataflowGraph"),
                         (([None], cluster("unit:2"), cfg), "holding a NoneType"),
-                        (([g], None, cfg), "expected a Cluster or a preset name, got NoneType"),
                         (([g], cluster("unit:2"), None), "expected a TrainConfig, got NoneType"),
                         (([g, g], cluster("unit:2"), cfg), "graphs 0 and 1 are the same graph")]:  # fmt: skip
         with pytest.raises(TrainError, match=match):
             Trainer.create(*args)
+    with pytest.raises(ClusterError, match="a cluster must be a Cluster, a preset name .* got NoneType$"):
+        Trainer.create([g], None, cfg)  # resolved as everywhere else (doppler.presets.cluster)
     assert Trainer.create([g], "unit:2", cfg).tasks[0].cluster.num_devices == 2
 
 

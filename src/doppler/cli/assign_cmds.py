@@ -74,7 +74,7 @@ def assign_cmd(
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
     method: str = typer.Option(..., "--method", "-m", help="Assignment method (see `doppler compare --help`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Assignment file to write (JSON)."),
-    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget for search methods (s), counted from the command's start (reading the graph included); the first search after an install also compiles its kernels, once, outside the budget."),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget for search methods (s), counted from the command's start (reading the graph included); the first search after an install also compiles its loops, once, outside the budget."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Checkpoint of a learned method."),
     samples: Optional[int] = typer.Option(None, "--samples", help=flag_help("a learned method", "doppler", "samples")),
@@ -97,6 +97,7 @@ def assign_cmd(
     does not have exits 2, naming it, before anything is read."""
     t_command = time.perf_counter()
     with handle_errors():
+        from doppler.assignment import save_assignment
         from doppler.methods import assign, check_budget, get_method
 
         spec = get_method(method)
@@ -133,7 +134,7 @@ def assign_cmd(
             lb = float(lower_bound(graph, cl))
         makespan = float(result.makespan_s)
         chk = memory_check(graph, cl, result, memory_fraction, ignore_memory, f"{method}'s placement of {graph_path}")
-        a.save(output)
+        save_assignment(a, output)
         counts = [int(c) for c in np.bincount(a.devices, minlength=cl.num_devices)]
         row = {
             "method": method,
@@ -220,7 +221,7 @@ def compare_cmd(
         "-m",
         help="Comma-separated method names.",
     ),
-    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per search method (s); the first search after an install also compiles its kernels, once, outside the budget."),
+    budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget per search method (s); the first search after an install also compiles its loops, once, outside the budget."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     checkpoints: list[str] = typer.Option([], "--checkpoint", help="Checkpoint of a learned method in --methods: "
                                           "METHOD=PATH (repeatable, one per learned method), or PATH when --methods "
@@ -234,6 +235,7 @@ def compare_cmd(
     """Run several methods on one graph and compare their simulated makespans and whether each placement fits
     the memory budget."""
     with handle_errors():
+        from doppler.assignment import save_assignment
         from doppler.methods import check_budget, compare, get_method
 
         names = [m.strip() for m in methods.split(",") if m.strip()]
@@ -271,7 +273,7 @@ def compare_cmd(
         if save_dir is not None:
             for r in rows:
                 path = save_dir / f"{r.method}.json"
-                r.assignment.save(path)
+                save_assignment(r.assignment, path)
                 saved.append(str(path))
         if json_out:
             emit_json([r.to_json() | ({"assignment_file": saved[i]} if saved else {}) for i, r in enumerate(rows)])

@@ -165,6 +165,7 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
     from rich.status import Status
 
     from doppler import workloads
+    from doppler.cluster_file import save_cluster
     from doppler.methods import assign
     from doppler.engine import build_program, run
     from doppler.engine.calibrate import calibrate
@@ -174,7 +175,7 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
     with Status("real engine: calibrating 2 CPU devices", console=progress_console):
         cal = calibrate(2, runs=2)
     cal_path = out_dir / "engine_cluster.json"
-    cal.cluster.save(cal_path)
+    save_cluster(cal.cluster, cal_path)
     graph = workloads.build("ffnn", size="small")
     program = build_program(graph)
     rows = []

@@ -297,6 +297,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
     with handle_errors():
+        from doppler.cluster_file import save_cluster
         from doppler.engine import MAX_REPEATS, check_options
         from doppler.engine.calibrate import calibrate
 
@@ -315,7 +316,7 @@ def calibrate_cmd(
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, progress=on_progress,
                             memory_bytes=memory_bytes, **dataclasses.asdict(opts))  # fmt: skip
-        res.cluster.save(output)
+        save_cluster(res.cluster, output)
         out = {
             "cluster": str(output),
             "engine": engine,

@@ -24,7 +24,7 @@ differences between the two are real-system effects:
 * an op is ready once every input has arrived on its device; its ready time is
   that arrival.
 
-Memory: every op's output is a fresh numpy array; :func:`doppler.malloc.tune_malloc` keeps freed
+Memory: every op's output is a fresh numpy array; :func:`doppler.malloc_tuning.tune_malloc` keeps freed
 memory in the process for reuse (without it a run pays a random number of page faults). Receive
 buffers are touched when they are allocated, before the clock starts. Each device's held bytes are
 counted as its arrays are allocated and released (:class:`_Meter`, the rules of :mod:`doppler.memory`);
@@ -70,7 +70,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from doppler.engine.program import EngineError, PlacedProgram, RunRecord, cuda_sleep_rate, spin_rate_per_s
-from doppler.malloc import tune_malloc
+from doppler.malloc_tuning import tune_malloc
 from doppler.trace import Trace
 
 __all__ = ["DEVICE_SETS", "CudaDevices", "HostDevices", "RunRecord", "make_devices", "run_local"]

@@ -173,7 +173,7 @@ def heft_completion(order, h, d, pred_ptr, pred_idx, pb, comp, lat, inv, dev, st
     """HEFT's completion of a partial schedule: from the state of ``order[:h]`` placed (``dev`` ...
     ``cnt``, as :func:`heft_place` leaves it; not changed here), op ``order[h]`` on device ``d``, every
     later op by HEFT's rule; the device per op into ``out``. Its own scratch rows, so completions can
-    run side by side (``doppler.methods._rollout_kernels``)."""
+    run side by side (``doppler.methods._rollout_loops``)."""
     n, nd = comp.shape
     b_starts = starts.copy()
     b_ends = ends.copy()

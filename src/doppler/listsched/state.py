@@ -107,7 +107,7 @@ def _write_columns(out, assigned, est, comp_v, input_compute, first_start, last_
 
 def _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned):
     """:func:`features_into`'s per-device values on Python floats, as :func:`_write_columns`' arguments
-    (each time is the same expression as the kernel's; sums run in the same order, input by input)."""
+    (each time is the same expression as the loop's; sums run in the same order, input by input)."""
     nd = free.shape[0]
     k0, k1 = int(pred_ptr[v]), int(pred_ptr[v + 1])
     est = free.tolist()
@@ -275,7 +275,7 @@ def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pr
 def _heft_features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free,
                               assigned, busy_start, busy_end, busy_count, out):  # fmt: skip
     """:func:`heft_features_into` on Python floats (``doppler._jit.as_python``): the insertion search on the
-    data-ready times as computed, and ``out`` written once (bit for bit the kernel's values)."""
+    data-ready times as computed, and ``out`` written once (bit for bit the loop's values)."""
     assigned_s, ready, comp_v, *rest = _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev,
                                                       start, finish, free, assigned)  # fmt: skip
     _write_columns(out, assigned_s, _insertion_starts(ready, comp_v, busy_start, busy_end, busy_count), comp_v, *rest)

@@ -103,12 +103,12 @@ CHUNK_S = 0.01
 CRITICAL_SHARE = 0.25
 CRITICAL_REFRESH = 4
 #: moves drawn per proposal, of which the one that adds the least compute and transfer time is
-#: simulated (:func:`~doppler.methods._anneal_kernels.time_added`)
+#: simulated (:func:`~doppler.methods._anneal_loops.time_added`)
 POOL = 4
 
 
 class _Moves:
-    """ANNEAL's move generator on one graph: the arrays :func:`~doppler.methods._anneal_kernels.apply_move`
+    """ANNEAL's move generator on one graph: the arrays :func:`~doppler.methods._anneal_loops.apply_move`
     reads (all randomness from one numpy Generator)."""
 
     def __init__(self, graph: DataflowGraph, nd: int, rng: np.random.Generator) -> None:
@@ -124,12 +124,12 @@ class _Moves:
         self.grp_ops = members[np.repeat(many, counts)]
 
     def args(self) -> tuple:
-        """The kernel arguments after the generator: device count, graph arrays, groups."""
+        """The loop arguments after the generator: device count, graph arrays, groups."""
         return (self.nd, *self.graph_arrays, self.grp_ptr, self.grp_ops)
 
     def apply(self, a: np.ndarray) -> None:
         """Mutate ``a`` (int64) in place with one random move (always changes something when D > 1)."""
-        from doppler.methods._anneal_kernels import apply_move
+        from doppler.methods._anneal_loops import apply_move
 
         apply_move(a, self.rng, *self.args(), np.empty(0, np.int64))
 
@@ -216,7 +216,7 @@ def anneal_search(graph: DataflowGraph, cluster, options: AnnealOptions = Anneal
             cycle_evals = max(1, min(cycle_evals, int(max_evals)))
     cycle_evals = max(1, int(cycle_evals))
     moves = _Moves(graph, nd, rng)
-    from doppler.methods import _anneal_kernels as K
+    from doppler.methods import _anneal_loops as K
 
     sim = (ctx.arrays, *ctx.noise(0.0, 0))
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
@@ -275,13 +275,13 @@ def _progress_event(t0: float, evals: int, budget_s: float | None, max_evals: in
 
 class _Walk:
     """The annealer's state, in the arrays the compiled loop updates in place: the current and the
-    best assignment, the current one's critical chain, counters (``_anneal_kernels.EVALS`` ...) and
+    best assignment, the current one's critical chain, counters (``_anneal_loops.EVALS`` ...) and
     makespans (``CUR_MS``, ``BEST_MS``)."""
 
     def __init__(self, start: np.ndarray, start_ms: float, evals: int) -> None:
         self.cur = np.ascontiguousarray(start, dtype=np.int64).copy()
         self.best = self.cur.copy()
-        from doppler.methods import _anneal_kernels as K
+        from doppler.methods import _anneal_loops as K
 
         self.counts = np.zeros(K.NUM_COUNTS, np.int64)  # evals, cycle evals, accepted, improved, restarts, chain
         self.counts[K.EVALS] = evals
@@ -371,7 +371,7 @@ def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
 
 
 def _memory_caps(ctx: SimContext, start: np.ndarray, budget: np.ndarray | None) -> tuple:
-    """The compiled loop's memory arguments (:func:`~doppler.methods._anneal_kernels.over_caps`): the weight
+    """The compiled loop's memory arguments (:func:`~doppler.methods._anneal_loops.over_caps`): the weight
     slices each op reads and, per device, the budget less the live activations ``start`` has there (no
     budget: no caps)."""
     s = ctx.input_slices()

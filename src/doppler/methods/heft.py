@@ -47,7 +47,7 @@ class HeftSchedule:
 
 def heft_inputs(graph: DataflowGraph, cluster=None, *, compute_s: np.ndarray | None = None,
                 comm_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:  # fmt: skip
-    """HEFT's visiting order, its upward ranks, and the arrays its kernels read (predecessor lists,
+    """HEFT's visiting order, its upward ranks, and the arrays its loops read (predecessor lists,
     bytes per predecessor, compute time per op and device, latency and inverse bandwidth)."""
     cm = CostModel.build(graph, cluster, compute_s=compute_s, comm_s=comm_s)
     rank = cm.b_level(graph)

@@ -19,7 +19,7 @@ every device with the ops before it where earlier steps put them, every later op
 rule (earliest finish with insertion, :func:`doppler.listsched.heft_completion`), each completion
 simulated. Never worse than HEFT, for the same reason. It costs ``|V| x D`` HEFT completions
 (``O(|V|^2 D^2)``). The devices of one step are tried side by side on every core
-(:mod:`doppler.methods._rollout_kernels`; the same assignment on any number; its times are in
+(:mod:`doppler.methods._rollout_loops`; the same assignment on any number; its times are in
 docs/research/anneal.md, "Speed"). With ``budget_s`` it stops deciding when the time is up and
 returns HEFT's completion of the ops decided so far (anytime).
 """
@@ -122,7 +122,7 @@ def heft_lookahead_schedule(graph: DataflowGraph, cluster, budget_s: float | Non
     ``memory_budget_bytes[D]``, it starts from memory-aware HEFT (placed again where live activations
     overflow, :func:`~doppler.methods.placement.place_within`) and keeps a step's better completion only
     if that fits the budget when simulated."""
-    from doppler.methods import _rollout_kernels as R
+    from doppler.methods import _rollout_loops as R
     from doppler.methods.heft import heft_inputs
 
     t0 = time.perf_counter()

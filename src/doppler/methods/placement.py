@@ -26,6 +26,7 @@ from doppler import io_util, memory
 from doppler.assignment import Assignment, check_assignment
 from doppler.graph import DataflowGraph
 from doppler.memory import DEFAULT_MEMORY_FRACTION
+from doppler.presets import cluster as resolve_cluster
 from doppler.methods.registry import PYTHON_RUNS, MethodError, MethodSpec, get_method
 from doppler.progress import ProgressEvent, ProgressFn
 
@@ -131,10 +132,7 @@ def _assign(graph: DataflowGraph, cluster: Any, req: _Request) -> Assignment:
         raise MethodError(f"expected a DataflowGraph, got {type(graph).__name__} (a file: doppler.load_graph(path))")
     check_budget(req.budget_s)
     req = replace(req, seed=check_seed(req.seed))
-    if not hasattr(cluster, "num_devices"):  # a preset name or a cluster file, as on the CLI
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
+    cluster = resolve_cluster(cluster)  # a Cluster, or a preset name or a cluster file as on the CLI
     from doppler.costs import CostModel
 
     cluster.check_times(graph, CostModel.build(graph, cluster).compute_s)  # finite op times, before any work
@@ -313,10 +311,7 @@ def compare(
             for m in methods]  # fmt: skip
     check_budget(budget_s)
     check_seed(seed)
-    if not hasattr(cluster, "num_devices"):
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
+    cluster = resolve_cluster(cluster)
     lb = float(lower_bound(graph, cluster))
     rows: list[CompareRow] = []
     for i, req in enumerate(reqs):

@@ -4,10 +4,10 @@ A rollout has |V| sequential steps, but the policy's encoder and every op-depend
 are computed once per batch. What is left per step (a masked softmax over the candidates, the
 device features from the shared list-schedule state, a ``[D, F] x [F, M]`` product, the state
 update) is a few hundred flops, so the whole |V|-step loop for all B episodes runs as one
-compiled call (:func:`_rollout_kernel`) on plain arrays (the heads, :func:`run_heads`), recording
+compiled call (:func:`_rollout_loop`) on plain arrays (the heads, :func:`run_heads`), recording
 the actions, the device features each PLC decision saw, and when each op became a candidate.
 
-The kernels can also run as Python, with numpy twins of their hot loops, which is faster than
+The loops can also run as Python, with numpy twins of their hot loops, which is faster than
 starting numba for one greedy decode (:mod:`doppler._jit`; ``doppler assign --method doppler``).
 
 This module imports no torch: the heads may come from the torch policy
@@ -226,7 +226,7 @@ def restrict_to_room(raw, room, by_finish, ties):  # pragma: no cover - compiled
 
 
 @jit(cache=True)
-def _rollout_kernel(
+def _rollout_loop(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, eps, uniforms, forced_order, forced_dev, sel_key, sel_heuristic, plc_heuristic, heft_model,
@@ -388,7 +388,7 @@ def empty_rollout(batch: int, n: int, nd: int) -> Rollout:
     )
 
 
-def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: bool, plc_rule: bool,
+def _run_loop(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: bool, plc_rule: bool,
                 list_schedule: str = "critical_path") -> Rollout:  # fmt: skip
     """DOPPLER's compiled rollout on ``heads`` (see :func:`numpy_heads`); ``sel_rule``/``plc_rule``: that
     head follows CRITICAL PATH's rule instead (PLC: ``list_schedule``'s rule)."""
@@ -405,8 +405,8 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
     ledger = ledger_arrays(gf, plan.memory_budget_bytes)
     limited = plan.memory_budget_bytes is not None and not plan.teacher
     room = np.ones((plan.batch, gf.num_ops, gf.num_devices) if limited else (0, 0, 0), np.bool_)
-    bad = _rollout_kernel(
-        *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
+    bad = _rollout_loop(
+        *gf.loop_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
         plan.mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev,
         gf.b_level_key, sel_rule, plc_rule, list_schedule == "heft", plan.plc_ties_only and not plan.teacher,
@@ -422,7 +422,7 @@ def _run_kernel(gf: GraphFeatures, heads: tuple, plan: DecodePlan, sel_rule: boo
 
 
 def ledger_arrays(gf: GraphFeatures, budget: np.ndarray | None) -> tuple:
-    """The rollout kernel's memory arguments: the graph's input slices per op, their bytes, the ops' output
+    """The rollout loop's memory arguments: the graph's input slices per op, their bytes, the ops' output
     bytes and the caps (:mod:`doppler.listsched.ledger`); without a budget, empty ones."""
     if budget is None:
         empty_i, empty_f = np.zeros(1, np.int64), np.empty(0)
@@ -433,7 +433,7 @@ def ledger_arrays(gf: GraphFeatures, budget: np.ndarray | None) -> tuple:
 
 
 def _no_heads(n: int, nd: int) -> tuple:
-    """Heads of width 0 for ``n`` ops on ``nd`` devices: the kernel then only list-schedules (teacher
+    """Heads of width 0 for ``n`` ops on ``nd`` devices: the loop then only list-schedules (teacher
     mode, or both rules)."""
     z = np.zeros((n, 0))
     return np.zeros(n), z, z, z, np.zeros((NUM_DEVICE_FEATURES, 0)), np.zeros(0), 0.0, np.zeros((nd, 0))
@@ -443,7 +443,7 @@ def replay(gf: GraphFeatures, order: np.ndarray, step_device: np.ndarray) -> Rol
     """The list schedule of given trajectories (``order[B, n]``, ``step_device[B, n]``) with what each
     step saw (device features, EST ties, when each op became a candidate): the :class:`Rollout` of any
     policy that made those choices. Raises :class:`RolloutError` if they are not valid ASSIGN steps."""
-    return _run_kernel(gf, _no_heads(gf.num_ops, gf.num_devices), DecodePlan.replaying(order, step_device), False, False)
+    return _run_loop(gf, _no_heads(gf.num_ops, gf.num_devices), DecodePlan.replaying(order, step_device), False, False)
 
 
 def rule_decode(gf: GraphFeatures, list_schedule: str = "critical_path") -> Rollout:
@@ -451,7 +451,7 @@ def rule_decode(gf: GraphFeatures, list_schedule: str = "critical_path") -> Roll
     lowest id), PLC the device ``list_schedule`` ranks first. With ``critical_path`` this is CRITICAL
     PATH; with ``heft`` it is HEFT wherever b-levels do not tie (HEFT breaks ties by level first)."""
     plan = make_plan(gf.num_ops, batch=1, mode="greedy")
-    return _run_kernel(gf, _no_heads(gf.num_ops, gf.num_devices), plan, True, True, list_schedule)
+    return _run_loop(gf, _no_heads(gf.num_ops, gf.num_devices), plan, True, True, list_schedule)
 
 
 def rule_order(gf: GraphFeatures) -> np.ndarray:
@@ -549,4 +549,4 @@ def run_heads(gf: GraphFeatures, heads: tuple, plan: DecodePlan, learned: str = 
               list_schedule: str = "critical_path") -> Rollout:  # fmt: skip
     """Decode ``plan`` with DOPPLER's heads (``(sel_score, plc_op, plc_placed, plc_query, plc_dev, w_out,
     b_out)`` as float64 arrays and a float); ``learned`` says which heads decide (the other follows its rule)."""
-    return _run_kernel(gf, heads, plan, learned == "plc", learned == "sel", list_schedule)
+    return _run_loop(gf, heads, plan, learned == "plc", learned == "sel", list_schedule)

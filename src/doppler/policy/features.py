@@ -144,7 +144,7 @@ class GraphFeatures:
     time_scale_s: float
     costs: CostModel
     graph: DataflowGraph
-    kernel_arrays: tuple  # (pred_ptr, pred_idx, pred_bytes, pred_comm_s, succ_ptr, succ_idx, in_degree)
+    loop_arrays: tuple  # (pred_ptr, pred_idx, pred_bytes, pred_comm_s, succ_ptr, succ_idx, in_degree)
 
     @property
     def num_ops(self) -> int:
@@ -196,7 +196,7 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
         time_scale_s=time_scale,
         costs=cm,
         graph=graph,
-        kernel_arrays=(
+        loop_arrays=(
             np.ascontiguousarray(graph.pred_ptr, dtype=np.int64),
             np.ascontiguousarray(graph.pred_idx, dtype=np.int64),
             np.ascontiguousarray(cm.pred_bytes(graph), dtype=np.float64),

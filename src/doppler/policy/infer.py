@@ -4,7 +4,7 @@ Importing torch takes many times what the greedy decode of a graph of a few hund
 takes. ``doppler assign --method doppler`` with the shipped policy and no
 guided search needs no gradients, so it runs the encoder of
 :class:`~doppler.policy.networks.DopplerPolicy` here, in numpy (float32, as torch), and decodes
-with the same compiled kernel as training (:func:`doppler.policy.decode.run_heads`).
+with the same compiled loop as training (:func:`doppler.policy.decode.run_heads`).
 
 The weights live in ``weights.npz`` beside the shipped ``checkpoint.pt`` (:func:`export_weights`;
 ``python -m doppler.policy.infer`` rewrites it after a new policy is shipped). The file records

@@ -113,7 +113,7 @@ PLC_CHUNK_BYTES = 8 << 20
 
 def plc_logits(enc: Encoded, order: torch.Tensor, dev: torch.Tensor, device_features: torch.Tensor) -> torch.Tensor:
     """PLC logits ``[B, n, D]`` of every step, given the ops taken (``order``), their devices and the
-    device features each step saw: the batched twin of the scoring inside :func:`~doppler.policy.decode._rollout_kernel`.
+    device features each step saw: the batched twin of the scoring inside :func:`~doppler.policy.decode._rollout_loop`.
 
     The sums over ops already on each device are ``[B, n, D, M + A]`` tensors, 200 MB at 10k ops.
     Steps go in chunks of about :data:`PLC_CHUNK_BYTES`, carrying the per-device sums from chunk to

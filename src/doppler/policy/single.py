@@ -31,7 +31,7 @@ from doppler.policy.rollout import ActionScores, candidate_steps, numpy_heads, p
 
 
 @jit(cache=True)
-def _pair_kernel(
+def _pair_loop(
     pred_ptr, pred_idx, pred_bytes, pred_comm, succ_ptr, succ_idx, indeg0, comp, lat, inv, inv_time_scale,
     op_score, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, leak,
     mode, eps, uniforms, forced_order, forced_dev, pair_first, pair_feats,
@@ -150,8 +150,8 @@ class PairDecoder:
         ro = empty_rollout(plan.batch, gf.num_ops, gf.num_devices)
         sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init = numpy_heads(self.enc)
         inv_scale = 1.0 / gf.time_scale_s if gf.time_scale_s > 0 else 0.0
-        bad = _pair_kernel(
-            *gf.kernel_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
+        bad = _pair_loop(
+            *gf.loop_arrays, cm.compute_s, cm.latency_s, cm.inv_bw, inv_scale,
             sel, plc_op, plc_placed, plc_query, plc_dev, w_out, b_out, plc_init, LEAK,
             plan.mode, plan.eps, plan.uniforms, plan.forced_order, plan.forced_dev, pair_first, pair_feats,
             ro.order, ro.step_device, ro.assignment, ro.enter_step, ro.device_features, ro.est_tied,

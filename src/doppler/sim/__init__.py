@@ -48,7 +48,7 @@ Semantics (docs/design.md, Execution semantics), exactly:
 * Makespan = finish time of the last op. (Trailing transfers are never
   needed: a transfer only exists when some op consumes it.)
 
-Parts: :mod:`~doppler.sim.kernel` (the event loop, compiled), :mod:`~doppler.sim.simulator` (a
+Parts: :mod:`~doppler.sim.loops` (the event loop, compiled), :mod:`~doppler.sim.simulator` (a
 :class:`SimContext` holds one (graph, cluster)'s arrays; the public functions), :mod:`~doppler.sim.bounds`.
 The tests check it against a pure-Python and a SimPy implementation (``tests/reference/``): bit-identical.
 """

@@ -1,5 +1,5 @@
 """The simulator's Python side: :class:`SimContext` (one graph and cluster's arrays, built once; it
-checks an assignment and options, runs :mod:`doppler.sim.kernel` and builds the result) and the
+checks an assignment and options, runs :mod:`doppler.sim.loops` and builds the result) and the
 public functions :func:`simulate`, :func:`simulate_many`, :func:`lower_bound` and :func:`traced`.
 
 A loop that simulates many assignments of one graph holds its own context (``ctx = context(g, c)``),
@@ -25,8 +25,9 @@ from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import check_seed
 from doppler.memory import InputSlices, input_slices
+from doppler.presets import cluster as resolve_cluster
 from doppler.sim.bounds import critical_path_bound, work_bound
-from doppler.sim.kernel import ARRAYS, sim_kernel, sim_many
+from doppler.sim.loops import ARRAYS, sim_loop, sim_many
 from doppler.trace import Trace
 
 MODES = ("wc", "bsp")
@@ -58,7 +59,7 @@ class SimContext:
     """Static per-(graph, cluster) arrays, built once; reuse it for many assignments.
 
     Hold one in loops: ``ctx = context(g, c); ctx.makespan(devices)``. :attr:`arrays` is the tuple
-    the kernels take first (:mod:`doppler.sim.kernel`); its arrays are also attributes by name.
+    the loops take first (:mod:`doppler.sim.loops`); its arrays are also attributes by name.
     """
 
     def __init__(self, graph: DataflowGraph, cluster: Cluster) -> None:
@@ -107,7 +108,7 @@ class SimContext:
 
     # ------------------------------------------------------------------ running
     def _outputs(self, new: bool) -> tuple[np.ndarray, ...]:
-        """The kernel's output arrays: new ones (a traced run keeps them), else the set reused by untraced
+        """The loop's output arrays: new ones (a traced run keeps them), else the set reused by untraced
         runs (calls hold the GIL, so one set per context is safe)."""
         sc = None if new else self.__dict__.get("_scratch_arrays")
         if sc is None:
@@ -119,7 +120,7 @@ class SimContext:
 
     def _devices(self, assignment: Any) -> np.ndarray:
         """The device array; int64 contiguous arrays of the right length pass through unchecked
-        (the kernel range-checks them), anything else goes through check_assignment."""
+        (the loop range-checks them), anything else goes through check_assignment."""
         if isinstance(assignment, Assignment) and assignment.graph_fingerprint:
             self._check_fingerprint(assignment.graph_fingerprint)
         arr = assignment.devices if isinstance(assignment, Assignment) else assignment
@@ -173,7 +174,7 @@ class SimContext:
     ) -> SimResult:
         op_f, edge_f = self.noise(sigma, seed)
         ready, start, end, tsrc, tdst, tstart, tend = self._outputs(new=trace)
-        mk, ntr = sim_kernel(self.arrays, dev, op_f, edge_f, mode == "bsp", contention, key, ready, start, end, tsrc,
+        mk, ntr = sim_loop(self.arrays, dev, op_f, edge_f, mode == "bsp", contention, key, ready, start, end, tsrc,
                              tdst, tstart, tend, np.inf)  # fmt: skip
         if ntr < 0:  # a device index out of range: let check_assignment word the error
             check_assignment(self.graph, dev, self.num_devices)
@@ -286,10 +287,7 @@ def context(graph: DataflowGraph, cluster: "Cluster | str") -> SimContext:
     """A new :class:`SimContext` of (graph, cluster): hold it to simulate many assignments of one graph.
     ``cluster`` may also be a preset name (``"p100x4"``, ``"unit:8"``) or a cluster JSON path, as on
     the CLI."""
-    if not isinstance(cluster, Cluster):
-        from doppler.presets import cluster as resolve_cluster
-
-        cluster = resolve_cluster(cluster)
+    cluster = resolve_cluster(cluster)
     if not isinstance(graph, DataflowGraph):
         raise SimulationError(f"expected a DataflowGraph, got {type(graph).__name__}")
     return SimContext(graph, cluster)
@@ -336,7 +334,7 @@ def _check_priority(priority: Any, num_ops: int) -> np.ndarray:
         raise SimulationError(f"priority must hold numbers (one per op), got values of type {arr.dtype}")
     if arr.ndim != 1 or arr.shape[0] != num_ops:
         raise SimulationError(f"priority must have one number per op ({num_ops}), got shape {arr.shape}")
-    key = np.array(arr, dtype=np.float64, order="C")  # a private, writable copy: one kernel specialization
+    key = np.array(arr, dtype=np.float64, order="C")  # a private, writable copy: one loop specialization
     bad = np.flatnonzero(np.isnan(key))
     if bad.size:
         raise SimulationError(f"priority of op {int(bad[0])} is NaN ({bad.size} NaN values in all)")

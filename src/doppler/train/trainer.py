@@ -38,11 +38,12 @@ import torch
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
 from doppler.io_util import make_run_dir, refuse_links
-from doppler.malloc import tune_malloc
+from doppler.malloc_tuning import tune_malloc
 from doppler.policy.architectures import build_policy
 from doppler.policy.base import BasePolicy
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, weight_fault, write_checkpoint
 from doppler.policy.rollout import rollout
+from doppler.presets import cluster as resolve_cluster
 from doppler.progress import ProgressEvent, ProgressFn
 from doppler.train.config import (RULE_TEACHER, TrainConfig, TrainError, TrainingDiverged, check_config_file,
                                   config_to_json, saved_config)  # fmt: skip
@@ -110,7 +111,7 @@ class Trainer:
 
     @classmethod
     def create(
-        cls, graphs: list[DataflowGraph], cluster: Cluster, cfg: TrainConfig, oracles=None, real_oracles=None
+        cls, graphs: list[DataflowGraph], cluster: Cluster | str | Path, cfg: TrainConfig, oracles=None, real_oracles=None
     ) -> "Trainer":
         """Set up a run; ``oracles``/``real_oracles`` map task index -> Stage II / Stage III oracle
         (defaults: the simulator, and an :class:`~doppler.engine.oracle.EngineOracle` on ``cfg.engine``)."""
@@ -128,12 +129,7 @@ class Trainer:
         if twice is not None:
             raise TrainError(f"graphs {prints.index(prints[twice])} and {twice} are the same graph ({graphs[twice].name!r}): "
                              "give each training graph once")  # fmt: skip
-        if isinstance(cluster, (str, Path)):  # a preset name or a cluster file, as assign and simulate take
-            from doppler.presets import cluster as resolve_cluster
-
-            cluster = resolve_cluster(str(cluster))
-        if not isinstance(cluster, Cluster):
-            raise TrainError(f"expected a Cluster or a preset name, got {type(cluster).__name__}")
+        cluster = resolve_cluster(cluster)  # a Cluster, or a preset name or a cluster file as assign and simulate take
         cfg = dataclasses.replace(cfg, device_identity=cfg.learns_device_identity)  # the checkpoint says which
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -485,10 +481,10 @@ class Trainer:
         write_checkpoint(run_dir, self.state(), config_to_json(self.cfg))
         task = self.tasks[0]
         if task.best_assignment is not None:
-            from doppler.assignment import Assignment
+            from doppler.assignment import Assignment, save_assignment
 
             a = Assignment(devices=task.best_assignment, method=self.cfg.method, graph_fingerprint=task.graph.fingerprint())
-            a.save(run_dir / "best_assignment.json")
+            save_assignment(a, run_dir / "best_assignment.json")
 
     @classmethod
     def resume(cls, run_dir: str | Path, graphs: list[DataflowGraph], cluster: Cluster,

@@ -1,11 +1,11 @@
-"""numba kernels of ANNEAL: its moves and its loop (imported lazily: numba is slow to import).
+"""numba loops of ANNEAL: its moves and its walk (imported lazily: numba is slow to import).
 
 One compiled call runs many batches (propose, simulate, accept), so the annealer's own loop
 (moves, acceptance) costs little beside the simulations (``benchmarks/anneal_speed.py`` prints the
 share; docs/research/anneal.md, "Speed").
 
 numba's cache of this module is keyed on this file alone, and the loop compiles the simulator's
-kernel into itself: after editing ``doppler/sim/kernel.py``, clear the caches (``make clean``
+loop into itself: after editing ``doppler/sim/loops.py``, clear the caches (``make clean``
 removes them) or the annealer keeps the old simulator."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numba
 import numpy as np
 
 from doppler._jit import start
-from doppler.sim.kernel import sim_kernel, sim_rows
+from doppler.sim.loops import sim_loop, sim_rows
 
-start()  # the loop calls the simulator's kernels: numba must have started (doppler._jit) before it compiles
+start()  # the loop calls the simulator's loops: numba must have started (doppler._jit) before it compiles
 
 # numba parallelises the loop over a batch's rows (``prange``) and nothing else. The prange is in this
 # function itself: a cached function that calls a cached parallel one crashed when loaded from numba's
@@ -343,7 +343,7 @@ def anneal_batches(
     """Up to ``max_batches`` batches of the annealer (:mod:`doppler.methods.anneal`) on its state (``cur``,
     ``best``, ``crit``: the critical chain of ``cur``, ``counts``, ``values``; updated in place), simulated
     on ``threads`` cores (the same numbers). Stops early at ``max_evals`` (-1: none) or once ``best`` reaches
-    ``optimal_ms``. ``critical_share``, ``critical_refresh``, ``prune`` (:func:`~doppler.sim.kernel.sim_rows`)
+    ``optimal_ms``. ``critical_share``, ``critical_refresh``, ``prune`` (:func:`~doppler.sim.loops.sim_rows`)
     and ``pool`` (:func:`scored_proposal`): as there. ``mem``: a proposal that holds more weight bytes on a
     device than its cap (:func:`over_caps`; no caps: an empty ``caps`` array) is not simulated and never
     accepted. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and noise factors."""
@@ -374,7 +374,7 @@ def anneal_batches(
                 return
         counts[SINCE] += 1
         if critical_share > 0.0 and counts[STALE] and (counts[SINCE] >= critical_refresh or counts[NCRIT] == 0):
-            _, ntr = sim_kernel(arrays, cur, op_f, edge_f, False, False, None, ready, start, end, tsrc, tdst, tstart,
+            _, ntr = sim_loop(arrays, cur, op_f, edge_f, False, False, None, ready, start, end, tsrc, tdst, tstart,
                                 tend, np.inf)  # fmt: skip
             counts[NCRIT] = critical_chain(cur, ready, start, end, pred_ptr, pred_idx, tsrc, tdst, tend, ntr, nd, crit)
             counts[SINCE] = 0

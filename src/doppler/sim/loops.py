@@ -1,7 +1,7 @@
 """The simulator's event loop, compiled with numba (``@jit(cache=True)``; numba starts on first use:
 :mod:`doppler._jit`). The rules it implements are :mod:`doppler.sim`'s.
 
-Every kernel takes the static arrays of one (graph, cluster) as one tuple, ``arrays``
+Every loop takes the static arrays of one (graph, cluster) as one tuple, ``arrays``
 (:attr:`doppler.sim.SimContext.arrays`), in this order (see :data:`ARRAYS`):
 
 * ``succ_ptr``, ``succ_idx`` (int64): the graph's successors, CSR;
@@ -15,8 +15,8 @@ Every kernel takes the static arrays of one (graph, cluster) as one tuple, ``arr
 
 The rest of a call is per run: the assignment (``dev``, or ``devs`` rows), the noise factors
 (``op_f`` per op, ``edge_f`` per successor slot), the mode (``bsp``, ``contention``) and the
-dispatch key (None: FIFO). Methods that search (:mod:`doppler.methods`) compile these kernels into
-their own loops: :func:`sim_kernel` for one traced run, :func:`sim_rows` for a batch's rows with
+dispatch key (None: FIFO). Methods that search (:mod:`doppler.methods`) compile these into
+their own loops: :func:`sim_loop` for one traced run, :func:`sim_rows` for a batch's rows with
 pruning.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from doppler._jit import jit
 
-#: the order of the ``arrays`` tuple every kernel takes first
+#: the order of the ``arrays`` tuple every loop takes first
 ARRAYS = ("succ_ptr", "succ_idx", "indeg", "level", "lvl_ptr", "lvl_ops", "comp", "out_bytes", "lat", "bw", "streams",
           "copies_in")  # fmt: skip
 
@@ -85,7 +85,7 @@ def heap_pop(ht, hi, base, size):  # pragma: no cover - compiled
 
 
 @jit(cache=True)
-def sim_kernel(
+def sim_loop(
     arrays, dev, op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src, tr_dst, tr_start, tr_end,
     prune_at,
 ):  # pragma: no cover - compiled
@@ -451,7 +451,7 @@ def sim_rows(
             continue
         # PRUNE_SLACK: a bound within float rounding of the best must not cut a row that ties it
         prune_at = min(best, cap) * (1.0 + PRUNE_SLACK) if prune else np.inf
-        mk, _ = sim_kernel(arrays, devs[b], op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src,
+        mk, _ = sim_loop(arrays, devs[b], op_f, edge_f, bsp, contention, key, op_ready, op_start, op_end, tr_src,
                            tr_dst, tr_start, tr_end, prune_at)  # fmt: skip
         out[b] = mk
         if mk < best:

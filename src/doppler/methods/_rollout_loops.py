@@ -1,9 +1,9 @@
-"""numba kernel of HEFT_LOOKAHEAD's step, on every core (imported lazily: numba is slow to import).
+"""The numba loop of HEFT_LOOKAHEAD's step, on every core (imported lazily: numba is slow to import).
 
 One step of the rollout tries an op on every device but HEFT's own: each try is a HEFT completion
 (:func:`doppler.listsched.heft_completion`) and a simulation. The tries are independent, so
 threads take them side by side, as the annealer's threads take its proposals
-(:mod:`doppler.methods._anneal_kernels`, whose notes on ``prange`` and numba's cache hold here too).
+(:mod:`doppler.methods._anneal_loops`, whose notes on ``prange`` and numba's cache hold here too).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 
 from doppler import _jit
 
-_jit.start()  # the step calls compiled kernels: numba must have started (doppler._jit)
+_jit.start()  # the step calls compiled loops: numba must have started (doppler._jit)
 
 from doppler.listsched import heft_completion  # noqa: E402
-from doppler.methods._anneal_kernels import PRANGE_ONLY  # noqa: E402
-from doppler.sim.kernel import sim_rows  # noqa: E402
+from doppler.methods._anneal_loops import PRANGE_ONLY  # noqa: E402
+from doppler.sim.loops import sim_rows  # noqa: E402
 
 
 @numba.njit(cache=True)
@@ -36,10 +36,10 @@ def heft_rollout_step(order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev
     """Op ``order[h]`` on every device but ``own``, in device order: HEFT's completion of the partial
     schedule (``dev`` ... ``cnt``) into ``out[j]`` and its simulated makespan into ``vals[j]``, on
     ``threads`` cores; returns the index of the least. A simulation stops early (``inf``) once it is
-    sure to end above ``cap`` or above an earlier row of its thread (:func:`~doppler.sim.kernel.sim_rows`):
+    sure to end above ``cap`` or above an earlier row of its thread (:func:`~doppler.sim.loops.sim_rows`):
     the least makespan, when it is below ``cap``, and the first row that reaches it are exact, which
     is all the rollout uses."""
-    arrays, op_f, edge_f = sim  # the simulator's arrays (doppler.sim.kernel) and its noise factors
+    arrays, op_f, edge_f = sim  # the simulator's arrays (doppler.sim.loops) and its noise factors
     chunks = max(1, min(threads, out.shape[0]))
     for t in numba.prange(chunks):
         _branches(t, chunks, order, h, own, pred_ptr, pred_idx, pb, comp, lat, inv, dev, start, finish, starts, ends,
