@@ -36,7 +36,7 @@ BASELINE_POLICIES: dict[str, type[nn.Module]] = {"single_policy": SinglePolicy, 
 MAX_MP_STEPS = 64
 #: the widest embedding or hidden layer of a policy (``hidden``, ``mlp_hidden``): a policy of this width holds
 #: at most 100 MB of weights, so that its checkpoint (the weights, the optimizer's two moments and a best copy:
-#: about 400 MB) stays within what a checkpoint may hold (:data:`doppler.torch_files.MAX_ZIP_TOTAL_BYTES`);
+#: about 400 MB) stays within what a checkpoint may hold (:data:`doppler.importer.files.MAX_ZIP_TOTAL_BYTES`);
 #: the default is 128
 MAX_WIDTH = 1024
 
