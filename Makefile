@@ -26,7 +26,7 @@ test: $(STAMP)
 # one takes a share of them) instead of `make test`'s short run.
 FUZZ_EXAMPLES ?= 1000
 fuzz: $(STAMP)
-	DOPPLER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -n 2 tests/fuzz tests/test_pt2_archive.py::test_fuzz_a_mutated_archive_imports_or_fails_in_one_line --hypothesis-show-statistics
+	DOPPLER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -n 2 tests/fuzz tests/importer/test_pt2.py::test_fuzz_a_mutated_archive_imports_or_fails_in_one_line --hypothesis-show-statistics
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

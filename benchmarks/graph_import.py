@@ -29,9 +29,9 @@ import torch
 from doppler import workloads
 from doppler.methods import compare, list_methods
 from doppler.graph import OpKind
+from doppler.importer import export_model, load_factory, lower_program, model_inputs
 from doppler.presets import cluster
 from doppler.kernels import evaluate_numpy
-from doppler.torch_import import export_model, load_factory, lower_program, model_inputs
 from doppler.references import assemble_outputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

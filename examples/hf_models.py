@@ -12,7 +12,7 @@ Each model is the stock ``*ForCausalLM`` with its default ``use_cache``; the imp
 
 ``llama_58m``, ``qwen2_58m`` and ``tiny_llama`` run with their own weights (docs/run_weights.md): each is
 built with its parameters on the meta device and its buffers real
-(:func:`doppler.torch_import.parameters_on_meta`), so the graph records the rotary tables and
+(:func:`doppler.importer.parameters_on_meta`), so the graph records the rotary tables and
 ``doppler execute --weights`` loads the weights; the same factory is the ``--reference`` of
 ``execute --check``. ``python examples/hf_models.py save NAME DIR`` writes that model with random weights
 as ``save_pretrained`` does (sharded safetensors).
@@ -131,7 +131,7 @@ def runnable(name: str, weights: bool = False):
     torch.manual_seed(0)
     if weights:
         return getattr(transformers, model_cls)(cfg).eval(), (torch.randint(0, cfg.vocab_size, (1, seq_len)),)
-    from doppler.torch_import import parameters_on_meta
+    from doppler.importer import parameters_on_meta
 
     with parameters_on_meta():
         model = getattr(transformers, model_cls)(cfg).eval()

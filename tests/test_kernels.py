@@ -204,7 +204,7 @@ def _imported(name: str):
     """A graph imported from examples/ (fused maps, xforms, assemble and embedding ops)."""
     from pathlib import Path
 
-    from doppler.torch_import import import_model
+    from doppler.importer import import_model
 
     examples = Path(__file__).resolve().parents[1] / "examples"
     if name == "import:gpt2":

@@ -1391,7 +1391,7 @@ class Embed(torch.nn.Module):
 
 
 def embed_model():
-    from doppler.torch_import import parameters_on_meta
+    from doppler.importer import parameters_on_meta
 
     with parameters_on_meta():
         model = Embed()

@@ -36,7 +36,7 @@ Kernels (``spec["kernel"]``):
 
 An operand reference may carry ``"xform"``, a list of zero-FLOP layout steps applied to the
 tile before the kernel reads it: ``["perm", axes]``, ``["view", shape]`` (row-major reshape)
-and ``["slice", [[lo, hi], ...]]``. Imported models (:mod:`doppler.torch_import`) fold
+and ``["slice", [[lo, hi], ...]]``. Imported models (:mod:`doppler.importer`) fold
 transposes, reshapes and slices into their consumers this way instead of emitting copy ops.
 
 Every kernel is written once against a small array namespace (:class:`NumpyOps`,

@@ -7,7 +7,7 @@ would run: one op per block product of a contraction (a *partial product*,
 partial products over the contracted-dimension blocks (:attr:`~doppler.graph.OpKind.ADD`, only
 when there is more than one contraction block), and one op per output block of every
 elementwise step. The built-in workloads (:mod:`doppler.workloads`) and imported PyTorch models
-(:mod:`doppler.torch_import`) are both written with it.
+(:mod:`doppler.importer`) are both written with it.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from doppler.engine import EngineError, build_program, run  # noqa: E402
 from doppler.engine.model_check import compare_logits, reference_outputs  # noqa: E402
 from doppler.engine.weights import (WeightTile, WeightsError, bind, check_executable, open_checkpoint,  # noqa: E402
                                     read_input_ids)  # fmt: skip
+from doppler.importer import import_model  # noqa: E402
 from doppler.references import make_inputs  # noqa: E402
-from doppler.torch_import import import_model  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FACTORY = f"{EXAMPLES / 'hf_models.py'}:tiny_llama"
@@ -207,7 +207,7 @@ def test_a_graph_without_constants_or_keys_is_refused(tiny) -> None:
     with pytest.raises(WeightsError, match="records no state_dict keys"):
         check_executable(workloads.build("ffnn", size="tiny"), "ffnn.json")
     model, example = hf_models.gqa_llama(meta=True)  # everything on the meta device: no rotary tables
-    from doppler.torch_import import export_model, lower_program
+    from doppler.importer import export_model, lower_program
 
     g = lower_program(export_model(model, example)[0])
     with pytest.raises(WeightsError, match="input 'const.* has no value: it was computed from a buffer on the meta"):
@@ -266,7 +266,7 @@ def _neox(weights: bool):
     """A tiny GPTNeoXForCausalLM, whose head transformers saves as embed_out.weight."""
     import transformers
 
-    from doppler.torch_import import parameters_on_meta
+    from doppler.importer import parameters_on_meta
 
     cfg = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                      num_attention_heads=4, max_position_embeddings=64, attn_implementation="sdpa")  # fmt: skip

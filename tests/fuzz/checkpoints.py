@@ -178,7 +178,7 @@ def torch_bytes(obj: Any) -> bytes:
 
 def rewrite_checkpoint(path: pathlib.Path, change: Any) -> None:
     """The checkpoint file ``path`` loaded (weights only), changed in place by ``change(ck)``, and saved again."""
-    from doppler.torch_files import load_plain
+    from doppler.importer.files import load_plain
 
     ck = load_plain(path)
     change(ck)

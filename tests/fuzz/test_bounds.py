@@ -23,9 +23,9 @@ from doppler import workloads
 from doppler.formats import graph_to_json
 from doppler.graph import MAX_TENSOR_ELEMENTS
 from doppler.hardware import MAX_DEVICES
+from doppler.importer.files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_MEMBERS, MAX_ZIP_TOTAL_BYTES,
+                                    ZIP_RATIO_MIN_BYTES, load_plain)  # fmt: skip
 from doppler.presets import cluster
-from doppler.torch_files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_MEMBERS, MAX_ZIP_TOTAL_BYTES,
-                                 ZIP_RATIO_MIN_BYTES, load_plain)  # fmt: skip
 
 from tests.fuzz.common import FUZZ_EXAMPLES_ENV, ODD_VALUES, fuzz, sandbox
 from tests.fuzz.zips import declare_sizes, write_zip, zip_bytes
@@ -44,7 +44,7 @@ def archives(train_run) -> dict[str, list[tuple[str, bytes]]]:
     real training checkpoint."""
     import torch
 
-    from doppler.torch_import import export_model
+    from doppler.importer import export_model
 
     class Small(torch.nn.Module):
         def __init__(self) -> None:

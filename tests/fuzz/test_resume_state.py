@@ -22,10 +22,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from doppler.formats import load_graph
+from doppler.importer.files import load_plain
 from doppler.policy.architectures import load_policy
 from doppler.policy.checkpoint import CheckpointError
 from doppler.presets import cluster
-from doppler.torch_files import load_plain
 from doppler.train import Trainer, TrainError
 
 from tests.fuzz.checkpoints import rewrite_checkpoint, torch_bytes

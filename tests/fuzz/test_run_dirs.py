@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from doppler.torch_files import load_plain
+from doppler.importer.files import load_plain
 
 from tests.fuzz.checkpoints import code_checkpoint, content_mutated, zip_mutated
 from tests.fuzz.common import corrupted, fuzz, mutated_bytes, sandbox

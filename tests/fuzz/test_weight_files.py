@@ -30,7 +30,7 @@ class _Embed(torch.nn.Module):
 
 
 def embed_model():
-    from doppler.torch_import import parameters_on_meta
+    from doppler.importer import parameters_on_meta
 
     with parameters_on_meta():
         model = _Embed()
@@ -50,7 +50,7 @@ def model_files(tmp_path_factory) -> dict[str, bytes | str]:
     from safetensors.torch import save
 
     from doppler.formats import graph_to_json
-    from doppler.torch_import import import_model
+    from doppler.importer import import_model
 
     g = import_model(f"{Path(__file__).resolve()}:embed_model")
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """Zip archives with any declared and actual member sizes, for the bounds of
-:func:`doppler.torch_files.open_zip`: members of zeros deflated a chunk at a time (a file of a few MB that
+:func:`doppler.importer.files.open_zip`: members of zeros deflated a chunk at a time (a file of a few MB that
 inflates to GB), sizes in the member tables rewritten to lie (smaller or larger than the bytes), and
 archives of very many members."""
 

@@ -89,7 +89,7 @@ def test_tensor_parallel_beats_the_fill_on_equal_devices(size, cluster):
 
 def test_an_imported_llama_is_split_like_a_built_one():
     pytest.importorskip("transformers")
-    from doppler.torch_import import import_model
+    from doppler.importer import import_model
 
     examples = Path(__file__).resolve().parents[2] / "examples"
     sys.path.insert(0, str(examples))

@@ -247,7 +247,7 @@ def test_a_file_where_the_tensorboard_directory_goes_is_an_output_error(run, tmp
 
 def test_a_checkpoint_with_a_deflated_huge_tensor_is_refused_naming_the_member(run, tmp_path) -> None:
     """A storage replaced by 600 MB of deflated zeros (a file of a few hundred kB) is refused by its declared
-    size before torch reads it (tests/test_torch_files.py covers each bound)."""
+    size before torch reads it (tests/importer/test_files.py covers each bound)."""
     import zipfile
 
     from tests.fuzz.zips import write_zip

@@ -79,7 +79,7 @@ def import_cmd(
 ) -> None:
     """Import a PyTorch model (torch.export) as a tile-level dataflow graph."""
     with handle_errors():
-        from doppler.torch_import import GraphImportError, import_model, parse_blocks, parse_input_shapes
+        from doppler.importer import GraphImportError, import_model, parse_blocks, parse_input_shapes
 
         if dtype not in (None, "float16", "bfloat16", "float32", "float64"):
             raise UserError(f"--dtype must be float16, bfloat16, float32 or float64, got {dtype!r}")
@@ -198,7 +198,7 @@ def info_cmd(
         if "layer_units" in stats:
             table.add_row("layer units", f"{stats['layer_units']}, of which {stats['repeated_layers']} repeat one layer"
                           f" of {stats['ops_per_repeated_layer']} ops")  # fmt: skip
-        from doppler.torch_import import NO_WEIGHTS
+        from doppler.importer import NO_WEIGHTS
 
         if stats["cost_only"] and graph.meta["cost_only"] == NO_WEIGHTS:
             table.add_row("values", "no weights: cost-only (built on the meta device), execute --weights runs it")

@@ -65,7 +65,7 @@ def load_weights(module: Any, ckpt: Checkpoint, source: str) -> None:
     the meta device afterwards is a :class:`WeightsError` naming it."""
     import torch
 
-    from doppler.torch_import import checkpoint_keys
+    from doppler.importer import checkpoint_keys
 
     state = module.state_dict()
     groups: dict[int, list[str]] = {}
@@ -110,7 +110,7 @@ def reference_outputs(source: str, ckpt: Checkpoint, graph: DataflowGraph, input
     called without its cache, as imported), in float64."""
     import torch
 
-    from doppler.torch_import import GraphImportError, load_factory, without_cache
+    from doppler.importer import GraphImportError, load_factory, without_cache
 
     try:
         module, _ = load_factory(source)

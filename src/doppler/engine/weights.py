@@ -32,8 +32,8 @@ import numpy as np
 
 from doppler.engine.program import WeightTile, build_program
 from doppler.graph import DataflowGraph
+from doppler.importer import NO_WEIGHTS
 from doppler.io_util import DuplicateKeyError, loads_json
-from doppler.torch_import import NO_WEIGHTS
 
 __all__ = ["BoundProgram", "Checkpoint", "WeightTile", "WeightsError", "bind", "bound_program", "check_executable",
            "open_checkpoint", "read_input_ids", "token_input", "weight_inputs"]  # fmt: skip
@@ -286,7 +286,7 @@ def check_executable(graph: DataflowGraph, source: str) -> None:
     for name in graph.meta.get("inputs") or {}:
         if name not in weights and name not in users and (init.get(name) or {}).get("init") == "meta":
             raise WeightsError(f"{source}: input {name!r} has no value: it was computed from a buffer on the meta "
-                               "device; build the model with doppler.torch_import.parameters_on_meta() (weights on "
+                               "device; build the model with doppler.importer.parameters_on_meta() (weights on "
                                "the meta device, buffers real) and import it again")  # fmt: skip
     if graph.meta.get("cost_only") and graph.meta["cost_only"] != NO_WEIGHTS:
         raise WeightsError(f"{source}: {graph.meta['cost_only']}: a constant of the model has no value, so it "

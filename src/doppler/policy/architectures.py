@@ -39,7 +39,7 @@ POLICY_OF_METHOD: dict[str, type[BasePolicy]] = {m: cls for cls in ARCHITECTURES
 MAX_MP_STEPS = 64
 #: the widest embedding or hidden layer of a policy (``hidden``, ``mlp_hidden``): a policy of this width holds
 #: at most 100 MB of weights, so that its checkpoint (the weights, the optimizer's two moments and a best copy:
-#: about 400 MB) stays within what a checkpoint may hold (:data:`doppler.torch_files.MAX_ZIP_TOTAL_BYTES`);
+#: about 400 MB) stays within what a checkpoint may hold (:data:`doppler.importer.files.MAX_ZIP_TOTAL_BYTES`);
 #: the default is 128
 MAX_WIDTH = 1024
 

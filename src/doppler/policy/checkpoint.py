@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from doppler.graph import DataflowGraph
 from doppler.hardware import Cluster
+from doppler.importer.files import load_failure, load_plain
 from doppler.io_util import DuplicateKeyError, atomic_write_bytes, loads_json, write_json
-from doppler.torch_files import load_failure, load_plain
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written: doppler.policy.infer runs without it
     import torch

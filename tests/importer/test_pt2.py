@@ -1,4 +1,4 @@
-"""``.pt2`` archives are read without running anything in them (doppler.pt2_archive).
+"""``.pt2`` archives are read without running anything in them (doppler.importer.pt2).
 
 Each hostile archive carries a payload that creates a sentinel file if it runs; for the ones that
 ``torch.export.load`` runs, the test first shows that it does (so the payload is live), then that
@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from doppler.formats import graph_to_json
-from doppler.pt2_archive import Pt2Error, read_pt2
-from doppler.torch_import import GraphImportError, export_model, import_model, lower_program
+from doppler.importer import GraphImportError, export_model, import_model, lower_program
+from doppler.importer.pt2 import Pt2Error, read_pt2
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import models  # noqa: E402
 
@@ -235,7 +235,7 @@ def _archive(tmp_path: Path, good: Path, extra: list, name: str = "m.pt2", decla
 
 
 def test_a_member_declaring_gigabytes_is_refused_before_anything_is_read(tmp_path, good, monkeypatch) -> None:
-    import doppler.pt2_archive as pt2
+    import doppler.importer.pt2 as pt2
 
     path = _archive(tmp_path, good, [("extra/blob", b"x")], declared={"extra/blob": (3 << 30, 3 << 20)})
     monkeypatch.setattr(pt2, "read_member", lambda *a: pytest.fail("a member was read"))
@@ -266,7 +266,7 @@ def test_a_weight_whose_bytes_lie_about_their_size_is_refused_naming_it(tmp_path
 
 
 def test_a_json_member_past_its_limit_is_refused_unread(tmp_path, good) -> None:
-    from doppler.pt2_archive import MAX_JSON_BYTES
+    from doppler.importer.pt2 import MAX_JSON_BYTES
 
     path = _archive(tmp_path, good, [], declared={"models/model.json": (MAX_JSON_BYTES + 1, MAX_JSON_BYTES + 1)})
     with pytest.raises(Pt2Error, match=r"^member \S+/models/model.json declares 33,554,433 bytes .* more than the 33,554,432"):
@@ -283,7 +283,7 @@ def test_a_program_naming_a_key_twice_is_refused_naming_the_key(tmp_path, good) 
 
 
 def test_a_pickle_member_is_checked_on_the_meta_device_and_a_large_one_is_refused(tmp_path, good, monkeypatch) -> None:
-    import doppler.pt2_archive as pt2
+    import doppler.importer.pt2 as pt2
 
     calls = []
     real = pt2.load_plain

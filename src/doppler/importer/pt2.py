@@ -19,7 +19,7 @@ subgraph), an operator outside ATen, an archive from before torch 2.7 (it stores
 inputs, extra files and compiled AOTInductor code are never used: of each, the first bytes are read to
 find a pickle (which is refused if torch's weights-only loader refuses it, see :func:`_check_pickles`).
 
-The archive is bounded before any member is read (:func:`doppler.torch_files.open_zip`: member count,
+The archive is bounded before any member is read (:func:`doppler.importer.files.open_zip`: member count,
 declared sizes, their sum, compression ratios), every member is read a chunk at a time, never past its
 declared size, and a JSON member is read only up to :data:`MAX_JSON_BYTES`.
 """
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from doppler.graph import MAX_TENSOR_ELEMENTS, shape_elements
+from doppler.importer.files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, ArchiveError, load_failure, load_plain,
+                                    open_zip, read_member)  # fmt: skip
 from doppler.io_util import loads_json
-from doppler.torch_files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, ArchiveError, load_failure, load_plain,
-                                 open_zip, read_member)  # fmt: skip
 
 __all__ = ["OPERATOR_FUNCTIONS", "Program", "Pt2Error", "read_pt2"]
 
@@ -114,7 +114,7 @@ class _Archive:
     """The members of one ``.pt2`` zip archive under its root folder, read on demand and bounded."""
 
     def __init__(self, zf: zipfile.ZipFile) -> None:
-        self.zf = zf  # (bounded by doppler.torch_files.open_zip)
+        self.zf = zf  # (bounded by doppler.importer.files.open_zip)
         names = zf.namelist()
         roots = sorted({n.split("/", 1)[0] for n in names if n.endswith("/archive_format") and n.count("/") == 1})
         if not roots:
@@ -131,7 +131,7 @@ class _Archive:
         return member in self.names
 
     def read(self, member: str, limit: int = MAX_ZIP_MEMBER_BYTES) -> bytearray:
-        """The bytes of ``member`` (:func:`doppler.torch_files.read_member`: at most its declared size, refused
+        """The bytes of ``member`` (:func:`doppler.importer.files.read_member`: at most its declared size, refused
         past ``limit``)."""
         if member not in self.names:
             raise Pt2Error(f"member {member} is missing")
@@ -587,7 +587,7 @@ def _check_pickles(archive: _Archive) -> None:
     (read as raw bytes) are not pickles and are not checked.
 
     Of every other member only the first 4 bytes are read, unless they begin a pickle: a raw pickle (a
-    protocol 2 to 5 header) is then read up to :data:`~doppler.torch_files.MAX_PICKLE_BYTES`, a zip archive
+    protocol 2 to 5 header) is then read up to :data:`~doppler.importer.files.MAX_PICKLE_BYTES`, a zip archive
     (a ``torch.save`` file) up to its declared size; either is loaded onto torch's meta device, so that no
     tensor in it is read or allocated (a nested archive is bounded like the outer one)."""
     for member in sorted(archive.names):

@@ -1,4 +1,4 @@
-"""The one gate for zip archives from users (doppler.torch_files): every ``MAX_ZIP_*`` bound refuses an
+"""The one gate for zip archives from users (doppler.importer.files): every ``MAX_ZIP_*`` bound refuses an
 archive in one line naming the member before any member is read, a member is never read past its declared
 size, and a raw pickle past ``MAX_PICKLE_BYTES`` is never unpickled."""
 
@@ -11,10 +11,10 @@ import zipfile
 import pytest
 import torch
 
-from doppler import torch_files
-from doppler.torch_files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_MEMBERS, MAX_ZIP_RATIO,
-                                 MAX_ZIP_TOTAL_BYTES, ZIP_RATIO_MIN_BYTES, ArchiveError, load_failure, load_plain,
-                                 open_zip, read_member)  # fmt: skip
+from doppler.importer import files
+from doppler.importer.files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_MEMBERS, MAX_ZIP_RATIO,
+                                    MAX_ZIP_TOTAL_BYTES, ZIP_RATIO_MIN_BYTES, ArchiveError, load_failure, load_plain,
+                                    open_zip, read_member)  # fmt: skip
 
 from tests.fuzz.zips import declare_sizes, zip_bytes
 
@@ -165,7 +165,7 @@ def test_the_limits_sit_between_our_largest_files_and_two_gigabytes() -> None:
     assert 4 * weight_bytes < MAX_ZIP_TOTAL_BYTES
     assert max(p.numel() * 4 for p in policy.parameters()) < MAX_ZIP_MEMBER_BYTES
     assert 400e6 < MAX_ZIP_TOTAL_BYTES and MAX_ZIP_TOTAL_BYTES + MAX_ZIP_MEMBER_BYTES < 2e9
-    assert torch_files.MAX_ZIP_DIRECTORY_BYTES < MAX_ZIP_TOTAL_BYTES
+    assert files.MAX_ZIP_DIRECTORY_BYTES < MAX_ZIP_TOTAL_BYTES
 
 
 @pytest.mark.parametrize(("make", "refusal"), [
