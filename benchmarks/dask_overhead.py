@@ -28,7 +28,7 @@ import statistics
 
 import numpy as np
 
-from doppler.engine import build_program, run
+from doppler.engine import RunOptions, build_program, run
 from doppler.engine import dask_cluster, dask_engine
 from doppler.graph import DataflowGraph
 from doppler.presets import cluster
@@ -42,10 +42,11 @@ def overhead(engine: str, n: int, num_devices: int, op_seconds: float, repeats: 
     g = chain(n)
     devices = np.arange(n) % num_devices
     prog = build_program(g, cluster=cluster(f"unit:{num_devices}"), time_scale=op_seconds)
-    run(g, devices, num_devices=num_devices, engine=engine, program=prog, keep_outputs=False)  # warm-up
+    options = RunOptions(engine=engine)
+    run(g, devices, num_devices=num_devices, options=options, program=prog, keep_outputs=False)  # warm-up
     out = []
     for _ in range(repeats):
-        tr = run(g, devices, num_devices=num_devices, engine=engine, program=prog, keep_outputs=False).trace
+        tr = run(g, devices, num_devices=num_devices, options=options, program=prog, keep_outputs=False).trace
         out.append((tr.makespan_s - float((tr.op_end - tr.op_start).sum())) / n)
     return statistics.median(out)
 

@@ -30,7 +30,7 @@ import statistics
 import numpy as np
 
 from doppler import workloads
-from doppler.engine import build_program, run
+from doppler.engine import RunOptions, build_program, run
 from doppler.graph import DataflowGraph
 from doppler.presets import cluster
 
@@ -47,10 +47,10 @@ def measure(graph: DataflowGraph, devices: np.ndarray, num_devices: int, repeats
             device_type: str = "cpu") -> float:  # fmt: skip
     prog = build_program(graph, cluster=cluster(f"unit:{num_devices}"))
     out = []
-    kw = {"num_devices": num_devices, "program": prog, "keep_outputs": False, "device_type": device_type}
-    res = run(graph, devices, repeats=repeats, warmup=1, **kw)
+    kw = {"num_devices": num_devices, "program": prog, "keep_outputs": False}
+    res = run(graph, devices, options=RunOptions(device_type=device_type, repeats=repeats, warmup=1), **kw)
     for _ in range(repeats):
-        res = run(graph, devices, **kw)
+        res = run(graph, devices, options=RunOptions(device_type=device_type), **kw)
         out.append((res.makespan_s - critical_path_s(graph, res.trace)) / per)
     return statistics.median(out)
 

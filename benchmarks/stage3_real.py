@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from doppler import workloads
-from doppler.engine import build_program, run
+from doppler.engine import RunOptions, build_program, run
 from doppler.engine.calibrate import calibrate
 from doppler.hardware import Cluster
 from doppler.sim import simulate
@@ -90,7 +90,7 @@ def main() -> None:
              "best measured during Stage III": task.best_assignment}  # fmt: skip
     prog = build_program(g)
     measured: dict[str, list[float]] = {k: [] for k in cases}
-    kw = {"num_devices": D, "program": prog, "keep_outputs": False, "device_type": device_type}
+    kw = {"num_devices": D, "program": prog, "keep_outputs": False, "options": RunOptions(device_type=device_type)}
     run(g, before, **kw)  # warm-up
     for _ in range(args.repeats):
         for k, a in cases.items():

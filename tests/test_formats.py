@@ -20,7 +20,7 @@ from doppler.formats import (
     load_graph,
     save_graph,
 )
-from doppler.graph import GraphError, Group, OpKind, from_edges
+from doppler.graph import GraphError, Group, OpKind, TileLayout, from_edges
 
 TEXT = """7
 5,6
@@ -92,11 +92,10 @@ def _rich_graph():
         [(0, 1), (1, 2), (0, 2), (2, 3)],
         [8, 16, 32, 0.1],
         kind=[OpKind.MATMUL, OpKind.ADD, OpKind.SOFTMAX, OpKind.SELECT],
-        group=[0, 0, -1, -1],
-        block=[[0, 1], [1, 0], [-1, -1], [-1, -1]],
+        tiles=TileLayout(group=[0, 0, -1, -1], block=[[0, 1], [1, 0], [-1, -1], [-1, -1]],
+                         groups=[Group("mm", "matmul", (2, 2))]),
         names=["a", "b", "c", "d"],
         specs=[{"kernel": "einsum", "eq": "ik,kj->ij"}, None, {"kernel": "map", "fn": "exp"}, None],
-        groups=[Group("mm", "matmul", (2, 2))],
         name="rich",
         meta={"workload": "x", "params": {"n": 4}},
     )

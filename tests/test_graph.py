@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from doppler.graph import DataflowGraph, GraphError, OpKind, from_edges
+from doppler.graph import DataflowGraph, GraphError, OpKind, TileLayout, from_edges
 
 
 @st.composite
@@ -177,7 +177,7 @@ def test_fingerprint_survives_json_text_json_and_legacy_ones_still_match(tmp_pat
 @pytest.mark.parametrize("kw, match", [
     (dict(src=[0.5]), "src must hold whole numbers, got 0.5"),
     (dict(kind=np.array([257, 1])), "kind holds 257, outside 0..127"),
-    (dict(group=np.array([2**32 - 1, -1])), "group holds 4294967295"),
+    (dict(tiles=TileLayout(group=np.array([2**32 - 1, -1]))), "group holds 4294967295"),
     (dict(flops=[[1, 2], [3, 4]], output_bytes=[1, 1, 1, 1]), "flops must be a 1-D array"),
     (dict(src=[[0]], dst=[[1]]), "src must be a 1-D array"),
     (dict(flops=["a", 2]), "flops must hold numbers"),

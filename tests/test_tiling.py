@@ -53,12 +53,12 @@ def test_fold_sums_or_maxes_tensors_block_by_block():
 
 def _modules_graph(modules: list[tuple[str, str]]):
     """A graph of one op per (module, kind) group, in order, each reading the one before."""
-    from doppler.graph import DataflowGraph, Group
+    from doppler.graph import DataflowGraph, Group, TileLayout
 
     groups = [Group(name=f"g{i}", kind=kind, grid=(1,), module=m) for i, (m, kind) in enumerate(modules)]
     n = len(groups)
-    return DataflowGraph.from_arrays([1.0] * n, [1.0] * n, list(range(n - 1)), list(range(1, n)), group=list(range(n)),
-                                     block=[[0] + [-1] * 3] * n, groups=groups, name="mods")  # fmt: skip
+    return DataflowGraph.from_arrays([1.0] * n, [1.0] * n, list(range(n - 1)), list(range(1, n)), name="mods",
+                                     tiles=TileLayout(list(range(n)), [[0] + [-1] * 3] * n, groups))  # fmt: skip
 
 
 def test_a_structure_is_derived_from_module_paths_by_position_and_projection_names():

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from doppler.graph import MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, shape_elements
+from doppler.graph import (MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, TileLayout,
+                           shape_elements)  # fmt: skip
 from doppler.io_util import atomic_write_text, parse_json, read_text, write_json
 from doppler.memory import input_slices
 
@@ -227,8 +228,8 @@ def graph_from_json(doc: Any, source: str = "<json>") -> DataflowGraph:
     try:
         return DataflowGraph.from_arrays(
             flops, output_bytes, src, dst,
-            kind=kind_codes, group=group, block=block, names=names, specs=specs,
-            groups=groups, name=str(doc.get("name", "graph")), meta=meta,
+            kind=kind_codes, tiles=TileLayout(group, block, groups), names=names, specs=specs,
+            name=str(doc.get("name", "graph")), meta=meta,
         )
     except GraphError as e:
         raise GraphError(f"{source}: {e}") from None

@@ -137,6 +137,17 @@ class Group:
                    module=module)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TileLayout:
+    """How a graph's ops tile logical ops, as :meth:`DataflowGraph.from_arrays` takes it: the group of each op
+    (``group[op]``, an index into ``groups``; -1: none), its block coordinates in the group's grid
+    (``block[op]``, an (n, <= 4) array padded with -1), and the :class:`Group` list. None: no group, no block."""
+
+    group: Sequence[int] | np.ndarray | None = None
+    block: np.ndarray | Sequence[Sequence[int]] | None = None
+    groups: list[Group] | None = None
+
+
 def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR rows of ``values`` grouped by ``keys`` (stable), plus the edge id per slot."""
     order = np.argsort(keys, kind="stable")
@@ -319,15 +330,14 @@ class DataflowGraph:
         dst: Sequence[int] | np.ndarray,
         *,
         kind: Sequence[int] | np.ndarray | None = None,
-        group: Sequence[int] | np.ndarray | None = None,
-        block: np.ndarray | Sequence[Sequence[int]] | None = None,
+        tiles: TileLayout | None = None,
         names: list[str] | None = None,
         specs: list[dict[str, Any] | None] | None = None,
-        groups: list[Group] | None = None,
         name: str = "graph",
         meta: dict[str, Any] | None = None,
     ) -> "DataflowGraph":
-        """Build and validate a graph from per-op and per-edge arrays."""
+        """Build and validate a graph from per-op and per-edge arrays (``tiles``: the ops' groups and blocks)."""
+        group, block, groups = (None, None, None) if tiles is None else (tiles.group, tiles.block, tiles.groups)
         flops_a = _column(flops, "flops", np.float64)
         n = flops_a.shape[0]
         kind_a = (np.full(n, OpKind.UNKNOWN, np.int8) if kind is None else

@@ -48,6 +48,9 @@ class Cluster(Protocol):
 
 #: share of each device's memory that placements may fill (``--memory-fraction``)
 DEFAULT_MEMORY_FRACTION = 0.9
+#: the help of ``--memory-fraction`` (``{default}``: the command's default)
+MEMORY_FRACTION_HELP = ("Share of each device's memory_bytes that a placement may fill (the rest is left for kernel workspace "
+                        "and the allocator); a device with no memory_bytes is unlimited (default: {default}).")
 
 
 class MemoryBudgetError(ValueError):

@@ -46,7 +46,8 @@ from doppler.io_util import file_sha256
 from doppler.policy.architectures import read_checkpoint
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, require_training_state, write_checkpoint
 from doppler.progress import ProgressEvent, ProgressFn
-from doppler.train.config import MAX_RUN_COUNT, TrainConfig, TrainError, check_config_file, config_to_json, saved_config
+from doppler.train.config import (TrainConfig, TrainError, check_config_file, config_to_json, pretrain_config,
+                                  saved_config)  # fmt: skip
 from doppler.train.state import (check_numpy_rng, check_torch_rng, count, finite, history_from_json,
                                  loading_state)  # fmt: skip
 from doppler.train.trainer import Trainer
@@ -56,21 +57,6 @@ __all__ = ["MAX_BUDGET_H", "PRETRAINED_CHECKPOINT", "PRETRAINED_DIR", "Pretraine
 #: the longest training time of a pretraining run (``--budget-h``, and a resumed run's own budget), in hours: the
 #: shipped policy trained for half an hour
 MAX_BUDGET_H = 1000.0
-
-
-def pretrain_config(**overrides: Any) -> TrainConfig:
-    """The training hyper-parameters of pretraining (a :class:`TrainConfig`; overrides by name).
-
-    Stage I runs for the whole budget; Stage II on the corpus runs only when ``il_episodes`` is set
-    below the budget's."""
-    base = dict(
-        stages=("il", "sim"), il_episodes=MAX_RUN_COUNT, list_schedule="heft", episodes=MAX_RUN_COUNT, batch=16, il_batch=8,
-        lr=2e-4, lr_final=2e-5, il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5,
-        search_every=0, search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=MAX_RUN_COUNT,
-        device_identity=False,  # a pair per update, each with its own cluster: no devices to learn a state for
-    )  # fmt: skip
-    base.update(overrides)
-    return TrainConfig(**base)
 
 
 #: Stage II from a pretrained policy (``doppler pretrain --init``): REINFORCE on fresh pairs where the

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from doppler.graph import MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, shape_elements
+from doppler.graph import (MAX_BLOCK_DIMS, MAX_TENSOR_ELEMENTS, DataflowGraph, GraphError, Group, OpKind, TileLayout,
+                           shape_elements)  # fmt: skip
 from doppler.kernels import DTYPE_BYTES, flops_of, parse_eq
 
 __all__ = ["COLUMN_PARALLEL", "ROW_PARALLEL", "ModelStructure", "Tensor", "TileBuilder", "WorkloadError", "derive_structure",
@@ -520,11 +521,9 @@ class TileBuilder:
             np.asarray(self.src, np.int64),
             np.asarray(self.dst, np.int64),
             kind=self.kinds,
-            group=self.group_of,
-            block=block,
+            tiles=TileLayout(self.group_of, block, self.groups),
             names=list(self.names),
             specs=self.specs,
-            groups=self.groups,
             name=name,
             meta=meta,
         )

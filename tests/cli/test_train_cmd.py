@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -500,3 +501,87 @@ def test_a_diverged_run_exits_1_fresh_or_2_from_a_saved_state_and_keeps_its_chec
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.exit_code == 1 and len(lines) == 1 and "training diverged in the update after 0 Stage I" in lines[0]
     assert not (fresh / "checkpoint.pt").exists()  # (its first update diverged: nothing to keep)
+
+
+# ============================================================================ options from the configuration
+#: the options of each command that set no configuration field (every other one is generated from a field)
+OWN_OPTIONS = {
+    "train": {"graph_paths", "cluster_name", "output", "resume", "init", "ignore_memory", "weights_path", "set_",
+              "json_out"},
+    "pretrain": {"output", "budget_h", "workers", "resume", "init", "json_out"},
+}  # fmt: skip
+
+
+def _shown(value) -> str:
+    return (",".join(value) or "none") if isinstance(value, tuple) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@pytest.mark.parametrize("command", ["train", "pretrain"])
+def test_every_config_option_is_its_fields_option_with_the_commands_default_and_help(command: str) -> None:
+    """Each option that sets a TrainConfig field is made from the field: its names and help from the field's
+    metadata, its default the command's configuration's (TrainConfig's for train, pretrain_config's for
+    pretrain), shown in `--help`; any other option is one of the command's own (an option added by hand for a
+    field fails here)."""
+    import dataclasses
+
+    import typer.main
+
+    from doppler.train.config import Option, TrainConfig, pretrain_config
+
+    defaults = TrainConfig() if command == "train" else pretrain_config()
+    fields = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)
+              if "option" in f.metadata and command in f.metadata["option"].commands}  # fmt: skip
+    assert len(fields) >= (20 if command == "train" else 6)
+    params = {p.name: p for p in typer.main.get_command(app).commands[command].params}
+    assert set(params) - {"help"} == set(fields) | OWN_OPTIONS[command], set(params) ^ (set(fields) | OWN_OPTIONS[command])
+    res = runner.invoke(app, [command, "--help"], env={"COLUMNS": "400"})  # (at 80, rich cuts long option names)
+    assert res.exit_code == 0, res.output
+    shown = "".join(res.output.replace("│", " ").split())  # (no spaces: rich wraps lines at spaces and hyphens)
+    for name, own in fields.items():
+        assert isinstance(own, Option)
+        p = params[name]
+        assert p.default is None and [*p.opts, *p.secondary_opts] == [d for decl in own.decls for d in decl.split("/")]
+        default = getattr(defaults, name)
+        if default is not None:  # (a None default is told in words: "on where the device head is learned")
+            assert "{default}" in own.help, name
+        assert p.help == own.help.format(default=_shown(default)), name
+        assert "".join(p.help.split()) in shown and own.flag in shown, name
+    if command == "train":
+        assert "(default:1024)" in shown and "(default:il,sim;with--init:sim)" in shown
+    else:
+        assert "(default:heft;" in shown and "(default:1;" in shown  # pretraining's own list schedule and threads
+
+
+#: for each option of `train` that sets a field: what the command line gives and the field's value it makes
+TRAIN_VALUES = {
+    "stages": (["--stages", "il"], ("il",)), "episodes": (["--episodes", "16"], 16),
+    "il_episodes": (["--il-episodes", "8"], 8), "batch": (["--batch", "4"], 4),
+    "baseline": (["--baseline", "mean"], "mean"), "self_improve_coef": (["--self-improve", "0.5"], 0.5),
+    "search_every": (["--search-every", "0"], 0), "search_evals": (["--search-evals", "100"], 100),
+    "distill_on_policy": (["--distill-on-policy", "0.5"], 0.5), "teacher": (["--teacher", "heft"], "heft"),
+    "method": (["-m", "doppler_sel"], "doppler_sel"), "op_features": (["--op-features", "structural"], "structural"),
+    "device_identity": (["--no-device-identity"], False), "list_schedule": (["--list-schedule", "heft"], "heft"),
+    "real_episodes": (["--real-episodes", "8"], 8), "sim_seed_methods": (["--warm-start", "heft, metis"], ("heft", "metis")),
+    "engine": (["--engine", "dask"], "dask"), "engine_device_type": (["--device-type", "cuda"], "cuda"),
+    "seed": (["--seed", "3"], 3), "torch_threads": (["--threads", "1"], 1), "device": (["--device", "cuda"], "cuda"),
+    "memory_fraction": (["--memory-fraction", "0.5"], 0.5),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TRAIN_VALUES))
+def test_each_train_option_sets_its_own_field_and_no_other(tmp_path: Path, monkeypatch, name: str) -> None:
+    from doppler.cli import train_cmd
+    from doppler.train.config import TrainConfig
+
+    assert set(TRAIN_VALUES) == {o.name for o in train_cmd.TRAIN_OPTIONS}  # a new option needs its row here
+    seen = []
+
+    def stop(graph_paths, cluster_name, cfg, *args, **kw):
+        seen.append(cfg)
+        raise train_cmd.UserError("stopped before training")
+
+    monkeypatch.setattr(train_cmd, "_trainer", stop)
+    args, value = TRAIN_VALUES[name]
+    assert_usage_error(run("train", tmp_path / "g.json", "-c", "unit:2", *args, "-o", tmp_path / "R"), "stopped")
+    want = dataclasses.replace(TrainConfig(), **{name: value})
+    assert seen == [want] and getattr(TrainConfig(), name) != value

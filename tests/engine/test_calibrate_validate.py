@@ -7,7 +7,7 @@ import pytest
 
 from doppler import workloads
 from doppler.cluster_file import cluster_from_json, save_cluster
-from doppler.engine import EngineError
+from doppler.engine import EngineError, RunOptions
 from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.validate import agreement, validate, validation_assignments
 from doppler.graph import OpKind
@@ -117,7 +117,7 @@ def test_validation_assignments_are_distinct_and_span_the_baselines() -> None:
 def test_validate_end_to_end_reports_the_agreement() -> None:
     g = workloads.build("ffnn", size="tiny")
     cl = cluster("cpu4:2")
-    res = validate(g, cl, n=6, repeats=2, seed=0)
+    res = validate(g, cl, options=RunOptions(repeats=2, warmup=1), n=6, seed=0)
     js = res.to_json()
     for key in ("spearman", "mean_abs_pct_error", "max_abs_pct_error", "bias_pct", "retest_spearman", "n"):
         assert key in js

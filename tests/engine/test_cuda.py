@@ -7,7 +7,7 @@ import pytest
 
 from doppler import workloads
 from doppler import references
-from doppler.engine import EngineError, build_program, run
+from doppler.engine import EngineError, RunOptions, build_program, run
 from doppler.engine.local import HostDevices, run_local
 from doppler.presets import cluster
 from tests.engine.test_local import WORKLOADS, _assignments, check_trace, tiny_float64_case
@@ -84,16 +84,16 @@ def test_ready_time_is_the_last_arrival() -> None:
 def test_device_type_errors_are_clear() -> None:
     g = workloads.build("ffnn", size="tiny")
     with pytest.raises(EngineError, match="unknown device type 'tpu'"):
-        run(g, [0] * g.num_ops, device_type="tpu")
+        run(g, [0] * g.num_ops, options=RunOptions(device_type="tpu"))
     with pytest.raises(EngineError, match="dask engine runs CPU devices only"):
-        run(g, [0] * g.num_ops, engine="dask", device_type="cuda")
+        run(g, [0] * g.num_ops, options=RunOptions(engine="dask", device_type="cuda"))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
 def test_cuda_without_a_gpu_is_one_clear_error() -> None:
     g = workloads.build("ffnn", size="tiny")
     with pytest.raises(EngineError, match="no CUDA device is visible"):
-        run(g, [0] * g.num_ops, device_type="cuda")
+        run(g, [0] * g.num_ops, options=RunOptions(device_type="cuda"))
 
 
 # ---------------------------------------------------------------------------------------- on a GPU
@@ -107,7 +107,7 @@ def test_cuda_outputs_equal_untiled_numpy(name: str) -> None:
         ref = workloads.reference(g, x)
         prog = build_program(g, inputs=x, dtype=dtype)
         for label, dev in _assignments(g, 2).items():
-            res = run(g, dev, num_devices=2, program=prog, device_type="cuda")
+            res = run(g, dev, num_devices=2, program=prog, options=RunOptions(device_type="cuda"))
             assert res.info["device_type"] == "cuda" and len(res.info["devices"]) == 2
             assert res.trace.mode == "engine:local:cuda"
             for k in ref:
@@ -123,7 +123,7 @@ def test_cuda_synthetic_kernels_last_their_time() -> None:
     cl = cluster("unit:2")
     comp = cl.compute_time_s(g)[:, 0]
     scale = 0.004 / comp.max()  # the longest op lasts 4 ms
-    res = run(g, np.arange(g.num_ops) % 2, cluster=cl, time_scale=scale, device_type="cuda")
+    res = run(g, np.arange(g.num_ops) % 2, cluster=cl, time_scale=scale, options=RunOptions(device_type="cuda"))
     check_trace(g, res.trace, 2)
     dur = res.trace.op_end - res.trace.op_start
     longest = int(np.argmax(comp))
@@ -136,11 +136,11 @@ def test_cuda_repeated_runs_do_not_leak_gpu_memory() -> None:
     prog = build_program(g)
     dev = np.arange(g.num_ops) % 2
     for _ in range(5):
-        run(g, dev, num_devices=2, program=prog, keep_outputs=False, device_type="cuda")
+        run(g, dev, num_devices=2, program=prog, keep_outputs=False, options=RunOptions(device_type="cuda"))
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     for _ in range(50):
-        run(g, dev, num_devices=2, program=prog, keep_outputs=False, device_type="cuda")
+        run(g, dev, num_devices=2, program=prog, keep_outputs=False, options=RunOptions(device_type="cuda"))
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() - before < 1e6
 

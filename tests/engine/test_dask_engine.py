@@ -21,7 +21,7 @@ pytest.importorskip("distributed")
 
 from doppler import workloads  # noqa: E402
 from doppler import references
-from doppler.engine import EngineError, build_program, run  # noqa: E402
+from doppler.engine import EngineError, RunOptions, build_program, run  # noqa: E402
 from doppler.engine import dask_cluster, dask_engine  # noqa: E402
 from doppler.graph import DataflowGraph  # noqa: E402
 from doppler.presets import cluster  # noqa: E402
@@ -45,7 +45,7 @@ def synthetic_graph(n: int, src, dst, name: str = "g") -> DataflowGraph:
 def small_run() -> None:
     """A run that must succeed (after a fault: on a fresh cluster)."""
     g = synthetic_graph(4, [0, 1, 2], [1, 2, 3])
-    res = run(g, [0, 1, 0, 1], num_devices=D, engine="dask", cluster=cluster("unit:2"), time_scale=1e-3)
+    res = run(g, [0, 1, 0, 1], num_devices=D, options=RunOptions(engine="dask"), cluster=cluster("unit:2"), time_scale=1e-3)
     assert res.trace.num_ops == 4 and res.makespan_s > 0
     check_trace(g, res.trace)
 
@@ -90,7 +90,7 @@ def test_outputs_of_every_workload_at_small_size_match_reference() -> None:
         x = references.make_inputs(g, seed=0, dtype=np.float64)
         ref = workloads.reference(g, x)
         a = assign(g, cluster(f"cpu4:{D}"), "critical_path").devices
-        res = run(g, a, num_devices=D, engine="dask", program=build_program(g, inputs=x))
+        res = run(g, a, num_devices=D, options=RunOptions(engine="dask"), program=build_program(g, inputs=x))
         for k in ref:
             scale = float(np.abs(ref[k]).max())
             np.testing.assert_allclose(res.outputs[k], ref[k], rtol=1e-3, atol=1e-4 * scale, err_msg=f"{workload}/{k}")
@@ -104,7 +104,7 @@ def test_outputs_match_reference(workload):
     prog = build_program(g, inputs=x, dtype=np.float64)
     ref = workloads.reference(g, x)
     for name, a in assignments(g.num_ops).items():
-        res = run(g, a, num_devices=D, engine="dask", program=prog)
+        res = run(g, a, num_devices=D, options=RunOptions(engine="dask"), program=prog)
         assert res.engine == "dask" and res.num_devices == D
         assert set(res.outputs) == set(ref)
         for k in ref:
@@ -122,7 +122,7 @@ def test_outputs_match_reference(workload):
 def test_repeats_keep_values_and_info():
     g = workloads.build("ffnn", size="tiny")
     a = np.arange(g.num_ops) % D
-    res = run(g, a, num_devices=D, engine="dask", repeats=3, seed=1, keep_outputs=False)
+    res = run(g, a, num_devices=D, options=RunOptions(engine="dask", repeats=3), seed=1, keep_outputs=False)
     assert len(res.makespans_s) == 3 and res.outputs == {}
     assert res.makespan_s == pytest.approx(float(np.median(res.makespans_s)))
     check_trace(g, res.trace)
@@ -142,7 +142,7 @@ def test_repeats_keep_values_and_info():
 def test_priority_among_ready_sources():
     """Independent ops on one device, ready together, run lowest op id first (Dask's priority, not FIFO)."""
     g = synthetic_graph(6, [], [])
-    res = run(g, np.zeros(6, np.int64), num_devices=D, engine="dask", cluster=cluster("unit:2"), time_scale=5e-3)
+    res = run(g, np.zeros(6, np.int64), num_devices=D, options=RunOptions(engine="dask"), cluster=cluster("unit:2"), time_scale=5e-3)
     tr = res.trace
     assert list(np.argsort(tr.op_start, kind="stable")) == list(range(6))
     assert np.all(tr.op_ready <= tr.op_start[0] + EPS)  # every source is ready when the gate opens
@@ -153,8 +153,8 @@ def test_synthetic_transfers_measured():
     """Synthetic ops alternating over 2 devices: every edge is one measured transfer feeding the consumer."""
     n = 8
     g = DataflowGraph.from_arrays(np.ones(n), np.full(n, 2e6), np.arange(n - 1), np.arange(1, n), name="chain")
-    res = run(g, np.arange(n) % D, num_devices=D, engine="dask", cluster=cluster("unit:2"), time_scale=2e-3,
-              keep_outputs=False)  # fmt: skip
+    res = run(g, np.arange(n) % D, num_devices=D, options=RunOptions(engine="dask"), cluster=cluster("unit:2"),
+              time_scale=2e-3, keep_outputs=False)  # fmt: skip
     tr = res.trace
     check_trace(g, tr)
     assert tr.num_transfers == n - 1
@@ -175,7 +175,7 @@ def test_kernel_failure_names_the_op_then_recovers():
     prog.specs[v]["fn"] = "no_such_fn"
     a = np.arange(g.num_ops) % D
     with pytest.raises(EngineError) as err:
-        run(g, a, num_devices=D, engine="dask", program=prog, timeout_s=30)
+        run(g, a, num_devices=D, options=RunOptions(engine="dask", timeout_s=30), program=prog)
     msg = str(err.value)
     assert f"op {prog.label(v)}" in msg and f"device {a[v]}" in msg
     small_run()
@@ -195,7 +195,7 @@ def test_killed_worker_raises_then_recovers():
 
     def target() -> None:
         try:
-            run(g, np.arange(16) % D, num_devices=D, engine="dask", program=prog, timeout_s=60)
+            run(g, np.arange(16) % D, num_devices=D, options=RunOptions(engine="dask", timeout_s=60), program=prog)
             out["result"] = "finished"
         except BaseException as e:  # noqa: BLE001
             out["error"] = e
@@ -226,7 +226,7 @@ def test_timeout_raises_quickly_then_recovers():
     a = np.arange(g.num_ops) % D
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="timeout of 0.3 s"):
-        run(g, a, num_devices=D, engine="dask", cluster=c, time_scale=scale, timeout_s=0.3, keep_outputs=False)
+        run(g, a, num_devices=D, options=RunOptions(engine="dask", timeout_s=0.3), cluster=c, time_scale=scale, keep_outputs=False)
     assert time.monotonic() - t0 < 15
     small_run()
 
@@ -237,8 +237,8 @@ def test_too_few_workers_for_an_external_scheduler():
     g = synthetic_graph(3, [0, 1], [1, 2])
     # the module's own 2-worker cluster, reached by address: 3 devices are too many
     with pytest.raises(EngineError, match="3 devices"):
-        run(g, [0, 1, 2], num_devices=3, engine="dask", cluster=cluster("unit:3"), scheduler=addr)
-    res = run(g, [0, 1, 0], num_devices=D, engine="dask", cluster=cluster("unit:2"), time_scale=1e-3, scheduler=addr)
+        run(g, [0, 1, 2], num_devices=3, options=RunOptions(engine="dask", scheduler=addr), cluster=cluster("unit:3"))
+    res = run(g, [0, 1, 0], num_devices=D, options=RunOptions(engine="dask", scheduler=addr), cluster=cluster("unit:2"), time_scale=1e-3)
     assert res.info["scheduler"] == addr and res.info["local_cluster"] is False
     check_trace(g, res.trace, eps=5e-3)  # an external cluster's times carry Dask's clock-offset estimate
 
@@ -271,9 +271,9 @@ def test_repeated_dask_runs_do_not_keep_their_data(monkeypatch) -> None:
     a = np.arange(g.num_ops) % D
     data_per_run = sum(t.nbytes for t in prog.tiles) + float(g.output_bytes.sum())
     for _ in range(5):
-        run(g, a, num_devices=D, engine="dask", program=prog, keep_outputs=False)
+        run(g, a, num_devices=D, options=RunOptions(engine="dask"), program=prog, keep_outputs=False)
     before = psutil.Process().memory_info().rss
     for _ in range(20):
-        run(g, a, num_devices=D, engine="dask", program=prog, keep_outputs=False)
+        run(g, a, num_devices=D, options=RunOptions(engine="dask"), program=prog, keep_outputs=False)
     grown_per_run = (psutil.Process().memory_info().rss - before) / 20
     assert grown_per_run < 0.25 * data_per_run, f"{grown_per_run / 1e6:.1f} MB per run of {data_per_run / 1e6:.0f} MB moved"

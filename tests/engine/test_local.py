@@ -13,7 +13,7 @@ from doppler import workloads
 from doppler import references
 from doppler.assignment import AssignmentError
 from doppler.methods import assign
-from doppler.engine import EngineError, build_program, run
+from doppler.engine import EngineError, RunOptions, build_program, run
 from doppler.graph import DataflowGraph
 from doppler.presets import cluster
 
@@ -111,7 +111,7 @@ def test_outputs_equal_untiled_numpy_small_float32(name: str) -> None:
 
 def test_repeats_keep_every_makespan_and_take_the_median() -> None:
     g = workloads.build("ffnn", size="tiny")
-    res = run(g, np.arange(g.num_ops) % 2, num_devices=2, repeats=3, warmup=1)
+    res = run(g, np.arange(g.num_ops) % 2, num_devices=2, options=RunOptions(repeats=3, warmup=1))
     assert len(res.makespans_s) == 3 and all(m > 0 for m in res.makespans_s)
     assert res.makespan_s == pytest.approx(float(np.median(res.makespans_s)))
     assert res.trace.makespan_s in res.makespans_s  # the median run's trace
@@ -148,10 +148,10 @@ def test_kernel_failure_names_op_and_device_and_cleans_up(device_type: str) -> N
     prog.specs[bad]["fn"] = "no_such_fn"
     dev = np.arange(g.num_ops) % 2
     with pytest.raises(EngineError, match=rf"op {bad}\b.*on device {dev[bad]} failed.*no_such_fn"):
-        run(g, dev, num_devices=2, program=prog, timeout_s=30, device_type=device_type)
+        run(g, dev, num_devices=2, program=prog, options=RunOptions(device_type=device_type, timeout_s=30))
     assert _thread_count() == 0
     prog.specs = good_specs  # the process runs the next graph
-    assert run(g, dev, num_devices=2, program=prog, device_type=device_type).makespan_s > 0
+    assert run(g, dev, num_devices=2, program=prog, options=RunOptions(device_type=device_type)).makespan_s > 0
 
 
 @pytest.mark.parametrize("device_type", DEVICE_TYPES)
@@ -162,14 +162,15 @@ def test_timeout_stops_the_run_names_what_ran_and_next_run_works(device_type: st
     cl = cluster("unit:2")
     t0 = time.perf_counter()
     with pytest.raises(EngineError, match=r"timeout of 0.2 s .* running: op 0 on device 0"):
-        run(g, np.zeros(g.num_ops, np.int64), cluster=cl, time_scale=0.6, timeout_s=0.2, device_type=device_type)  # ops of 0.6 s
+        run(g, np.zeros(g.num_ops, np.int64), cluster=cl, time_scale=0.6,  # ops of 0.6 s
+            options=RunOptions(device_type=device_type, timeout_s=0.2))
     assert time.perf_counter() - t0 < 10
     deadline = time.monotonic() + 20  # the abandoned spin finishes; its thread sees the stop and exits
     while _thread_count() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _thread_count() == 0
     small = workloads.build("ffnn", size="tiny")
-    assert run(small, np.zeros(small.num_ops, np.int64), num_devices=1, device_type=device_type).makespan_s > 0
+    assert run(small, np.zeros(small.num_ops, np.int64), num_devices=1, options=RunOptions(device_type=device_type)).makespan_s > 0
 
 
 def test_bad_requests_are_clear_errors() -> None:
@@ -180,13 +181,13 @@ def test_bad_requests_are_clear_errors() -> None:
     with pytest.raises(AssignmentError, match="device 5"):
         run(g, [5] * n, num_devices=2)
     with pytest.raises(EngineError, match="unknown engine"):
-        run(g, [0] * n, engine="mpi")
+        run(g, [0] * n, options=RunOptions(engine="mpi"))
     with pytest.raises(EngineError, match="repeats"):
-        run(g, [0] * n, repeats=0)
+        run(g, [0] * n, options=RunOptions(repeats=0))
     with pytest.raises(EngineError, match="from 1 to 10000"):
-        run(g, [0] * n, repeats=10**7)
+        run(g, [0] * n, options=RunOptions(repeats=10**7))
     with pytest.raises(EngineError, match="timeout_s"):
-        run(g, [0] * n, timeout_s=float("nan"))
+        run(g, [0] * n, options=RunOptions(timeout_s=float("nan")))
     with pytest.raises(EngineError, match="at most"):
         run(g, [0] * n, num_devices=10_000)
     for scale in (float("nan"), 0.0, 1e12, "1"):  # (kernel graphs ignored it; 1e12 overflowed in a worker)
@@ -215,7 +216,7 @@ def test_timeout_beyond_a_week_is_rejected() -> None:
 
     g = workloads.build("ffnn", size="tiny")
     with pytest.raises(EngineError, match="a week"):
-        run(g, [0] * g.num_ops, timeout_s=MAX_TIMEOUT_S * 2)
+        run(g, [0] * g.num_ops, options=RunOptions(timeout_s=MAX_TIMEOUT_S * 2))
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no per-thread affinity here")
@@ -256,7 +257,7 @@ def test_the_measured_peak_memory_is_within_10_percent_of_the_simulated_one(meth
     g = workloads.build("llama_layer", size="tiny")
     cl = cluster("cpu4")
     a = assign(g, cl, method, ignore_memory=True)
-    res = run(g, a, num_devices=cl.num_devices, repeats=3, cluster=cl)
+    res = run(g, a, num_devices=cl.num_devices, options=RunOptions(repeats=3), cluster=cl)
     sim = simulate(g, cl, a, trace=True)
     assert sim.resident_bytes.sum() > 0.5 * sim.peak_memory_bytes.sum()  # a workload whose weights dominate
     assert res.peak_memory_bytes.max() == pytest.approx(sim.peak_memory_bytes.max(), rel=0.10)

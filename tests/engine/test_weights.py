@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from doppler import memory  # noqa: E402
-from doppler.engine import EngineError, build_program, run  # noqa: E402
+from doppler.engine import EngineError, RunOptions, build_program, run  # noqa: E402
 from doppler.engine.model_check import compare_logits, reference_outputs  # noqa: E402
 from doppler.engine.weights import (WeightTile, WeightsError, bind, check_executable, open_checkpoint,  # noqa: E402
                                     read_input_ids)  # fmt: skip
@@ -255,7 +255,7 @@ def test_cuda_devices_run_the_same_weights(tiny) -> None:
     ckpt = open_checkpoint(tiny["dir"] / "sharded")
     ids = np.random.default_rng(3).integers(0, 512, size=(1, 16))
     program, _ = _program(g, ckpt, ids)
-    res = run(g, _devices(g, "halves"), num_devices=2, program=program, device_type="cuda")
+    res = run(g, _devices(g, "halves"), num_devices=2, program=program, options=RunOptions(device_type="cuda"))
     found = compare_logits(res.outputs, reference_outputs(FACTORY, ckpt, g, {"input_ids": ids}), source=FACTORY,
                            dtype="float32")  # fmt: skip
     assert found.match, found

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from doppler import workloads
-from doppler.engine import build_program, run
+from doppler.engine import RunOptions, build_program, run
 from doppler.graph import OpKind
 from doppler.importer import (
     GraphImportError,
@@ -91,7 +91,7 @@ def test_imported_graph_runs_on_the_local_engine_under_three_assignments(name: s
     prog = build_program(g, inputs=model_inputs(g, module, example), dtype=np.float32)
     rng = np.random.default_rng(0)
     for dev in (np.zeros(g.num_ops, np.int64), np.arange(g.num_ops) % 3, rng.integers(0, 3, g.num_ops)):
-        res = run(g, dev, num_devices=3, program=prog, timeout_s=120)
+        res = run(g, dev, num_devices=3, program=prog, options=RunOptions(timeout_s=120))
         (out,) = res.outputs.values()
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * np.abs(ref).max())
 

@@ -8,18 +8,21 @@ file/line/op), 1 on internal failure.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import re
 import sys
 import time
 import warnings
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from doppler.io_util import OutputLock, OutputPathError, check_outputs_apart, to_jsonable
+from doppler.memory import DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_HELP
 
 #: the `--json` option every command takes
 JSON_OPT = typer.Option(False, "--json", help="Print exactly one JSON value on stdout.")
@@ -152,8 +155,34 @@ def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: 
 #: seconds between the plain progress lines of :func:`live_progress` when stderr is not a terminal
 PLAIN_PROGRESS_EVERY_S = 60.0
 
-MEMORY_FRACTION_OPT = typer.Option(0.9, "--memory-fraction", help="Share of each device's memory_bytes that a placement may fill (the rest is left for kernel workspace and the allocator); a device with no memory_bytes is unlimited.")
+MEMORY_FRACTION_OPT = typer.Option(DEFAULT_MEMORY_FRACTION, "--memory-fraction", show_default=False,
+                                   help=MEMORY_FRACTION_HELP.format(default=DEFAULT_MEMORY_FRACTION))
 IGNORE_MEMORY_OPT = typer.Option(False, "--ignore-memory", help="Place and run without the memory budget: a placement that does not fit is only a warning.")
+
+
+def config_options(options: Sequence[Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A typer command whose parameter ``options`` stands for one option per item of ``options`` (the
+    :class:`~doppler.train.config.CommandOption` of each configuration field the command sets): its names and
+    help come from the field, and it defaults to None. The command receives ``options`` as a dict of the
+    fields given on the command line (field -> value, read by the field's type), the others left out."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        params = list(inspect.signature(command).parameters.values())
+        at = next(i for i, p in enumerate(params) if p.name == "options")
+        generated = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[o.value_type],
+                                       default=typer.Option(None, *o.decls, help=o.help, show_default=False))
+                     for o in options]  # fmt: skip
+
+        @functools.wraps(command)
+        def with_options(**kw: Any) -> Any:
+            given = {o.name: o.read(kw[o.name]) for o in options if kw[o.name] is not None}
+            return command(**{k: v for k, v in kw.items() if k not in {o.name for o in options}}, options=given)
+
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        with_options.__signature__ = inspect.Signature(own[:at] + generated + own[at + 1:])  # type: ignore[attr-defined]
+        return with_options
+
+    return decorate
 
 
 def memory_check(graph: Any, cl: Any, result: Any, memory_fraction: float, ignore: bool, what: str) -> Any:

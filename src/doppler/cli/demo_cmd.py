@@ -167,7 +167,7 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
     from doppler import workloads
     from doppler.cluster_file import save_cluster
     from doppler.methods import assign
-    from doppler.engine import build_program, run
+    from doppler.engine import RunOptions, build_program, run
     from doppler.engine.calibrate import calibrate
     from doppler.report import gantt
     from doppler.sim import simulate
@@ -182,7 +182,7 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
     for m in ENGINE_DEMO_METHODS:
         with Status(f"real engine: executing ffnn (small) under {m}", console=progress_console):
             a = assign(graph, cal.cluster, m)
-            res = run(graph, a, num_devices=2, program=program, repeats=3, warmup=1)
+            res = run(graph, a, num_devices=2, program=program, options=RunOptions(repeats=3, warmup=1))
         sim = simulate(graph, cal.cluster, a, link_contention=True).makespan_s
         rows.append({"method": m, "measured_s": res.makespan_s, "simulated_s": sim, "trace": res.trace})
     best = min(rows, key=lambda r: r["measured_s"])

@@ -34,7 +34,7 @@ class EngineOptions:
     """The option block ``calibrate`` and ``validate`` share, declared once: each field's default is its
     typer option. A command takes the block as one parameter ``= ENGINE_OPTIONS`` under
     :func:`engine_options`; the fields are the keyword arguments of the same names of
-    :func:`doppler.engine.calibrate.calibrate` and :func:`doppler.engine.validate.validate`."""
+    :func:`doppler.engine.calibrate.calibrate` and fields of :class:`doppler.engine.RunOptions` (``validate``)."""
 
     scheduler: Optional[str] = SCHEDULER_OPT
     timeout_s: float = TIMEOUT_OPT
@@ -115,7 +115,7 @@ def execute_cmd(
     with handle_errors():
 
         from doppler.assignment import load_assignment
-        from doppler.engine import check_options, check_time_scale, run
+        from doppler.engine import RunOptions, check_options, check_time_scale, run
         from doppler.formats import load_graph
         from doppler.sim import simulate
 
@@ -139,9 +139,10 @@ def execute_cmd(
         assignment = load_assignment(assignment_path, graph, num_devices, check_fingerprint=not ignore_fingerprint)
         chk = memory_check(graph, cl, simulate(graph, cl, assignment, trace=True), memory_fraction, ignore_memory,
                            str(assignment_path))  # before the run, as the simulator counts memory  # fmt: skip
-        res = run(graph, assignment, num_devices=num_devices, engine=engine, repeats=repeats, warmup=warmup,
-                  timeout_s=timeout_s, program=bound.program if bound else None,
-                  cluster=cl, time_scale=time_scale, seed=seed, scheduler=scheduler, device_type=device_type)  # fmt: skip
+        options = RunOptions(engine=engine, device_type=device_type, scheduler=scheduler, repeats=repeats, warmup=warmup,
+                             timeout_s=timeout_s)  # fmt: skip
+        res = run(graph, assignment, options=options, num_devices=num_devices, program=bound.program if bound else None,
+                  cluster=cl, time_scale=time_scale, seed=seed)  # fmt: skip
         sim = simulate(graph, cl, assignment, link_contention=True).makespan_s
         if synthetic:  # cost-only graph: its kernels ran time_scale x the cluster's times
             sim *= time_scale
@@ -375,7 +376,7 @@ def validate_cmd(
     """Run many assignments through simulator and engine; report rank correlation and error."""
     with handle_errors():
 
-        from doppler.engine import check_options, check_time_scale
+        from doppler.engine import RunOptions, check_options, check_time_scale
         from doppler.engine.validate import MAX_ASSIGNMENTS, scatter_plot, validate
         from doppler.formats import load_graph
         from doppler.presets import cluster
@@ -398,8 +399,9 @@ def validate_cmd(
         graph = load_graph(graph_path)
         require_values(graph, str(graph_path))
         with live_progress(labels={"validate": "validating"}, counts=True) as on_progress:
-            res = validate(graph, cl, engine=engine, n=n, repeats=repeats, seed=seed, dispatch=dispatch,
-                           time_scale=time_scale, progress=on_progress, **dataclasses.asdict(opts))  # fmt: skip
+            options = RunOptions(engine=engine, repeats=repeats, warmup=1, **dataclasses.asdict(opts))
+            res = validate(graph, cl, options=options, n=n, seed=seed, dispatch=dispatch, time_scale=time_scale,
+                           progress=on_progress)  # fmt: skip
         if plot is not None:
             scatter_plot(res, plot)
         if output is not None:

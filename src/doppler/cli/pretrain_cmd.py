@@ -2,25 +2,26 @@
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from doppler.cli._common import (JSON_OPT, UserError, app, as_user_error, console, emit_json, handle_errors,
-                                 hold_outputs, live_progress)  # fmt: skip
+                                 config_options, hold_outputs, live_progress)  # fmt: skip
+from doppler.train.config import command_options, pretrain_config
+
+
+#: the options of ``doppler pretrain`` that set fields of its configuration, with pretraining's defaults
+PRETRAIN_OPTIONS = command_options("pretrain", pretrain_config())
 
 
 @app.command("pretrain")
+@config_options(PRETRAIN_OPTIONS)
 def pretrain_cmd(
     ctx: typer.Context,
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, TensorBoard)."),
     budget_h: Optional[float] = typer.Option(None, "--budget-h", help="Training time in hours (Stage I for all of it by default; a Stage II learning rate decays over it) (default: 1; with --resume, the run's own)."),
-    device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda."),
-    seed: int = typer.Option(0, "--seed", help="Random seed (of the policy and of the corpus stream)."),
-    threads: int = typer.Option(1, "--threads", help="torch intra-op threads."),
-    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of the PLC head's device features and Stage I rule: heft (ops fill idle gaps; earliest finish) or critical_path (ops append to a device; earliest start) (default: heft)."),
-    il_lr: Optional[float] = typer.Option(None, "--il-lr", help="Stage I learning rate (default: 2e-3; a smaller one, such as 5e-4, makes snapshots differ less)."),
-    pairs_per_update: Optional[int] = typer.Option(None, "--pairs-per-update", help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: 1; with --init, the checkpoint's)."),
+    options: dict[str, Any] = {},  # noqa: B006  (the TrainConfig fields' options, @config_options)
     workers: Optional[int] = typer.Option(None, "--workers", help="Processes that train side by side, each on its own fresh pairs, their gradients averaged every update (data-parallel; default: 1; with --resume, the run's own count, and another count keeps the streams of the workers in both). Each holds a core: at most the cores doppler may use. A worker that has not joined within 180 s, or a gradient exchange that waits over 600 s, ends the run."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory (same corpus stream)."),
     init: Optional[str] = typer.Option(None, "--init", help="Start from 'pretrained' (the shipped policy) or a pretraining checkpoint: Stage II on new pairs, the device head breaking only HEFT's ties, as zero-shot decoding does (no Stage I, no search)."),
@@ -33,7 +34,7 @@ def pretrain_cmd(
         # one writer (worker 0, this process), no member a link: before torch is imported
         hold_outputs(ctx, dirs={"": output}, members=RUN_DIR_MEMBERS)
         from doppler.methods.threads import usable_cores
-        from doppler.pretrain import MAX_BUDGET_H, pretrain_config
+        from doppler.pretrain import MAX_BUDGET_H
         from doppler.pretrain_parallel import Recipe, run_workers
         from doppler.policy.checkpoint import CheckpointError
         from doppler.cli.train_cmd import diverged_run
@@ -53,12 +54,13 @@ def pretrain_cmd(
             check_workers(workers)
         ckpt = output / "checkpoint.pt"
         with as_user_error(TrainError, CheckpointError):
-            overrides = {k: v for k, v in (("list_schedule", list_schedule), ("il_lr", il_lr)) if v is not None}
+            run = {k: options.get(k, getattr(pretrain_config(), k)) for k in ("device", "seed", "torch_threads")}
+            overrides = {k: v for k, v in options.items() if k in ("list_schedule", "il_lr")}
             flag = "--" + next(iter(overrides)).replace("_", "-") if overrides else None
             if init is not None and (resume or flag):
                 raise UserError(f"--init with {'--resume' if resume else flag}: an --init run takes its configuration "
                                 "from the checkpoint (--resume continues a run in -o)")  # fmt: skip
-            per_update = {} if pairs_per_update is None else {"pairs_per_update": pairs_per_update}
+            per_update = {k: v for k, v in options.items() if k == "pairs_per_update"}
             if resume:
                 if flag or per_update:
                     raise UserError(f"{flag or '--pairs-per-update'} with --resume: a resumed run keeps its own "
@@ -72,12 +74,10 @@ def pretrain_cmd(
                 from doppler.policy.checkpoint import resolve_checkpoint
 
                 path, _ = resolve_checkpoint(None if init == "pretrained" else init)
-                recipe = Recipe("init", budget_s or 3600.0, path=str(path), seed=seed,
-                                overrides=dict(device=device, torch_threads=threads, **per_update))  # fmt: skip
+                recipe = Recipe("init", budget_s or 3600.0, path=str(path), seed=run["seed"],
+                                overrides=dict(device=run["device"], torch_threads=run["torch_threads"], **per_update))  # fmt: skip
             elif not resume:
-                recipe = Recipe("create", budget_s or 3600.0, cfg=pretrain_config(seed=seed, device=device,
-                                                                              torch_threads=threads, **overrides,
-                                                                              **per_update))  # fmt: skip
+                recipe = Recipe("create", budget_s or 3600.0, cfg=pretrain_config(**run, **overrides, **per_update))
             pt = recipe.build(0)
             if resume and workers is None:  # the run's own count; another one keeps the streams of the workers in both
                 workers = pt.saved_workers

@@ -7,18 +7,9 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, as_user_error, console, emit_json,
+from doppler.cli._common import (JSON_OPT, UserError, app, as_user_error, config_options, console, emit_json,
                                  handle_errors, hold_outputs, live_progress)  # fmt: skip
-
-
-def _parse_stages(stages: str) -> tuple[str, ...]:
-    from doppler.train import STAGES
-
-    out = tuple(s.strip() for s in stages.split(",") if s.strip())
-    bad = [s for s in out if s not in STAGES]
-    if bad or not out:
-        raise UserError(f"unknown stage {bad[0] if bad else stages!r} in --stages (use a comma list of: {', '.join(STAGES)})")
-    return out
+from doppler.train.config import TrainConfig, command_options
 
 
 def _init_config(cfg, init: str, op_features: str | None = None, cluster=None):
@@ -113,12 +104,10 @@ def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) ->
     """``--resume`` continues a run as it was configured: an option typed on the command line (``typed``) that
     differs from the run's own is refused (it would be ignored). (``--episodes`` below the Stage II episodes the
     run has already done is refused by :meth:`~doppler.train.Trainer.resume`.)"""
-    from doppler.train.config import RUN_OPTIONS
-
-    for name, field in RUN_OPTIONS.items():
+    for name in (o.name for o in TRAIN_OPTIONS):
         if name == "episodes":  # (it may extend Stage II: below)
             continue
-        mine, theirs = getattr(cfg, field), getattr(trainer.cfg, field)
+        mine, theirs = getattr(cfg, name), getattr(trainer.cfg, name)
         if isinstance(mine, (list, tuple)) and isinstance(theirs, (list, tuple)):
             mine, theirs = tuple(mine), tuple(theirs)
         if name in typed and mine != theirs:
@@ -171,36 +160,20 @@ def _real_oracle_with_weights(trainer, graph_paths: list[Path], weights_path: Pa
                                            program=bound.program, device_type=cfg.engine_device_type)  # fmt: skip
 
 
+#: the options of ``doppler train`` that set fields of its configuration (from the fields' own metadata)
+TRAIN_OPTIONS = command_options("train", TrainConfig())
+
+
 @app.command("train")
+@config_options(TRAIN_OPTIONS)
 def train_cmd(
     ctx: typer.Context,
     graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
-    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs) (default: il,sim; with --init: sim)."),
-    episodes: int = typer.Option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs), all graphs together; rounded up to whole updates of --batch episodes per graph."),
-    il_episodes: Optional[int] = typer.Option(None, "--il-episodes", help="Stage I episodes (default: 1024), rounded up to whole updates."),
-    batch: Optional[int] = typer.Option(None, "--batch", help="Episodes per graph per update, sharing one encoder pass (default: 8)."),
-    method: str = typer.Option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step)."),
-    teacher: str = typer.Option("critical_path", "--teacher", help="Stage I PLC teacher: critical_path (the list-schedule rule, on the states the policy visits), or a method whose assignment is cloned: heft, heft_lookahead (at most 10 s), enumerative, anneal (10 s)."),
-    list_schedule: Optional[str] = typer.Option(None, "--list-schedule", help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) (default: critical_path; with --init: the checkpoint's)."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="REINFORCE baseline: running, mean, loo (default: loo)."),
-    self_improve: Optional[float] = typer.Option(None, "--self-improve", help="Weight of the best-so-far imitation term, 0: off (default: 1.0)."),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
-    warm_start: Optional[str] = typer.Option(None, "--warm-start", help="Comma list of methods whose best assignment Stage II starts improving from, or 'none' (default: critical_path,heft,metis,enumerative,round_robin_block)."),
-    search_every: Optional[int] = typer.Option(None, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates; 0: off (default: 500)."),
-    distill_on_policy: Optional[float] = typer.Option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 1 with device identity, which doppler and doppler_plc learn by default; 0 with --no-device-identity or for other methods, where the device head cannot tell alike devices apart and the term fights the replay)."),
-    search_evals: Optional[int] = typer.Option(None, "--search-evals", help="Simulator evaluations per local search (default: 20000; with --init: 100000)."),
-    real_episodes: Optional[int] = typer.Option(None, "--real-episodes", help="Stage III episodes, each a measured run (default: 64), rounded up to whole updates of --batch per graph."),
-    engine: str = typer.Option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count)."),
-    engine_device_type: str = typer.Option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda."),
-    device: str = typer.Option("cpu", "--device", help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 2; give 1 when two trainings share a 2-core machine: with 2 each they oversubscribe it and run far slower)."),
+    options: dict[str, Any] = {},  # noqa: B006  (the TrainConfig fields' options, @config_options)
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly, with its own options; --episodes may extend Stage II."),
-    op_features: Optional[str] = typer.Option(None, "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: full; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart)."),
     init: Optional[str] = typer.Option(None, "--init", help="Fine-tune from 'pretrained' (the shipped policy) or a checkpoint file (skips Stage I unless --stages says otherwise)."),
-    device_identity: Optional[bool] = typer.Option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc)."),
-    memory_fraction: float = MEMORY_FRACTION_OPT,
     ignore_memory: bool = typer.Option(False, "--ignore-memory", help="Train without the memory budget: episodes may place ops where they do not fit."),
     weights_path: Optional[Path] = typer.Option(None, "--weights", help="Stage III runs the model with its own weights (a graph from `graph import`, also on the meta device; one graph): a .safetensors file or a save_pretrained directory, as `execute --weights` reads it."),
     set_: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE", help="Any other hyper-parameter of the run (repeatable), e.g. lr=1e-3, hidden=64, distill_updates=0 (docs/doppler.md, Training configuration, lists them)."),
@@ -212,37 +185,32 @@ def train_cmd(
 
         # one writer, no member a link: before torch's import and before the run is read or checked
         hold_outputs(ctx, dirs={"": output}, members=RUN_DIR_MEMBERS)
-        from doppler.train.config import INIT_SEARCH_EVALS, TrainConfig, TrainError, set_fields
+        from doppler.train.config import INIT_SEARCH_EVALS, TrainError, set_fields
 
         with as_user_error(TrainError, CheckpointError):
-            given = {"op_features": op_features if init is None else None, "il_episodes": il_episodes, "batch": batch, "baseline": baseline, "self_improve_coef": self_improve,
-                     "distill_on_policy": distill_on_policy,
-                     "real_episodes": real_episodes, "search_every": search_every, "torch_threads": threads,
-                     "search_evals": search_evals if search_evals is not None or init is None else INIT_SEARCH_EVALS,
-                     "sim_seed_methods": None if warm_start is None else
-                     tuple(m.strip() for m in warm_start.split(",") if m.strip() and m.strip() != "none")}  # fmt: skip
             if init is not None and resume:
                 raise UserError("--init starts a new run from a policy; --resume continues a run: give one of them")
-            if stages is not None and not stages.strip():
+            if options.get("stages") == ():
                 raise UserError("--stages is empty (use a comma list of: il, sim, real)")
-            stages = stages or ("sim" if init is not None else "il,sim")
-            cfg = TrainConfig(stages=_parse_stages(stages), episodes=episodes, teacher=teacher, method=method, seed=seed, engine=engine,
-                              list_schedule=list_schedule or "critical_path",
-                              engine_device_type=engine_device_type, device=device, device_identity=device_identity,
-                              memory_fraction=None if ignore_memory else memory_fraction,
-                              **{k: v for k, v in given.items() if v is not None})  # fmt: skip
-            cfg = set_fields(cfg, set_)
+            given = dict(options)
+            op_features = given.pop("op_features", None) if init is not None else given.get("op_features")
+            if init is not None:
+                given.setdefault("stages", ("sim",))
+                given.setdefault("search_evals", INIT_SEARCH_EVALS)
+            if ignore_memory:
+                given["memory_fraction"] = None
+            cfg = set_fields(TrainConfig(**given), set_)
             cfg.check_lengths()  # (first: validate's own bound of these counts is pretraining's, far above)
             cfg.validate()
             shaped = [item for item in set_ if item.partition("=")[0].strip() in ("hidden", "mp_steps", "mlp_hidden")]
             if init is not None and shaped:
                 raise UserError(f"--set {shaped[0]}: the policy's sizes come from the --init checkpoint: leave it out")
-            if init is not None and list_schedule is not None:
+            if init is not None and "list_schedule" in options:
                 raise UserError("--list-schedule comes from the --init checkpoint (its features were learned on that "
                                 "model): leave it out")  # fmt: skip
             typed = _typed_options(ctx)
             trainer = _trainer(graph_paths, cluster_name, cfg, output, resume, init, op_features or cfg.op_features,
-                               resume_episodes=episodes if "episodes" in typed else None)  # fmt: skip
+                               resume_episodes=options.get("episodes"))  # fmt: skip
             if resume:
                 _check_resume_options(typed, trainer, cfg, output)
         if weights_path is not None:

@@ -29,7 +29,7 @@ from doppler.hardware import Cluster
 from doppler.io_util import check_seed
 from doppler.trace import Trace
 
-__all__ = ["DEVICE_TYPES", "ENGINES", "EngineError", "ExecutionResult", "Program", "build_program", "run"]
+__all__ = ["DEVICE_TYPES", "ENGINES", "EngineError", "ExecutionResult", "Program", "RunOptions", "build_program", "run"]
 
 ENGINES = ("local", "dask")
 #: what a local engine's devices are: CPU workers (numpy) or CUDA devices (torch on the GPU)
@@ -97,46 +97,60 @@ def check_time_scale(time_scale: float) -> None:
         raise EngineError(f"--time-scale must be a number in (0, {MAX_TIME_SCALE:g}], got {time_scale!r}")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How :func:`run` measures: on which ``engine`` (``local`` or ``dask``) and ``device_type`` (``cpu`` or
+    ``cuda``: the local engine; with more devices than GPUs each GPU is split into logical devices with their own
+    streams), at which Dask ``scheduler`` (its address; None: a LocalCluster on 127.0.0.1), how many
+    ``repeats`` (the makespan is their median) after how many ``warmup`` runs (not kept: the first run of a
+    process pays page faults and cold caches), each bounded by ``timeout_s``."""
+
+    engine: str = "local"
+    device_type: str = "cpu"
+    scheduler: str | None = None
+    repeats: int = 1
+    warmup: int = 0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def check(self, num_devices: int, seed: int = 0) -> None:
+        """EngineError for an unknown engine or device type, or a bad device count, repeat or warm-up count,
+        timeout or seed."""
+        check_options(self.engine, num_devices, self.repeats, self.timeout_s, seed, self.device_type)
+        w = self.warmup
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or not 0 <= w <= MAX_REPEATS:
+            raise EngineError(f"warmup must be an integer from 0 to {MAX_REPEATS}, got {w!r}")
+
+
 def run(
     graph: DataflowGraph,
     assignment: "Assignment | Sequence[int] | np.ndarray",
     *,
+    options: RunOptions = RunOptions(),
     num_devices: int | None = None,
-    engine: str = "local",
-    repeats: int = 1,
-    warmup: int = 0,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
     program: Program | None = None,
     cluster: Cluster | None = None,
     time_scale: float = 1.0,
     seed: int = 0,
-    scheduler: str | None = None,
     keep_outputs: bool = True,
-    device_type: str = "cpu",
 ) -> ExecutionResult:
-    """Execute ``graph`` under ``assignment`` for real, ``repeats`` times; the makespan is the median.
+    """Execute ``graph`` under ``assignment`` for real as ``options`` say; the makespan is the median of the repeats.
 
     ``num_devices`` defaults to one more than the largest device index used (or
     the cluster's device count). ``program`` reuses a prepared
     :class:`Program` (inputs already made); otherwise one is built from
     ``seed`` (real kernels) or ``cluster`` x ``time_scale`` (synthetic kernels
-    for cost-only graphs). ``timeout_s`` bounds each repeat. ``scheduler``:
-    the address of a running Dask scheduler (``engine="dask"``; default: a
-    LocalCluster on 127.0.0.1). ``warmup`` runs go first and are not kept
-    (the first run of a process pays page faults and cold caches).
-    ``device_type``: ``"cpu"`` or ``"cuda"`` (local engine; with more devices
-    than GPUs each GPU is split into logical devices with their own streams).
+    for cost-only graphs). ``keep_outputs``: assemble the last run's outputs.
     """
+    engine, device_type, scheduler = options.engine, options.device_type, options.scheduler
+    repeats, warmup, timeout_s = options.repeats, options.warmup, options.timeout_s
     devices = as_devices(assignment)
     if num_devices is None:
         num_devices = cluster.num_devices if cluster is not None else int(devices.max(initial=0)) + 1
-    check_options(engine, num_devices, repeats, timeout_s, seed, device_type)
+    options.check(num_devices, seed)
     check_time_scale(time_scale)
     if cluster is not None and num_devices != cluster.num_devices:
         raise EngineError(f"num_devices={num_devices} does not match cluster {cluster.name!r}, which has "
                           f"{cluster.num_devices} devices")  # fmt: skip
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or not 0 <= warmup <= MAX_REPEATS:
-        raise EngineError(f"warmup must be an integer from 0 to {MAX_REPEATS}, got {warmup!r}")
     devices = check_assignment(graph, devices, num_devices)
     if program is None:
         program = build_program(graph, cluster=cluster, time_scale=time_scale, seed=seed)

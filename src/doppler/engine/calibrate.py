@@ -236,7 +236,7 @@ def calibrate(
 ) -> CalibrationResult:
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster whose
     devices have ``memory_bytes`` each (None: unlimited)."""
-    from doppler.engine import MAX_REPEATS, check_options, run
+    from doppler.engine import MAX_REPEATS, RunOptions, check_options, run
     from doppler.engine.local import DEVICE_SETS
 
     check_options(engine, num_devices, 1, timeout_s, seed, device_type)
@@ -247,8 +247,8 @@ def calibrate(
     rng = np.random.default_rng(seed)
     n = graph.num_ops
     traces: list[Trace] = []
-    run_on = functools.partial(run, graph, num_devices=num_devices, engine=engine, program=program, timeout_s=timeout_s,
-                               scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
+    options = RunOptions(engine=engine, device_type=device_type, scheduler=scheduler, timeout_s=timeout_s)
+    run_on = functools.partial(run, graph, options=options, num_devices=num_devices, program=program, keep_outputs=False)
     run_on(np.arange(n) % num_devices)  # warm-up (page faults, caches), not kept
     for r in range(runs):
         traces.append(run_on(rng.permutation(np.arange(n) % num_devices)).trace)

@@ -42,7 +42,7 @@ class EngineOracle:
         self.runs = 0
 
     def evaluate(self, assignments: np.ndarray) -> np.ndarray:
-        from doppler.engine import run
+        from doppler.engine import RunOptions, run
 
         devs = np.asarray(assignments, dtype=np.int64)
         if devs.ndim != 2 or devs.shape[1] != self.graph.num_ops:
@@ -50,9 +50,10 @@ class EngineOracle:
         self.calls += 1
         out = np.empty(devs.shape[0])
         for b, row in enumerate(devs):
-            res = run(self.graph, row, num_devices=self.cluster.num_devices, engine=self.engine, repeats=self.repeats,
-                      timeout_s=self.timeout_s, program=self.program, scheduler=self.scheduler, keep_outputs=False,
-                      device_type=self.device_type)  # fmt: skip
+            options = RunOptions(engine=self.engine, device_type=self.device_type, scheduler=self.scheduler,
+                                 repeats=self.repeats, timeout_s=self.timeout_s)  # fmt: skip
+            res = run(self.graph, row, options=options, num_devices=self.cluster.num_devices, program=self.program,
+                      keep_outputs=False)  # fmt: skip
             out[b] = res.makespan_s
             self.runs += self.repeats
         return out

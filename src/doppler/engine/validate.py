@@ -16,6 +16,7 @@ its first and second repeat, the ceiling any simulator can reach.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from doppler.engine import RunOptions
 from doppler.engine.program import EngineError, build_program
 from doppler.graph import DataflowGraph
 from doppler.progress import ProgressEvent, ProgressFn
@@ -127,25 +129,23 @@ def validate(
     graph: DataflowGraph,
     cluster: Cluster,
     *,
-    engine: str = "local",
+    options: RunOptions = RunOptions(repeats=3, warmup=1),
     n: int = 30,
-    repeats: int = 3,
     seed: int = 0,
-    timeout_s: float = 600.0,
-    scheduler: str | None = None,
     dispatch: str = "fifo",
     time_scale: float = 1.0,
     progress: ProgressFn | None = None,
-    device_type: str = "cpu",
 ) -> ValidationResult:
-    """Simulate and execute ``n`` diverse assignments; compare (see the module docstring).
+    """Simulate and execute ``n`` diverse assignments; compare (see the module docstring). ``options``: the
+    engine's, with ``repeats`` runs of each assignment, after ``warmup`` runs of the first, not kept.
 
     Cost-only graphs run synthetic kernels of ``time_scale`` x the cluster's op times, and
     their simulated makespans are scaled alike."""
-    from doppler.engine import check_options, run
+    from doppler.engine import run
     from doppler.sim import simulate
 
-    check_options(engine, cluster.num_devices, repeats, timeout_s, seed, device_type)
+    options.check(cluster.num_devices, seed)
+    engine, repeats, device_type = options.engine, options.repeats, options.device_type
     cases = validation_assignments(graph, cluster, n, seed=seed)
     sim_kw: dict[str, Any] = {"link_contention": True}
     if dispatch != "fifo":
@@ -157,9 +157,10 @@ def validate(
     order = [(i, r) for r in range(repeats) for i in range(len(cases))]
     np.random.default_rng(seed + 1).shuffle(order)
     measured = np.full((len(cases), repeats), np.nan)
-    run_on = partial(run, graph, num_devices=cluster.num_devices, engine=engine, program=program, timeout_s=timeout_s,
-                     scheduler=scheduler, keep_outputs=False, device_type=device_type)  # fmt: skip
-    run_on(cases[0][1])  # warm-up, not kept
+    each = dataclasses.replace(options, repeats=1, warmup=0)
+    run_on = partial(run, graph, options=each, num_devices=cluster.num_devices, program=program, keep_outputs=False)
+    for _ in range(options.warmup):  # not kept
+        run_on(cases[0][1])
     for k, (i, r) in enumerate(order):
         measured[i, r] = run_on(cases[i][1]).makespan_s
         if progress is not None:

@@ -1,7 +1,9 @@
 """Every hyper-parameter of a training run: :class:`TrainConfig`, its checks, and its JSON form.
 
 Each field is set by an option of ``doppler train`` of its own, or by ``--set FIELD=VALUE`` (the
-hyper-parameters a run rarely changes); docs/doppler.md, "Training configuration", lists them all.
+hyper-parameters a run rarely changes); docs/doppler.md, "Training configuration", lists them all. A field
+with an option of its own declares it (:func:`option`: its names and help), and the commands' options are
+made from these declarations (:func:`command_options`), so each default and each help text is written once.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -17,9 +20,9 @@ import numpy as np
 
 from doppler.io_util import check_seed, read_json
 from doppler.listsched import LIST_SCHEDULES
+from doppler.memory import DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_HELP
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
-from doppler.policy.architectures import MAX_MP_STEPS, MAX_WIDTH
 
 STAGES = ("il", "sim", "real")
 #: Stage I teachers of PLC: the list-schedule rule labels the states the policy visits (DAgger); any
@@ -53,16 +56,6 @@ MAX_SEARCH_EVALS = 10_000_000
 #: which runs until its time budget ends, sets its episode counts to this: they stand for "the whole budget"
 #: (:data:`MAX_EPISODES` bounds only ``doppler train``, whose stages those counts end)
 MAX_RUN_COUNT = 10**9
-#: the fields ``doppler train`` sets with options of their own (option name -> field); ``--set`` sets the rest
-RUN_OPTIONS = {"stages": "stages", "episodes": "episodes", "il_episodes": "il_episodes", "batch": "batch",
-               "method": "method", "teacher": "teacher", "list_schedule": "list_schedule", "baseline": "baseline",
-               "self_improve": "self_improve_coef", "seed": "seed", "warm_start": "sim_seed_methods",
-               "search_every": "search_every", "distill_on_policy": "distill_on_policy", "search_evals": "search_evals",
-               "real_episodes": "real_episodes", "engine": "engine", "engine_device_type": "engine_device_type",
-               "device": "device", "threads": "torch_threads", "op_features": "op_features",
-               "device_identity": "device_identity", "memory_fraction": "memory_fraction"}  # fmt: skip
-
-
 class TrainError(ValueError):
     """Bad training request or checkpoint (reported with exit code 2 by the CLI)."""
 
@@ -72,79 +65,76 @@ class TrainingDiverged(RuntimeError):
     directory keeps the last checkpoint it wrote (every checkpoint holds finite weights only)."""
 
 
-#: fields that ``doppler pretrain`` sets with options of their own
-PRETRAIN_OPTIONS = ("pairs_per_update", "il_lr")
+@dataclass(frozen=True)
+class Option:
+    """The command-line option of its own that sets a :class:`TrainConfig` field (the field's metadata): its
+    names (``decls``, as typer takes them), its help text, in which ``{default}`` stands for the command's
+    default, and the commands that have it; a field without one is set by ``--set FIELD=VALUE``."""
+
+    decls: tuple[str, ...]
+    help: str
+    commands: tuple[str, ...] = ("train",)
+
+    @property
+    def flag(self) -> str:
+        """The option's long name (``--device-identity`` of ``--device-identity/--no-device-identity``)."""
+        return next(d for d in self.decls if d.startswith("--")).split("/")[0]
 
 
-def flag(field_name: str) -> str:
-    """The command-line option that sets a :class:`TrainConfig` field, for messages."""
-    option = next((o for o, f in RUN_OPTIONS.items() if f == field_name), None)
-    if option is None and field_name not in PRETRAIN_OPTIONS:
-        return f"--set {field_name}"
-    option = option or field_name
-    return "--" + {"engine_device_type": "device-type"}.get(option, option).replace("_", "-")
+def option(default: Any, *decls: str, help: str, commands: tuple[str, ...] = ("train",)) -> Any:
+    """A :class:`TrainConfig` field of ``default`` set by the option ``decls`` of ``commands``."""
+    return dataclasses.field(default=default, metadata={"option": Option(decls, help, commands)})
 
 
 @dataclass
 class TrainConfig:
     """Every hyper-parameter of a training run (one field each, with what it sets)."""
 
-    stages: tuple[str, ...] = ("il", "sim")  # which stages to run, in order
-    episodes: int = 4000  # Stage II episodes (all graphs together)
-    il_episodes: int = 1024  # Stage I episodes (all graphs together)
-    batch: int = 8  # Stage II episodes per graph per update (they share one encoder pass)
-    pairs_per_update: int = 1  # pretraining: fresh (graph, cluster) pairs per update, their gradients averaged
+    stages: tuple[str, ...] = option(("il", "sim"), "--stages", help="Comma list of stages: il (imitation), sim (simulator RL), real (RL on measured runs) (default: {default}; with --init: sim).")
+    episodes: int = option(4000, "--episodes", help="Stage II episodes (paper: 4000; 8000 for LLaMA graphs), all graphs together; rounded up to whole updates of --batch episodes per graph (default: {default}).")
+    il_episodes: int = option(1024, "--il-episodes", help="Stage I episodes (default: {default}), all graphs together; rounded up to whole updates.")
+    batch: int = option(8, "--batch", help="Stage II episodes per graph per update, sharing one encoder pass (default: {default}).")
+    pairs_per_update: int = option(1, "--pairs-per-update", commands=("pretrain",), help="Fresh (graph, cluster) pairs per update, their gradients averaged (default: {default}; with --init, the checkpoint's).")
     il_batch: int = 8  # Stage I episodes per graph per update
     lr: float = 3e-3  # Adam learning rate at the start of Stage II
     lr_final: float = 1e-6  # ... decayed linearly to this at the end
-    il_lr: float = 5e-3  # Adam learning rate of Stage I
+    il_lr: float = option(5e-3, "--il-lr", commands=("pretrain",), help="Adam learning rate of Stage I (default: {default}; a smaller one, such as 5e-4, makes snapshots differ less).")
     eps_start: float = 0.02  # epsilon-greedy exploration in Stage II (paper: 0.2), decayed linearly ...
     eps_end: float = 0.0  # ... to this
     entropy_coef: float = 1e-3  # weight of the (per-step mean) entropy bonus (paper: 1e-2)
-    baseline: str = "loo"  # REINFORCE baseline: running | mean | loo (leave-one-out batch mean)
-    self_improve_coef: float = 1.0  # weight of the log-likelihood of the best assignment so far (0: off)
+    baseline: str = option("loo", "--baseline", help="REINFORCE baseline: running, mean, loo (leave-one-out batch mean) (default: {default}).")
+    self_improve_coef: float = option(1.0, "--self-improve", help="Weight of the log-likelihood of the best assignment so far, 0: off (default: {default}).")
     plc_ties_only: bool = False  # Stage II's episodes and greedy decodes: the device head only breaks the ties
     # of the list-schedule rule (the action space of zero-shot decoding; `doppler pretrain --init`)
-    search_every: int = 500  # Stage II episodes between local searches from the incumbent (expert iteration; 0: off)
-    search_evals: int = 20_000  # simulator evaluations of each such search (simulated annealing, deterministic)
+    search_every: int = option(500, "--search-every", help="Stage II episodes between local searches (simulated annealing) from the best assignment so far, which the policy then imitates (expert iteration); 0: off (default: {default}).")
+    search_evals: int = option(20_000, "--search-evals", help=f"Simulator evaluations of each such search (deterministic) (default: {{default}}; with --init: {INIT_SEARCH_EVALS}).")
     distill_updates: int = 1000  # after Stage II, at most this many updates that teach the policy to decode
     # the best assignment found greedily (self-imitation until greedy matches it; 0: off)
-    # distillation also imitates the best device in the greedy decode's own states (DAgger), with this
-    # weight; None: 1 with device_identity, else 0 (see on_policy_weight)
-    distill_on_policy: float | None = None
+    distill_on_policy: float | None = option(None, "--distill-on-policy", help="Weight of distillation's second term: the best assignment's device for each op, in the states the greedy decode itself visits (DAgger), so that one early mistake does not lead it off the best trajectory for good; 0: off (default: 1 with device identity, which doppler and doppler_plc learn by default; 0 with --no-device-identity or for other methods, where the device head cannot tell alike devices apart and the term fights the replay).")
     max_grad_norm: float = 5.0  # gradient clipping
-    teacher: str = RULE_TEACHER  # Stage I teacher of PLC (SEL always imitates b-level order)
-    method: str = "doppler"  # doppler (both heads learned), doppler_sel or doppler_plc (one head; the other
-    # follows CRITICAL PATH's rule: the paper's single-head ablations), or a learned baseline: single_policy,
-    # gdp, placeto (doppler.policy.architectures)
+    teacher: str = option(RULE_TEACHER, "--teacher", help="Stage I PLC teacher: critical_path (the list-schedule rule, on the states the policy visits), or a method whose assignment is cloned: heft, heft_lookahead (at most 10 s), enumerative, anneal (10 s) (default: {default}; SEL always imitates b-level order).")
+    method: str = option("doppler", "--method", "-m", help="doppler (SEL and PLC learned); a single-head ablation: doppler_sel (PLC: earliest start), doppler_plc (SEL: largest b-level); or a learned baseline: single_policy (one softmax over op x device pairs), gdp (GraphSAGE + transformer, one shot), placeto (re-embeds at every step) (default: {default}).")
     hidden: int = 128  # embedding width H
     mp_steps: int = 6  # message-passing steps K
     mlp_hidden: int = 128  # width of the heads' hidden layer
-    op_features: str = "full"  # static op features: full | structural (position-free, for transfer)
-    device_identity: bool | None = None  # DOPPLER's device head learns a state per device of the training cluster,
-    # so that it tells apart devices that differ only by their links (v100x8) and decodes the best assignment it
-    # was taught; on any other cluster the policy decodes without them. None: on where the device head is
-    # learned (doppler, doppler_plc), else off (see learns_device_identity)
-    list_schedule: str = "critical_path"  # DOPPLER's PLC: the list-schedule model of its device features and
-    # its Stage I rule: critical_path (append, earliest start) | heft (insert into idle gaps, earliest finish)
+    op_features: str = option("full", "--op-features", help="Static op features: full (with block coordinates and op ids: one graph's positions; the policy then serves its own graphs only, on any cluster) or structural (position-free: serves any graph) (default: {default}; with --init, a structural checkpoint is widened to it, the new inputs starting at zero weight: distillation needs identical tiles told apart).")
+    device_identity: bool | None = option(None, "--device-identity/--no-device-identity", help="DOPPLER's device head learns a state for each device of this cluster (starting at zero), so that it can tell apart devices that differ only by their links (v100x8) and decode the best assignment it was taught; on any other cluster the policy decodes without them (default: on where the device head is learned: doppler, doppler_plc; see learns_device_identity).")
+    list_schedule: str = option("critical_path", "--list-schedule", commands=("train", "pretrain"), help="List-schedule model of DOPPLER's PLC device features and Stage I rule: critical_path (ops append to a device; earliest start) or heft (ops fill idle gaps; earliest finish) (default: {default}; with --init: the checkpoint's).")
     noise_sigma: float = 0.0  # lognormal noise of the simulator oracle
-    real_episodes: int = 64  # Stage III episodes (each one a measured run on the engine)
+    real_episodes: int = option(64, "--real-episodes", help="Stage III episodes, each a measured run on the engine (default: {default}), rounded up to whole updates of --batch per graph.")
     real_lr: float = 3e-4  # Adam learning rate of Stage III (constant)
     real_eps: float = 0.0  # epsilon-greedy exploration of Stage III (constant)
     real_seed_methods: tuple[str, ...] = ("single", "metis", "critical_path")  # measured at the start of
     # Stage III next to the best simulated assignment; the fastest measured one becomes the incumbent that
     # the self-improvement term imitates (empty: only the simulator's best)
-    sim_seed_methods: tuple[str, ...] = WARM_START_METHODS  # simulated at the start of Stage II; the fastest
-    # becomes the first incumbent of the self-improvement term (empty: start from the policy's own samples)
-    engine: str = "local"  # Stage III engine: local | dask
-    engine_device_type: str = "cpu"  # Stage III devices of the local engine: cpu | cuda
-    seed: int = 0
+    sim_seed_methods: tuple[str, ...] = option(WARM_START_METHODS, "--warm-start", help="Comma list of methods simulated at the start of Stage II, whose best assignment becomes the first one the self-improvement term imitates, or 'none': start from the policy's own samples (default: {default}).")
+    engine: str = option("local", "--engine", help="Stage III engine: local or dask (devices: the cluster's count) (default: {default}).")
+    engine_device_type: str = option("cpu", "--device-type", help="Stage III devices of the local engine: cpu or cuda (default: {default}).")
+    seed: int = option(0, "--seed", commands=("train", "pretrain"), help="Random seed of torch, numpy and every search of the run (pretrain: and of the corpus stream) (default: {default}).")
     checkpoint_every: int = 1000  # episodes between checkpoints (and at the end of each stage)
-    torch_threads: int = 2  # intra-op threads (benchmarks/train_speed.py compares 1 and 2; two processes
-    # with 2 each on 2 cores oversubscribe them and run far slower than one: use 1 there)
-    device: str = "cpu"  # where the networks run (cpu, cuda); rollouts and the simulator stay on the CPU
-    memory_fraction: float | None = 0.9  # episodes place each op only where the device's memory_bytes x this
-    # has room for it, and incumbents fit it (doppler.memory); None: memory ignored (--ignore-memory)
+    torch_threads: int = option(2, "--threads", commands=("train", "pretrain"), help="torch intra-op threads (default: {default}; two trainings that share a 2-core machine want 1 each: with 2 each they oversubscribe it and run far slower; benchmarks/train_speed.py compares 1 and 2).")
+    device: str = option("cpu", "--device", commands=("train", "pretrain"), help="Where the networks run: cpu or cuda (rollouts and the simulator stay on the CPU) (default: {default}).")
+    memory_fraction: float | None = option(DEFAULT_MEMORY_FRACTION, "--memory-fraction", help=MEMORY_FRACTION_HELP)
 
     @property
     def on_policy_weight(self) -> float:
@@ -196,6 +186,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise :class:`TrainError` naming the first field (by its option) that does not hold."""
+        from doppler.policy.architectures import MAX_MP_STEPS, MAX_WIDTH  # (torch: not when the CLI starts)
+
         self._check_types()
         for name, lo, hi in (("hidden", 1, MAX_WIDTH), ("mlp_hidden", 1, MAX_WIDTH), ("mp_steps", 0, MAX_MP_STEPS),
                              ("distill_updates", 0, MAX_DISTILL_UPDATES)):  # fmt: skip
@@ -271,6 +263,74 @@ class TrainConfig:
                 raise TrainError("Stage III on CUDA devices: no CUDA device is visible here")  # before any training
 
 
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def flag(field_name: str) -> str:
+    """The command-line option that sets a :class:`TrainConfig` field, for messages (``--set FIELD`` if none)."""
+    own = _FIELDS[field_name].metadata.get("option")
+    return own.flag if own is not None else f"--set {field_name}"
+
+
+def pretrain_config(**overrides: Any) -> TrainConfig:
+    """The training hyper-parameters of pretraining (``doppler pretrain``; overrides by name), whose values are
+    also the defaults of its options. Stage I runs for the whole budget; Stage II on the corpus runs only when
+    ``il_episodes`` is set below the budget's."""
+    base = dict(
+        stages=("il", "sim"), il_episodes=MAX_RUN_COUNT, list_schedule="heft", episodes=MAX_RUN_COUNT, batch=16, il_batch=8,
+        lr=2e-4, lr_final=2e-5, il_lr=2e-3, eps_start=0.0, eps_end=0.0, entropy_coef=1e-3, self_improve_coef=0.5,
+        search_every=0, search_evals=1000, distill_updates=0, op_features="structural", checkpoint_every=MAX_RUN_COUNT,
+        device_identity=False,  # a pair per update, each with its own cluster: no devices to learn a state for
+        torch_threads=1,
+    )  # fmt: skip
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+@dataclass(frozen=True)
+class CommandOption:
+    """One option of a command that sets the :class:`TrainConfig` field ``name``: its names, its help with the
+    command's default, and the type the command line reads (a tuple field reads a comma list of names)."""
+
+    name: str
+    decls: tuple[str, ...]
+    help: str
+    value_type: type
+
+    def read(self, value: Any) -> Any:
+        """The field's value of the option's command-line ``value`` (a comma list: a tuple, ``none`` left out)."""
+        if _is_names(_HINTS[self.name]):
+            return tuple(s.strip() for s in value.split(",") if s.strip() and s.strip() != "none")
+        return value
+
+
+def command_options(command: str, defaults: TrainConfig) -> list[CommandOption]:
+    """The options of ``command`` (``train`` or ``pretrain``) that set fields of its configuration, in field
+    order, each with its help text showing the command's default (``defaults``'s value)."""
+    out = []
+    for f in dataclasses.fields(TrainConfig):
+        own = f.metadata.get("option")
+        if own is None or command not in own.commands:
+            continue
+        hint = _HINTS[f.name]
+        value_type = str if _is_names(hint) else next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        out.append(CommandOption(f.name, own.decls, own.help.format(default=_shown(getattr(defaults, f.name))),
+                                 value_type))  # fmt: skip
+    return out
+
+
+def _is_names(hint: Any) -> bool:
+    return typing.get_origin(hint) is tuple
+
+
+def _shown(value: Any) -> str:
+    """A default as a help text shows it."""
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _default(f: dataclasses.Field) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
@@ -279,8 +339,8 @@ def set_fields(cfg: TrainConfig, items: Sequence[str]) -> TrainConfig:
     """``cfg`` with ``--set FIELD=VALUE`` items applied, each VALUE read by the type of the field's default
     (true/false; a whole number; a number; a comma list of names; ``none`` where the default is None);
     a field with an option of its own is set by that option. TrainError naming the item otherwise."""
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    own = set(RUN_OPTIONS.values())
+    fields = _FIELDS
+    own = {o.name for o in command_options("train", cfg)}
     changes: dict[str, Any] = {}
     for item in items:
         name, sep, text = item.partition("=")
