@@ -222,7 +222,7 @@ def _print_roofline(stats: dict, cl) -> None:
         table.add_column(col, justify="left" if col in ("device", "kind", "dtype") else "right")
     for r in stats["roofline"]:
         device = r["device"] + (f" (+{r['alike'] - 1} alike)" if r["alike"] > 1 else "") + \
-            ("" if r["model"] == "roofline" else " [plain]")
+            ("" if r["model"] == "roofline" else f" [{r['model']}]")
         table.add_row(escape(device), r["kind"], escape(r["dtype"]), str(r["ops"]), str(r["compute_bound"]),
                       str(r["memory_bound"]), format_time(r["time_s"], cl), f"{r['flop_rate']:.3g}",
                       f"{r['byte_rate']:.3g}")  # fmt: skip
