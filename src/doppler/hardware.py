@@ -286,9 +286,10 @@ class Device:
 @dataclass(frozen=True)
 class OpTimes:
     """The terms of an op's time on a device, per (op, device): ``compute_s`` (FLOPs over the achieved
-    FLOP/s), ``memory_s`` (bytes moved over the achieved bandwidth; 0 where bytes cost nothing: a plain
-    device, a kind with its own rate on a roofline device), ``overhead_s``; ``fallbacks``: ``(device, dtype)`` pairs run
-    at the float32 peak for want of their own (:meth:`Cluster.dtype_fallbacks`)."""
+    FLOP/s), ``memory_s`` (bytes moved, on a measured device its weight bytes, over the achieved
+    bandwidth; 0 where bytes cost nothing: a plain device, a kind with its own rate on a roofline device),
+    ``overhead_s``; ``fallbacks``: ``(device, dtype)`` pairs run at the float32 peak for want of their own
+    (:meth:`Cluster.dtype_fallbacks`)."""
 
     compute_s: np.ndarray
     memory_s: np.ndarray

@@ -54,7 +54,7 @@ __all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster",
 DEFAULT_SIZES = (128, 256, 512, 1024)
 #: the largest matrix size (``--sizes``): ten 4096 x 4096 float32 matrices hold 640 MB
 MAX_SIZE = 4096
-#: bytes of each array of the memory measurement (three per device): past a server CPU's last-level cache
+#: bytes of each array of the memory measurement (three per device): past most CPUs' last-level cache
 DEFAULT_STREAM_BYTES = 128 * 2**20
 #: the bounds of ``stream_bytes`` (``--stream-bytes``): three arrays of at most 1 GiB per device
 MIN_STREAM_BYTES, MAX_STREAM_BYTES = 2**16, 2**30
