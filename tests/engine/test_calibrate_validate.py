@@ -104,6 +104,16 @@ def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
     assert read.any() and (cl.compute_time_s(g) >= floor).all()
     with pytest.raises(EngineError, match="stream_bytes must be an integer from 65,536"):
         calibrate(2, sizes=(32,), runs=1, stream_bytes=10)
+
+
+def test_the_memory_measurement_refuses_arrays_past_half_the_machine(monkeypatch) -> None:
+    from doppler.engine import calibrate as calibrate_module
+
+    monkeypatch.setattr(calibrate_module, "_physical_memory_bytes", lambda: 2**19)
+    with pytest.raises(EngineError, match="393,216 bytes.*over half of this machine's 524,288: give a smaller --stream-bytes"):
+        calibrate_module.measure_memory_bandwidth(2, 2**16)
+    fits = calibrate_module.measure_memory_bandwidth(1, 2**16, repeats=2)  # 196,608 bytes: under half
+    assert fits[0]["bandwidth_Bps"] == max(fits[0]["copy_Bps"], fits[0]["add_Bps"]) > 0
     with pytest.raises(EngineError, match="multiple of 4"):
         calibrate(2, sizes=(30,), runs=1)
     with pytest.raises(EngineError, match="calibration size 1000000000000000 must be a multiple of 4 from 4 to 4096"):

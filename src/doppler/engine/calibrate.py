@@ -106,6 +106,16 @@ class CalibrationResult:
     memory_fits: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def measure_memory_bandwidth(num_devices: int, stream_bytes: int = DEFAULT_STREAM_BYTES,
                              repeats: int = STREAM_REPEATS) -> list[dict[str, Any]]:  # fmt: skip
     """Per CPU device of the local engine: ``{"device", "copy_Bps", "add_Bps", "bandwidth_Bps"}``, the
@@ -122,6 +132,12 @@ def measure_memory_bandwidth(num_devices: int, stream_bytes: int = DEFAULT_STREA
             not MIN_STREAM_BYTES <= stream_bytes <= MAX_STREAM_BYTES:  # fmt: skip
         raise EngineError(f"stream_bytes must be an integer from {MIN_STREAM_BYTES:,} to {MAX_STREAM_BYTES:,}, "
                           f"got {stream_bytes!r}")  # fmt: skip
+    total = 3 * stream_bytes * num_devices
+    physical = _physical_memory_bytes()
+    if physical is not None and total > physical / 2:
+        raise EngineError(f"the memory measurement would hold 3 arrays of {stream_bytes:,} bytes on each of {num_devices} "
+                          f"devices ({total:,} bytes), over half of this machine's {physical:,}: give a smaller "
+                          "--stream-bytes")  # fmt: skip
     host = HostDevices(num_devices)
     n = stream_bytes // 8
     kernels = (("copy", 2, lambda a, b, c: np.copyto(a, b)), ("add", 3, lambda a, b, c: np.add(b, c, out=a)))
