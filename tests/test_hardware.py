@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -266,6 +267,58 @@ def test_plain_and_roofline_devices_mix_and_devices_alike_share_their_rows() -> 
     assert rows[0].flop_rate == pytest.approx(100 / 3.0) and rows[0].byte_rate == pytest.approx(4 / 3.0)
 
 
+def _input_bytes(g) -> np.ndarray:
+    """Per op: the bytes of the graph-input slices it reads (weights, tables), from its specs."""
+    from doppler.memory import input_slices
+
+    slices = input_slices(g)
+    ops, k = slices.op_slices()
+    return np.bincount(ops, weights=slices.nbytes[k], minlength=g.num_ops)
+
+
+def test_a_measured_device_takes_the_larger_of_its_rate_and_its_weight_bytes_over_its_bandwidth(tmp_path) -> None:
+    g = workloads.build("llama_model", size="tiny")
+    read = _input_bytes(g)
+    dev = Device("cpu0", kind="cpu", flops_per_s=1e9, flops_per_s_by_kind={"add": 2e8}, overhead_s=1e-5,
+                 overhead_s_by_kind={"matmul": 3e-5}, memory_bandwidth_Bps=1e6)  # fmt: skip
+    plain = Cluster("p", [replace(dev, memory_bandwidth_Bps=None)], np.zeros((1, 1)), np.zeros((1, 1)))
+    measured = _one(dev)
+    assert measured.devices[0].model == "measured" and plain.devices[0].model == "plain" and not measured.roofline
+    overhead = plain.overhead_matrix()[g.kind.astype(np.int64), 0]
+    expected = overhead + np.maximum(plain.compute_time_s(g)[:, 0] - overhead, read / 1e6)
+    np.testing.assert_allclose(measured.compute_time_s(g)[:, 0], expected, rtol=1e-12)
+    assert (read > 0).any() and (measured.compute_time_s(g)[read > 0, 0] > plain.compute_time_s(g)[read > 0, 0]).all()
+    assert np.array_equal(measured.compute_time_s(g)[read == 0, 0], plain.compute_time_s(g)[read == 0, 0])
+    rows = measured.roofline_rows(g)
+    assert {r.model for r in rows} == {"measured"} and sum(r.memory_bound for r in rows) == int((read > 0).sum())
+    path = tmp_path / "m.json"
+    measured.save(path)
+    assert json.loads(path.read_text())["devices"][0]["memory_bandwidth_Bps"] == 1e6
+    assert load_cluster(path).devices == measured.devices
+
+
+@st.composite
+def _ops_on_a_measured_cpu(draw):
+    name = draw(st.sampled_from(["ffnn", "chainmm", "llama_layer", "llama_model"]))
+    labels = [k.label for k in OpKind if k != OpKind.INPUT]
+    rate = st.floats(1e3, 1e15)
+    devices = [Device(f"cpu{d}", kind="cpu", flops_per_s=draw(rate),
+                      flops_per_s_by_kind=draw(st.dictionaries(st.sampled_from(labels), rate, max_size=6)),
+                      overhead_s=draw(st.floats(0, 1e-3)), memory_bandwidth_Bps=draw(st.floats(1e6, 1e13)))
+               for d in range(draw(st.integers(1, 3)))]  # fmt: skip
+    d = len(devices)
+    return workloads.build(name, size="tiny"), Cluster("cal", devices, np.ones((d, d)), np.zeros((d, d)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_ops_on_a_measured_cpu())
+def test_no_op_on_a_measured_cpu_reads_its_weights_faster_than_the_bandwidth(case) -> None:
+    g, c = case
+    bound = _input_bytes(g)[:, None] / np.array([dev.memory_bandwidth_Bps for dev in c.devices])
+    t = c.compute_time_s(g)
+    assert (t >= bound * (1 - 1e-12)).all() and (t[bound > 0] > 0).all()
+
+
 def test_a_version_1_file_keeps_exactly_its_old_times(tmp_path: Path) -> None:
     """A cluster file written before roofline devices existed (no format_version: the old p100x4 preset)
     gives bit-identical times: FLOPs over its per-kind rate, no bytes term, no overhead."""
@@ -321,8 +374,12 @@ def test_a_roofline_device_round_trips_through_a_version_2_file(tmp_path: Path) 
         (_roofline_obj(flops_per_s=1e12), "give flops_per_s .* or peak_flops_by_dtype .*, not both"),
         ({**_roofline_obj(), "format_version": 3}, "format_version must be one of 1, 2, got 3"),
         ({k: v for k, v in _roofline_obj().items() if k != "format_version"}, "is a roofline field: give the file"),
-        ({"format_version": 2, "devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 1.0}]},
-         "memory_bandwidth_Bps needs peak_flops_by_dtype"),
+        ({"format_version": 2, "devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 1.0,
+                                            "achieved_memory_fraction": 0.5}]},
+         "achieved_memory_fraction needs peak_flops_by_dtype"),
+        ({"format_version": 2, "devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 0}]},
+         r"devices\[0\]: device 'c': memory_bandwidth_Bps must be a finite number > 0"),
+        ({"devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 1.0}]}, "is a roofline field: give the file"),
         ({"format_version": 2, "devices": [{"name": "c", "peak_flops_by_dtype": {"float32": 1.0}}]},
          "missing field 'memory_bandwidth_Bps'"),
     ],

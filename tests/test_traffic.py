@@ -14,8 +14,9 @@ from doppler.kernels import DTYPE_BYTES
 from doppler.traffic import op_traffic
 
 
-def _reference_bytes(g) -> list[float]:
-    """Per op: its output, every producer's output once, every distinct input slice it names (spec by spec)."""
+def _reference_bytes(g, inputs_only: bool = False) -> list[float]:
+    """Per op: its output, every producer's output once, every distinct input slice it names (spec by spec);
+    ``inputs_only``: the input slices alone."""
     itemsize = DTYPE_BYTES[g.meta.get("dtype", "float32")]
     out = []
     for v, spec in enumerate(g.specs):
@@ -26,7 +27,8 @@ def _reference_bytes(g) -> list[float]:
                 bounds = tuple(tuple(b) for b in ref["slice"]) if "slice" in ref else tuple(ref["shape"])
                 extent = [hi - lo for lo, hi in ref["slice"]] if "slice" in ref else ref["shape"]
                 slices.add((ref["input"], bounds, math.prod(extent) * itemsize))
-        out.append(g.output_bytes[v] + sum(g.output_bytes[u] for u in producers) + sum(s[2] for s in slices))
+        read = sum(s[2] for s in slices)
+        out.append(read if inputs_only else g.output_bytes[v] + sum(g.output_bytes[u] for u in producers) + read)
     return out
 
 
@@ -35,6 +37,8 @@ def test_bytes_moved_are_the_operand_slices_read_plus_the_output(name: str) -> N
     g = workloads.build(name, size="tiny")
     t = op_traffic(g)
     np.testing.assert_allclose(t.bytes_moved, _reference_bytes(g), rtol=1e-12)
+    np.testing.assert_allclose(t.input_bytes, _reference_bytes(g, inputs_only=True), rtol=1e-12)
+    assert t.input_bytes.any() and (t.input_bytes < t.bytes_moved).all()  # weights are read; every op writes
     assert t.dtype_names == (g.meta["dtype"],) and not t.dtype.any()
     assert not t.bytes_moved.flags.writeable and op_traffic(g) is t  # found once, read-only
 

@@ -4,8 +4,9 @@ is in :mod:`doppler.hardware`).
 Every error is a :class:`~doppler.hardware.ClusterError` that names the file, the field and the
 device or link at fault. A file's ``format_version`` (1 where absent) says which device fields it may
 use: version 1 plain devices only (``flops_per_s``, exactly their meaning before roofline devices
-existed), version 2 plain or roofline devices (:data:`ROOFLINE_FIELDS`; a device gives ``flops_per_s``
-or ``peak_flops_by_dtype``, not both). :func:`save_cluster` (:meth:`Cluster.to_json`) writes version 2.
+existed), version 2 plain, measured or roofline devices (:data:`ROOFLINE_FIELDS`; a device gives
+``flops_per_s`` or ``peak_flops_by_dtype``, not both; ``flops_per_s`` with ``memory_bandwidth_Bps`` and no
+other roofline field is a measured device). :func:`save_cluster` (:meth:`Cluster.to_json`) writes version 2.
 """
 
 from __future__ import annotations
@@ -211,8 +212,10 @@ def _device_from_json(obj: Any, at: str, version: int) -> Device:
         kwargs.update(_roofline_fields(obj, at))
     else:
         kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
+        if "memory_bandwidth_Bps" in obj:  # a measured device (doppler.hardware)
+            kwargs["memory_bandwidth_Bps"] = _number(obj, "memory_bandwidth_Bps", at)
         for field_name in ROOFLINE_FIELDS:
-            if field_name in obj:
+            if field_name in obj and field_name != "memory_bandwidth_Bps":
                 raise ClusterError(f"{at}: {field_name} needs peak_flops_by_dtype (a roofline device)")
     if "overhead_s" in obj:
         kwargs["overhead_s"] = _number(obj, "overhead_s", at)

@@ -8,8 +8,13 @@ An op's time on a device (:meth:`Cluster.compute_time_s`, the one owner every co
 ``overhead + work``, ``overhead`` the device's ``overhead_s_by_kind[kind]`` if given, else its
 ``overhead_s`` (a kernel launch and the engine's dispatch). ``work`` depends on the device:
 
-* a **plain** device (``flops_per_s``; every cluster file of format version 1, ``doppler calibrate``'s
-  fits): ``flops / rate``, ``rate`` its ``flops_per_s_by_kind[kind]`` if given, else ``flops_per_s``;
+* a **plain** device (``flops_per_s``; every cluster file of format version 1): ``flops / rate``, ``rate``
+  its ``flops_per_s_by_kind[kind]`` if given, else ``flops_per_s``;
+* a **measured** device (``flops_per_s`` and ``memory_bandwidth_Bps``, format version 2; what ``doppler
+  calibrate`` writes for CPU workers): ``max(flops / rate, input_bytes / memory_bandwidth_Bps)``, the plain
+  rate and a measured bandwidth, ``input_bytes`` the graph-input slices the op reads (weights, tables:
+  :mod:`doppler.traffic`). No op reads its weights faster than the device's memory delivers them; what
+  an op of the run just wrote (activations) is costed by the rate alone, measured on operands in cache;
 * a **roofline** device (``peak_flops_by_dtype`` and ``memory_bandwidth_Bps``, format version 2):
   ``max(flops / (peak x achieved_compute_fraction), bytes_moved / (memory_bandwidth_Bps x
   achieved_memory_fraction))`` with the op's bytes moved and number format from :mod:`doppler.traffic`.
@@ -19,7 +24,7 @@ An op's time on a device (:meth:`Cluster.compute_time_s`, the one owner every co
   float32 whatever the stored dtype, as PyTorch's ``opmath`` does) ``vector_flops_per_s`` (default: the
   float32 peak). A dtype without a peak runs at the float32 peak (:meth:`Cluster.dtype_fallbacks` names
   them; ``doppler graph info`` says so). A kind in ``flops_per_s_by_kind`` keeps the plain time (a
-  calibrated rate wins).
+  rate given for a kind wins, with no bytes term).
 
 A device with ``streams = s`` runs up to ``s`` ops at once, each at full speed (docs/design.md, Execution
 semantics). A device with ``copies_inbound`` makes the copies of the transfers into it itself, queued with
@@ -35,7 +40,8 @@ every field)::
                   "memory_bandwidth_Bps": 3.35e12, "achieved_compute_fraction": 0.8,
                   "achieved_memory_fraction": 0.8, "overhead_s": 5e-6, "memory_bytes": 8e10},
                  {"name": "cpu0", "kind": "cpu", "flops_per_s": 5e10, "flops_per_s_by_kind": {"add": 2e9},
-                  "overhead_s_by_kind": {"add": 1e-5}, "streams": 1, "copies_inbound": true}],
+                  "memory_bandwidth_Bps": 3e9, "overhead_s_by_kind": {"add": 1e-5}, "streams": 1,
+                  "copies_inbound": true}],
      "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},
      "links": [{"src": "gpu0", "dst": "cpu0", "bandwidth_Bps": 2.5e10, "latency_s": 8e-6}, ...],
      "meta": {...}}
@@ -149,7 +155,8 @@ class Device:
     peak_flops_by_dtype: dict[str, float] = field(default_factory=dict)
     #: peak FLOP/s of the vector units, for :data:`VECTOR_KINDS` (None: the float32 peak)
     vector_flops_per_s: float | None = None
-    memory_bandwidth_Bps: float | None = None  # datasheet memory bandwidth of a roofline device
+    #: memory bandwidth: a roofline device's datasheet figure, or a measured device's measured one
+    memory_bandwidth_Bps: float | None = None
     achieved_compute_fraction: float = 1.0  # share of the peaks the device's kernels reach, in (0, 1]
     achieved_memory_fraction: float = 1.0  # share of the memory bandwidth they reach, in (0, 1]
 
@@ -157,6 +164,16 @@ class Device:
     def roofline(self) -> bool:
         """Whether op times here follow the roofline (``peak_flops_by_dtype`` given), not ``flops_per_s``."""
         return bool(self.peak_flops_by_dtype)
+
+    @property
+    def costs_bytes(self) -> bool:
+        """Whether an op's bytes moved can bound its time here (a roofline or a measured device)."""
+        return self.memory_bandwidth_Bps is not None
+
+    @property
+    def model(self) -> str:
+        """``roofline``, ``measured`` or ``plain`` (module docstring)."""
+        return "roofline" if self.roofline else "measured" if self.costs_bytes else "plain"
 
     def validate(self, where: str = "") -> None:
         """Raise ClusterError unless every field is sensible."""
@@ -182,7 +199,8 @@ class Device:
         self._validate_roofline(at)
 
     def _validate_roofline(self, at: str) -> None:
-        """The roofline fields: all or none of peaks and bandwidth, each a finite number > 0, fractions in (0, 1]."""
+        """The roofline fields, each a finite number > 0, fractions in (0, 1]: peaks need a bandwidth; a bandwidth
+        alone makes a measured device; the vector rate and the fractions need peaks."""
         peaks = self.peak_flops_by_dtype
         if not isinstance(peaks, dict):
             raise ClusterError(f"{at}: peak_flops_by_dtype must be an object mapping number formats to FLOP/s")
@@ -203,8 +221,7 @@ class Device:
             value = getattr(self, label)
             if not _finite_positive(value) or value > 1:
                 raise ClusterError(f"{at}: {label} must be a number in (0, 1], got {value!r}")
-        roofline_only = [label for label in ("vector_flops_per_s", "memory_bandwidth_Bps")
-                         if getattr(self, label) is not None]  # fmt: skip
+        roofline_only = ["vector_flops_per_s"] if self.vector_flops_per_s is not None else []
         roofline_only += [label for label in ("achieved_compute_fraction", "achieved_memory_fraction")
                           if getattr(self, label) != 1.0]  # fmt: skip
         if peaks and self.memory_bandwidth_Bps is None:
@@ -219,11 +236,14 @@ class Device:
 
     def op_rate(self, kind: str, dtype: str, float32_matmul: str = "float32") -> tuple[float, float, bool]:
         """``(FLOP/s, bytes/s, fell_back)`` an op of ``kind`` (label) computing in ``dtype`` achieves here:
-        the bytes rate is ``inf`` where bytes cost nothing (a plain device, a kind in
+        the bytes rate is ``inf`` where bytes cost nothing (a plain device, a kind in a roofline device's
         ``flops_per_s_by_kind``); ``fell_back``: the dtype has no peak here and runs at the float32 one."""
         overrides = {OpKind.parse(str(k)).label: v for k, v in self.flops_per_s_by_kind.items()}
-        if not self.roofline or kind in overrides:
-            return float(overrides.get(kind, self.flops_per_s)), math.inf, False
+        if not self.roofline:
+            bytes_rate = math.inf if self.memory_bandwidth_Bps is None else float(self.memory_bandwidth_Bps)
+            return float(overrides.get(kind, self.flops_per_s)), bytes_rate, False
+        if kind in overrides:
+            return float(overrides[kind]), math.inf, False
         bytes_rate = float(self.memory_bandwidth_Bps) * self.achieved_memory_fraction  # type: ignore[arg-type]
         if kind in VECTOR_KINDS:
             peak = self.vector_flops_per_s if self.vector_flops_per_s is not None else self.peak_flops_by_dtype["float32"]
@@ -248,6 +268,8 @@ class Device:
             out["achieved_memory_fraction"] = float(self.achieved_memory_fraction)
         else:
             out["flops_per_s"] = float(self.flops_per_s)
+            if self.memory_bandwidth_Bps is not None:
+                out["memory_bandwidth_Bps"] = float(self.memory_bandwidth_Bps)
         if self.flops_per_s_by_kind:
             out["flops_per_s_by_kind"] = {str(k): float(v) for k, v in self.flops_per_s_by_kind.items()}
         if self.overhead_s:
@@ -264,9 +286,10 @@ class Device:
 @dataclass(frozen=True)
 class OpTimes:
     """The terms of an op's time on a device, per (op, device): ``compute_s`` (FLOPs over the achieved
-    FLOP/s), ``memory_s`` (bytes moved over the achieved bandwidth; 0 where bytes cost nothing: a plain
-    device, a kind with a calibrated rate), ``overhead_s``; ``fallbacks``: ``(device, dtype)`` pairs run
-    at the float32 peak for want of their own (:meth:`Cluster.dtype_fallbacks`)."""
+    FLOP/s), ``memory_s`` (bytes moved, on a measured device its weight bytes, over the achieved
+    bandwidth; 0 where bytes cost nothing: a plain device, a kind with its own rate on a roofline device),
+    ``overhead_s``; ``fallbacks``: ``(device, dtype)`` pairs run at the float32 peak for want of their own
+    (:meth:`Cluster.dtype_fallbacks`)."""
 
     compute_s: np.ndarray
     memory_s: np.ndarray
@@ -287,7 +310,7 @@ class OpTimes:
 @dataclass(frozen=True)
 class RooflineRow:
     """The ops of one (kind, dtype) on one device model (:meth:`Cluster.roofline_rows`): ``device`` (the
-    first of ``alike`` devices alike), ``model`` (``roofline`` or ``plain``), how many ``ops``, of which
+    first of ``alike`` devices alike), ``model`` (:attr:`Device.model`), how many ``ops``, of which
     ``compute_bound`` (their FLOPs take longer than their bytes, or the device is plain) and
     ``memory_bound``; their FLOPs, bytes moved and seconds there (launch overheads included), and the
     effective rates: ``flop_rate`` = FLOPs / seconds, ``byte_rate`` = bytes / seconds."""
@@ -433,9 +456,14 @@ class Cluster:
         """Whether any device follows the roofline (module docstring)."""
         return any(d.roofline for d in self.devices)
 
+    @property
+    def costs_bytes(self) -> bool:
+        """Whether an op's bytes moved can bound its time on any device (a roofline or a measured device)."""
+        return any(d.costs_bytes for d in self.devices)
+
     def compute_time_s(self, graph: DataflowGraph) -> np.ndarray:
         """Seconds each op takes on each device: float64[num_ops, D] (the module docstring's rule)."""
-        if self.roofline:
+        if self.costs_bytes:
             return self.op_times(graph).total_s
         kinds = graph.kind.astype(np.int64)
         with np.errstate(over="ignore"):  # inf: caught by check_times, which names the op
@@ -452,7 +480,7 @@ class Cluster:
     def op_times(self, graph: DataflowGraph) -> "OpTimes":
         """The terms of :meth:`compute_time_s` per (op, device) (:class:`OpTimes`), computed per class of
         ops alike (kind, dtype) and device model, then spread over the ops in bulk."""
-        traffic = op_traffic(graph) if self.roofline else None
+        traffic = op_traffic(graph) if self.costs_bytes else None
         if traffic is None:
             inv, labels = _op_classes(graph, np.zeros(graph.num_ops, np.int64), ("float32",))
             mode, moved = "float32", np.zeros(graph.num_ops)
@@ -476,6 +504,9 @@ class Cluster:
         with np.errstate(over="ignore"):  # inf: caught by check_times, which names the op
             compute = graph.flops[:, None] / rates[inv]
             memory = moved[:, None] / byte_rates[inv]
+            measured = [j for j, dev in enumerate(self.devices) if dev.model == "measured"]
+            if measured and traffic is not None:  # a measured device: its weight bytes (module docstring)
+                memory[:, measured] = traffic.input_bytes[:, None] / byte_rates[inv][:, measured]
         return OpTimes(compute, memory, self.overhead_matrix()[graph.kind.astype(np.int64)], fallbacks)
 
     def dtype_fallbacks(self, graph: DataflowGraph) -> tuple[tuple[str, str], ...]:
@@ -501,7 +532,7 @@ class Cluster:
             for u, (kind, dtype) in enumerate(labels):
                 ops, mem, flops, moved, seconds = (float(a[u]) for a in per)
                 per_s = 1.0 / seconds if seconds > 0 else 0.0
-                found.append(RooflineRow(dev.name, first.count(j), "roofline" if dev.roofline else "plain", kind, dtype,
+                found.append(RooflineRow(dev.name, first.count(j), dev.model, kind, dtype,
                                          int(ops), int(ops - mem), int(mem), flops, moved, seconds, flops * per_s,
                                          moved * per_s))  # fmt: skip
             rows += sorted(found, key=lambda r: -r.time_s)

@@ -5,6 +5,8 @@
   produced by another op is the bytes its in-edge carries (the producer's ``output_bytes``; an output an
   op reads twice is one edge, read once); an operand that is a slice of a graph input (a weight, a mask,
   token ids) is that slice's bytes, as :func:`doppler.memory.input_slices` finds them (weights included).
+* ``input_bytes[v]``: the part of ``bytes_moved[v]`` that is slices of graph inputs: the bytes a run reads
+  from what was resident before it started (weights, tables), not from what an op of the run just wrote.
 * ``dtype[v]``: the number format op ``v`` computes in: its spec's ``dtype``, else the graph's
   ``meta["dtype"]``, else ``float32``; ``dtype_names[dtype[v]]`` is its name.
 * ``float32_matmul``: ``"tf32"`` where the graph's ``meta["float32_matmul"]`` says its float32 matrix ops
@@ -30,10 +32,11 @@ FLOAT32_MATMUL = ("float32", "tf32")
 
 @dataclass(frozen=True)
 class OpTraffic:
-    """Per op: ``bytes_moved`` (float64[n]) and ``dtype`` (int64[n], an index into ``dtype_names``); the
-    graph's ``float32_matmul`` mode. The arrays are read-only."""
+    """Per op: ``bytes_moved`` and ``input_bytes`` (float64[n]) and ``dtype`` (int64[n], an index into
+    ``dtype_names``); the graph's ``float32_matmul`` mode. The arrays are read-only."""
 
     bytes_moved: np.ndarray
+    input_bytes: np.ndarray
     dtype: np.ndarray
     dtype_names: tuple[str, ...]
     float32_matmul: str = "float32"
@@ -55,10 +58,10 @@ def carry_traffic(part: DataflowGraph, whole: DataflowGraph, ops: np.ndarray) ->
     ops = np.asarray(ops, np.int64)
     if ops.shape != (part.num_ops,):
         raise ValueError(f"carry_traffic: {ops.size} ops for a part of {part.num_ops}")
-    moved, dtype = t.bytes_moved[ops].copy(), t.dtype[ops].copy()
-    for arr in (moved, dtype):
+    moved, inputs, dtype = t.bytes_moved[ops].copy(), t.input_bytes[ops].copy(), t.dtype[ops].copy()
+    for arr in (moved, inputs, dtype):
         arr.flags.writeable = False
-    _carried[part] = OpTraffic(moved, dtype, t.dtype_names, t.float32_matmul)
+    _carried[part] = OpTraffic(moved, inputs, dtype, t.dtype_names, t.float32_matmul)
 
 
 def _find_traffic(graph: DataflowGraph) -> OpTraffic:
@@ -87,12 +90,12 @@ def _find_traffic(graph: DataflowGraph) -> OpTraffic:
     moved = np.bincount(graph.dst, weights=graph.output_bytes[graph.src], minlength=n).astype(np.float64)
     slices = input_slices(graph)
     ops, s = slices.op_slices()
-    if s.size:
-        moved += np.bincount(ops, weights=slices.nbytes[s], minlength=n)
+    inputs = np.bincount(ops, weights=slices.nbytes[s], minlength=n).astype(np.float64) if s.size else np.zeros(n)
+    moved += inputs
     moved += graph.output_bytes
-    for arr in (moved, dtype):
+    for arr in (moved, inputs, dtype):
         arr.flags.writeable = False
-    return OpTraffic(moved, dtype, tuple(uniq), mode)
+    return OpTraffic(moved, inputs, dtype, tuple(uniq), mode)
 
 
 _traffic_once = once_per_graph(_find_traffic)

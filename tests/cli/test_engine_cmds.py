@@ -36,16 +36,20 @@ def files(tmp_path_factory) -> dict[str, Path]:
     short = d / "short.json"
     short.write_text(json.dumps([0, 1]))
     cal = d / "cal.json"
-    res = run("calibrate", "-o", cal, "--devices", 2, "--runs", 1, "--sizes", "32,64", "--json")
+    res = run("calibrate", "-o", cal, "--devices", 2, "--runs", 1, "--sizes", "32,64", "--stream-bytes", "4e6", "--json")
     assert res.exit_code == 0, res.output
-    return {"graph": gp, "a": a, "short": short, "cal": cal, "dir": d}
+    return {"graph": gp, "a": a, "short": short, "cal": cal, "dir": d, "cal_out": json.loads(res.stdout)}
 
 
 def test_calibrate_json_and_cluster_file(files) -> None:
     cl = json.loads(files["cal"].read_text())
     assert [dv["kind"] for dv in cl["devices"]] == ["cpu", "cpu"]
     assert "overhead_s_by_kind" in cl["devices"][0] and "flops_per_s_by_kind" in cl["devices"][0]
-    assert cl["meta"]["engine"] == "local"
+    assert cl["meta"]["engine"] == "local" and cl["meta"]["stream_bytes"] == 4_000_000
+    memory = files["cal_out"]["memory"]  # each device's STREAM rates; its bandwidth is the faster kernel's
+    assert [m["device"] for m in memory] == [0, 1]
+    for m, dev in zip(memory, cl["devices"]):
+        assert dev["memory_bandwidth_Bps"] == m["bandwidth_Bps"] == max(m["copy_Bps"], m["add_Bps"]) > 0
 
 
 def test_execute_json_keys_check_and_plots(files) -> None:
@@ -120,6 +124,9 @@ def test_calibrate_bounds_its_runs_and_sizes(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--runs must be from 1 to 10,000" in res.output
     res = run("calibrate", "-o", tmp_path / "cal.json", "--runs", 1, "--sizes", f"32,{10**15}")
     assert res.exit_code == 2 and "must be a multiple of 4 from 4 to 4096" in res.output
+    for bad in ("1e15", "100", "nan"):
+        res = run("calibrate", "-o", tmp_path / "cal.json", "--runs", 1, "--sizes", "32", "--stream-bytes", bad)
+        assert res.exit_code == 2 and "--stream-bytes must be from 65,536 to 1,073,741,824 bytes" in res.output
     assert not (tmp_path / "cal.json").exists()
 
 

@@ -297,6 +297,20 @@ def test_info_shows_which_op_kinds_are_compute_or_memory_bound_on_the_cluster(tm
     assert "roofline" not in json.loads(run("graph", "info", str(g), "--json").stdout)  # only with a cluster typed
 
 
+def test_info_on_a_measured_cpu_cluster_counts_the_ops_bound_by_their_weights(tmp_path: Path) -> None:
+    g = tmp_path / "m.json"
+    assert run("graph", "build", "llama_model", "--set", "size=tiny", "-o", str(g)).exit_code == 0
+    cal = tmp_path / "cal.json"  # a calibrated CPU cluster's shape: per-kind rates and a measured bandwidth
+    cal.write_text(json.dumps({"format_version": 2, "name": "cal", "devices": [
+        {"name": "cpu0", "kind": "cpu", "flops_per_s": 1e11, "flops_per_s_by_kind": {"add": 1e9}, "memory_bandwidth_Bps": 1e3}]}))
+    stats = json.loads(run("graph", "info", str(g), "-c", str(cal), "--json").stdout)
+    assert {r["model"] for r in stats["roofline"]} == {"measured"}
+    matmul = next(r for r in stats["roofline"] if r["kind"] == "matmul")
+    assert 0 < matmul["memory_bound"] < matmul["ops"]  # the weight products, not the attention's (activations alone)
+    human = run("graph", "info", str(g), "-c", str(cal))
+    assert human.exit_code == 0 and "cpu0 [measured]" in human.stdout
+
+
 def test_info_says_which_dtypes_run_at_the_float32_peak(tmp_path: Path) -> None:
     g = tmp_path / "m.json"
     assert run("graph", "build", "llama_model", "--set", "size=tiny", "--set", "dtype=bfloat16", "-o", str(g)).exit_code == 0

@@ -11,6 +11,7 @@ from doppler.engine import EngineError, RunOptions
 from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.validate import agreement, validate, validation_assignments
 from doppler.graph import OpKind
+from doppler.memory import input_slices
 from doppler.hardware import Cluster, Device
 from doppler.presets import cluster
 from doppler.sim import simulate
@@ -83,7 +84,7 @@ def test_fit_cluster_recovers_links_when_devices_make_their_copies() -> None:
 
 
 def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
-    res = calibrate(2, sizes=(32, 64), runs=1)
+    res = calibrate(2, sizes=(32, 64), runs=1, stream_bytes=2**20)
     path = tmp_path / "cal.json"
     save_cluster(res.cluster, path)
     cl = cluster(str(path))
@@ -93,6 +94,26 @@ def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
     assert np.isfinite(cl.bandwidth_Bps[0, 1]) and cl.latency_s[0, 1] >= 0
     g = workloads.build("ffnn", size="tiny")
     assert simulate(g, cl, np.arange(g.num_ops) % 2).makespan_s > 0
+    # measured devices: no op reads its weights faster than the measured memory bandwidth
+    assert [d.model for d in cl.devices] == ["measured"] * 2
+    assert [d.memory_bandwidth_Bps for d in cl.devices] == [f["bandwidth_Bps"] for f in res.memory_fits]
+    slices = input_slices(g)
+    ops, k = slices.op_slices()
+    read = np.bincount(ops, weights=slices.nbytes[k], minlength=g.num_ops)
+    floor = read[:, None] / np.array([d.memory_bandwidth_Bps for d in cl.devices])
+    assert read.any() and (cl.compute_time_s(g) >= floor).all()
+    with pytest.raises(EngineError, match="stream_bytes must be an integer from 65,536"):
+        calibrate(2, sizes=(32,), runs=1, stream_bytes=10)
+
+
+def test_the_memory_measurement_refuses_arrays_past_half_the_machine(monkeypatch) -> None:
+    from doppler.engine import calibrate as calibrate_module
+
+    monkeypatch.setattr(calibrate_module, "_physical_memory_bytes", lambda: 2**19)
+    with pytest.raises(EngineError, match="393,216 bytes.*over half of this machine's 524,288: give a smaller --stream-bytes"):
+        calibrate_module.measure_memory_bandwidth(2, 2**16)
+    fits = calibrate_module.measure_memory_bandwidth(1, 2**16, repeats=2)  # 196,608 bytes: under half
+    assert fits[0]["bandwidth_Bps"] == max(fits[0]["copy_Bps"], fits[0]["add_Bps"]) > 0
     with pytest.raises(EngineError, match="multiple of 4"):
         calibrate(2, sizes=(30,), runs=1)
     with pytest.raises(EngineError, match="calibration size 1000000000000000 must be a multiple of 4 from 4 to 4096"):

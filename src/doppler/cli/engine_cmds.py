@@ -293,6 +293,7 @@ def calibrate_cmd(
     sizes: str = typer.Option("128,256,512,1024", "--sizes", help="Comma-separated matrix sizes of the calibration graph."),
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs and the assignments."),
     memory_bytes: Optional[float] = typer.Option(None, "--memory-bytes", help="Each device's memory in bytes, written to the cluster (CPU workers share the host's memory, so no run measures it; default: unlimited); placements keep within --memory-fraction of it."),
+    stream_bytes: float = typer.Option(128 * 2**20, "--stream-bytes", help="Local CPU devices: bytes of each of the 3 arrays per device that measure its memory bandwidth (STREAM copy and add); make them well past the last-level cache."),
     opts: EngineOptions = ENGINE_OPTIONS,
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -300,7 +301,7 @@ def calibrate_cmd(
     with handle_errors():
         from doppler.cluster_file import save_cluster
         from doppler.engine import MAX_REPEATS, check_options
-        from doppler.engine.calibrate import calibrate
+        from doppler.engine.calibrate import MAX_STREAM_BYTES, MIN_STREAM_BYTES, calibrate
 
         check_options(engine, devices, 1, opts.timeout_s, seed, opts.device_type)
         try:
@@ -313,10 +314,13 @@ def calibrate_cmd(
             raise UserError(f"--runs must be from 1 to {MAX_REPEATS:,}, got {runs}")
         if memory_bytes is not None and not (math.isfinite(memory_bytes) and memory_bytes > 0):
             raise UserError(f"--memory-bytes must be a number of bytes > 0, got {memory_bytes!r}")
+        if not (math.isfinite(stream_bytes) and MIN_STREAM_BYTES <= stream_bytes <= MAX_STREAM_BYTES):
+            raise UserError(f"--stream-bytes must be from {MIN_STREAM_BYTES:,} to {MAX_STREAM_BYTES:,} bytes, got "
+                            f"{stream_bytes!r}")  # fmt: skip
         hold_outputs(ctx, files={"--output": output}, inputs={})  # writable? before the measurements
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
             res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, progress=on_progress,
-                            memory_bytes=memory_bytes, **dataclasses.asdict(opts))  # fmt: skip
+                            memory_bytes=memory_bytes, stream_bytes=int(stream_bytes), **dataclasses.asdict(opts))  # fmt: skip
         save_cluster(res.cluster, output)
         out = {
             "cluster": str(output),
@@ -327,6 +331,7 @@ def calibrate_cmd(
             "dispatch_s": res.dispatch_s,
             "kernels": res.kernel_fits,
             "links": res.link_fits,
+            "memory": res.memory_fits,
         }
         if json_out:
             emit_json(out)
@@ -353,6 +358,15 @@ def calibrate_cmd(
             links.add_row(f"{dev_name}{f['src']} -> {dev_name}{f['dst']}", str(f["n"]), format_time(f["latency_s"]),
                           f"{f['bandwidth_Bps'] / 1e9:.3g}", f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(links)
+        if res.memory_fits:
+            memory = Table(title=f"memory (STREAM kernels, {int(stream_bytes):,} bytes per array, every device at once)",
+                           show_edge=False, header_style="bold")  # fmt: skip
+            for col in ("device", "copy GB/s", "add GB/s", "bandwidth GB/s"):
+                memory.add_column(col, justify="left" if col == "device" else "right")
+            for f in res.memory_fits:
+                memory.add_row(f"{dev_name}{f['device']}", f"{f['copy_Bps'] / 1e9:.3g}", f"{f['add_Bps'] / 1e9:.3g}",
+                               f"{f['bandwidth_Bps'] / 1e9:.3g}")  # fmt: skip
+            console.print(memory)
         console.print(f"cluster -> {output}", highlight=False)
 
 

@@ -222,8 +222,8 @@ def _print_roofline(stats: dict, cl) -> None:
         table.add_column(col, justify="left" if col in ("device", "kind", "dtype") else "right")
     for r in stats["roofline"]:
         device = r["device"] + (f" (+{r['alike'] - 1} alike)" if r["alike"] > 1 else "") + \
-            ("" if r["model"] == "roofline" else " [plain]")
-        table.add_row(escape(device), r["kind"], escape(r["dtype"]), str(r["ops"]), str(r["compute_bound"]),
+            ("" if r["model"] == "roofline" else f" [{r['model']}]")
+        table.add_row(device, r["kind"], r["dtype"], str(r["ops"]), str(r["compute_bound"]),  # (no markup: plain text)
                       str(r["memory_bound"]), format_time(r["time_s"], cl), f"{r['flop_rate']:.3g}",
                       f"{r['byte_rate']:.3g}")  # fmt: skip
     console.print(table)
@@ -231,8 +231,8 @@ def _print_roofline(stats: dict, cl) -> None:
     for f in stats["dtype_fallbacks"]:
         fallbacks.setdefault(f["dtype"], []).append(f["device"])
     for dtype, names in fallbacks.items():
-        console.print(f"note: {escape(dtype)} matrix ops run at the float32 peak on {escape(', '.join(names))} "
-                      f"(no {escape(dtype)} peak there)", highlight=False)  # fmt: skip
+        console.print(f"note: {dtype} matrix ops run at the float32 peak on {', '.join(names)} "
+                      f"(no {dtype} peak there)", highlight=False)  # fmt: skip (no markup: plain text)
 
 
 @graph_app.command("convert")

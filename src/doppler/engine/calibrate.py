@@ -20,8 +20,14 @@ What is measured, and how (so that the simulator sees what a real run sees):
   start when whatever makes the copy was idle: the link, or on CPU devices,
   which make their inbound copies themselves (``copies_inbound``), the
   receiving device. There, a previous item on a device is an op or a copy.
+* **Memory** (CPU devices of the local engine): each device's ``memory_bandwidth_Bps``, from STREAM's
+  copy (``a = b``) and add (``a = b + c``) kernels in numpy on float64 arrays of ``stream_bytes`` each,
+  run on every device's thread at once, each pinned and limited to one BLAS thread as the engine's
+  workers are. Bytes count as STREAM counts them (2 and 3 arrays per element); a kernel's rate is its
+  median over the repeats, and the device's bandwidth is its faster kernel's. With it each device is a
+  *measured* device (:mod:`doppler.hardware`): no op reads its weights faster than this bandwidth.
 
-The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``,
+The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``, ``memory_bandwidth_Bps``,
 per-pair links) that ``doppler simulate``/``validate`` load like any preset.
 """
 
@@ -42,12 +48,18 @@ from doppler.progress import ProgressEvent, ProgressFn
 from doppler.hardware import Cluster, Device
 from doppler.trace import Trace
 
-__all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster"]
+__all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster", "measure_memory_bandwidth"]
 
 #: default matrix sizes of the calibration graph (each op kind at each size, tiled 2x2)
 DEFAULT_SIZES = (128, 256, 512, 1024)
 #: the largest matrix size (``--sizes``): ten 4096 x 4096 float32 matrices hold 640 MB
 MAX_SIZE = 4096
+#: bytes of each array of the memory measurement (three per device): past most CPUs' last-level cache
+DEFAULT_STREAM_BYTES = 128 * 2**20
+#: the bounds of ``stream_bytes`` (``--stream-bytes``): three arrays of at most 1 GiB per device
+MIN_STREAM_BYTES, MAX_STREAM_BYTES = 2**16, 2**30
+#: times each memory kernel runs on each device (the rate is their median)
+STREAM_REPEATS = 5
 
 
 def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
@@ -91,6 +103,82 @@ class CalibrationResult:
     link_fits: list[dict[str, Any]] = field(default_factory=list)
     dispatch_s: float = 0.0
     runs: int = 0
+    memory_fits: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def measure_memory_bandwidth(num_devices: int, stream_bytes: int = DEFAULT_STREAM_BYTES,
+                             repeats: int = STREAM_REPEATS) -> list[dict[str, Any]]:  # fmt: skip
+    """Per CPU device of the local engine: ``{"device", "copy_Bps", "add_Bps", "bandwidth_Bps"}``, the
+    bytes/s of STREAM's copy and add kernels on arrays of ``stream_bytes`` (module docstring), measured
+    on ``num_devices`` threads at once, each set up as the engine's worker of that device."""
+    import threading
+    import time
+
+    from threadpoolctl import threadpool_limits
+
+    from doppler.engine.local import HostDevices
+
+    if isinstance(stream_bytes, bool) or not isinstance(stream_bytes, int) or \
+            not MIN_STREAM_BYTES <= stream_bytes <= MAX_STREAM_BYTES:  # fmt: skip
+        raise EngineError(f"stream_bytes must be an integer from {MIN_STREAM_BYTES:,} to {MAX_STREAM_BYTES:,}, "
+                          f"got {stream_bytes!r}")  # fmt: skip
+    total = 3 * stream_bytes * num_devices
+    physical = _physical_memory_bytes()
+    if physical is not None and total > physical / 2:
+        raise EngineError(f"the memory measurement would hold 3 arrays of {stream_bytes:,} bytes on each of {num_devices} "
+                          f"devices ({total:,} bytes), over half of this machine's {physical:,}: give a smaller "
+                          "--stream-bytes")  # fmt: skip
+    host = HostDevices(num_devices)
+    n = stream_bytes // 8
+    kernels = (("copy", 2, lambda a, b, c: np.copyto(a, b)), ("add", 3, lambda a, b, c: np.add(b, c, out=a)))
+    barrier = threading.Barrier(num_devices)
+    seconds = np.zeros((num_devices, len(kernels), repeats))
+    failed: list[BaseException] = []
+
+    def worker(d: int) -> None:
+        try:
+            host.bind_thread(d)
+            a, b, c = np.full(n, 0.0), np.ones(n), np.ones(n)  # all written (np.zeros is lazy): no faults timed
+            for k, (_, _, kernel) in enumerate(kernels):
+                for r in range(repeats):
+                    barrier.wait()  # every device streams at once, as in a run
+                    t0 = time.perf_counter()
+                    kernel(a, b, c)
+                    seconds[d, k, r] = time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001 (reported below, in the calling thread)
+            failed.append(e)
+            barrier.abort()
+
+    with threadpool_limits(limits=1):
+        threads = [threading.Thread(target=worker, args=(d,), name=f"doppler-stream{d}", daemon=True)
+                   for d in range(num_devices)]  # fmt: skip
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    if failed:
+        err = next((e for e in failed if not isinstance(e, threading.BrokenBarrierError)), failed[0])
+        if isinstance(err, MemoryError):
+            raise EngineError(f"the memory measurement could not allocate 3 arrays of {stream_bytes:,} bytes on each "
+                              f"of {num_devices} devices (give a smaller --stream-bytes)") from None  # fmt: skip
+        raise err
+    fits = []
+    for d in range(num_devices):
+        rates = {name: per_element * n * 8 / max(float(np.median(seconds[d, k])), 1e-9)
+                 for k, (name, per_element, _) in enumerate(kernels)}  # fmt: skip
+        fits.append({"device": d, "copy_Bps": rates["copy"], "add_Bps": rates["add"],
+                     "bandwidth_Bps": max(rates.values())})  # fmt: skip
+    return fits
 
 
 def _fit_affine(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
@@ -149,12 +237,14 @@ def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndar
 
 def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
                 meta: dict[str, Any] | None = None, device_kind: str = "cpu",
-                copies_inbound: bool = False, memory_bytes: float | None = None) -> CalibrationResult:  # fmt: skip
+                copies_inbound: bool = False, memory_bytes: float | None = None,
+                memory_bandwidth_Bps: Sequence[float] | None = None) -> CalibrationResult:  # fmt: skip
     """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring).
 
     ``device_kind`` (``"cpu"`` or ``"gpu"``) names the devices ``cpu0``... or ``gpu0``...;
     ``copies_inbound``: the engine's devices made the copies into them (CPU workers); ``memory_bytes``: each
-    device's memory (None: unlimited), which no run measures (CPU workers share the host's memory)."""
+    device's memory (None: unlimited), which no run measures (CPU workers share the host's memory);
+    ``memory_bandwidth_Bps``: each device's measured memory bandwidth (None: plain devices, bytes cost nothing)."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
     dev = np.concatenate([t.op_device for t in traces])
@@ -188,7 +278,8 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
         devices.append(
             Device(name=f"{device_kind}{d}", kind=device_kind, flops_per_s=mm, flops_per_s_by_kind=rates,
                    overhead_s=dispatch, overhead_s_by_kind=overheads, copies_inbound=copies_inbound,
-                   memory_bytes=float("inf") if memory_bytes is None else float(memory_bytes))  # fmt: skip
+                   memory_bytes=float("inf") if memory_bytes is None else float(memory_bytes),
+                   memory_bandwidth_Bps=None if memory_bandwidth_Bps is None else float(memory_bandwidth_Bps[d]))  # fmt: skip
         )
     bw = np.full((num_devices, num_devices), np.inf)
     lat = np.zeros((num_devices, num_devices))
@@ -233,9 +324,11 @@ def calibrate(
     progress: ProgressFn | None = None,
     device_type: str = "cpu",
     memory_bytes: float | None = None,
+    stream_bytes: int = DEFAULT_STREAM_BYTES,
 ) -> CalibrationResult:
     """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster whose
-    devices have ``memory_bytes`` each (None: unlimited)."""
+    devices have ``memory_bytes`` each (None: unlimited); on the local engine's CPU devices, measure each
+    device's memory bandwidth on arrays of ``stream_bytes`` too (module docstring)."""
     from doppler.engine import MAX_REPEATS, RunOptions, check_options, run
     from doppler.engine.local import DEVICE_SETS
 
@@ -243,6 +336,8 @@ def calibrate(
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_REPEATS:
         raise EngineError(f"runs must be an integer from 1 to {MAX_REPEATS}, got {runs!r}")
     graph = calibration_graph(sizes)
+    measures_memory = engine == "local" and device_type == "cpu"
+    memory_fits = measure_memory_bandwidth(num_devices, stream_bytes) if measures_memory else []
     program = build_program(graph, seed=seed)
     rng = np.random.default_rng(seed)
     n = graph.num_ops
@@ -263,9 +358,13 @@ def calibrate(
         "sizes": [int(s) for s in sizes],
         "runs": int(runs),
     }
+    if measures_memory:
+        meta["stream_bytes"] = int(stream_bytes)
     name = f"{engine}-{device_type}{num_devices}-calibrated"
     copies = engine == "local" and DEVICE_SETS[device_type].copies_inbound
     res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu",
-                      copies_inbound=copies, memory_bytes=memory_bytes)  # fmt: skip
+                      copies_inbound=copies, memory_bytes=memory_bytes,
+                      memory_bandwidth_Bps=[f["bandwidth_Bps"] for f in memory_fits] if memory_fits else None)  # fmt: skip
     res.cluster.meta["dispatch_s"] = res.dispatch_s
+    res.memory_fits = memory_fits
     return res
