@@ -62,7 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     device_type = "cuda" if args.scenario == "split-gpu" else "cpu"
     sizes = (1024, 2048, 4096, 8192) if device_type == "cuda" else (128, 256, 512, 1024)
-    cal = calibrate(2, runs=3, sizes=sizes, device_type=device_type).cluster
+    cal = calibrate(2, runs=3, sizes=sizes, options=RunOptions(device_type=device_type)).cluster
     if args.scenario == "shared-cores":
         cl, size = assumed_independent(cal, 4), "small"
     elif args.scenario == "split-gpu":

@@ -292,7 +292,7 @@ def test_a_measured_device_takes_the_larger_of_its_rate_and_its_weight_bytes_ove
     rows = measured.roofline_rows(g)
     assert {r.model for r in rows} == {"measured"} and sum(r.memory_bound for r in rows) == int((read > 0).sum())
     path = tmp_path / "m.json"
-    measured.save(path)
+    save_cluster(measured, path)
     assert json.loads(path.read_text())["devices"][0]["memory_bandwidth_Bps"] == 1e6
     assert load_cluster(path).devices == measured.devices
 

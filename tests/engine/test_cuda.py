@@ -149,7 +149,7 @@ def test_cuda_repeated_runs_do_not_leak_gpu_memory() -> None:
 def test_cuda_calibration_fits_gpu_devices() -> None:
     from doppler.engine.calibrate import calibrate
 
-    res = calibrate(2, sizes=(64, 128, 256), runs=2, device_type="cuda")
+    res = calibrate(2, sizes=(64, 128, 256), runs=2, options=RunOptions(device_type="cuda"))
     cl = res.cluster
     assert cl.num_devices == 2 and all(d.kind == "gpu" for d in cl.devices)
     assert cl.meta["device_type"] == "cuda"

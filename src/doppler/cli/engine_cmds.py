@@ -300,7 +300,7 @@ def calibrate_cmd(
     """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
     with handle_errors():
         from doppler.cluster_file import save_cluster
-        from doppler.engine import MAX_REPEATS, check_options
+        from doppler.engine import MAX_REPEATS, RunOptions, check_options
         from doppler.engine.calibrate import MAX_STREAM_BYTES, MIN_STREAM_BYTES, calibrate
 
         check_options(engine, devices, 1, opts.timeout_s, seed, opts.device_type)
@@ -319,8 +319,9 @@ def calibrate_cmd(
                             f"{stream_bytes!r}")  # fmt: skip
         hold_outputs(ctx, files={"--output": output}, inputs={})  # writable? before the measurements
         with live_progress(labels={"calibrate": "calibrating"}, counts=True) as on_progress:
-            res = calibrate(devices, engine=engine, sizes=size_list, runs=runs, seed=seed, progress=on_progress,
-                            memory_bytes=memory_bytes, stream_bytes=int(stream_bytes), **dataclasses.asdict(opts))  # fmt: skip
+            res = calibrate(devices, options=RunOptions(engine=engine, **dataclasses.asdict(opts)), sizes=size_list,
+                            runs=runs, seed=seed, progress=on_progress, memory_bytes=memory_bytes,
+                            stream_bytes=int(stream_bytes))  # fmt: skip
         save_cluster(res.cluster, output)
         out = {
             "cluster": str(output),

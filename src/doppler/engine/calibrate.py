@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime
 import functools
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -315,24 +315,25 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
 def calibrate(
     num_devices: int,
     *,
-    engine: str = "local",
+    options: "RunOptions | None" = None,
     sizes: Sequence[int] = DEFAULT_SIZES,
     runs: int = 4,
     seed: int = 0,
-    timeout_s: float = 600.0,
-    scheduler: str | None = None,
     progress: ProgressFn | None = None,
-    device_type: str = "cpu",
     memory_bytes: float | None = None,
     stream_bytes: int = DEFAULT_STREAM_BYTES,
 ) -> CalibrationResult:
-    """Run the calibration graph ``runs`` times under balanced random assignments and fit a cluster whose
+    """Run the calibration graph ``runs`` times under balanced random assignments (on the engine and device type
+    ``options`` name; None: the local engine's CPU devices; its repeats and warm-up are calibrate's own) and fit a
+    cluster whose
     devices have ``memory_bytes`` each (None: unlimited); on the local engine's CPU devices, measure each
     device's memory bandwidth on arrays of ``stream_bytes`` too (module docstring)."""
     from doppler.engine import MAX_REPEATS, RunOptions, check_options, run
     from doppler.engine.local import DEVICE_SETS
 
-    check_options(engine, num_devices, 1, timeout_s, seed, device_type)
+    options = RunOptions() if options is None else replace(options, repeats=1, warmup=0)
+    engine, device_type = options.engine, options.device_type
+    check_options(engine, num_devices, 1, options.timeout_s, seed, device_type)
     if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_REPEATS:
         raise EngineError(f"runs must be an integer from 1 to {MAX_REPEATS}, got {runs!r}")
     graph = calibration_graph(sizes)
@@ -342,7 +343,6 @@ def calibrate(
     rng = np.random.default_rng(seed)
     n = graph.num_ops
     traces: list[Trace] = []
-    options = RunOptions(engine=engine, device_type=device_type, scheduler=scheduler, timeout_s=timeout_s)
     run_on = functools.partial(run, graph, options=options, num_devices=num_devices, program=program, keep_outputs=False)
     run_on(np.arange(n) % num_devices)  # warm-up (page faults, caches), not kept
     for r in range(runs):
