@@ -9,6 +9,7 @@ import pytest
 
 from doppler import workloads
 from doppler.methods import MethodError, assign
+from doppler.methods import anneal as A
 from doppler.presets import cluster
 from doppler.sim import simulate
 
@@ -342,7 +343,7 @@ def test_a_scored_proposal_is_the_move_of_its_pool_that_adds_the_least_time():
     import copy
 
     from doppler.methods import _anneal_loops as K
-    from doppler.methods.anneal import _Moves
+    from doppler.methods.anneal import _NO_TIES, _Moves
     from doppler.sim import SimContext
 
     g, c = workloads.build("llama_block", size="tiny"), cluster("v100x8")
@@ -362,7 +363,7 @@ def test_a_scored_proposal_is_the_move_of_its_pool_that_adds_the_least_time():
         row, before = np.empty(n, np.int64), cur.copy()
         log, best_log, stamp, old = scratch()
         K.scored_proposal(cur, row, 6, rng, *moves.args(), crit, len(crit), 0.25, log, best_log, stamp, 1, old,
-                          *costs, cur_ms)  # fmt: skip
+                          *costs, cur_ms, _NO_TIES)  # fmt: skip
         np.testing.assert_array_equal(cur, before)
         log, _, stamp, old = scratch()
         scored = []
@@ -452,3 +453,64 @@ def test_without_a_layer_structure_the_experts_are_left_out_of_the_start():
         assign(g, c, "tensor_parallel")
     a = assign(g, c, "anneal", max_evals=0)
     assert a.info["start_method"] not in ("tensor_parallel", "tp_pipeline")
+
+
+def test_a_tied_move_moves_every_copy_of_what_it_moves():
+    """``tie_move`` extends a move to the tie classes of the ops it wrote: a tied assignment stays tied, every
+    op the move wrote and every copy of it ends where the move put the first of its class, the log undoes it
+    all, and ops of no class are left as the move left them."""
+    from doppler.methods import _anneal_loops as K
+    from doppler.methods.anneal import _Moves, _tied_start
+    from doppler.methods.layered import repeated_units
+    from doppler.sim import SimContext
+
+    g = workloads.build("llama_model", size="tiny", layers=5, n_kv_heads=4, head_blocks=4, hidden_blocks=4,
+                        vocab_blocks=4)  # fmt: skip
+    c = cluster("h100x8:4")
+    ctx = SimContext(g, c)
+    base = assign(g, c, "tensor_parallel").devices.astype(np.int64)
+    (tie_of, tie_ptr, tie_ops), first, ms = _tied_start(ctx, [(base, 1.0)])
+    assert first is base and ms == 1.0  # the expert's placement is tied already
+    repeats = repeated_units(g)
+    assert sorted(tie_ops.tolist()) == sorted(np.concatenate(repeats).tolist()) and (tie_of >= 0).sum() == tie_ops.size
+    rng = np.random.default_rng(7)
+    moves = _Moves(g, c.num_devices, rng)
+    log = np.zeros(2 * 2 * g.num_ops + 1, np.int64)
+    cur = base.copy()
+    for _ in range(300):
+        new, log[0] = cur.copy(), 0
+        K.apply_move(new, rng, *moves.args(), log)
+        moved = new.copy()
+        written = log[0]
+        K.tie_move(new, log, tie_of, tie_ptr, tie_ops)
+        assert all(np.array_equal(new[ops], new[repeats[0]]) for ops in repeats)
+        untied = tie_of < 0
+        assert np.array_equal(new[untied], moved[untied])
+        firsts = {}
+        for k in range(written):
+            v = int(log[1 + 2 * k])
+            if tie_of[v] >= 0:
+                firsts.setdefault(int(tie_of[v]), v)
+        for cls, v in firsts.items():
+            assert np.all(new[tie_ops[tie_ptr[cls]:tie_ptr[cls + 1]]] == moved[v])
+        undone = new.copy()
+        for k in range(log[0] - 1, -1, -1):
+            undone[log[1 + 2 * k]] = log[2 + 2 * k]
+        np.testing.assert_array_equal(undone, cur)
+        cur = new
+
+
+def test_the_tied_search_is_reproducible_and_never_worse_than_its_start():
+    """On a model that repeats its layer, the tied search runs between the start and the search on the whole
+    graph (its evaluations within ``max_evals``), and a run is still fixed by its seed and evaluation count."""
+    g = workloads.build("llama_model", size="tiny", layers=4)
+    c = cluster("h100x8:4")
+    runs = [assign(g, c, "anneal", seed=3, max_evals=300, threads=t) for t in (1, 2)]
+    assert 0 < runs[0].info["tied_evals"] <= A.TIED_BUDGET_SHARE * 300 and runs[0].info["evals"] == 300
+    np.testing.assert_array_equal(runs[0].devices, runs[1].devices)
+    assert runs[0].info == {**runs[1].info, "threads": runs[0].info["threads"],
+                            "search_time_s": runs[0].info["search_time_s"]}  # fmt: skip
+    assert runs[0].estimated_makespan_s <= runs[0].info["start_makespan_s"]
+    assert simulate(g, c, runs[0]).makespan_s == pytest.approx(runs[0].estimated_makespan_s)
+    assert assign(g, c, "anneal", max_evals=0).info["tied_evals"] == 0
+    assert assign(workloads.build("llama_layer", size="tiny"), c, "anneal", max_evals=50).info["tied_evals"] == 0

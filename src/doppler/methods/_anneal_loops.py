@@ -142,6 +142,25 @@ def apply_move(a, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_
 
 
 @numba.njit(cache=True)
+def tie_move(a, log, tie_of, tie_ptr, tie_ops):  # pragma: no cover - compiled
+    """Extend the move just applied to ``a`` (its writes in ``log``, see :func:`_put`) to the ops tied to
+    the ones it wrote: every op of a written op's tie class (``tie_of[v]``, -1: none; class ``c``'s ops
+    ``tie_ops[tie_ptr[c]:tie_ptr[c + 1]]``) joins that op's device, logged. Where the move wrote two ops of
+    one class, the class takes the device of the first written. A tied ``a`` stays tied."""
+    m = log[0]
+    for k in range(m):
+        v = log[1 + 2 * k]
+        c = tie_of[v]
+        if c < 0:
+            continue
+        d = a[v]
+        for i in range(tie_ptr[c], tie_ptr[c + 1]):
+            w = tie_ops[i]
+            if a[w] != d:
+                _put(a, w, d, log)
+
+
+@numba.njit(cache=True)
 def critical_chain(dev, op_ready, op_start, op_end, pred_ptr, pred_idx, tr_src, tr_dst, tr_end, ntr, nd,
                    out):  # pragma: no cover - compiled  # fmt: skip
     """The ops of one critical chain of a simulated schedule, last op first, into ``out``; returns
@@ -284,18 +303,22 @@ def _edge_s(d0, d1, u, out_bytes, lat, bw):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def scored_proposal(cur, row, pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, ncrit,
                     critical_share, log, best_log, stamp, tag, old_dev, comp, out_bytes, lat, bw,
-                    cur_ms):  # pragma: no cover - compiled  # fmt: skip
+                    cur_ms, ties):  # pragma: no cover - compiled  # fmt: skip
     """Into ``row``: of ``pool`` moves of ``cur``, each drawn as the annealer draws one (a critical-chain
     move with probability ``critical_share``), the one that adds the least time (:func:`time_added`).
     The moves are applied to ``cur`` and undone (``cur`` is unchanged after); the first is kept unless a
     later one adds less (so a score of NaN still gives a move). Returns the next free ``tag`` (every
-    ``stamp`` below it; see :func:`time_added`)."""
+    ``stamp`` below it; see :func:`time_added`). ``ties``: (``tie_of``, ``tie_ptr``, ``tie_ops``) of
+    :func:`tie_move`, each move extended to the ops tied to those it moves (an empty ``tie_of``: no ties)."""
+    tie_of, tie_ptr, tie_ops = ties
     best_s = -np.inf
     best_log[0] = 0
     for k in range(pool):
         log[0] = 0
         draw_move(cur, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, ncrit, critical_share,
                   log)  # fmt: skip
+        if tie_of.shape[0] > 0:
+            tie_move(cur, log, tie_of, tie_ptr, tie_ops)
         s = -time_added(cur, log, stamp, tag, old_dev, comp, out_bytes, lat, bw, pred_ptr, pred_idx, succ_ptr,
                         succ_idx, cur_ms)  # fmt: skip
         tag += 2
@@ -338,7 +361,7 @@ def over_caps(a, mem, mark, gen, used):  # pragma: no cover - compiled
 def anneal_batches(
     sim, cur, best, crit, counts, values, max_batches, batch_size, max_evals, cycle_evals, t_start, log_ratio,
     optimal_ms, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, threads, critical_share,
-    critical_refresh, prune, pool, mem,
+    critical_refresh, prune, pool, mem, ties,
 ):  # pragma: no cover - compiled
     """Up to ``max_batches`` batches of the annealer (:mod:`doppler.methods.anneal`) on its state (``cur``,
     ``best``, ``crit``: the critical chain of ``cur``, ``counts``, ``values``; updated in place), simulated
@@ -346,7 +369,9 @@ def anneal_batches(
     ``optimal_ms``. ``critical_share``, ``critical_refresh``, ``prune`` (:func:`~doppler.sim.loops.sim_rows`)
     and ``pool`` (:func:`scored_proposal`): as there. ``mem``: a proposal that holds more weight bytes on a
     device than its cap (:func:`over_caps`; no caps: an empty ``caps`` array) is not simulated and never
-    accepted. ``sim``: the simulator's arrays (:attr:`~doppler.sim.SimContext.arrays`) and noise factors."""
+    accepted. ``ties`` (:func:`scored_proposal`): every move extended to the ops tied to those it moves (a
+    tied search: ``cur`` must be tied on entry; an empty ``tie_of``: none). ``sim``: the simulator's arrays
+    (:attr:`~doppler.sim.SimContext.arrays`) and noise factors."""
     arrays, op_f, edge_f = sim
     (s_succ_ptr, s_succ_idx, indeg, level, lvl_ptr, lvl_ops, comp, out_bytes, lat, bw, streams, copies_in) = arrays
     n = cur.shape[0]
@@ -355,7 +380,7 @@ def anneal_batches(
     ready, start, end = np.empty(n), np.empty(n), np.empty(n)
     tsrc, tdst, tstart, tend = np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E), np.empty(E)
     no_log = np.empty(0, np.int64)
-    nlog = 2 * (n + E) + 1  # room for n + E writes: every move writes distinct ops today (at most n)
+    nlog = 2 * (2 * n + E) + 1  # room for 2n + E writes: a move writes distinct ops (at most n), its ties n more
     log, best_log = np.empty(nlog, np.int64), np.empty(nlog, np.int64)
     stamp, old_dev = np.zeros(n, np.int64), np.empty(n, np.int64)
     tag = 1
@@ -380,10 +405,10 @@ def anneal_batches(
             counts[SINCE] = 0
             counts[STALE] = 0
         for i in range(b):
-            if pool > 1:
+            if pool > 1 or ties[0].shape[0] > 0:
                 tag = scored_proposal(cur, batch[i], pool, rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr,
                                       grp_ops, crit, counts[NCRIT], critical_share, log, best_log, stamp, tag, old_dev,
-                                      comp, out_bytes, lat, bw, max(values[CUR_MS], 1e-300))  # fmt: skip
+                                      comp, out_bytes, lat, bw, max(values[CUR_MS], 1e-300), ties)  # fmt: skip
                 continue
             batch[i] = cur
             draw_move(batch[i], rng, nd, succ_ptr, succ_idx, pred_ptr, pred_idx, grp_ptr, grp_ops, crit, counts[NCRIT],

@@ -8,55 +8,55 @@
   Where the graph repeats a layer (a whole model's decoder layers) and the budget allows
   (``REPEAT_MIN_BUDGET_S``), one layer is annealed alone (from the best start's placement of it, among
   others) and its placement copied onto every repeat of the best start: the ``repeat`` start.
-* Each iteration proposes ``batch_size`` neighbours of the current assignment
-  and scores them in one :func:`doppler.sim.simulate_many` call. Moves:
-  - *op*: one op to a random other device, or to the device of one of its
-    neighbours (a predecessor or successor);
+* *Tied search* (where the ``repeat`` start is built): first, an annealer as below whose every move also
+  moves the copies of the ops it moves in every other repeat (the repeats stay placed alike), each proposal
+  simulated on the whole graph; from the fastest start whose repeats are placed alike (else the fastest, each
+  repeat placed as the first), for ``TIED_EVALS`` evaluations and ``TIED_BUDGET_SHARE`` of the budget and of
+  ``max_evals`` (its own constants and random stream). The search below continues from the best so far.
+* Each iteration proposes ``batch_size`` neighbours of the current assignment and scores them in one
+  :func:`doppler.sim.simulate_many` call. Moves:
+  - *op*: one op to a random other device, or to the device of one of its neighbours (a predecessor or
+    successor);
   - *swap*: two ops on different devices exchange devices;
-  - *chain*: a path segment (a random walk of up to 16 ops along successors,
-    from a random op) moves to one device;
-  - *group*: all tiles of one logical op (``graph.group``) move to one device,
-    or their devices rotate by a random offset (graphs without groups: an op
-    and all its neighbours move to one device);
-  - *critical* (``critical_share`` of the proposals, default :data:`CRITICAL_SHARE`): a step of the
-    current schedule's critical chain, the ops that set its makespan, each held
-    back by the next (the op that freed its device, or the producer of its last
-    input). A step across two devices is a transfer on the chain: one of its two
-    ops joins the other's device. A step on one device: one of the two leaves for
-    a random other device. The chain is found again (one traced simulation) when
-    the current assignment has changed and ``CRITICAL_REFRESH`` batches have passed.
-* *Pools*: each proposal is the best of ``pool`` (default :data:`POOL`) moves drawn as above, by
-  the compute time plus the transfer time (latency + bytes / bandwidth on each edge of the moved
-  ops) that the move adds, less is better, computed without simulating. Only that move is simulated.
-* The best proposal of the batch is accepted if it is no worse, otherwise with
-  probability ``exp(-relative_increase / T)``. ``T`` cools geometrically from
-  ``t_start`` to ``t_end`` over a *cycle* of ``cycle_evals`` evaluations
-  (default ``max(5000, 1000 * num_ops)``, capped at ``max_evals``); each
-  new cycle restarts (reheats) from the best assignment found so far.
-* Stops after ``budget_s`` seconds of wall clock (default 10 s, the start
-  evaluation included) or ``max_evals`` simulator evaluations, whichever comes
-  first (the time is checked between compiled calls of about ``CHUNK_S`` of
-  search), or as soon as the best makespan equals the lower bound (it is then optimal).
+  - *chain*: a path segment (a random walk of up to 16 ops along successors, from a random op) moves to one
+    device;
+  - *group*: all tiles of one logical op (``graph.group``) move to one device, or their devices rotate by a
+    random offset (graphs without groups: an op and all its neighbours move to one device);
+  - *critical* (``critical_share`` of the proposals, default :data:`CRITICAL_SHARE`): a step of the current
+    schedule's critical chain, the ops that set its makespan, each held back by the next (the op that freed
+    its device, or the producer of its last input). A step across two devices is a transfer on the chain: one
+    of its two ops joins the other's device. A step on one device: one of the two leaves for a random other
+    device. The chain is found again (one traced simulation) when the current assignment has changed and
+    ``CRITICAL_REFRESH`` batches have passed.
+* *Pools*: each proposal is the best of ``pool`` (default :data:`POOL`) moves drawn as above, by the compute
+  time plus the transfer time (latency + bytes / bandwidth on each edge of the moved ops) that the move adds,
+  less is better, computed without simulating. Only that move is simulated.
+* The best proposal of the batch is accepted if it is no worse, otherwise with probability
+  ``exp(-relative_increase / T)``. ``T`` cools geometrically from ``t_start`` to ``t_end`` over a *cycle* of
+  ``cycle_evals`` evaluations (default ``max(5000, 1000 * num_ops)``, capped at ``max_evals``); each new cycle
+  restarts (reheats) from the best assignment found so far.
+* Stops after ``budget_s`` seconds of wall clock (default 10 s, the start evaluation included) or
+  ``max_evals`` simulator evaluations, whichever comes first (the time is checked between compiled calls of
+  about ``CHUNK_S`` of search), or as soon as the best makespan equals the lower bound (it is then optimal).
 
-Each proposal is simulated only as far as it can still matter (``prune``, on by default): it
-stops once a lower bound on its makespan (its critical path after the ops already started, and
-each device's work left) is above the best proposal before it on its core, or above the makespan
-under which the Metropolis rule would accept it (its uniform is drawn before the batch is
-simulated). Only the batch's best proposal, and only if it may be accepted, enters the search, so
-pruning changes the speed, never the search.
+Each proposal is simulated only as far as it can still matter (``prune``, on by default): it stops once a lower
+bound on its makespan (its critical path after the ops already started, and each device's work left) is above
+the best proposal before it on its core, or above the makespan under which the Metropolis rule would accept it
+(its uniform is drawn before the batch is simulated). Only the batch's best proposal, and only if it may be
+accepted, enters the search, so pruning changes the speed, never the search.
 
-Each batch is simulated on ``threads`` cores (default: every core the process may use, at most
-``batch_size``), one row per core at a time: the same numbers, so the same search, as on one core.
+Each batch is simulated on ``threads`` cores (default: every core the process may use, at most ``batch_size``),
+one row per core at a time: the same numbers, so the same search, as on one core.
 
-Every decision depends only on the seed and on counts of evaluations, never on
-the clock (but for one: where the budget runs out while the start set is being built, on a graph of
-tens of thousands of ops, the set stops growing there), so a run is deterministic for a given seed and a given number of
-evaluations (pass ``max_evals`` without ``budget_s`` for results independent of
-machine speed), and a longer budget continues the exact trajectory of a shorter
-one (the ``repeat`` start aside, which needs a budget of REPEAT_MIN_BUDGET_S).
+Every decision depends only on the seed and on counts of evaluations, never on the clock (but for one: where
+the budget runs out while the start set is being built, on a graph of tens of thousands of ops, the set stops
+growing there), so a run is deterministic for a given seed and a given number of evaluations (pass
+``max_evals`` without ``budget_s`` for results independent of machine speed), and a longer budget continues
+the exact trajectory of a shorter one (the ``repeat`` start and the tied search aside: they need a budget of
+REPEAT_MIN_BUDGET_S, and the tied search stops at its share of it).
 
-The measurements behind the defaults (start set, critical share, pools, batches and cycles) and
-the speed of each part are in docs/research/anneal.md.
+The measurements behind the defaults (start set, tied search, critical share, pools, batches and cycles) and the
+speed of each part are in docs/research/anneal.md.
 """
 
 from __future__ import annotations
@@ -96,6 +96,17 @@ REPEAT_BLOCK_EVALS = (5_000, 100_000)
 REPEAT_MIN_BUDGET_S = 20.0
 REPEAT_BUDGET_SHARE = 0.25
 
+#: where the repeat start is built (:data:`REPEAT_MIN_BUDGET_S`), a *tied* search comes next: an annealer whose
+#: moves move an op's copy in every repeat with it (the repeats placed alike), each proposal simulated on the
+#: whole graph, so the layer boundaries are in the score; for at most TIED_EVALS evaluations (cycles of
+#: TIED_CYCLE_EVALS from TIED_T_START, pools of TIED_POOL moves) and TIED_BUDGET_SHARE of the budget (of
+#: ``budget_s``, and of ``max_evals``)
+TIED_EVALS = 20_000
+TIED_CYCLE_EVALS = 1_500
+TIED_T_START = 0.002
+TIED_POOL = 16
+TIED_BUDGET_SHARE = 0.9
+
 DEFAULT_BUDGET_S = 10.0
 #: seconds of search per compiled call: the budget is checked between calls, and overshot by at most this
 CHUNK_S = 0.01
@@ -105,6 +116,9 @@ CRITICAL_REFRESH = 4
 #: moves drawn per proposal, of which the one that adds the least compute and transfer time is
 #: simulated (:func:`~doppler.methods._anneal_loops.time_added`)
 POOL = 4
+
+
+_NO_TIES = (np.empty(0, np.int64), np.zeros(1, np.int64), np.empty(0, np.int64))
 
 
 class _Moves:
@@ -207,8 +221,8 @@ def anneal_search(graph: DataflowGraph, cluster, options: AnnealOptions = Anneal
     ctx = SimContext(graph, cluster)  # every evaluation reuses it
     repeat = start is None and (budget_s is None or float(budget_s) >= REPEAT_MIN_BUDGET_S)
     repeat_s = (None if budget_s is None else REPEAT_BUDGET_SHARE * float(budget_s)) if repeat else 0.0
-    start_name, walk, mem = _starting_point(ctx, seed, start, options.extra_starts, threads, memory_budget_bytes, repeat_s,
-                                            deadline)  # fmt: skip
+    start_name, walk, mem, starts = _starting_point(ctx, seed, start, options.extra_starts, threads, memory_budget_bytes,
+                                                    repeat_s, deadline)  # fmt: skip
     start_ms, start_devices = walk.cur_ms, walk.cur.copy()
     if cycle_evals is None:
         cycle_evals = max(5000, 1000 * n)
@@ -220,22 +234,45 @@ def anneal_search(graph: DataflowGraph, cluster, options: AnnealOptions = Anneal
 
     sim = (ctx.arrays, *ctx.noise(0.0, 0))
     next_report = time.perf_counter()  # progress reports only; no decision depends on the clock
-    log_ratio = math.log(t_end / t_start)
     optimal_ms = float(ctx.lower_bound()) * (1.0 + 1e-12)  # nothing can beat the lower bound
-    chunk = 1  # batches per compiled call: grown to about CHUNK_S of work, so the clock is read often enough
-    while nd > 1 and n > 0 and walk.best_ms > optimal_ms:
-        if (max_evals is not None and walk.counts[K.EVALS] >= max_evals) or time.perf_counter() >= deadline:
-            break
-        t_call = time.perf_counter()
-        K.anneal_batches(sim, walk.cur, walk.best, walk.crit, walk.counts, walk.values, chunk, batch_size,
-                         -1 if max_evals is None else int(max_evals), cycle_evals, t_start, log_ratio, optimal_ms,
-                         rng, *moves.args(), threads, critical_share, CRITICAL_REFRESH, bool(options.prune),
-                         int(pool), mem)  # fmt: skip
-        took = time.perf_counter() - t_call
-        chunk = max(1, min(chunk * 4, int(chunk * CHUNK_S / took) if took > 0 else chunk * 4))
-        if on_progress is not None and time.perf_counter() >= next_report:
-            next_report = time.perf_counter() + 0.25
-            on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
+
+    def search(w: _Walk, r: np.random.Generator, mv: _Moves, ties: tuple, stop_evals: int, stop_s: float,
+               cycle: int, t_hot: float, moves_per_proposal: int) -> None:
+        """Anneal ``w`` in place until ``stop_evals`` evaluations (-1: none) or the clock at ``stop_s``."""
+        nonlocal next_report
+        chunk = 1  # batches per compiled call: grown to about CHUNK_S of work, so the clock is read often enough
+        while nd > 1 and n > 0 and w.best_ms > optimal_ms:
+            if (stop_evals >= 0 and w.counts[K.EVALS] >= stop_evals) or time.perf_counter() >= stop_s:
+                break
+            t_call = time.perf_counter()
+            K.anneal_batches(sim, w.cur, w.best, w.crit, w.counts, w.values, chunk, batch_size, stop_evals, cycle,
+                             t_hot, math.log(t_end / t_hot), optimal_ms, r, *mv.args(), threads, critical_share,
+                             CRITICAL_REFRESH, bool(options.prune), moves_per_proposal, mem, ties)  # fmt: skip
+            took = time.perf_counter() - t_call
+            chunk = max(1, min(chunk * 4, int(chunk * CHUNK_S / took) if took > 0 else chunk * 4))
+            if on_progress is not None and time.perf_counter() >= next_report:
+                next_report = time.perf_counter() + 0.25
+                on_progress(_progress_event(t0, w.evals, budget_s, max_evals, w, start_ms))
+
+    tied_evals = 0
+    if repeat and nd > 1 and (max_evals is None or walk.evals < TIED_BUDGET_SHARE * max_evals):
+        tied = _tied_start(ctx, starts)
+        if tied is not None:
+            stop = walk.evals + TIED_EVALS
+            if max_evals is not None:
+                stop = min(stop, int(TIED_BUDGET_SHARE * max_evals))
+            stop_s = deadline if budget_s is None else min(deadline, t0 + TIED_BUDGET_SHARE * float(budget_s))
+            ties, first, first_ms = tied
+            tw = (_Walk(first, first_ms, walk.evals) if first_ms is not None
+                  else _Walk(first, float(ctx.makespan(first)), walk.evals + 1))  # fmt: skip
+            rt = np.random.default_rng([seed, 1])  # its own stream: the search after it draws as without it
+            search(tw, rt, _Moves(graph, nd, rt), ties, stop, stop_s, TIED_CYCLE_EVALS, TIED_T_START,
+                   max(int(pool), TIED_POOL))
+            tied_evals = tw.evals - walk.evals
+            kept = tw if tw.best_ms < walk.best_ms else walk
+            walk = _Walk(kept.best, kept.best_ms, tw.evals)
+    search(walk, rng, moves, _NO_TIES, -1 if max_evals is None else int(max_evals), deadline, cycle_evals, t_start,
+           int(pool))
     if on_progress is not None:  # the last word, also when the budget ran out before the first move
         on_progress(_progress_event(t0, walk.evals, budget_s, max_evals, walk, start_ms))
     devices, best_ms = walk.best, walk.best_ms
@@ -250,6 +287,7 @@ def anneal_search(graph: DataflowGraph, cluster, options: AnnealOptions = Anneal
             "start_method": start_name,
             "start_makespan_s": start_ms,
             "evals": walk.evals,
+            "tied_evals": tied_evals,
             "accepted": int(walk.counts[K.ACCEPTED]),
             "improvements": int(walk.counts[K.IMPROVED]),
             "restarts": int(walk.counts[K.RESTARTS]),
@@ -304,13 +342,14 @@ class _Walk:
 
 def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_starts: dict[str, np.ndarray] | None,
                     threads: int, budget: np.ndarray | None, repeat_s: float | None = 0.0,
-                    deadline: float = math.inf) -> tuple[str, _Walk, tuple]:  # fmt: skip
+                    deadline: float = math.inf) -> tuple[str, _Walk, tuple, list]:  # fmt: skip
     """The best of the start set (``start``, else the warm-start methods; plus ``extra_starts``;
     then, without ``start`` and where it is cheap (:data:`ROLLOUT_START_MAX_WORK`), HEFT_LOOKAHEAD on
     ``threads`` cores; ties to the first) that fits ``budget`` (None: any), then unless ``repeat_s`` is 0 the
     ``repeat`` start made from it (:func:`_repeat_start`, its block search stopped after ``repeat_s`` seconds;
     None: no limit) where that is faster and fits: its name, a walk from it
-    that counts the evaluations spent, and the memory caps of the compiled loop (:func:`_memory_caps`).
+    that counts the evaluations spent, the memory caps of the compiled loop (:func:`_memory_caps`), and every
+    start that fits with its makespan, fastest first.
     Once the clock has passed ``deadline`` (``time.perf_counter()``), no further warm-start method runs
     if the set holds a start already: on a large graph a short budget is not spent twice."""
     graph, cluster, nd = ctx.graph, ctx.cluster, ctx.num_devices
@@ -342,12 +381,15 @@ def _starting_point(ctx: SimContext, seed: int, start: np.ndarray | None, extra_
     ms = ctx.simulate_many(np.stack([cands[k] for k in names]))
     i0 = int(np.argmin(ms))
     name, first, first_ms, evals = names[i0], cands[names[i0]], float(ms[i0]), len(names)
+    starts = [(cands[k], float(m)) for k, m in zip(names, ms)]
     tiled = _repeat_start(ctx, seed, first, threads, repeat_s) if repeat_s != 0.0 else None
     if tiled is not None and (budget is None or ctx.fits_memory(tiled, budget)):
         tiled_ms, evals = float(ctx.simulate(tiled).makespan_s), evals + 1
+        starts.append((tiled, tiled_ms))
         if tiled_ms < first_ms:
             name, first, first_ms = "repeat", tiled, tiled_ms
-    return name, _Walk(first, first_ms, evals), _memory_caps(ctx, first, budget)
+    starts.sort(key=lambda s: s[1])  # (stable: ties in the set's order)
+    return name, _Walk(first, first_ms, evals), _memory_caps(ctx, first, budget), starts
 
 
 def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
@@ -368,6 +410,30 @@ def _repeat_start(ctx: SimContext, seed: int, base: np.ndarray, threads: int,
     for ops in repeats:
         out[ops] = block.devices
     return out
+
+
+def _tied_start(ctx: SimContext, starts: list) -> tuple[tuple, np.ndarray, float | None] | None:
+    """The tie classes of the tied search (:func:`~doppler.methods._anneal_loops.tie_move`: position ``i`` of
+    every repeat, one class per ``i``) and its start with its makespan: the fastest of ``starts`` ((assignment,
+    makespan), fastest first) whose repeats are placed alike, else the fastest with every repeat placed as its
+    first (makespan None: not simulated). None where the graph repeats no layer
+    (:func:`~doppler.methods.layered.repeated_units`)."""
+    repeats = repeated_units(ctx.graph)
+    if not repeats or not starts:
+        return None
+    members = np.stack(repeats)  # [repeat, position]
+    tie_ops = np.ascontiguousarray(members.T.ravel(), dtype=np.int64)  # class i: position i of every repeat
+    tie_ptr = np.arange(0, tie_ops.size + 1, len(repeats), dtype=np.int64)
+    tie_of = np.full(ctx.num_ops, -1, np.int64)
+    tie_of[tie_ops] = np.repeat(np.arange(members.shape[1]), len(repeats))
+    ties = (tie_of, tie_ptr, tie_ops)
+    for a, ms in starts:
+        if all(np.array_equal(a[ops], a[repeats[0]]) for ops in repeats):
+            return ties, a, ms
+    first = starts[0][0].copy()
+    for ops in repeats:
+        first[ops] = starts[0][0][repeats[0]]
+    return ties, first, None
 
 
 def _memory_caps(ctx: SimContext, start: np.ndarray, budget: np.ndarray | None) -> tuple:
