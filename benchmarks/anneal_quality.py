@@ -24,8 +24,8 @@ import time
 
 from doppler import workloads
 from doppler.methods import assign
-from doppler.presets import cluster
-from doppler.io_util import write_json
+from doppler.hardware.presets import cluster
+from doppler.util.io import write_json
 from doppler.sim import lower_bound, simulate
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")

@@ -33,7 +33,7 @@ import numpy as np
 from doppler import workloads
 from doppler.methods import assign
 from doppler.methods.threads import search_threads
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.sim import SimContext
 
 CASES = (("llama_layer", "v100x8"), ("llama_block", "p100x4"), ("ffnn", "h100x8"), ("chainmm", "p100x4"))
@@ -85,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     cases = [(f"{name} / {preset}", workloads.build(name), cluster(preset)) for name, preset in CASES]
     if args.large:
-        from doppler.corpus import held_out_split
+        from doppler.workloads.corpus import held_out_split
 
         cases += [(h.name, h.graph, h.cluster) for h in held_out_split() if h.name in LARGE]
     cores = search_threads(None)

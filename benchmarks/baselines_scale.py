@@ -19,7 +19,7 @@ from _timing import median_call_s
 
 from doppler import workloads
 from doppler.methods import assign
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.sim import lower_bound, simulate
 
 TARGET_S = 2.0

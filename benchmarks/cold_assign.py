@@ -9,15 +9,15 @@ all three alike):
 * ``python``: the command as a user runs it. With the shipped policy and no ``--checkpoint``, the
   encoder runs in numpy (:mod:`doppler.policy.infer`, no torch) and, for one greedy decode of up to
   ``PYTHON_ASSIGN_MAX_OPS`` ops, the kernels run as Python with their numpy twins (no numba:
-  :mod:`doppler._jit`); so do the cheap methods (``--method heft`` etc.);
-* ``numba``: the same command after ``doppler._jit.start()``, i.e. compiled loops loaded from
+  :mod:`doppler.util.jit`); so do the cheap methods (``--method heft`` etc.);
+* ``numba``: the same command after ``doppler.util.jit.start()``, i.e. compiled loops loaded from
   numba's on-disk cache (what the command did before the kernels could run as Python);
 * ``torch``: the same shipped checkpoint given as ``--checkpoint``, loaded with torch (``doppler`` only).
 
 It prints, per case, the median wall time of the whole process and the ``assign`` time the command
 reports (which leaves out Python's start and the imports), and whether all three wrote the same
 assignment. A case is a workload name (on ``--cluster``) or a held-out case name
-(``doppler.corpus.held_out_split``), e.g. ``llama_layer-973/h100x8``.
+(``doppler.workloads.corpus.held_out_split``), e.g. ``llama_layer-973/h100x8``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 
 from doppler import workloads
-from doppler.corpus import held_out_split
-from doppler.formats import save_graph
+from doppler.workloads.corpus import held_out_split
+from doppler.ir.formats import save_graph
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT
 
 #: the command after numba has started: what ``doppler assign`` did before its loops could run as Python
-NUMBA_FIRST = "import sys; from doppler._jit import start; start(); from doppler.cli import main; sys.argv[0] = 'doppler'; main()"
+NUMBA_FIRST = "import sys; from doppler.util.jit import start; start(); from doppler.cli import main; sys.argv[0] = 'doppler'; main()"
 WAYS = ("python", "numba", "torch")
 
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from doppler.engine import RunOptions, build_program, run
 from doppler.engine import dask_cluster, dask_engine
-from doppler.graph import DataflowGraph
-from doppler.presets import cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.presets import cluster
 
 
 def chain(n: int) -> DataflowGraph:

@@ -23,8 +23,8 @@ import time
 
 from doppler import workloads
 from doppler.methods import assign
-from doppler.presets import cluster
-from doppler.io_util import write_json
+from doppler.hardware.presets import cluster
+from doppler.util.io import write_json
 from doppler.sim import lower_bound, simulate
 from doppler.methods.anneal import WARM_START_METHODS
 from doppler.train import Trainer, TrainConfig

@@ -31,8 +31,8 @@ import numpy as np
 
 from doppler import workloads
 from doppler.engine import RunOptions, build_program, run
-from doppler.graph import DataflowGraph
-from doppler.presets import cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.presets import cluster
 
 
 def noop_graph(src: np.ndarray, dst: np.ndarray, n: int, name: str) -> DataflowGraph:

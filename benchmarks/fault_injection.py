@@ -30,7 +30,7 @@ probability ``--rekill`` at a uniform time (at most three kills), until a run ex
   updates (weights, Adam's and the RNGs' states, the corpus stream's state, counters, history; not the
   elapsed time). ``doppler pretrain`` checkpoints every 180 s and at its end, so in a short run its only
   checkpoint is the last: ``pretrain`` kills the command as it is (a kill before the end leaves nothing to
-  resume: refused). ``pretrain_api`` runs the same pretraining through :class:`doppler.pretrain.Pretrainer`
+  resume: refused). ``pretrain_api`` runs the same pretraining through :class:`doppler.train.pretrain.Pretrainer`
   with a checkpoint every 2 s (the command has no option for it) and resumes it with
   ``doppler pretrain --resume``: resumes from checkpoints in the middle of the run;
 * ``compare``: every ``METHOD.json`` left must be whole and equal to the reference's; a rerun's files
@@ -62,8 +62,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from doppler.assignment import AssignmentError, load_assignment
-from doppler.formats import load_graph
+from doppler.ir.assignment import AssignmentError, load_assignment
+from doppler.ir.formats import load_graph
 from doppler.policy.architectures import read_checkpoint
 from doppler.policy.checkpoint import CheckpointError
 
@@ -322,7 +322,7 @@ class Train(Case):
 
 
 class Pretrain(Case):
-    """``doppler pretrain`` (``api``: started through :class:`~doppler.pretrain.Pretrainer` with a checkpoint
+    """``doppler pretrain`` (``api``: started through :class:`~doppler.train.pretrain.Pretrainer` with a checkpoint
     every 2 s, resumed by the command)."""
 
     def __init__(self, quick: bool, seed: int, api: bool, reference: "PretrainReference") -> None:
@@ -369,7 +369,7 @@ class PretrainReference:
     at a time: the checkpoint's digests after each number of updates."""
 
     def __init__(self, seed: int) -> None:
-        from doppler.pretrain import Pretrainer, pretrain_config
+        from doppler.train.pretrain import Pretrainer, pretrain_config
 
         self.pt = Pretrainer.create(pretrain_config(seed=seed, device="cpu", torch_threads=1), budget_s=1.0)
         self.by_update = {0: digests(_checkpoint(self.pt.state()))}

@@ -5,7 +5,7 @@
         [--distill-on-policy W] [--out F.json] [--chart F.png]
     python benchmarks/generalization.py --chart F.png --chart-from F.json   # redraw a saved run's chart
 
-One row per held-out (graph, cluster) of :func:`doppler.corpus.held_out_split`. Makespans are
+One row per held-out (graph, cluster) of :func:`doppler.workloads.corpus.held_out_split`. Makespans are
 simulated and divided by the row's best cheap method (the best of critical_path, heft,
 enumerative, round_robin_block and metis): lower is better, below 1 beats every cheap method.
 
@@ -44,9 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from doppler.methods import assign
-from doppler.corpus import held_out_split
-from doppler.presets import DGX1_V100_NVLINKS, cluster
-from doppler.io_util import write_json
+from doppler.workloads.corpus import held_out_split
+from doppler.hardware.presets import DGX1_V100_NVLINKS, cluster
+from doppler.util.io import write_json
 from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")

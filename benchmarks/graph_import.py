@@ -28,11 +28,11 @@ import torch
 
 from doppler import workloads
 from doppler.methods import compare, list_methods
-from doppler.graph import OpKind
+from doppler.ir.graph import OpKind
 from doppler.importer import export_model, load_factory, lower_program, model_inputs
-from doppler.presets import cluster
-from doppler.kernels import evaluate_numpy
-from doppler.references import assemble_outputs
+from doppler.hardware.presets import cluster
+from doppler.ir.kernels import evaluate_numpy
+from doppler.workloads.references import assemble_outputs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MODELS = {

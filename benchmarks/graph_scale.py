@@ -18,8 +18,8 @@ from pathlib import Path
 from _timing import median_call_s
 
 from doppler import workloads
-from doppler.formats import load_graph, save_graph
-from doppler.graph import DataflowGraph
+from doppler.ir.formats import load_graph, save_graph
+from doppler.ir.graph import DataflowGraph
 
 
 def main() -> None:

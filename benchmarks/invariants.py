@@ -8,7 +8,7 @@ Recorded, each as the assignment itself and its simulated makespan:
   shipped policy's zero-shot greedy decode on the four paper workloads, on p100x4 and v100x8;
 - anneal with a fixed seed and a fixed number of evaluations (``max_evals``: no time budget, so
   the walk does not depend on the machine's speed) on the same rows;
-- the zero-shot greedy decode on every held-out row of :func:`doppler.corpus.held_out_split`;
+- the zero-shot greedy decode on every held-out row of :func:`doppler.workloads.corpus.held_out_split`;
 - with ``--demo``, ``doppler demo --json --no-engine`` (its anneal has a time budget: its row is
   recorded but not compared).
 ``--compare`` prints every difference and exits 1 if there is one.
@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from doppler import workloads
-from doppler.corpus import held_out_split
-from doppler.io_util import write_json
+from doppler.workloads.corpus import held_out_split
+from doppler.util.io import write_json
 from doppler.methods import assign
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.sim import simulate
 
 DETERMINISTIC = ("round_robin_block", "critical_path", "heft", "metis", "enumerative", "doppler")

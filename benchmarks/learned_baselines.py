@@ -64,7 +64,7 @@ class Job:
 
 def make_cluster(name: str):
     """A preset, or ``links10``: p100x4 with every link 10x slower (as benchmarks/doppler_quality.py)."""
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     return cluster("p100x4").scaled_links(10) if name == "links10" else cluster(name)
 
@@ -154,7 +154,7 @@ def zero_shot_job(method: str, seed: int, episodes: int, il_episodes: int) -> di
 
     torch.set_num_threads(1)
     from doppler import workloads
-    from doppler.corpus import held_out_split
+    from doppler.workloads.corpus import held_out_split
     from doppler.methods import assign
     from doppler.policy.features import graph_features
     from doppler.policy.rollout import rollout
@@ -230,7 +230,7 @@ def zero_shot_report(files: list[str], markdown: str | None) -> None:
     text = "\n".join(lines)
     print(text)
     if markdown:
-        from doppler.io_util import atomic_write_bytes
+        from doppler.util.io import atomic_write_bytes
 
         atomic_write_bytes(Path(markdown), (text + "\n").encode())
 
@@ -337,7 +337,7 @@ def report(files: list[str], markdown: str | None) -> None:
     text = "\n".join(lines)
     print(text)
     if markdown:
-        from doppler.io_util import atomic_write_bytes
+        from doppler.util.io import atomic_write_bytes
 
         atomic_write_bytes(Path(markdown), (text + "\n").encode())
 

@@ -3,7 +3,7 @@
     python benchmarks/memory_budget.py [--shares 0.95,0.85] [--methods heft,critical_path,doppler,anneal]
                                        [--anneal-evals 3000] [--out F.json]
 
-For each held-out (graph, cluster) of :func:`doppler.corpus.held_out_split` and each method: its placement
+For each held-out (graph, cluster) of :func:`doppler.workloads.corpus.held_out_split` and each method: its placement
 without a budget (``--ignore-memory``), the largest peak memory it holds on a device, and then its placement
 with every device's memory set so that the budget (``memory_bytes x 0.9``) is ``share`` of that peak. Prints
 the makespan with the budget over the makespan without it (lower is better; ``-`` where the method said the
@@ -19,8 +19,8 @@ import json
 
 import numpy as np
 
-from doppler.corpus import held_out_split
-from doppler.io_util import write_json
+from doppler.workloads.corpus import held_out_split
+from doppler.util.io import write_json
 from doppler.memory import DEFAULT_MEMORY_FRACTION
 from doppler.methods import MethodError, assign
 from doppler.sim import simulate

@@ -39,7 +39,7 @@ from typing import Any
 
 from doppler import cluster as resolve_cluster
 from doppler import memory, workloads
-from doppler.io_util import write_json
+from doppler.util.io import write_json
 from doppler.methods import MethodError, assign, score
 from doppler.sim import lower_bound
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import doppler  # noqa: E402
 from doppler import workloads  # noqa: E402
-from doppler.presets import cluster  # noqa: E402
+from doppler.hardware.presets import cluster  # noqa: E402
 from doppler.sim import context  # noqa: E402
 
 ROUNDS = 10

@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from _timing import median_call_s  # noqa: E402
 from tests.reference.simpy_reference import simulate_simpy  # noqa: E402
 
-from doppler import hardware, workloads  # noqa: E402
-from doppler import presets
+from doppler.hardware import cluster as hardware
+from doppler import workloads  # noqa: E402
+from doppler.hardware import presets
 from doppler.methods import assign  # noqa: E402
-from doppler.graph import DataflowGraph  # noqa: E402
+from doppler.ir.graph import DataflowGraph  # noqa: E402
 from doppler.sim import SimContext, context, simulate, simulate_many  # noqa: E402
 
 

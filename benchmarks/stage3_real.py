@@ -32,7 +32,7 @@ import numpy as np
 from doppler import workloads
 from doppler.engine import RunOptions, build_program, run
 from doppler.engine.calibrate import calibrate
-from doppler.hardware import Cluster
+from doppler.hardware.cluster import Cluster
 from doppler.sim import simulate
 from doppler.train import Trainer, TrainConfig
 

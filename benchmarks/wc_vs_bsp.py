@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 from doppler import workloads
-from doppler import presets
+from doppler.hardware import presets
 from doppler.methods import assign
 from doppler.sim import simulate_many
 

@@ -4,7 +4,7 @@
                                      [--budget-s 60] [--out whole_model.json] [--charts docs/]
 
 Each case is a built-in ``llama_model`` (float16, the default ``--memory-fraction``) on a cluster preset
-(roofline rates per dtype, :mod:`doppler.presets`) or ``mixed8``:
+(roofline rates per dtype, :mod:`doppler.hardware.presets`) or ``mixed8``:
 
 * ``llama2_7b``: LLaMA-2-7B prefill at its defaults (32 layers, dim 4096, 32 heads, seq_len 2048, 4 blocks per
   large dimension: 6,629 ops); ``llama2_7b_tp`` splits its heads, hidden dimension and vocabulary in 8 blocks
@@ -36,9 +36,9 @@ import numpy as np
 
 from doppler import cluster as resolve_cluster
 from doppler import memory, workloads
-from doppler.corpus import gpu_rates
-from doppler.hardware import Cluster, Device
-from doppler.io_util import write_json
+from doppler.workloads.corpus import gpu_rates
+from doppler.hardware.cluster import Cluster, Device
+from doppler.util.io import write_json
 from doppler.methods import MethodError, assign, score
 from doppler.sim import lower_bound, traced
 

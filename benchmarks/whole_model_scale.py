@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from doppler import workloads
-from doppler.formats import save_graph
+from doppler.ir.formats import save_graph
 
 #: the llama_model parameters of each size (LLaMA-2-7B's shapes, finer tiles; 50k also two sequence blocks
 #: and 35 layers, for 50,057 ops)

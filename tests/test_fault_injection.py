@@ -15,9 +15,9 @@ from typing import Callable
 import torch
 from typer.testing import CliRunner
 
-from doppler.assignment import load_assignment
+from doppler.ir.assignment import load_assignment
 from doppler.cli import app
-from doppler.formats import load_graph
+from doppler.ir.formats import load_graph
 from doppler.policy.architectures import read_checkpoint
 
 ARGS = ("-c", "unit:2", "--episodes", "32", "--il-episodes", "8", "--batch", "8", "--search-evals", "300",

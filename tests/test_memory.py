@@ -17,10 +17,10 @@ from doppler.sim import simulate
 
 def _paper_box(memory_bytes: float = 16e9):
     """The paper's 4x P100 16 GB over PCIe with plain per-FLOP rates (the p100x4 preset before the roofline:
-    :func:`doppler.corpus.gpu_rates`). The tests below tighten a budget under the peak of a free schedule
+    :func:`doppler.workloads.corpus.gpu_rates`). The tests below tighten a budget under the peak of a free schedule
     that overfills one device; the roofline's free schedules spread the weights evenly, leaving no such room."""
-    from doppler.corpus import gpu_rates
-    from doppler.hardware import homogeneous
+    from doppler.workloads.corpus import gpu_rates
+    from doppler.hardware.cluster import homogeneous
 
     rate, by_kind = gpu_rates(9.3e12, 732e9)
     return homogeneous(f"paper@{memory_bytes:g}", 4, flops_per_s=rate, flops_per_s_by_kind=by_kind, bandwidth_Bps=12e9,

@@ -3,7 +3,7 @@
     python benchmarks/experiments/anneal_pool.py [--split validation|held_out] [--budget-s 2] [--seeds 2]
                                      [--pools 1,4] [--out F.json]
 
-Per pair (the 40 validation pairs of :func:`doppler.corpus.validation_split`, or the 10 held-out
+Per pair (the 40 validation pairs of :func:`doppler.workloads.corpus.validation_split`, or the 10 held-out
 rows): ``anneal`` with each ``--pools`` size for ``--budget-s`` seconds on every core, seeds
 0..``--seeds``-1 one after the other, the mean simulated makespan over the pair's best cheap method
 (lower is better). With ``pool=P`` each proposal is the best of P drawn moves by the compute and
@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: generalization.py
 from generalization import CHEAP, geomean  # noqa: E402
 
-from doppler.corpus import held_out_split, validation_split
-from doppler.io_util import write_json
+from doppler.workloads.corpus import held_out_split, validation_split
+from doppler.util.io import write_json
 from doppler.methods import assign
 from doppler.methods.anneal import AnnealOptions, anneal_search
 from doppler.sim import SimContext

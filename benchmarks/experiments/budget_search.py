@@ -3,7 +3,7 @@
     python benchmarks/experiments/budget_search.py [--budget-s 5] [--seeds 3] [--rows NAME,...] [--baselines out/baselines.json]
                                        [--long-s 60] [--threads N]
 
-On the held-out rows of :func:`doppler.corpus.held_out_split`, both searches run one after the
+On the held-out rows of :func:`doppler.workloads.corpus.held_out_split`, both searches run one after the
 other for each seed (interleaved, so a noisy machine slows both alike), with the shipped pretrained
 policy. Makespans are simulated and divided by the row's best cheap method (critical_path, heft,
 enumerative, round_robin_block, metis). Also printed: how many policy samples the search drew (it
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from doppler.corpus import held_out_split
+from doppler.workloads.corpus import held_out_split
 from doppler.methods import assign
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: generalization.py
 from generalization import CHEAP, geomean, makespan  # noqa: E402

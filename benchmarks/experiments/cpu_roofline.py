@@ -29,14 +29,14 @@ from pathlib import Path
 import numpy as np
 
 from doppler import workloads
-from doppler.assignment import load_assignment
+from doppler.ir.assignment import load_assignment
 from doppler.engine import run
 from doppler.engine.calibrate import calibrate
 from doppler.engine.program import build_program
 from doppler.engine.validate import agreement, validation_assignments
-from doppler.formats import load_graph
-from doppler.cluster_file import save_cluster
-from doppler.hardware import Cluster
+from doppler.ir.formats import load_graph
+from doppler.hardware.files import save_cluster
+from doppler.hardware.cluster import Cluster
 from doppler.sim import simulate
 
 

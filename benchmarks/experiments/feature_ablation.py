@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from doppler.methods import assign
-from doppler.corpus import held_out_split
+from doppler.workloads.corpus import held_out_split
 from doppler.sim import simulate
 
 CHEAP = ("critical_path", "heft", "enumerative", "round_robin_block", "metis")
@@ -61,7 +61,7 @@ def main() -> None:
     sets = args.sets.split(",")
     root = Path(args.dir)
     if not args.eval_only:
-        from doppler.pretrain import Pretrainer, pretrain_config
+        from doppler.train.pretrain import Pretrainer, pretrain_config
 
         for seed in seeds:
             for fs in sets:

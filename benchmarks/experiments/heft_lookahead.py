@@ -4,8 +4,8 @@ given the same wall-clock time.
     python benchmarks/experiments/heft_lookahead.py [--max-ops 1000] [--validation 40] [--seeds 3] [--out F.json]
     python benchmarks/experiments/heft_lookahead.py --speed [--max-ops 1000] [--validation 12] [--reps 3]
 
-Pairs: the held-out rows of :func:`doppler.corpus.held_out_split` and the first ``--validation``
-pairs of :func:`doppler.corpus.validation_split`, each of at most ``--max-ops`` ops (the rollout
+Pairs: the held-out rows of :func:`doppler.workloads.corpus.held_out_split` and the first ``--validation``
+pairs of :func:`doppler.workloads.corpus.validation_split`, each of at most ``--max-ops`` ops (the rollout
 costs ``O(|V|^2 D^2)``). Per pair: the simulated makespans of the five cheap methods, of
 ``heft_lookahead`` (run to the end on every core, its time T), and of ``anneal --budget-s T``
 (every core, the mean over ``--seeds`` seeds; from the cheap methods only: the benchmark leaves
@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from doppler.corpus import held_out_split, validation_split
-from doppler.io_util import write_json
+from doppler.workloads.corpus import held_out_split, validation_split
+from doppler.util.io import write_json
 from doppler.methods import assign
 from doppler.sim import simulate
 

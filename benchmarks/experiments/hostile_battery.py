@@ -1419,7 +1419,7 @@ def build_base(base: Path) -> None:
     ok(["assign", G, "-c", "unit:2", "-m", "critical_path", "-o", A])
     ok(["graph", "build", "random", "--set", "size=tiny", "--set", "num_ops=8", "-o", G8])
     sys.path.insert(0, str(SRC))
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     (base / CL).write_text(json.dumps(cluster("unit:2").to_json(), indent=1))
     ok(["train", G8, "-c", "unit:2", "-o", "RUN", "--episodes", "8", *TINY_TRAIN, *TINY_POLICY])

@@ -3,11 +3,11 @@
     python benchmarks/experiments/select_checkpoint.py [--split validation|shifted|held_out] [--k 12]
         [--plc default|ties|free|both] CKPT|shipped [CKPT ...]
 
-For each checkpoint: the geometric mean over :func:`doppler.corpus.validation_split` (``--k``
+For each checkpoint: the geometric mean over :func:`doppler.workloads.corpus.validation_split` (``--k``
 pairs of the training distribution from a stream no training run draws) of zero-shot greedy /
 best cheap method and greedy / critical_path, and the pairs where greedy is not worse than
 critical_path. The shipped policy is the one with the lowest first column.
-``--split shifted`` judges on :func:`doppler.corpus.shifted_validation_split` instead: training
+``--split shifted`` judges on :func:`doppler.workloads.corpus.shifted_validation_split` instead: training
 graphs on clusters outside both training and the held-out split, for choices that should
 transfer. ``--plc``: the device head breaks only its rule's ties (``ties``), chooses freely
 (``free``), each in turn (``both``), or as ``doppler assign`` does zero-shot (``default``).
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from doppler.corpus import held_out_split, shifted_validation_split, validation_split
+from doppler.workloads.corpus import held_out_split, shifted_validation_split, validation_split
 from feature_ablation import judge, references  # same folder
 
 PLC_CHOICES = {"default": (None,), "ties": (True,), "free": (False,), "both": (False, True)}

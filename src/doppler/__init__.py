@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from doppler.assignment import Assignment, load_assignment, save_assignment
+from doppler.ir.assignment import Assignment, load_assignment, save_assignment
 from doppler.methods import MethodError, assign, list_methods
-from doppler.cluster_file import load_cluster, save_cluster
-from doppler.formats import load_graph, save_graph
-from doppler.graph import DataflowGraph, GraphError, OpKind
-from doppler.hardware import Cluster
-from doppler.presets import cluster
+from doppler.hardware.files import load_cluster, save_cluster
+from doppler.ir.formats import load_graph, save_graph
+from doppler.ir.graph import DataflowGraph, GraphError, OpKind
+from doppler.hardware.cluster import Cluster
+from doppler.hardware.presets import cluster
 from doppler.sim import SimResult, lower_bound, simulate, simulate_many
 from doppler import workloads  # noqa: E402  (doppler.workloads.build(...))
 from doppler.policy import method as _learned_method  # noqa: E402, F401 - registers the learned method "doppler"

@@ -10,7 +10,7 @@ What a device holds (docs/cli.md, "Device memory"):
    held on both. A graph whose metadata names no user inputs (a file saved before they were recorded)
    counts every input as a weight.
 2. **Activations live while they are needed.** Op outputs and received copies live as
-   :meth:`doppler.trace.Trace.memory_intervals` says; a slice of an activation input (a forward
+   :meth:`doppler.sim.trace.Trace.memory_intervals` says; a slice of an activation input (a forward
    argument: token ids, ``x``) is live on a device from the start of the run until its last reader
    there ends.
 3. **Peak** per device = resident bytes + the peak of the live activation bytes.
@@ -30,13 +30,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from doppler.graph import DataflowGraph, GraphError, once_per_graph
-from doppler.kernels import DTYPE_BYTES
+from doppler.ir.graph import DataflowGraph, GraphError, once_per_graph
+from doppler.ir.kernels import DTYPE_BYTES
 
 
 class Cluster(Protocol):
-    """What the memory model reads of a :class:`doppler.hardware.Cluster`, named here without importing it
-    (hardware costs ops through :mod:`doppler.traffic`, which reads :func:`input_slices`)."""
+    """What the memory model reads of a :class:`doppler.hardware.cluster.Cluster`, named here without importing it
+    (hardware costs ops through :mod:`doppler.hardware.traffic`, which reads :func:`input_slices`)."""
 
     devices: list[Any]
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from doppler.assignment import load_assignment
+from doppler.ir.assignment import load_assignment
 from doppler.cli import app
-from doppler.cluster_file import save_cluster
-from doppler.formats import load_graph, save_graph
+from doppler.hardware.files import save_cluster
+from doppler.ir.formats import load_graph, save_graph
 
 runner = CliRunner()
 
@@ -44,7 +44,7 @@ def test_assign_writes_the_file(graph_file: Path, tmp_path: Path) -> None:
     assert len(obj["assignment"]) == g.num_ops
     a = load_assignment(out, g)
     from doppler.methods import assign
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     assert a.devices.tolist() == assign(g, cluster("p100x4"), "critical_path").devices.tolist()
 
@@ -100,7 +100,7 @@ def test_assign_threads_same_search_and_bad_counts_exit_2(graph_file: Path, tmp_
 
 
 def test_compare_json_and_csv(graph_file: Path, tmp_path: Path) -> None:
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
     from doppler.methods import assign
     from doppler.sim import lower_bound, simulate
 
@@ -255,7 +255,7 @@ def test_anneal_init_starts_from_a_given_assignment(graph_file: Path, tmp_path: 
 def _cluster_with_memory(tmp_path: Path, name: str, memory_bytes: float) -> Path:
     from dataclasses import replace
 
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     cl = cluster("p100x4")
     path = tmp_path / f"{name}.json"
@@ -300,7 +300,7 @@ def test_compare_marks_the_placements_over_budget_and_never_calls_them_best(grap
 def test_bad_seeds_sizes_and_overflowing_times_exit_2_with_one_line(graph_file: Path, tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     for args in (["assign", str(graph_file), "-c", "p100x4", "-m", "random", "-o", str(tmp_path / "a.json")],
                  ["compare", str(graph_file), "-c", "p100x4", "-m", "random"]):  # fmt: skip
@@ -419,7 +419,7 @@ def test_assign_sets_a_methods_options_by_name_and_refuses_an_unknown_one(graph_
     """`--set OPTION=VALUE` reaches the method, read by the type its options dataclass declares; an option the
     method does not have, a value not of its type or an option text does not set exits 2 in one line, naming it,
     before anything is read (the graph given does not exist) and without writing the output."""
-    from doppler import presets
+    from doppler.hardware import presets
     from doppler.methods import assign
 
     out = tmp_path / "a.json"

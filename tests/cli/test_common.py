@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from doppler.cli import _common
-from doppler.progress import ProgressEvent
+from doppler.util.progress import ProgressEvent
 
 
 def _events(on_progress) -> None:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from doppler import workloads
 from doppler.cli import app
-from doppler.formats import save_graph
+from doppler.ir.formats import save_graph
 
 runner = CliRunner()
 
@@ -148,7 +148,7 @@ def test_train_with_a_real_stage(files) -> None:
 
 
 def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
-    from doppler.graph import DataflowGraph
+    from doppler.ir.graph import DataflowGraph
 
     g = workloads.build("random", num_ops=12, width=4, seed=1)
     h = DataflowGraph.from_arrays(np.round(g.flops / 1e8), np.round(g.output_bytes / 1e3), g.src, g.dst, name="r")
@@ -160,8 +160,8 @@ def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["time_scale"] == 1e-5 and out["makespan_s"] > 0
-    from doppler.formats import load_graph
-    from doppler.presets import cluster
+    from doppler.ir.formats import load_graph
+    from doppler.hardware.presets import cluster
     from doppler.sim import simulate
 
     raw = simulate(load_graph(gp), cluster("unit:2"), np.arange(h.num_ops) % 2, link_contention=True).makespan_s
@@ -189,7 +189,7 @@ def test_device_type_cuda_runs_on_a_gpu_or_says_there_is_none(files) -> None:
 
 def synthetic_graph_file(d: Path) -> Path:
     """A 4-op cost-only graph and an assignment of it to 2 devices (a.json), in ``d``."""
-    from doppler.graph import DataflowGraph
+    from doppler.ir.graph import DataflowGraph
 
     g = DataflowGraph.from_arrays(np.ones(4), np.full(4, 64.0), np.array([0, 1, 2]), np.array([1, 2, 3]), name="chain")
     save_graph(g, d / "g.txt")
@@ -247,8 +247,8 @@ def test_the_timeout_help_states_the_connection_bound() -> None:
 def test_execute_refuses_an_assignment_over_the_memory_budget_before_it_runs(files) -> None:
     from dataclasses import replace
 
-    from doppler.hardware import Cluster
-    from doppler.cluster_file import load_cluster, save_cluster
+    from doppler.hardware.cluster import Cluster
+    from doppler.hardware.files import load_cluster, save_cluster
 
     tight = files["dir"] / "tight.json"
     cl: Cluster = load_cluster(files["cal"])
@@ -353,8 +353,8 @@ def test_a_58m_llama_from_its_config_to_checked_logits(tmp_path) -> None:
     sys.path.insert(0, str(HF_MODELS.parent))
     import hf_models
 
-    from doppler.assignment import load_assignment
-    from doppler.formats import load_graph
+    from doppler.ir.assignment import load_assignment
+    from doppler.ir.formats import load_graph
     from doppler.memory import resident_bytes
 
     ckpt, g, a = tmp_path / "ckpt", tmp_path / "g.json", tmp_path / "a.json"

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from doppler.cli import app
-from doppler.formats import load_graph, save_graph
+from doppler.ir.formats import load_graph, save_graph
 
 runner = CliRunner()
 
@@ -159,7 +159,7 @@ def test_demo_refuses_an_output_directory_that_is_a_file_before_any_work(tmp_pat
 
 def test_convert_to_text_needs_integer_costs_or_round(tmp_path: Path) -> None:
     from doppler import workloads
-    from doppler.formats import load_graph, save_graph
+    from doppler.ir.formats import load_graph, save_graph
 
     g = workloads.build("random", num_ops=10, seed=0)  # lognormal (non-integer) costs
     src = tmp_path / "g.json"
@@ -174,7 +174,7 @@ def test_convert_to_text_needs_integer_costs_or_round(tmp_path: Path) -> None:
 
 
 def test_ignore_fingerprint_uses_an_assignment_of_another_graph_version(tmp_path: Path) -> None:
-    from doppler.graph import from_edges
+    from doppler.ir.graph import from_edges
 
     g1 = from_edges([1, 2], [(0, 1)], [1, 1], name="v1")
     g2 = from_edges([1, 3], [(0, 1)], [1, 1], name="v2")  # same ops, another cost
@@ -262,7 +262,7 @@ def test_info_counts_the_layer_units_of_a_whole_model(tmp_path: Path) -> None:
 
 def test_build_a_decode_step_and_a_batch(tmp_path: Path) -> None:
     """``--set phase=decode --set context=N``: one new token per sequence over a KV cache of N positions."""
-    from doppler.memory import input_slices
+    from doppler.ir.slices import input_slices
 
     out = tmp_path / "d.json"
     res = run("graph", "build", "llama_model", "--set", "size=tiny", "--set", "phase=decode", "--set", "context=16",

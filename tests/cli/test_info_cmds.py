@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from doppler import __version__
 from doppler.methods import list_methods
 from doppler.cli import app
-from doppler.presets import PRESETS
+from doppler.hardware.presets import PRESETS
 
 runner = CliRunner()
 

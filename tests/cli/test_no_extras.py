@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from doppler import workloads
-from doppler.formats import save_graph
+from doppler.ir.formats import save_graph
 from doppler.methods import get_method, list_methods
 from doppler.policy import LEARNED_METHODS
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 #: methods that place a model's decoder layers, which ffnn has not: they assign a LLaMA model instead

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from doppler.cli import app
-from doppler.formats import save_graph
-from doppler.io_util import LOCK_NAME, OutputLock
+from doppler.ir.formats import save_graph
+from doppler.util.io import LOCK_NAME, OutputLock
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from doppler.cli import app
-from doppler.formats import save_graph
+from doppler.ir.formats import save_graph
 
 runner = CliRunner()
 

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from doppler.cli import app
-from doppler.cluster_file import save_cluster
-from doppler.formats import save_graph
-from doppler.graph import from_edges
+from doppler.hardware.files import save_cluster
+from doppler.ir.formats import save_graph
+from doppler.ir.graph import from_edges
 
 runner = CliRunner()
 
@@ -170,7 +170,7 @@ def test_clean_one_line_messages_for_bad_costs_edges_and_devices(files) -> None:
 def _small_memory_cluster(d: Path, memory_bytes: float) -> Path:
     from dataclasses import replace
 
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     cl = cluster("p100x4:2")
     cl = replace(cl, name="small", devices=[replace(dv, memory_bytes=memory_bytes) for dv in cl.devices])

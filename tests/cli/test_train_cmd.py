@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from doppler.assignment import load_assignment
+from doppler.ir.assignment import load_assignment
 from doppler.cli import app
-from doppler.formats import load_graph
+from doppler.ir.formats import load_graph
 
 runner = CliRunner()
 

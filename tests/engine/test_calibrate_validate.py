@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler.cluster_file import cluster_from_json, save_cluster
+from doppler.hardware.files import cluster_from_json, save_cluster
 from doppler.engine import EngineError, RunOptions
 from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
 from doppler.engine.validate import agreement, validate, validation_assignments
-from doppler.graph import OpKind
-from doppler.memory import input_slices
-from doppler.hardware import Cluster, Device
-from doppler.presets import cluster
+from doppler.ir.graph import OpKind
+from doppler.ir.slices import input_slices
+from doppler.hardware.cluster import Cluster, Device
+from doppler.hardware.presets import cluster
 from doppler.sim import simulate
 
 

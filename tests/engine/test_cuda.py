@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler import references
+from doppler.workloads import references
 from doppler.engine import EngineError, RunOptions, build_program, run
 from doppler.engine.local import HostDevices, run_local
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from tests.engine.test_local import WORKLOADS, _assignments, check_trace, tiny_float64_case
 
 torch = pytest.importorskip("torch")
@@ -29,7 +29,7 @@ class TorchCpuDevices(HostDevices):
             super().bind_thread(key)
 
     def __init__(self, num_devices: int) -> None:
-        from doppler.kernels import TorchOps
+        from doppler.ir.kernels import TorchOps
 
         super().__init__(num_devices)
         self.ops = TorchOps("cpu")
@@ -58,7 +58,7 @@ class TorchCpuDevices(HostDevices):
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_torch_data_path_gives_the_untiled_outputs(name: str) -> None:
-    from doppler.references import assemble_outputs
+    from doppler.workloads.references import assemble_outputs
 
     g, ref, prog = tiny_float64_case(name)
     for label, dev in _assignments(g, 3).items():

@@ -20,11 +20,11 @@ import pytest
 pytest.importorskip("distributed")
 
 from doppler import workloads  # noqa: E402
-from doppler import references
+from doppler.workloads import references
 from doppler.engine import EngineError, RunOptions, build_program, run  # noqa: E402
 from doppler.engine import dask_cluster, dask_engine  # noqa: E402
-from doppler.graph import DataflowGraph  # noqa: E402
-from doppler.presets import cluster  # noqa: E402
+from doppler.ir.graph import DataflowGraph  # noqa: E402
+from doppler.hardware.presets import cluster  # noqa: E402
 
 D = 2
 EPS = 1e-6

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler import references
-from doppler.assignment import AssignmentError
+from doppler.workloads import references
+from doppler.ir.assignment import AssignmentError
 from doppler.methods import assign
 from doppler.engine import EngineError, RunOptions, build_program, run
-from doppler.graph import DataflowGraph
-from doppler.presets import cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.presets import cluster
 
 WORKLOADS = ("chainmm", "ffnn", "llama_block", "llama_layer")
 
@@ -156,7 +156,7 @@ def test_kernel_failure_names_op_and_device_and_cleans_up(device_type: str) -> N
 
 @pytest.mark.parametrize("device_type", DEVICE_TYPES)
 def test_timeout_stops_the_run_names_what_ran_and_next_run_works(device_type: str) -> None:
-    from doppler.graph import from_edges
+    from doppler.ir.graph import from_edges
 
     g = from_edges([1.0] * 4, [(0, 1), (1, 2), (2, 3)], [8.0] * 4, name="chain")
     cl = cluster("unit:2")
@@ -251,7 +251,7 @@ def test_the_measured_peak_memory_is_within_10_percent_of_the_simulated_one(meth
     most of what a device holds, its largest peak is the simulator's within 10% (the timing of a real run
     differs from the simulated one, and with it when activations are freed)."""
     from doppler.methods import assign
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
     from doppler.sim import simulate
 
     g = workloads.build("llama_layer", size="tiny")

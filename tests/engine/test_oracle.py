@@ -11,9 +11,9 @@ from doppler import workloads
 from doppler.engine import EngineError
 from doppler.engine.oracle import EngineOracle
 from doppler.engine.program import synthetic_kernel
-from doppler.graph import from_edges
-from doppler.hardware import homogeneous
-from doppler.presets import cluster
+from doppler.ir.graph import from_edges
+from doppler.hardware.cluster import homogeneous
+from doppler.hardware.presets import cluster
 
 
 def test_engine_oracle_measures_a_batch() -> None:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from doppler import workloads
-from doppler import references
+from doppler.workloads import references
 from doppler.engine.program import MAX_SYNTHETIC_OUTPUT_BYTES, EngineError, Operand, build_program
-from doppler.graph import DataflowGraph, from_edges
-from doppler.hardware import homogeneous
+from doppler.ir.graph import DataflowGraph, from_edges
+from doppler.hardware.cluster import homogeneous
 
 
 def test_real_kernels_in_topological_order_reproduce_the_workload():

@@ -20,7 +20,7 @@ from doppler.engine.model_check import compare_logits, reference_outputs  # noqa
 from doppler.engine.weights import (WeightTile, WeightsError, bind, check_executable, open_checkpoint,  # noqa: E402
                                     read_input_ids)  # fmt: skip
 from doppler.importer import import_model  # noqa: E402
-from doppler.references import make_inputs  # noqa: E402
+from doppler.workloads.references import make_inputs  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FACTORY = f"{EXAMPLES / 'hf_models.py'}:tiny_llama"

@@ -33,8 +33,8 @@ def fuzz_base(tmp_path_factory) -> Path:
 def train_run(tmp_path_factory) -> Run:
     """A ``doppler train`` run directory (Stage I and II, a few episodes) as the command writes it."""
     from doppler import workloads
-    from doppler.formats import save_graph
-    from doppler.presets import cluster
+    from doppler.ir.formats import save_graph
+    from doppler.hardware.presets import cluster
     from doppler.train import TrainConfig, Trainer
 
     d = tmp_path_factory.mktemp("train_run")
@@ -49,7 +49,7 @@ def train_run(tmp_path_factory) -> Run:
 @pytest.fixture(scope="session")
 def pretrain_run(tmp_path_factory) -> Run:
     """A ``doppler pretrain`` run directory (one update)."""
-    from doppler.pretrain import Pretrainer, pretrain_config
+    from doppler.train.pretrain import Pretrainer, pretrain_config
 
     d = tmp_path_factory.mktemp("pretrain_run")
     pt = Pretrainer.create(pretrain_config(il_episodes=4, batch=4, search_evals=10, **TINY_POLICY), budget_s=1e-3)

@@ -20,12 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from doppler import workloads
-from doppler.formats import graph_to_json
-from doppler.graph import MAX_TENSOR_ELEMENTS
-from doppler.hardware import MAX_DEVICES
+from doppler.ir.formats import graph_to_json
+from doppler.ir.graph import MAX_TENSOR_ELEMENTS
+from doppler.hardware.cluster import MAX_DEVICES
 from doppler.importer.files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_MEMBERS, MAX_ZIP_TOTAL_BYTES,
                                     ZIP_RATIO_MIN_BYTES, load_plain)  # fmt: skip
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 
 from tests.fuzz.common import FUZZ_EXAMPLES_ENV, ODD_VALUES, fuzz, sandbox
 from tests.fuzz.zips import declare_sizes, write_zip, zip_bytes

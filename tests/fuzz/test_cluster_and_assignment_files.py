@@ -8,9 +8,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from doppler.formats import graph_to_json
-from doppler.graph import from_edges
-from doppler.presets import cluster
+from doppler.ir.formats import graph_to_json
+from doppler.ir.graph import from_edges
+from doppler.hardware.presets import cluster
 
 from tests.fuzz.common import corrupted, fuzz, mutated_bytes, sandbox
 

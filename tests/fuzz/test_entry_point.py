@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from doppler.formats import graph_to_json
-from doppler.graph import from_edges
+from doppler.ir.formats import graph_to_json
+from doppler.ir.graph import from_edges
 
 from tests.fuzz.checkpoints import code_pickles
 from tests.fuzz.common import ABSOLUTE_SENTINEL, SENTINEL

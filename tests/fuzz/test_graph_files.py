@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from doppler import workloads
-from doppler.formats import graph_to_json
-from doppler.graph import from_edges
+from doppler.ir.formats import graph_to_json
+from doppler.ir.graph import from_edges
 
 from tests.fuzz.common import corrupted, fuzz, mutated_bytes, sandbox
 

@@ -21,11 +21,11 @@ import torch
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from doppler.formats import load_graph
+from doppler.ir.formats import load_graph
 from doppler.importer.files import load_plain
 from doppler.policy.architectures import load_policy
 from doppler.policy.checkpoint import CheckpointError
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.train import Trainer, TrainError
 
 from tests.fuzz.checkpoints import rewrite_checkpoint, torch_bytes
@@ -160,7 +160,7 @@ def check_resume(box, kind: str, run, d: Path, what: str) -> None:
 def run_graph_for_pretrain(box) -> Path:
     """A small graph for a pretraining run's policy (it serves any graph)."""
     from doppler import workloads
-    from doppler.formats import save_graph
+    from doppler.ir.formats import save_graph
 
     path = box.root / "pg.json"
     save_graph(workloads.build("random", size="tiny", num_ops=8), path)

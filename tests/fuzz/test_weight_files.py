@@ -49,7 +49,7 @@ def model_files(tmp_path_factory) -> dict[str, bytes | str]:
     """The graph, an assignment, a checkpoint (bytes) and a sharded index of the 3-op model."""
     from safetensors.torch import save
 
-    from doppler.formats import graph_to_json
+    from doppler.ir.formats import graph_to_json
     from doppler.importer import import_model
 
     g = import_model(f"{Path(__file__).resolve()}:embed_model")

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from doppler.io_util import LOCK_NAME, LOCK_SUFFIX
+from doppler.util.io import LOCK_NAME, LOCK_SUFFIX
 from doppler.policy.checkpoint import RUN_DIR_MEMBERS
 
 from tests.fuzz.common import Sandbox, fuzz, sandbox
@@ -193,7 +193,7 @@ def _(box, runs):
 
 @pytest.fixture(scope="module")
 def runs(train_run, pretrain_run) -> dict:
-    from doppler.formats import load_graph
+    from doppler.ir.formats import load_graph
 
     return {"graph": train_run.graph, "num_ops": load_graph(train_run.graph).num_ops, "train": train_run.dir,
             "pretrain": pretrain_run.dir}  # fmt: skip

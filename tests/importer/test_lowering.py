@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from doppler import workloads
 from doppler.engine import RunOptions, build_program, run
-from doppler.graph import OpKind
+from doppler.ir.graph import OpKind
 from doppler.importer import (
     GraphImportError,
     export_model,
@@ -21,8 +21,8 @@ from doppler.importer import (
     model_inputs,
     parameter_dtype,
 )
-from doppler.kernels import evaluate_numpy
-from doppler.references import assemble_outputs
+from doppler.ir.kernels import evaluate_numpy
+from doppler.workloads.references import assemble_outputs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -316,8 +316,8 @@ def test_module_paths_are_normalized(path: str, want: str) -> None:
 def test_a_model_on_the_meta_device_imports_cost_only() -> None:
     """The same ops, FLOPs, bytes, modules and inputs as with real weights, and no value recorded: rotary
     tables are inputs of known shape; the causal mask, computed from shapes alone, is still recognised."""
-    from doppler.references import make_inputs
-    from doppler.tiling import WorkloadError
+    from doppler.workloads.references import make_inputs
+    from doppler.workloads.tiling import WorkloadError
 
     model, example = _gqa(meta=True)
     assert all(p.is_meta for p in model.parameters())
@@ -355,7 +355,7 @@ def test_a_cost_only_graph_is_placed_but_not_executed(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from doppler.cli import app
-    from doppler.formats import save_graph
+    from doppler.ir.formats import save_graph
 
     g, a = tmp_path / "meta.json", tmp_path / "a.json"
     model, example = _gqa(meta=True)

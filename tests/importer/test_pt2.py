@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from doppler.formats import graph_to_json
+from doppler.ir.formats import graph_to_json
 from doppler.importer import GraphImportError, export_model, import_model, lower_program
 from doppler.importer.pt2 import Pt2Error, read_pt2
 

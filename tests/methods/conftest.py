@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from doppler.graph import from_edges
-from doppler.hardware import homogeneous
+from doppler.ir.graph import from_edges
+from doppler.hardware.cluster import homogeneous
 
 
 @pytest.fixture

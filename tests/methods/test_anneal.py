@@ -10,7 +10,7 @@ import pytest
 from doppler import workloads
 from doppler.methods import MethodError, assign
 from doppler.methods import anneal as A
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.sim import simulate
 
 
@@ -108,7 +108,7 @@ def test_bad_options(setup):
 
 
 def test_stops_once_the_lower_bound_is_reached():
-    from doppler.graph import from_edges
+    from doppler.ir.graph import from_edges
     from doppler.sim import lower_bound
 
     # two independent chains of equal work on two devices: one chain per device is optimal
@@ -140,7 +140,7 @@ def test_anneal_starts_from_the_best_cheap_method_including_metis_and_round_robi
 
 def test_python_api_accepts_a_preset_name_like_the_cli() -> None:
     from doppler import assign, simulate, workloads
-    from doppler.hardware import ClusterError
+    from doppler.hardware.cluster import ClusterError
 
     g = workloads.build("ffnn", size="tiny")
     a = assign(g, "p100x4", "heft")
@@ -150,7 +150,7 @@ def test_python_api_accepts_a_preset_name_like_the_cli() -> None:
 
 
 def test_progress_reports_are_progress_events_by_evaluations_or_time():
-    from doppler.progress import ProgressEvent
+    from doppler.util.progress import ProgressEvent
 
     g, c = workloads.build("random", num_ops=60, seed=1), cluster("p100x4")  # far from its lower bound
     seen: list[ProgressEvent] = []

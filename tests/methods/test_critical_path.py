@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from doppler.methods import assign, critical_path_trace
-from doppler.graph import from_edges
-from doppler.presets import unit
+from doppler.ir.graph import from_edges
+from doppler.hardware.presets import unit
 
 
 def diamond():
@@ -71,7 +71,7 @@ def test_ties_go_to_lowest_op_and_device():
 
 def test_trace_is_consistent_on_a_workload():
     from doppler import workloads
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     g = workloads.build("ffnn", size="tiny")
     c = cluster("p100x4")

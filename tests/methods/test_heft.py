@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from doppler.methods import assign, heft_schedule
-from doppler.graph import from_edges
-from doppler.presets import unit
+from doppler.ir.graph import from_edges
+from doppler.hardware.presets import unit
 
 # computation cost of n1..n10 on P1, P2, P3
 W = np.array(

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from doppler.methods import METHODS, assign, list_methods
-from doppler.graph import DataflowGraph, OpKind
-from doppler.hardware import Cluster, Device, homogeneous
+from doppler.ir.graph import DataflowGraph, OpKind
+from doppler.hardware.cluster import Cluster, Device, homogeneous
 from doppler.sim import lower_bound, simulate, simulate_many
 
 BUILTIN = ["single", "round_robin", "random", "round_robin_block", "sequential_fill", "pipeline", "tensor_parallel",
@@ -89,7 +89,7 @@ def test_list_schedules_estimate_is_a_valid_schedule_length(g, c):
 @pytest.mark.parametrize("method", ANY_GRAPH)
 def test_same_seed_same_assignment(method):
     from doppler import workloads
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     g = workloads.build("random", size="tiny", seed=3)
     c = cluster("p100x4")
@@ -104,7 +104,7 @@ def test_same_seed_same_assignment(method):
 @pytest.mark.parametrize("workload", ["chainmm", "ffnn", "llama_block", "llama_layer"])
 def test_methods_on_workloads(workload):
     from doppler import workloads
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     g = workloads.build(workload, size="tiny")
     c = cluster("p100x4")
@@ -123,7 +123,7 @@ def test_methods_on_workloads(workload):
 
 
 def test_simple_methods():
-    from doppler.graph import from_edges
+    from doppler.ir.graph import from_edges
 
     g = from_edges([1.0] * 7, [(0, 1), (1, 2)])
     c = homogeneous("h", 3, flops_per_s=1.0, bandwidth_Bps=1.0)
@@ -136,7 +136,7 @@ def test_simple_methods():
 def test_batch_simulation_agrees_with_the_estimates():
     # the anneal estimate is a simulated makespan: simulate_many must agree
     from doppler import workloads
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     g = workloads.build("ffnn", size="tiny")
     c = cluster("p100x4")
@@ -146,7 +146,7 @@ def test_batch_simulation_agrees_with_the_estimates():
 
 def test_round_robin_block_spreads_each_logical_op_by_block_index():
     from doppler import workloads
-    from doppler import presets
+    from doppler.hardware import presets
 
     g = workloads.build("chainmm", size="tiny")
     a = assign(g, presets.cluster("unit:4"), "round_robin_block").devices

@@ -7,9 +7,9 @@ import numpy as np
 from doppler import workloads
 from doppler.methods import assign
 from doppler.methods.enumerative import _range_plans
-from doppler.graph import from_edges
-from doppler.hardware import homogeneous
-from doppler.presets import cluster
+from doppler.ir.graph import from_edges
+from doppler.hardware.cluster import homogeneous
+from doppler.hardware.presets import cluster
 
 
 def test_metis_one_device_and_no_edges():

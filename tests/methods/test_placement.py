@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from doppler.assignment import Assignment
-from doppler.graph import from_edges
-from doppler.hardware import homogeneous
+from doppler.ir.assignment import Assignment
+from doppler.ir.graph import from_edges
+from doppler.hardware.cluster import homogeneous
 from doppler.methods import METHODS, MethodError, assign, compare, get_method, list_methods, register
 
 
@@ -36,7 +36,7 @@ def test_register_and_min_devices(g, c):
 
 
 def test_method_returning_a_bad_assignment_is_caught(g, c):
-    from doppler.assignment import AssignmentError
+    from doppler.ir.assignment import AssignmentError
 
     @register("test_bad")
     def fn(graph, cluster, *, seed=0, budget_s=None):

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from doppler import presets, workloads
-from doppler.hardware import Cluster, Device, homogeneous
+from doppler.hardware import presets
+from doppler import workloads
+from doppler.hardware.cluster import Cluster, Device, homogeneous
 from doppler.methods import MethodError, assign
 from doppler.sim import simulate
 

@@ -13,7 +13,7 @@ from doppler.policy import BASELINE_METHODS, LEARNED_METHODS
 from doppler.policy.architectures import build_policy, policy_from_config
 from doppler.policy.features import graph_features
 from doppler.policy.rollout import evaluate_actions, rollout
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.train import Trainer, TrainConfig
 
 SMALL = dict(hidden=16, mlp_hidden=16, mp_steps=2)

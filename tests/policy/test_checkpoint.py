@@ -14,7 +14,7 @@ import torch
 from doppler import workloads
 from doppler.policy.architectures import load_policy, read_checkpoint
 from doppler.policy.checkpoint import CheckpointError
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.train import TrainConfig, Trainer, TrainError
 from doppler.train.config import config_from_json
 
@@ -233,7 +233,7 @@ def test_a_damaged_configuration_is_a_train_error() -> None:
 
 def test_a_file_where_the_tensorboard_directory_goes_is_an_output_error(run, tmp_path) -> None:
     """It was FileExistsError from TensorBoard's writer (exit 1) when a resumed run started."""
-    from doppler.io_util import OutputPathError
+    from doppler.util.io import OutputPathError
 
     d = tmp_path / "RUN"
     shutil.copytree(run[0], d)

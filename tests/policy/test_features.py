@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from doppler import cluster, workloads
-from doppler.costs import CostModel
-from doppler.graph import from_edges
-from doppler.presets import unit
+from doppler.hardware.costs import CostModel
+from doppler.ir.graph import from_edges
+from doppler.hardware.presets import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, PlacementState
 from doppler.policy.features import NUM_EDGE_FEATURES, NUM_OP_FEATURES, OP_FEATURES, chain_members, graph_features
 

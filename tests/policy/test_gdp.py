@@ -11,7 +11,7 @@ from doppler.policy.decode import rule_order
 from doppler.policy.features import graph_features
 from doppler.policy.gdp import GdpPolicy, SageConv
 from doppler.policy.rollout import evaluate_actions, rollout
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 
 
 def test_every_op_gets_its_device_in_one_shot():

@@ -13,7 +13,7 @@ from doppler.methods.critical_path import critical_path_trace
 from doppler.policy.features import graph_features
 from doppler.policy.networks import DopplerPolicy
 from doppler.policy.rollout import rollout
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.train import Trainer, TrainConfig, TrainError
 
 SMALL = dict(hidden=32, mlp_hidden=32, mp_steps=3)

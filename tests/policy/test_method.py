@@ -12,7 +12,7 @@ import torch
 from doppler import cluster, workloads
 from doppler.methods import MethodError, assign
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR
-from doppler.pretrain import Pretrainer, pretrain_config
+from doppler.train.pretrain import Pretrainer, pretrain_config
 from doppler.sim import simulate, traced
 from doppler.policy.architectures import read_checkpoint
 

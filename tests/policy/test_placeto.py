@@ -11,7 +11,7 @@ from doppler.policy.decode import rule_order
 from doppler.policy.features import graph_features
 from doppler.policy.placeto import PlacetoPolicy, reachability
 from doppler.policy.rollout import rollout
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 
 
 def _setup():

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from doppler import cluster, workloads
-from doppler.graph import from_edges
-from doppler.presets import unit
+from doppler.ir.graph import from_edges
+from doppler.hardware.presets import unit
 from doppler.listsched import DEVICE_FEATURES, NUM_DEVICE_FEATURES, TIE_RTOL, PlacementState
 from doppler.policy.features import chain_members, graph_features
 from doppler.policy.networks import LEAK, DopplerPolicy
@@ -388,7 +388,7 @@ def test_rule_decodes_are_critical_path_and_heft(preset, seed):
     from doppler.policy.decode import rule_decode
 
     g = workloads.build("random", num_ops=80, seed=seed)
-    from doppler.corpus import mixed3_cluster
+    from doppler.workloads.corpus import mixed3_cluster
 
     c = mixed3_cluster() if preset == "mixed" else cluster(preset)
     gf = graph_features(g, c)

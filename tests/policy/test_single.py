@@ -9,7 +9,7 @@ from doppler import workloads
 from doppler.policy.features import graph_features
 from doppler.policy.rollout import rollout
 from doppler.policy.single import SinglePolicy
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 
 
 def _ready_ops(g, order: np.ndarray, h: int) -> set[int]:

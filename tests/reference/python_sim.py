@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from doppler.assignment import as_devices, check_assignment
+from doppler.ir.assignment import as_devices, check_assignment
 from doppler.sim import SimContext, SimResult, check_options, context
 
 

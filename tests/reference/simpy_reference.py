@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import simpy
 
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
 from doppler.sim import SimContext
 
 DISPATCH = 2  # lower priority than simpy's URGENT (0) and NORMAL (1)

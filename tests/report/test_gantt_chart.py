@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import doppler.report.gantt_chart as gantt_chart
-from doppler.graph import OpKind, from_edges
-from doppler.presets import cluster
+from doppler.ir.graph import OpKind, from_edges
+from doppler.hardware.presets import cluster
 from doppler.report import gantt
 from doppler.sim import lower_bound, simulate
 

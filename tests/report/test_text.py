@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from doppler.presets import cluster
+from doppler.hardware.presets import cluster
 from doppler.report import format_time, time_unit
 
 

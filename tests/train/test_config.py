@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from doppler.io_util import write_json
+from doppler.util.io import write_json
 from doppler.train.config import (MAX_DISTILL_UPDATES, MAX_EPISODES, MAX_REAL_EPISODES, MAX_RUN_COUNT, MAX_SEARCH_EVALS,
                                   TrainConfig, TrainError, check_config_file, command_options, config_from_json,
                                   config_to_json, set_fields)  # fmt: skip
@@ -121,7 +121,7 @@ def test_every_count_is_bounded_by_its_constant_and_the_bound_itself_holds():
 def test_a_train_run_is_bounded_by_max_episodes_and_pretrainings_counts_by_its_budget():
     """MAX_EPISODES bounds the stages of doppler train (check_lengths); pretraining's counts stand for its whole
     time budget (MAX_RUN_COUNT), so its configuration validates but is no train run."""
-    from doppler.pretrain import pretrain_config
+    from doppler.train.pretrain import pretrain_config
 
     TrainConfig(episodes=MAX_EPISODES, il_episodes=MAX_EPISODES).check_lengths()
     for name in ("episodes", "il_episodes"):

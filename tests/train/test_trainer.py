@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from doppler import cluster, workloads
-from doppler.hardware import ClusterError
+from doppler.hardware.cluster import ClusterError
 from doppler.methods import assign
 from doppler.sim import simulate
 from doppler.policy.rollout import evaluate_actions, rollout
@@ -515,7 +515,7 @@ def test_expert_iteration_searches_from_the_incumbent_and_the_policy_imitates_it
 
 
 def test_a_graph_without_work_is_refused_before_training():
-    from doppler.graph import DataflowGraph
+    from doppler.ir.graph import DataflowGraph
 
     g = DataflowGraph.from_arrays([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0, 1], [1, 2])
     with pytest.raises(TrainError, match="lower bound on 'cpu4' is 0"):  # (a GPU preset charges each op a launch)
@@ -538,7 +538,7 @@ def test_create_names_a_wrong_object_and_takes_a_preset_name():
         with pytest.raises(TrainError, match=match):
             Trainer.create(*args)
     with pytest.raises(ClusterError, match="a cluster must be a Cluster, a preset name .* got NoneType$"):
-        Trainer.create([g], None, cfg)  # resolved as everywhere else (doppler.presets.cluster)
+        Trainer.create([g], None, cfg)  # resolved as everywhere else (doppler.hardware.presets.cluster)
     assert Trainer.create([g], "unit:2", cfg).tasks[0].cluster.num_devices == 2
 
 
@@ -550,8 +550,8 @@ def test_with_a_memory_budget_episodes_keep_weights_within_it_and_incumbents_fit
 
     from doppler import memory
 
-    from doppler.corpus import gpu_rates
-    from doppler.hardware import homogeneous
+    from doppler.workloads.corpus import gpu_rates
+    from doppler.hardware.cluster import homogeneous
 
     g = workloads.build("llama_block", size="tiny")
     rate, by_kind = gpu_rates(9.3e12, 732e9)  # the paper's P100s with plain per-FLOP rates: heft's free schedule

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from doppler.io_util import OutputLock, OutputPathError, check_outputs_apart, to_jsonable
+from doppler.util.io import OutputLock, OutputPathError, check_outputs_apart, to_jsonable
 from doppler.memory import DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_HELP
 
 #: the `--json` option every command takes
@@ -61,9 +61,9 @@ def as_user_error(*types: type[BaseException]) -> Iterator[None]:
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """Every exception type that means bad input rather than a bug."""
-    from doppler.assignment import AssignmentError
-    from doppler.graph import GraphError
-    from doppler.hardware import ClusterError
+    from doppler.ir.assignment import AssignmentError
+    from doppler.ir.graph import GraphError
+    from doppler.hardware.cluster import ClusterError
 
     types: list[type[BaseException]] = [UserError, GraphError, AssignmentError, ClusterError, FileNotFoundError,
                                         IsADirectoryError, NotADirectoryError, PermissionError, OutputPathError]  # fmt: skip
@@ -134,13 +134,13 @@ def hold_outputs(ctx: typer.Context, dirs: dict[str, Any] | None = None, files: 
                  inputs: dict[str, Any] | None = None, members: Iterable[str] = ()) -> None:  # fmt: skip
     """One writer per output: lock each output directory of ``dirs`` and file of ``files`` ({label: path};
     ``None`` paths skipped; a label names the option in a refusal, "" none) with an
-    :class:`~doppler.io_util.OutputLock`, now, before the command's work, and hold them until the command
+    :class:`~doppler.util.io.OutputLock`, now, before the command's work, and hold them until the command
     ends (its context ``ctx`` closes: at its end, on an error, on Ctrl-C). An output another live doppler
     process holds, or one inside a directory it holds, or a directory it writes inside, is an
-    :class:`~doppler.io_util.OutputPathError` (exit 2) at once; so is a symbolic link at an output, at a lock
+    :class:`~doppler.util.io.OutputPathError` (exit 2) at once; so is a symbolic link at an output, at a lock
     file or at ``members`` (the names the command writes in each of ``dirs``). The command's own outputs do
     not block each other. With ``inputs`` (the command's input files, {label: path}), the ``files`` are first
-    checked apart from them and from each other, and writable (:func:`~doppler.io_util.check_outputs_apart`)."""
+    checked apart from them and from each other, and writable (:func:`~doppler.util.io.check_outputs_apart`)."""
     if inputs is not None:
         check_outputs_apart(inputs, files or {})
     held: list[OutputLock] = []
@@ -203,8 +203,8 @@ def memory_check(graph: Any, cl: Any, result: Any, memory_fraction: float, ignor
 
 def load_graph_and_cluster(graph_path: Any, cluster_name: str) -> tuple[Any, Any]:
     """The graph file and the cluster (a preset or a JSON file) a command works on, read in that order."""
-    from doppler.formats import load_graph
-    from doppler.presets import cluster
+    from doppler.ir.formats import load_graph
+    from doppler.hardware.presets import cluster
 
     return load_graph(graph_path), cluster(cluster_name)
 
@@ -236,7 +236,7 @@ def write_trace_files(trace, graph, device_names: list[str], out: dict[str, Any]
 def live_progress(describe: Any = None, *, labels: dict[str, str] | None = None, counts: bool = False,
                   quiet: bool = False, keep: bool = False) -> Iterator[Any]:  # fmt: skip
     """The one live display of long work: a rich Progress on stderr with one bar per task of the
-    :class:`~doppler.progress.ProgressEvent` stream; yields the callback that drives it.
+    :class:`~doppler.util.progress.ProgressEvent` stream; yields the callback that drives it.
 
     ``describe(event) -> str`` writes the bar's status text; ``labels`` names the tasks;
     ``counts`` shows "done/total"; ``quiet`` draws nothing (``--json``); ``keep`` leaves the bars

@@ -26,7 +26,7 @@ from doppler.cli._common import (
     memory_check,
 )
 from doppler.cli.method_options import flag_help
-from doppler.io_util import atomic_write_text, check_outputs_apart, refuse_link
+from doppler.util.io import atomic_write_text, check_outputs_apart, refuse_link
 
 
 #: the flags of `assign` that set a method's option, and the option each sets
@@ -97,7 +97,7 @@ def assign_cmd(
     does not have exits 2, naming it, before anything is read."""
     t_command = time.perf_counter()
     with handle_errors():
-        from doppler.assignment import save_assignment
+        from doppler.ir.assignment import save_assignment
         from doppler.methods import assign, check_budget, get_method
 
         spec = get_method(method)
@@ -112,13 +112,13 @@ def assign_cmd(
                      inputs={"G": graph_path, "--cluster": cluster_name, "--checkpoint": options.get("checkpoint")})  # fmt: skip
         graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         if init is not None:
-            from doppler.assignment import load_assignment
+            from doppler.ir.assignment import load_assignment
 
             options["start"] = load_assignment(init, graph, cl.num_devices,
                                                check_fingerprint=not ignore_fingerprint).devices  # fmt: skip
         options = spec.options_from(None, options)
         kw: dict[str, Any] = {"memory_fraction": memory_fraction, "ignore_memory": ignore_memory, "options": options}
-        from doppler._jit import as_python
+        from doppler.util.jit import as_python
         from doppler.methods.placement import runs_as_python
         from doppler.report import format_time
         from doppler.sim import lower_bound, traced
@@ -235,7 +235,7 @@ def compare_cmd(
     """Run several methods on one graph and compare their simulated makespans and whether each placement fits
     the memory budget."""
     with handle_errors():
-        from doppler.assignment import save_assignment
+        from doppler.ir.assignment import save_assignment
         from doppler.methods import check_budget, compare, get_method
 
         names = [m.strip() for m in methods.split(",") if m.strip()]

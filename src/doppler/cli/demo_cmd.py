@@ -32,8 +32,8 @@ def demo_cmd(
 ) -> None:
     """End to end: train DOPPLER and run every baseline on the four paper workloads, simulate, draw the best schedules."""
     with handle_errors():
-        from doppler.presets import cluster
-        from doppler.progress import ProgressEvent
+        from doppler.hardware.presets import cluster
+        from doppler.util.progress import ProgressEvent
 
         from doppler.methods import MethodError, check_budget
         from doppler.train.config import MAX_EPISODES
@@ -165,7 +165,7 @@ def _engine_demo(out_dir: Path, progress_console) -> dict:
     from rich.status import Status
 
     from doppler import workloads
-    from doppler.cluster_file import save_cluster
+    from doppler.hardware.files import save_cluster
     from doppler.methods import assign
     from doppler.engine import RunOptions, build_program, run
     from doppler.engine.calibrate import calibrate

@@ -67,7 +67,7 @@ def engine_options(command: Callable[..., None]) -> Callable[..., None]:
 
 def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
     """The cluster to simulate (and size synthetic kernels) with, and the device count."""
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     if cluster_name is not None:
         cl = cluster(cluster_name)
@@ -114,9 +114,9 @@ def execute_cmd(
     cluster's memory budget, as simulated, is refused before it runs)."""
     with handle_errors():
 
-        from doppler.assignment import load_assignment
+        from doppler.ir.assignment import load_assignment
         from doppler.engine import RunOptions, check_options, check_time_scale, run
-        from doppler.formats import load_graph
+        from doppler.ir.formats import load_graph
         from doppler.sim import simulate
 
         cl, num_devices = _engine_cluster(cluster_name, devices)
@@ -201,7 +201,7 @@ def _bound_inputs(graph, source: str, weights_path: Optional[Path], input_ids: O
     """With --weights or --input-ids, the :class:`~doppler.engine.weights.BoundProgram` to run (None: the engine
     draws every input from --seed). A cost-only graph without --weights is refused here, in one line."""
     from doppler.engine.weights import WeightsError, bound_program
-    from doppler.references import require_values
+    from doppler.workloads.references import require_values
 
     if weights_path is None:
         require_values(graph, source)
@@ -230,9 +230,9 @@ def _check_outputs(graph, outputs: dict, seed: int, given: dict) -> dict[str, An
 
     if not outputs:
         raise UserError(f"graph {graph.name!r} has no workload outputs to check (a cost-only graph)")
-    from doppler.kernels import evaluate_numpy
+    from doppler.ir.kernels import evaluate_numpy
     from doppler.workloads import WORKLOADS, reference
-    from doppler.references import assemble_outputs, make_inputs
+    from doppler.workloads.references import assemble_outputs, make_inputs
 
     x = make_inputs(graph, seed=seed, dtype=np.float64) | {k: np.asarray(v, dtype=np.float64) for k, v in given.items()}
     if graph.meta.get("workload") in WORKLOADS:
@@ -299,7 +299,7 @@ def calibrate_cmd(
 ) -> None:
     """Measure the engine's kernels (per device and op kind) and links; write a cluster the simulator loads."""
     with handle_errors():
-        from doppler.cluster_file import save_cluster
+        from doppler.hardware.files import save_cluster
         from doppler.engine import MAX_REPEATS, RunOptions, check_options
         from doppler.engine.calibrate import MAX_STREAM_BYTES, MIN_STREAM_BYTES, calibrate
 
@@ -393,10 +393,10 @@ def validate_cmd(
 
         from doppler.engine import RunOptions, check_options, check_time_scale
         from doppler.engine.validate import MAX_ASSIGNMENTS, scatter_plot, validate
-        from doppler.formats import load_graph
-        from doppler.presets import cluster
-        from doppler.io_util import write_json
-        from doppler.references import require_values
+        from doppler.ir.formats import load_graph
+        from doppler.hardware.presets import cluster
+        from doppler.util.io import write_json
+        from doppler.workloads.references import require_values
 
         cl = cluster(cluster_name)
         check_options(engine, cl.num_devices, repeats, opts.timeout_s, seed, opts.device_type)

@@ -10,13 +10,13 @@ from rich.markup import escape
 
 from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, as_user_error, console, emit_json,
                                  err_console, graph_app, handle_errors, hold_outputs)  # fmt: skip
-from doppler.formats import load_graph, save_graph
+from doppler.ir.formats import load_graph, save_graph
 
 
 
 def _cluster_for(name: str, devices: int | None):
     """A cluster preset or file; with ``devices``, a homogeneous preset of that size."""
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     if devices is not None:
         if devices < 1:
@@ -83,7 +83,7 @@ def import_cmd(
 
         if dtype not in (None, "float16", "bfloat16", "float32", "float64"):
             raise UserError(f"--dtype must be float16, bfloat16, float32 or float64, got {dtype!r}")
-        from doppler.hardware import MAX_DEVICES
+        from doppler.hardware.cluster import MAX_DEVICES
 
         if devices is not None and not 1 <= devices <= MAX_DEVICES:
             raise UserError(f"--devices must be in 1..{MAX_DEVICES} (the largest cluster), got {devices}")

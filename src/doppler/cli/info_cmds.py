@@ -78,7 +78,7 @@ def methods_cmd(
 def _cluster_row(name: str, scalable: bool) -> dict[str, Any]:
     import numpy as np
 
-    from doppler.presets import cluster
+    from doppler.hardware.presets import cluster
 
     cl = cluster(name)
     off = ~np.eye(cl.num_devices, dtype=bool)
@@ -106,7 +106,7 @@ def clusters_cmd(json_out: bool = JSON_OPT) -> None:
     from rich.table import Table
 
     with handle_errors():
-        from doppler.presets import PRESETS
+        from doppler.hardware.presets import PRESETS
         from doppler.report import format_time
 
         rows = [_cluster_row(name, scalable) for name, (_, _, scalable) in PRESETS.items()]

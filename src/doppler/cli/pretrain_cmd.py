@@ -34,8 +34,8 @@ def pretrain_cmd(
         # one writer (worker 0, this process), no member a link: before torch is imported
         hold_outputs(ctx, dirs={"": output}, members=RUN_DIR_MEMBERS)
         from doppler.methods.threads import usable_cores
-        from doppler.pretrain import MAX_BUDGET_H
-        from doppler.pretrain_parallel import Recipe, run_workers
+        from doppler.train.pretrain import MAX_BUDGET_H
+        from doppler.train.pretrain_parallel import Recipe, run_workers
         from doppler.policy.checkpoint import CheckpointError
         from doppler.cli.train_cmd import diverged_run
         from doppler.train import TrainError

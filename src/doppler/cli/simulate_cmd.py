@@ -13,7 +13,7 @@ from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OP
                                  write_trace_files)  # fmt: skip
 
 #: ``doppler simulate`` runs one simulation of a graph of up to this many ops as Python
-#: (:mod:`doppler._jit`) unless numba has started: 0.27 s at 3,000 ops with its trace (0.45 s with
+#: (:mod:`doppler.util.jit`) unless numba has started: 0.27 s at 3,000 ops with its trace (0.45 s with
 #: link contention), against about 1 s of numba's import and start-up
 PYTHON_SIMULATION_MAX_OPS = 3000
 
@@ -44,7 +44,7 @@ def simulate_cmd(
     """Simulate one assignment on a cluster and report its makespan and memory per device (exit 2 if it does
     not fit the memory budget)."""
     with handle_errors():
-        from doppler.assignment import load_assignment
+        from doppler.ir.assignment import load_assignment
         from doppler.sim import check_dispatch, check_options, lower_bound, simulate
 
         check_options(mode, noise, seed)  # bad options fail before any file is read
@@ -58,7 +58,7 @@ def simulate_cmd(
         check_dispatch(dispatch, mode)
         graph, cl = load_graph_and_cluster(graph_path, cluster_name)
         assignment = load_assignment(assignment_path, graph, cl.num_devices, check_fingerprint=not ignore_fingerprint)
-        from doppler._jit import as_python
+        from doppler.util.jit import as_python
 
         t0 = time.perf_counter()
         with as_python(graph.num_ops <= PYTHON_SIMULATION_MAX_OPS):  # one simulation: no numba start-up
@@ -163,7 +163,7 @@ def diff_cmd(
     from rich.table import Table
 
     with handle_errors():
-        from doppler.assignment import load_assignment
+        from doppler.ir.assignment import load_assignment
         from doppler.report import format_bytes, format_time
         from doppler.sim import simulate
 

@@ -121,8 +121,8 @@ def _check_resume_options(typed: dict[str, Any], trainer, cfg, run_dir: Path) ->
 
 def _trainer(graph_paths: list[Path], cluster_name: str, cfg, run_dir: Path, resume: bool, init: str | None = None,
              op_features: str | None = None, resume_episodes: int | None = None):  # fmt: skip
-    from doppler.formats import load_graph
-    from doppler.presets import cluster
+    from doppler.ir.formats import load_graph
+    from doppler.hardware.presets import cluster
     from doppler.train import Trainer
 
     graphs = [load_graph(p) for p in graph_paths]

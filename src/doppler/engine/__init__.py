@@ -9,7 +9,7 @@ Two backends share one interface and one :class:`~doppler.engine.program.Program
 * ``"dask"``: a ``dask.distributed`` cluster, one single-threaded worker per
   device (:mod:`doppler.engine.dask_engine`), for graphs that outgrow one machine.
 
-Both return the simulator's :class:`~doppler.trace.Trace`, so Gantt charts,
+Both return the simulator's :class:`~doppler.sim.trace.Trace`, so Gantt charts,
 critical paths and comparisons work on measured runs exactly as on simulated
 ones. The engine never imports the simulator.
 """
@@ -22,12 +22,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from doppler.assignment import Assignment, as_devices, check_assignment
+from doppler.ir.assignment import Assignment, as_devices, check_assignment
 from doppler.engine.program import EngineError, Program, build_program
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
-from doppler.io_util import check_seed
-from doppler.trace import Trace
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
+from doppler.util.io import check_seed
+from doppler.sim.trace import Trace
 
 __all__ = ["DEVICE_TYPES", "ENGINES", "EngineError", "ExecutionResult", "Program", "RunOptions", "build_program", "run"]
 
@@ -181,7 +181,7 @@ def run(
     median_run = int(order[(len(order) - 1) // 2])
     outputs: dict[str, np.ndarray] = {}
     if keep_outputs and values and not program.is_synthetic and graph.meta.get("outputs"):
-        from doppler.references import assemble_outputs
+        from doppler.workloads.references import assemble_outputs
 
         outputs = assemble_outputs(graph, values)
     return ExecutionResult(

@@ -25,7 +25,7 @@ What is measured, and how (so that the simulator sees what a real run sees):
   run on every device's thread at once, each pinned and limited to one BLAS thread as the engine's
   workers are. Bytes count as STREAM counts them (2 and 3 arrays per element); a kernel's rate is its
   median over the repeats, and the device's bandwidth is its faster kernel's. With it each device is a
-  *measured* device (:mod:`doppler.hardware`): no op reads its weights faster than this bandwidth.
+  *measured* device (:mod:`doppler.hardware.cluster`): no op reads its weights faster than this bandwidth.
 
 The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``, ``memory_bandwidth_Bps``,
 per-pair links) that ``doppler simulate``/``validate`` load like any preset.
@@ -43,10 +43,10 @@ import numpy as np
 from scipy.optimize import nnls
 
 from doppler.engine.program import EngineError, build_program
-from doppler.graph import DataflowGraph, OpKind
-from doppler.progress import ProgressEvent, ProgressFn
-from doppler.hardware import Cluster, Device
-from doppler.trace import Trace
+from doppler.ir.graph import DataflowGraph, OpKind
+from doppler.util.progress import ProgressEvent, ProgressFn
+from doppler.hardware.cluster import Cluster, Device
+from doppler.sim.trace import Trace
 
 __all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster", "measure_memory_bandwidth"]
 
@@ -64,7 +64,7 @@ STREAM_REPEATS = 5
 
 def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
     """Every op kind of our workloads at each size ``n`` (``n x n`` tensors cut in 2 x 2 tiles)."""
-    from doppler.tiling import TileBuilder, tiled_rmsnorm, tiled_softmax
+    from doppler.workloads.tiling import TileBuilder, tiled_rmsnorm, tiled_softmax
 
     b = TileBuilder("calibration", dtype)
     for n in sizes:

@@ -1,7 +1,7 @@
 """The Dask engine: one single-threaded ``dask.distributed`` worker per device.
 
 :func:`run_dask` executes a :class:`~doppler.engine.program.PlacedProgram` on a
-Dask cluster and returns one :class:`~doppler.trace.Trace` per repeat (mode
+Dask cluster and returns one :class:`~doppler.sim.trace.Trace` per repeat (mode
 ``"engine:dask"``), like the local engine (:mod:`doppler.engine.local`).
 
 Cluster
@@ -71,8 +71,8 @@ from distributed import Event, get_task_stream, wait
 from doppler.engine.dask_cluster import SETUP_TIMEOUT_S, Conn, discard, get_conn, on_thread
 from doppler.engine.dask_trace import build_trace
 from doppler.engine.program import EngineError, PlacedProgram, RunRecord, build_program, synthetic_kernel
-from doppler.kernels import run_op_numpy
-from doppler.trace import Trace
+from doppler.ir.kernels import run_op_numpy
+from doppler.sim.trace import Trace
 
 __all__ = ["measure_overhead", "run_dask"]
 
@@ -441,8 +441,8 @@ def run_dask(
 
 # ------------------------------------------------------------------ overhead
 def _chain_overhead(conn: Conn, num_ops: int, op_seconds: float = 0.0) -> float:
-    from doppler.graph import DataflowGraph
-    from doppler.presets import unit
+    from doppler.ir.graph import DataflowGraph
+    from doppler.hardware.presets import unit
 
     g = DataflowGraph.from_arrays(np.ones(num_ops), np.full(num_ops, 8.0), np.arange(num_ops - 1),
                                   np.arange(1, num_ops), name="noop-chain")  # fmt: skip

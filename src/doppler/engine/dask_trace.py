@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from doppler.engine.program import EngineError, PlacedProgram
-from doppler.trace import Trace
+from doppler.sim.trace import Trace
 
 __all__ = ["build_trace"]
 

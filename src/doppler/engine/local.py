@@ -24,7 +24,7 @@ differences between the two are real-system effects:
 * an op is ready once every input has arrived on its device; its ready time is
   that arrival.
 
-Memory: every op's output is a fresh numpy array; :func:`doppler.malloc_tuning.tune_malloc` keeps freed
+Memory: every op's output is a fresh numpy array; :func:`doppler.util.malloc_tuning.tune_malloc` keeps freed
 memory in the process for reuse (without it a run pays a random number of page faults). Receive
 buffers are touched when they are allocated, before the clock starts. Each device's held bytes are
 counted as its arrays are allocated and released (:class:`_Meter`, the rules of :mod:`doppler.memory`);
@@ -39,7 +39,7 @@ Devices (``device_type``):
   kernels hands over quickly. Times are ``time.perf_counter()`` seconds from the
   moment the source ops are released.
 * ``"cuda"`` (:class:`CudaDevices`): torch kernels on the GPU, the same
-  arithmetic (:func:`doppler.kernels.run_op_torch`). Each device has its own
+  arithmetic (:func:`doppler.ir.kernels.run_op_torch`). Each device has its own
   compute stream and each link its own copy stream, so kernels and copies
   overlap; with more devices than GPUs each GPU is split into logical devices
   (devices ``0..k-1`` on GPU 0, and so on), which share its multiprocessors.
@@ -70,8 +70,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from doppler.engine.program import EngineError, PlacedProgram, RunRecord, cuda_sleep_rate, spin_rate_per_s
-from doppler.malloc_tuning import tune_malloc
-from doppler.trace import Trace
+from doppler.util.malloc_tuning import tune_malloc
+from doppler.sim.trace import Trace
 
 __all__ = ["DEVICE_SETS", "CudaDevices", "HostDevices", "RunRecord", "make_devices", "run_local"]
 
@@ -213,7 +213,7 @@ class CudaDevices:
     warmup_s = 0.02
 
     def __init__(self, num_devices: int) -> None:
-        from doppler.kernels import TorchOps
+        from doppler.ir.kernels import TorchOps
 
         try:
             import torch

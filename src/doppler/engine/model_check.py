@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from doppler.engine.weights import Checkpoint, WeightsError
-from doppler.graph import DataflowGraph
+from doppler.ir.graph import DataflowGraph
 
 __all__ = ["TOLERANCE", "LogitsCheck", "compare_logits", "load_weights", "reference_outputs"]
 

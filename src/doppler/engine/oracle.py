@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from doppler.engine.program import EngineError, Program, build_program
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
 
 __all__ = ["EngineOracle"]
 

@@ -3,7 +3,7 @@
 A :class:`Program` is built once per (graph, inputs) and is backend-neutral:
 the local thread engine and the Dask engine both call ``program.kernel(v,
 operands)``. Graphs with op specs run their real kernels (the numpy whitelist
-of :mod:`doppler.kernels`, on the real tile shapes); cost-only graphs (imported
+of :mod:`doppler.ir.kernels`, on the real tile shapes); cost-only graphs (imported
 text files, random graphs) run *synthetic* kernels: a GIL-free spin sized to the
 op's compute time on a given cluster, writing an output buffer of the op's
 ``output_bytes`` so that transfers move real bytes.
@@ -25,10 +25,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
-from doppler.kernels import DTYPE_BYTES, run_op, run_op_numpy
-from doppler.trace import Trace
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
+from doppler.ir.kernels import DTYPE_BYTES, run_op, run_op_numpy
+from doppler.sim.trace import Trace
 
 __all__ = ["EngineError", "Operand", "PlacedProgram", "Program", "RunRecord", "build_program", "spin_rate_per_s", "synthetic_kernel", "synthetic_kernel_cuda"]
 
@@ -154,7 +154,7 @@ class Program:
     def kernel(self, v: int, device: int, arrays: Sequence[Any], ops: Any = None) -> Any:
         """Run op ``v``'s kernel on ``arrays`` (its operands, in order) and return a fresh output.
 
-        ``ops``: a :class:`~doppler.kernels.TorchOps` to run on torch tensors of its device; default numpy.
+        ``ops``: a :class:`~doppler.ir.kernels.TorchOps` to run on torch tensors of its device; default numpy.
         """
         if self.specs is not None:
             if ops is None:
@@ -335,7 +335,7 @@ def build_program(
     """
     labels = [graph.op_label(v) for v in range(graph.num_ops)]
     if graph.specs is not None and any(s is not None for s in graph.specs):
-        from doppler.references import make_inputs
+        from doppler.workloads.references import make_inputs
 
         dtype = np.dtype(dtype or graph.meta.get("dtype", "float32"))
         if dtype.name not in DTYPE_BYTES:

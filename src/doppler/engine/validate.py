@@ -27,9 +27,9 @@ import numpy as np
 
 from doppler.engine import RunOptions
 from doppler.engine.program import EngineError, build_program
-from doppler.graph import DataflowGraph
-from doppler.progress import ProgressEvent, ProgressFn
-from doppler.hardware import Cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.util.progress import ProgressEvent, ProgressFn
+from doppler.hardware.cluster import Cluster
 
 __all__ = ["ValidationResult", "validate", "validation_assignments"]
 

@@ -31,9 +31,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from doppler.engine.program import WeightTile, build_program
-from doppler.graph import DataflowGraph
+from doppler.ir.graph import DataflowGraph
 from doppler.importer import NO_WEIGHTS
-from doppler.io_util import DuplicateKeyError, loads_json
+from doppler.util.io import DuplicateKeyError, loads_json
 
 __all__ = ["BoundProgram", "Checkpoint", "WeightTile", "WeightsError", "bind", "bound_program", "check_executable",
            "open_checkpoint", "read_input_ids", "token_input", "weight_inputs"]  # fmt: skip
@@ -408,7 +408,7 @@ def bound_program(graph: DataflowGraph, source: str, weights: str | Path | None,
     """The program of ``graph`` (file ``source``) on the checkpoint ``weights`` (checked and bound first:
     :func:`check_executable`, :func:`bind`) and the token ids ``input_ids`` (:func:`read_input_ids`); every
     other input is drawn with ``seed`` as the engine draws it."""
-    from doppler.references import make_inputs
+    from doppler.workloads.references import make_inputs
 
     ckpt, binding = None, {}
     if weights is not None:

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from doppler.graph import OpKind
+from doppler.ir.graph import OpKind
 from doppler.importer.errors import GraphImportError
 from doppler.importer.layout import LETTERS, Builder, unify, view
-from doppler.tiling import Tensor
+from doppler.workloads.tiling import Tensor
 
 
 class Bcast:

@@ -21,9 +21,9 @@ import math
 import re
 from typing import Any, Sequence
 
-from doppler.graph import OpKind
+from doppler.ir.graph import OpKind
 from doppler.importer.errors import GraphImportError
-from doppler.tiling import Tensor, TileBuilder
+from doppler.workloads.tiling import Tensor, TileBuilder
 
 #: the einsum subscripts of a tensor's axes, in order
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

@@ -1,6 +1,6 @@
 """Lower a ``torch.export`` program to a tile-level dataflow graph (``doppler graph import``).
 
-Every ATen op of the exported program is lowered onto the same :class:`~doppler.tiling.TileBuilder` the
+Every ATen op of the exported program is lowered onto the same :class:`~doppler.workloads.tiling.TileBuilder` the
 built-in workloads use (the :class:`~doppler.importer.layout.Builder`), so each tensor op becomes a group
 of tile ops with real shapes, FLOPs, bytes and a kernel spec the engine runs. :class:`_Lowering` holds
 one handler per ATen op: an op with no handler fails the whole import, before anything is built, with one
@@ -42,13 +42,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from doppler.graph import DataflowGraph, OpKind
+from doppler.ir.graph import DataflowGraph, OpKind
 from doppler.importer.errors import GraphImportError, one_line
 from doppler.importer.fusion import Bcast, Expr, Fusion, Repeat, is_square
 from doppler.importer.layout import LETTERS, Builder, auto_blocks, permute, retile, slice_axis, unify, view
 from doppler.importer.sources import (WRAPPED, checkpoint_keys, export_model, load_factory, load_pt2,
                                       parameter_dtype)
-from doppler.tiling import Tensor, WorkloadError, tiled_softmax
+from doppler.workloads.tiling import Tensor, WorkloadError, tiled_softmax
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "MAX_RECORDED_ELEMENTS", "NO_VALUES", "NO_WEIGHTS", "import_model",
            "lower_program", "mean_std", "model_inputs", "module_path"]

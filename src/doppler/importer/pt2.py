@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from doppler.graph import MAX_TENSOR_ELEMENTS, shape_elements
+from doppler.ir.graph import MAX_TENSOR_ELEMENTS, shape_elements
 from doppler.importer.files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, ArchiveError, load_failure, load_plain,
                                     open_zip, read_member)  # fmt: skip
-from doppler.io_util import loads_json
+from doppler.util.io import loads_json
 
 __all__ = ["OPERATOR_FUNCTIONS", "Program", "Pt2Error", "read_pt2"]
 
@@ -50,7 +50,7 @@ OPERATOR_FUNCTIONS = {name: getattr(operator, name) for name in (
 #: program takes a few MB): its objects take some 10 times its bytes
 MAX_JSON_BYTES = 32 << 20
 #: the most tensor elements a recorded size may describe (a shape, not an allocation): a graph file's bound
-#: (:data:`doppler.graph.MAX_TENSOR_ELEMENTS`), so that an imported graph reads back
+#: (:data:`doppler.ir.graph.MAX_TENSOR_ELEMENTS`), so that an imported graph reads back
 MAX_ELEMENTS = MAX_TENSOR_ELEMENTS
 
 _ATEN = re.compile(r"torch\.ops\.aten\.([A-Za-z_][A-Za-z0-9_]{0,99})\.([A-Za-z_][A-Za-z0-9_]{0,99})")

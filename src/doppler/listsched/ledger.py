@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler._jit import jit
-from doppler.graph import DataflowGraph
-from doppler.memory import input_slices
+from doppler.util.jit import jit
+from doppler.ir.graph import DataflowGraph
+from doppler.ir.slices import input_slices
 
 
 @jit(cache=True)

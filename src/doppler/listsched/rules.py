@@ -1,7 +1,7 @@
 """The two list-scheduling rules, CRITICAL PATH's and HEFT's, and their completions of a partial schedule.
 
 CRITICAL PATH (the imitation teacher, :mod:`doppler.methods.critical_path`): **SEL** takes the
-candidate with the largest b-level (its :func:`~doppler.costs.priority_key`; ties: lowest op id,
+candidate with the largest b-level (its :func:`~doppler.hardware.costs.priority_key`; ties: lowest op id,
 :func:`largest_key_candidate`); **PLC** puts it on the device with the smallest estimated earliest
 start (:func:`~doppler.listsched.state.est_into`; ties: lowest device id, where devices within a
 relative :data:`TIE_RTOL` of the smallest count as tied, :func:`earliest_start_device`).
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from doppler._jit import jit
+from doppler.util.jit import jit
 from doppler.listsched.state import earliest_gap, est_into, insert_interval, place, take_candidate
 from doppler.listsched.ledger import hold, room_into
 

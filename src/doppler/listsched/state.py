@@ -48,8 +48,8 @@ import bisect
 
 import numpy as np
 
-from doppler._jit import jit
-from doppler.costs import CostModel
+from doppler.util.jit import jit
+from doppler.hardware.costs import CostModel
 
 DEVICE_FEATURES = (
     "assigned_compute",
@@ -137,7 +137,7 @@ def _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv,
 
 def _features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free, assigned,
                          out):  # fmt: skip
-    """:func:`features_into` on Python floats (``doppler._jit.as_python``): the same values, bit for bit."""
+    """:func:`features_into` on Python floats (``doppler.util.jit.as_python``): the same values, bit for bit."""
     _write_columns(out, *_feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish,
                                         free, assigned))  # fmt: skip
 
@@ -197,7 +197,7 @@ def gaps_into(out):  # pragma: no cover - compiled
 
 
 def _earliest_gap_lists(ready_s, length_s, starts, ends, count):
-    """:func:`earliest_gap` on Python floats (``doppler._jit.as_python``): the same search and
+    """:func:`earliest_gap` on Python floats (``doppler.util.jit.as_python``): the same search and
     comparisons, without numpy's cost per element (a device whose intervals all end by the ready
     time needs neither)."""
     t, length_s = float(ready_s), float(length_s)
@@ -252,7 +252,7 @@ def _insertion_starts(ready, comp_v, busy_start, busy_end, busy_count) -> list:
 
 
 def _insertion_starts_into_lists(v, comp, busy_start, busy_end, busy_count, out):
-    """:func:`insertion_starts_into` on Python floats (``doppler._jit.as_python``): the same search
+    """:func:`insertion_starts_into` on Python floats (``doppler.util.jit.as_python``): the same search
     per device, and only the columns it changes written back (``est`` and the gaps)."""
     rows = out.tolist()
     est = _insertion_starts([row[4] for row in rows], comp[v].tolist(), busy_start, busy_end, busy_count)
@@ -274,7 +274,7 @@ def insertion_starts_into(v, comp, busy_start, busy_end, busy_count, out):  # pr
 
 def _heft_features_into_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev, start, finish, free,
                               assigned, busy_start, busy_end, busy_count, out):  # fmt: skip
-    """:func:`heft_features_into` on Python floats (``doppler._jit.as_python``): the insertion search on the
+    """:func:`heft_features_into` on Python floats (``doppler.util.jit.as_python``): the insertion search on the
     data-ready times as computed, and ``out`` written once (bit for bit the loop's values)."""
     assigned_s, ready, comp_v, *rest = _feature_lists(v, pred_ptr, pred_idx, pred_bytes, pred_comm, comp, lat, inv, dev,
                                                       start, finish, free, assigned)  # fmt: skip
@@ -389,7 +389,7 @@ class PlacementState:
     Arrays (``[B, ...]``, updated in place): ``dev`` (device per op, -1 before
     placement), ``start_s``/``finish_s`` (estimated, per op), ``free_s`` (per
     device), ``assigned_compute_s`` (per device). Build from a
-    :class:`~doppler.costs.CostModel`.
+    :class:`~doppler.hardware.costs.CostModel`.
     """
 
     def __init__(self, graph, costs: CostModel, batch: int = 1) -> None:

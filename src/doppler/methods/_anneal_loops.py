@@ -15,10 +15,10 @@ import math
 import numba
 import numpy as np
 
-from doppler._jit import start
+from doppler.util.jit import start
 from doppler.sim.loops import sim_loop, sim_rows
 
-start()  # the loop calls the simulator's loops: numba must have started (doppler._jit) before it compiles
+start()  # the loop calls the simulator's loops: numba must have started (doppler.util.jit) before it compiles
 
 # numba parallelises the loop over a batch's rows (``prange``) and nothing else. The prange is in this
 # function itself: a cached function that calls a cached parallel one crashed when loaded from numba's
@@ -168,7 +168,7 @@ def critical_chain(dev, op_ready, op_start, op_end, pred_ptr, pred_idx, tr_src, 
     device when it waited for the device, else the input that arrived last (the producer, whether its
     data came by a transfer or on the device).
 
-    The same walk as :meth:`doppler.trace.Trace.critical_path` (reports, Gantt outlines), compiled so
+    The same walk as :meth:`doppler.sim.trace.Trace.critical_path` (reports, Gantt outlines), compiled so
     that the annealer's loop can call it; that one stays the reference. Only tie-breaking differs
     (here: the last op to end starts the walk, the first of equal inputs in predecessor order wins;
     WC only, no inbound copies): on 120 random cases of four graphs and three clusters the two

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from doppler import _jit
+from doppler.util import jit as _jit
 
-_jit.start()  # the step calls compiled loops: numba must have started (doppler._jit)
+_jit.start()  # the step calls compiled loops: numba must have started (doppler.util.jit)
 
 from doppler.listsched import heft_completion  # noqa: E402
 from doppler.methods._anneal_loops import PRANGE_ONLY  # noqa: E402

@@ -67,13 +67,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler.assignment import Assignment, check_assignment
+from doppler.ir.assignment import Assignment, check_assignment
 from doppler.methods.layered import block_graph, repeated_units
 from doppler.methods.placement import place_within
 from doppler.methods.registry import MethodError, get_method, option, register
 from doppler.methods.threads import THREADS_HELP, search_threads
-from doppler.graph import DataflowGraph, _csr
-from doppler.progress import ProgressEvent, ProgressFn
+from doppler.ir.graph import DataflowGraph, _csr
+from doppler.util.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
 
 #: the cheap methods whose best assignment a search starts from (anneal's start set, and the first
@@ -192,7 +192,7 @@ def anneal_search(graph: DataflowGraph, cluster, options: AnnealOptions = Anneal
     live activations then put a device over its budget, the start is returned instead
     (``info["memory_fallback"]``).
 
-    ``on_progress`` gets a :class:`~doppler.progress.ProgressEvent` about four times a second: the
+    ``on_progress`` gets a :class:`~doppler.util.progress.ProgressEvent` about four times a second: the
     time used of the budget (or the evaluations of ``max_evals``), and in ``stats`` the evaluation
     count and the best makespan so far."""
     t0 = time.perf_counter()

@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler.assignment import Assignment
+from doppler.ir.assignment import Assignment
 from doppler.methods.placement import no_room
 from doppler.methods.registry import PythonRun, register
-from doppler.costs import CostModel, priority_key
-from doppler.graph import DataflowGraph
+from doppler.hardware.costs import CostModel, priority_key
+from doppler.ir.graph import DataflowGraph
 from doppler.listsched import PlacementState, earliest_start_device
 from doppler.listsched.ledger import MemoryLedger
 

@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from doppler.assignment import Assignment
+from doppler.ir.assignment import Assignment
 from doppler.listsched.ledger import MemoryLedger
 from doppler.methods.placement import no_room
 from doppler.methods.registry import PythonRun, register
-from doppler.costs import CostModel
-from doppler.graph import DataflowGraph, _csr, _expand_ranges
+from doppler.hardware.costs import CostModel
+from doppler.ir.graph import DataflowGraph, _csr, _expand_ranges
 
 
 def _range_plans(nd: int) -> list[tuple[int, int]]:

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler.assignment import Assignment
+from doppler.ir.assignment import Assignment
 from doppler.methods.placement import no_room
 from doppler.methods.registry import PythonRun, register
-from doppler.costs import CostModel, priority_key
-from doppler.graph import DataflowGraph
+from doppler.hardware.costs import CostModel, priority_key
+from doppler.ir.graph import DataflowGraph
 from doppler.listsched import heft_list_schedule
 from doppler.listsched.ledger import MemoryLedger
 from doppler.listsched.rules import heft_list_schedule_within

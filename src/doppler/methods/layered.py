@@ -25,11 +25,11 @@ import re
 import numpy as np
 
 from doppler import memory
-from doppler.assignment import Assignment
-from doppler.graph import DataflowGraph
+from doppler.ir.assignment import Assignment
+from doppler.ir.graph import DataflowGraph
 from doppler.methods.registry import MethodError, PythonRun, register
-from doppler.tiling import layer_key
-from doppler.traffic import carry_traffic
+from doppler.workloads.tiling import layer_key
+from doppler.hardware.traffic import carry_traffic
 
 #: at most this many units: finer ones (a graph whose ops record no module, placed by logical op or by op)
 #: are merged into this many runs of consecutive ones, of about equal op counts
@@ -41,7 +41,7 @@ def layer_units(graph: DataflowGraph, max_units: int | None = MAX_UNITS) -> tupl
     graph runs them (by their first op in topological order).
 
     A unit is the module path up to its first numeric component where the op records a module
-    (:meth:`~doppler.graph.DataflowGraph.op_modules`), else the module itself; an op recording none joins
+    (:meth:`~doppler.ir.graph.DataflowGraph.op_modules`), else the module itself; an op recording none joins
     the unit of the op before it in topological order (the first such ops, the unit after them). A graph
     whose ops record no module is placed by logical op (its groups), and one without groups by op; more
     than ``max_units`` units (None: no limit) are merged into that many runs of consecutive ones.
@@ -124,7 +124,7 @@ def repeated_units(graph: DataflowGraph, min_repeats: int = 3) -> list[np.ndarra
 def block_graph(graph: DataflowGraph, ops: np.ndarray) -> DataflowGraph:
     """The graph of ``ops`` alone: their kinds, the edges among them (an edge from outside is dropped: its value
     is taken as present on every device) and their costs, each op's time on a cluster as in ``graph``
-    (:func:`~doppler.traffic.carry_traffic`: the bytes it moves there, weights included); no specs, so no
+    (:func:`~doppler.hardware.traffic.carry_traffic`: the bytes it moves there, weights included); no specs, so no
     weights held (:mod:`doppler.memory`)."""
     local = np.full(graph.num_ops, -1, np.int64)
     local[ops] = np.arange(ops.size)

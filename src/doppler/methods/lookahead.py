@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler._jit import jit
-from doppler.assignment import Assignment
-from doppler.costs import CostModel, priority_key
-from doppler.graph import DataflowGraph
+from doppler.util.jit import jit
+from doppler.ir.assignment import Assignment
+from doppler.hardware.costs import CostModel, priority_key
+from doppler.ir.graph import DataflowGraph
 from doppler.listsched import (
     critical_path_completion, earliest_start_device, empty_schedule, empty_state, est_into, heft_list_schedule, heft_place,
     largest_key_candidate, place, take_candidate,
@@ -43,7 +43,7 @@ from doppler.listsched.ledger import MemoryLedger
 from doppler.methods.placement import no_room, place_within
 from doppler.methods.registry import get_method, option, register
 from doppler.methods.threads import THREADS_HELP, search_threads
-from doppler.progress import ProgressEvent, ProgressFn
+from doppler.util.progress import ProgressEvent, ProgressFn
 from doppler.sim import SimContext
 
 #: a step leaves the rule's choice only for a completion that simulates shorter by more than this (relative)

@@ -30,11 +30,11 @@ from typing import Iterator
 
 import numpy as np
 
-from doppler.assignment import Assignment
+from doppler.ir.assignment import Assignment
 from doppler.methods.registry import PythonRun, register
-from doppler.costs import CostModel
-from doppler.graph import DataflowGraph
-from doppler.memory import input_slices
+from doppler.hardware.costs import CostModel
+from doppler.ir.graph import DataflowGraph
+from doppler.ir.slices import input_slices
 
 WEIGHT_SCALE = 1000
 

@@ -22,15 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from doppler import io_util, memory
-from doppler.assignment import Assignment, check_assignment
-from doppler.graph import DataflowGraph
+from doppler.util import io as io_util
+from doppler import memory
+from doppler.ir.assignment import Assignment, check_assignment
+from doppler.ir.graph import DataflowGraph
 from doppler.memory import DEFAULT_MEMORY_FRACTION
-from doppler.presets import cluster as resolve_cluster
+from doppler.hardware.presets import cluster as resolve_cluster
 from doppler.methods.registry import PYTHON_RUNS, MethodError, MethodSpec, get_method
-from doppler.progress import ProgressEvent, ProgressFn
+from doppler.util.progress import ProgressEvent, ProgressFn
 
-#: a process that has not started numba (:mod:`doppler._jit`) runs one assignment of a graph of up to this
+#: a process that has not started numba (:mod:`doppler.util.jit`) runs one assignment of a graph of up to this
 #: many ops as Python, by a method that allows it (``register(..., python=PythonRun(...))``): up to this size
 #: a cheap method's Python run costs less than numba's import and start-up (benchmarks/cold_assign.py)
 PYTHON_ASSIGN_MAX_OPS = 3000
@@ -48,10 +49,10 @@ def runs_as_python(graph: DataflowGraph, num_devices: int, method: str, budget_s
                    options: Any = None) -> bool:  # fmt: skip
     """Whether one call of ``method`` (with ``options``, :meth:`~doppler.methods.registry.MethodSpec.options_from`)
     on ``graph`` and a cluster of ``num_devices`` should run its kernels as Python
-    (:func:`doppler._jit.as_python`) rather than start numba: the method allows it for this call
+    (:func:`doppler.util.jit.as_python`) rather than start numba: the method allows it for this call
     (:class:`~doppler.methods.registry.PythonRun`), the graph has at most :data:`PYTHON_ASSIGN_MAX_OPS` ops
     (and ops x devices within the method's ``max_work``), and numba has not started in this process."""
-    from doppler._jit import started
+    from doppler.util.jit import started
 
     spec = get_method(method)
     run = PYTHON_RUNS.get(method)
@@ -77,7 +78,7 @@ def check_budget(budget_s: float | None) -> None:
 
 
 def check_seed(seed: Any) -> int:
-    """A seed is an integer >= 0 (:func:`doppler.io_util.check_seed`); else a :class:`MethodError`."""
+    """A seed is an integer >= 0 (:func:`doppler.util.io.check_seed`); else a :class:`MethodError`."""
     return io_util.check_seed(seed, MethodError)
 
 
@@ -133,7 +134,7 @@ def _assign(graph: DataflowGraph, cluster: Any, req: _Request) -> Assignment:
     check_budget(req.budget_s)
     req = replace(req, seed=check_seed(req.seed))
     cluster = resolve_cluster(cluster)  # a Cluster, or a preset name or a cluster file as on the CLI
-    from doppler.costs import CostModel
+    from doppler.hardware.costs import CostModel
 
     cluster.check_times(graph, CostModel.build(graph, cluster).compute_s)  # finite op times, before any work
     d = int(cluster.num_devices)

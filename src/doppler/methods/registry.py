@@ -1,7 +1,7 @@
 """The registry of placement methods, and the one interface they share.
 
 A method is a function ``fn(graph, cluster[, options], *, ...)`` that returns an
-:class:`~doppler.assignment.Assignment` (or a bare device array), registered under a name with
+:class:`~doppler.ir.assignment.Assignment` (or a bare device array), registered under a name with
 :func:`register`. It asks only for what it uses:
 
 * ``options``: an instance of its options class, a small frozen dataclass whose fields are its
@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from doppler.assignment import Assignment
-from doppler.graph import DataflowGraph
+from doppler.ir.assignment import Assignment
+from doppler.ir.graph import DataflowGraph
 
 
 class MethodError(ValueError):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from doppler.assignment import Assignment
+from doppler.ir.assignment import Assignment
 from doppler.methods.registry import PythonRun, register
-from doppler.graph import DataflowGraph
+from doppler.ir.graph import DataflowGraph
 
 
 @register("single", description="every op on device 0", python=PythonRun())

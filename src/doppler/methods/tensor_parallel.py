@@ -1,6 +1,6 @@
 """The expert's placements of a transformer: Megatron-LM's tensor parallelism, alone and as pipeline stages.
 
-Both read the graph's :class:`~doppler.tiling.ModelStructure` (``graph.meta["structure"]``: the logical ops of
+Both read the graph's :class:`~doppler.workloads.tiling.ModelStructure` (``graph.meta["structure"]``: the logical ops of
 the embedding, of each decoder layer, of the final norm and of the vocabulary head, and which of them are the
 projections Megatron-LM splits) and place every tile op on a *tensor-parallel group* of ``t`` devices:
 
@@ -42,13 +42,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler import memory
-from doppler.assignment import Assignment
-from doppler.graph import DataflowGraph, GraphError
-from doppler.kernels import parse_eq
+from doppler.ir.assignment import Assignment
+from doppler.ir.graph import DataflowGraph, GraphError
+from doppler.ir.kernels import parse_eq
 from doppler.methods.layered import contiguous_stages, device_caps, layer_units, range_weights, unit_weights
 from doppler.methods.registry import MethodError, option, register
 from doppler.methods.simple import flat_block_index
-from doppler.tiling import ModelStructure, model_structure
+from doppler.workloads.tiling import ModelStructure, model_structure
 
 #: the ``llama_model`` key that sets each split's block count (named in refusals)
 BLOCK_KEYS = {"head": "head_blocks", "hidden": "hidden_blocks", "vocab": "vocab_blocks"}

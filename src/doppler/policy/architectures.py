@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from doppler.hardware import Cluster
+from doppler.hardware.cluster import Cluster
 from doppler.policy.base import BasePolicy
 from doppler.policy.checkpoint import (
     CheckpointError, checkpoint_file, identity_left_out, read_archive, shown_value, strip_device_identity,

@@ -17,10 +17,10 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
 from doppler.importer.files import load_failure, load_plain
-from doppler.io_util import DuplicateKeyError, atomic_write_bytes, loads_json, write_json
+from doppler.util.io import DuplicateKeyError, atomic_write_bytes, loads_json, write_json
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read or written: doppler.policy.infer runs without it
     import torch

@@ -8,7 +8,7 @@ compiled call (:func:`_rollout_loop`) on plain arrays (the heads, :func:`run_hea
 the actions, the device features each PLC decision saw, and when each op became a candidate.
 
 The loops can also run as Python, with numpy twins of their hot loops, which is faster than
-starting numba for one greedy decode (:mod:`doppler._jit`; ``doppler assign --method doppler``).
+starting numba for one greedy decode (:mod:`doppler.util.jit`; ``doppler assign --method doppler``).
 
 This module imports no torch: the heads may come from the torch policy
 (:func:`doppler.policy.rollout.rollout`) or from its numpy twin (:mod:`doppler.policy.infer`),
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler._jit import jit
+from doppler.util.jit import jit
 from doppler.listsched import (
     LIST_SCHEDULES, NUM_DEVICE_FEATURES, empty_state, features_into, heft_features_into, insert_busy,
     largest_key_candidate, place, take_candidate, tied,
 )  # fmt: skip
 from doppler.listsched.ledger import hold, room_into
-from doppler.memory import input_slices
+from doppler.ir.slices import input_slices
 from doppler.policy import LEAK
 from doppler.policy.features import GraphFeatures, normalise_device_features
 
@@ -49,7 +49,7 @@ _MODE_CODE = {"sample": 0, "greedy": 1, "teacher": 2}
 
 
 def _pick_numpy(weights_or_scores, idx, count, mode, u_coin, u_draw, eps):
-    """:func:`pick` with a numpy greedy arg-max (``doppler._jit.as_python``); sampling runs :func:`pick` itself."""
+    """:func:`pick` with a numpy greedy arg-max (``doppler.util.jit.as_python``); sampling runs :func:`pick` itself."""
     if mode == 0:
         return pick.py_func(weights_or_scores, idx, count, mode, u_coin, u_draw, eps)
     ids = idx[:count]
@@ -107,7 +107,7 @@ def plc_logit(v, x_d, placed_d, plc_op, plc_query, plc_dev, w_out, b_out, leak):
 
 
 def _plc_logits_into_numpy(v, x, placed, plc_op, plc_query, plc_dev, w_out, b_out, leak, logits):
-    """:func:`plc_logits_into` in numpy (``doppler._jit.as_python``): the same logits up to rounding
+    """:func:`plc_logits_into` in numpy (``doppler.util.jit.as_python``): the same logits up to rounding
     (its sums run in numpy's order), which greedy decoding's tie tolerance absorbs."""
     m_hidden = plc_op.shape[1]
     a = plc_op[v] + placed[:, :m_hidden] + x @ plc_dev
@@ -140,7 +140,7 @@ def begin_episode(b, indeg0, nd, placed_init, dev, enter_step, limited, held, us
 
 
 def _record_view_numpy(b, h, raw, x, feats, est_tied, by_finish):
-    """:func:`record_view` in numpy (``doppler._jit.as_python``)."""
+    """:func:`record_view` in numpy (``doppler.util.jit.as_python``)."""
     gap = 9 if by_finish else 5
     best = raw[0, 4] + (raw[0, 8] if by_finish else 0.0) - raw[0, gap]
     feats[b, h] = x

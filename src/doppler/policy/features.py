@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler._jit import jit
-from doppler.costs import CostModel, priority_key
-from doppler.graph import DataflowGraph
+from doppler.util.jit import jit
+from doppler.hardware.costs import CostModel, priority_key
+from doppler.ir.graph import DataflowGraph
 from doppler.listsched import pred_comm_s
 
 OP_FEATURES = (
@@ -209,7 +209,7 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
 
 
 def _normalise_device_features_numpy(raw, inv_time_scale, out):
-    """:func:`normalise_device_features` in numpy (``doppler._jit.as_python``)."""
+    """:func:`normalise_device_features` in numpy (``doppler.util.jit.as_python``)."""
     out[:, :-1] = raw[:, :-1] * inv_time_scale
     out[:, -1] = raw[:, -1]
 

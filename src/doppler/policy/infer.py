@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from doppler._jit import jit
-from doppler.io_util import atomic_write_bytes, file_sha256, loads_json
+from doppler.util.jit import jit
+from doppler.util.io import atomic_write_bytes, file_sha256, loads_json
 from doppler.policy import LEAK, LEARNED_HEADS
 from doppler.policy.checkpoint import PRETRAINED_CHECKPOINT, PRETRAINED_DIR, checkpoint_method
 from doppler.policy.decode import DecodePlan, Rollout, run_heads
@@ -172,7 +172,7 @@ class _Edges:
 
 
 def _message_sums_numpy(xw: np.ndarray, coeff: np.ndarray, src: np.ndarray, ptr: np.ndarray, out: np.ndarray) -> None:
-    """:func:`message_sums` in numpy (``doppler._jit.as_python``): the ops are grouped by how many messages
+    """:func:`message_sums` in numpy (``doppler.util.jit.as_python``): the ops are grouped by how many messages
     they receive, so that each group is one gather and one sum (``np.add.reduceat`` over the segments is
     slower: it loops per segment)."""
     msg = np.einsum("ekh,ek->eh", xw[src], coeff)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from doppler.assignment import Assignment
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
+from doppler.ir.assignment import Assignment
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
 from doppler.methods.registry import MethodError, PythonRun, option, register
 from doppler.methods.threads import THREADS_HELP
-from doppler.progress import ProgressEvent
+from doppler.util.progress import ProgressEvent
 from doppler.policy import LEARNED_HEADS
 
 # torch and the policy's modules are imported when the method runs, not when it registers:

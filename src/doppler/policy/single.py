@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from doppler._jit import jit
+from doppler.util.jit import jit
 from doppler.listsched import features_into
 from doppler.listsched.ledger import hold, room_into
 from doppler.policy.decode import (

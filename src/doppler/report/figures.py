@@ -12,8 +12,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from doppler.graph import OpKind
-from doppler.io_util import atomic_write_bytes
+from doppler.ir.graph import OpKind
+from doppler.util.io import atomic_write_bytes
 
 
 class FigureFormatError(ValueError):

@@ -1,6 +1,6 @@
 """Gantt charts of simulated (or executed) traces.
 
-Plotting only: every number shown comes from a :class:`~doppler.trace.Trace` (the critical path
+Plotting only: every number shown comes from a :class:`~doppler.sim.trace.Trace` (the critical path
 from :meth:`Trace.critical_path`). matplotlib is imported inside :func:`gantt`.
 """
 
@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from doppler.graph import DataflowGraph, OpKind
+from doppler.ir.graph import DataflowGraph, OpKind
 from doppler.report.figures import kind_colour, pyplot, save_figure
 from doppler.report.text import format_bytes, format_time, time_unit
 
 if TYPE_CHECKING:  # pragma: no cover
-    from doppler.hardware import Cluster
+    from doppler.hardware.cluster import Cluster
     from doppler.sim import SimResult
-    from doppler.trace import Trace
+    from doppler.sim.trace import Trace
 
 
 def _lanes(dev: np.ndarray, start: np.ndarray, end: np.ndarray, num_devices: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from doppler.graph import DataflowGraph, OpKind
+from doppler.ir.graph import DataflowGraph, OpKind
 from doppler.report.figures import kind_colour, pyplot, save_figure
 
 

@@ -9,8 +9,8 @@ from doppler.memory import MemoryCheck, Shortfall
 from doppler.report.text import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from doppler.graph import DataflowGraph
-    from doppler.hardware import Cluster
+    from doppler.ir.graph import DataflowGraph
+    from doppler.hardware.cluster import Cluster
 
 
 def memory_overruns(check: MemoryCheck) -> list[str]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from doppler.hardware import Cluster
+    from doppler.hardware.cluster import Cluster
 
 
 def time_unit(span_s: float, cluster: "Cluster | None" = None) -> tuple[float, str]:

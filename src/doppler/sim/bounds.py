@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
 
 
 def critical_path_bound(graph: DataflowGraph, compute_s: np.ndarray) -> float:

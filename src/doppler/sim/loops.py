@@ -1,5 +1,5 @@
 """The simulator's event loop, compiled with numba (``@jit(cache=True)``; numba starts on first use:
-:mod:`doppler._jit`). The rules it implements are :mod:`doppler.sim`'s.
+:mod:`doppler.util.jit`). The rules it implements are :mod:`doppler.sim`'s.
 
 Every loop takes the static arrays of one (graph, cluster) as one tuple, ``arrays``
 (:attr:`doppler.sim.SimContext.arrays`), in this order (see :data:`ARRAYS`):
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from doppler._jit import jit
+from doppler.util.jit import jit
 
 #: the order of the ``arrays`` tuple every loop takes first
 ARRAYS = ("succ_ptr", "succ_idx", "indeg", "level", "lvl_ptr", "lvl_ops", "comp", "out_bytes", "lat", "bw", "streams",

@@ -19,16 +19,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from doppler.assignment import Assignment, AssignmentError, as_devices, check_assignment
-from doppler.costs import CostModel
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
-from doppler.io_util import check_seed
-from doppler.memory import InputSlices, input_slices
-from doppler.presets import cluster as resolve_cluster
+from doppler.ir.assignment import Assignment, AssignmentError, as_devices, check_assignment
+from doppler.hardware.costs import CostModel
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
+from doppler.util.io import check_seed
+from doppler.ir.slices import InputSlices, input_slices
+from doppler.hardware.presets import cluster as resolve_cluster
 from doppler.sim.bounds import critical_path_bound, work_bound
 from doppler.sim.loops import ARRAYS, sim_loop, sim_many
-from doppler.trace import Trace
+from doppler.sim.trace import Trace
 
 MODES = ("wc", "bsp")
 DISPATCHES = ("fifo", "priority")
@@ -213,7 +213,7 @@ class SimContext:
         return bool(np.all(self.simulate(devices, trace=True).peak_memory_bytes <= budget_bytes))
 
     def input_slices(self) -> InputSlices:
-        """The graph-input slices its ops read (:func:`doppler.memory.input_slices`), found once."""
+        """The graph-input slices its ops read (:func:`doppler.ir.slices.input_slices`), found once."""
         if self._slices is None:
             self._slices = input_slices(self.graph)
         return self._slices
@@ -239,7 +239,7 @@ class SimContext:
         ``dispatch``: ``"fifo"`` (ready ops run in order of readiness, the default)
         or ``"priority"`` (WC only: ready ops run by ``priority``, one number per op,
         lower first, ties by op id; the op id when ``priority`` is None).
-        Raises :class:`~doppler.assignment.AssignmentError` for a wrong-length or
+        Raises :class:`~doppler.ir.assignment.AssignmentError` for a wrong-length or
         out-of-range assignment and :class:`SimulationError` for bad options.
         """
         if mode != "wc" or noise_sigma != 0.0 or seed != 0:

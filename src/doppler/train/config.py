@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from doppler.io_util import check_seed, read_json
+from doppler.util.io import check_seed, read_json
 from doppler.listsched import LIST_SCHEDULES
 from doppler.memory import DEFAULT_MEMORY_FRACTION, MEMORY_FRACTION_HELP
 from doppler.methods.anneal import WARM_START_METHODS

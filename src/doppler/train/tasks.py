@@ -14,8 +14,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
 from doppler.policy.features import GraphFeatures, graph_features
 from doppler.policy.decode import Rollout
 from doppler.policy.rollout import rollout

@@ -13,7 +13,7 @@ the B assignments in one call, and :func:`~doppler.policy.rollout.evaluate_actio
 decisions in one differentiable pass. Rewards are ``-(makespan / lower bound)`` so several graphs
 (and clusters of other sizes) can share one policy.
 
-Pretraining (:mod:`doppler.pretrain`) drives the same trainer through its public methods:
+Pretraining (:mod:`doppler.train.pretrain`) drives the same trainer through its public methods:
 :meth:`Trainer.use_pairs`, :meth:`Trainer.imitation_update`, :meth:`Trainer.seed_incumbent`,
 :meth:`Trainer.search_incumbent`, :meth:`Trainer.sim_update` and :meth:`Trainer.load_weights`.
 """
@@ -35,16 +35,16 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from doppler.graph import DataflowGraph
-from doppler.hardware import Cluster
-from doppler.io_util import make_run_dir, refuse_links
-from doppler.malloc_tuning import tune_malloc
+from doppler.ir.graph import DataflowGraph
+from doppler.hardware.cluster import Cluster
+from doppler.util.io import make_run_dir, refuse_links
+from doppler.util.malloc_tuning import tune_malloc
 from doppler.policy.architectures import build_policy
 from doppler.policy.base import BasePolicy
 from doppler.policy.checkpoint import CHECKPOINT_FORMAT, RUN_DIR_MEMBERS, weight_fault, write_checkpoint
 from doppler.policy.rollout import rollout
-from doppler.presets import cluster as resolve_cluster
-from doppler.progress import ProgressEvent, ProgressFn
+from doppler.hardware.presets import cluster as resolve_cluster
+from doppler.util.progress import ProgressEvent, ProgressFn
 from doppler.train.config import (RULE_TEACHER, TrainConfig, TrainError, TrainingDiverged, check_config_file,
                                   config_to_json, saved_config)  # fmt: skip
 from doppler.train.losses import advantages, best_nll, imitation_loss, on_policy_nll, policy_gradient_loss
@@ -101,7 +101,7 @@ class Trainer:
     identity_left_out: int | None = None  # `--init`: the device count of the checkpoint's learned device identity,
     # left out because it was learned on another cluster (not saved: it describes how this run started)
     grad_sync: Callable[[list[torch.nn.Parameter]], None] | None = None  # pretraining workers: averages the
-    # gradients across processes before each step (doppler.pretrain_parallel.GradSync.average)
+    # gradients across processes before each step (doppler.train.pretrain_parallel.GradSync.average)
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -481,7 +481,7 @@ class Trainer:
         write_checkpoint(run_dir, self.state(), config_to_json(self.cfg))
         task = self.tasks[0]
         if task.best_assignment is not None:
-            from doppler.assignment import Assignment, save_assignment
+            from doppler.ir.assignment import Assignment, save_assignment
 
             a = Assignment(devices=task.best_assignment, method=self.cfg.method, graph_fingerprint=task.graph.fingerprint())
             save_assignment(a, run_dir / "best_assignment.json")
