@@ -33,6 +33,7 @@ from doppler import workloads
 from doppler.engine import RunOptions, build_program, run
 from doppler.ir.graph import DataflowGraph
 from doppler.hardware.presets import cluster
+from doppler.ir.analysis import critical_path_length
 
 
 def noop_graph(src: np.ndarray, dst: np.ndarray, n: int, name: str) -> DataflowGraph:
@@ -40,7 +41,7 @@ def noop_graph(src: np.ndarray, dst: np.ndarray, n: int, name: str) -> DataflowG
 
 
 def critical_path_s(graph: DataflowGraph, trace) -> float:
-    return float(graph.critical_path_length(compute_s=trace.op_end - trace.op_start))
+    return float(critical_path_length(graph, compute_s=trace.op_end - trace.op_start))
 
 
 def measure(graph: DataflowGraph, devices: np.ndarray, num_devices: int, repeats: int, per: float,

@@ -20,6 +20,7 @@ from _timing import median_call_s
 from doppler import workloads
 from doppler.ir.formats import load_graph, save_graph
 from doppler.ir.graph import DataflowGraph
+from doppler.ir.analysis import b_level, edge_comm_from_ops
 
 
 def main() -> None:
@@ -39,8 +40,8 @@ def main() -> None:
                                                   kind=graph.kind),
                 args.repeats,
             )
-            comm = graph.edge_comm_from_ops(graph.output_bytes)
-            blevel_s = median_call_s(lambda: graph.b_level(comm_s=comm), args.repeats)
+            comm = edge_comm_from_ops(graph, graph.output_bytes)
+            blevel_s = median_call_s(lambda: b_level(graph, comm_s=comm), args.repeats)
             path = Path(tmp) / f"g{n}.json"
             save_s = median_call_s(lambda: save_graph(graph, path), args.repeats)
             load_s = median_call_s(lambda: load_graph(path), args.repeats)

@@ -5,26 +5,33 @@ file imports a sibling of its own sublayer or above, so their files form no circ
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "doppler"
 
-#: lowest first; a module may import its own layer and the layers below it
+#: the packages (and the few top-level modules), lowest first: each may import its own layer and the layers
+#: below it; docs/design.md's "Package layout" table lists the same, in the same order
 LAYERS = [
-    {"_jit", "graph", "io_util", "kernels", "malloc_tuning", "progress"},
-    {"hardware", "cluster_file", "presets", "costs", "memory", "traffic"},
-    {"tiling", "references", "workloads", "formats", "assignment", "corpus", "importer"},
-    {"listsched", "trace"},
+    {"util"},
+    {"ir"},
+    {"memory"},
+    {"hardware"},
+    {"workloads"},
+    {"importer"},
+    {"listsched"},
     {"sim"},
     {"report"},
     {"methods"},
     {"policy"},
     {"engine"},
-    {"train", "pretrain", "pretrain_parallel"},
+    {"train"},
     {"cli", "__main__", "__init__"},
 ]
+#: the most modules the package's top level may hold besides ``__init__`` and ``__main__``
+MAX_TOP_LEVEL_MODULES = 5
 
 #: the files of a package, lowest first: a file imports only siblings of lower sublayers (not of its own:
 #: the files of one sublayer stand side by side), so the imports inside the package run one way; the
@@ -61,6 +68,8 @@ SUBLAYERS = {
         {"tasks"},
         {"losses", "state"},
         {"trainer"},
+        {"pretrain"},
+        {"pretrain_parallel"},
         {"__init__"},
     ],
 }
@@ -170,3 +179,67 @@ def test_no_module_docstring_is_over_60_lines(path: Path) -> None:
     first = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else None
     lines = first.end_lineno - first.lineno + 1 if first is not None and isinstance(first.value.value, str) else 0
     assert lines <= 60, f"{path.name}: a {lines}-line module docstring"
+
+
+def test_every_top_level_name_is_in_a_layer_and_few_modules_stay_at_the_top() -> None:
+    entries = sorted(p.stem for p in SRC.glob("*.py")) + sorted(p.parent.name for p in SRC.glob("*/__init__.py"))
+    unlayered = [name for name in entries if not any(name in layer for layer in LAYERS)]
+    assert not unlayered, f"in no layer: {', '.join(unlayered)} (add each to LAYERS and to docs/design.md's table)"
+    stale = [name for layer in LAYERS for name in layer if name not in entries]
+    assert not stale, f"LAYERS names what src/doppler does not hold: {', '.join(stale)}"
+    modules = [p.stem for p in SRC.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, f"{len(modules)} top-level modules: {', '.join(sorted(modules))}"
+
+
+def _sibling_imports(package: Path) -> dict[str, set[str]]:
+    """{file or subpackage of ``package``: the siblings it imports} (a subpackage counts as one node)."""
+    rel = ".".join(package.relative_to(SRC).parts)
+    nodes = {p.stem for p in package.glob("*.py")} | {p.parent.name for p in package.glob("*/__init__.py")}
+    edges: dict[str, set[str]] = {n: set() for n in nodes}
+    for path in package.rglob("*.py"):
+        if "pretrained" in path.parts:
+            continue
+        inner = path.relative_to(package).parts
+        me = inner[0].removesuffix(".py") if len(inner) > 1 or inner[0] != "__init__.py" else "__init__"
+        for _, mod in _imports(path):
+            if mod.startswith(rel + "."):
+                sib = mod[len(rel) + 1 :].split(".")[0]
+                if sib in nodes and sib != me:
+                    edges[me].add(sib)
+            elif mod == rel and me != "__init__":
+                edges[me].add("__init__")
+    return edges
+
+
+PACKAGES = sorted(p.parent for p in SRC.rglob("__init__.py") if p.parent != SRC and "pretrained" not in p.parts)
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=[str(p.relative_to(SRC)) for p in PACKAGES])
+def test_the_files_of_every_package_form_no_circle(package: Path) -> None:
+    edges = _sibling_imports(package)
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(edges.get(n, ())):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state and (circle := visit(m)):
+                return circle
+        state[n] = 2
+        path.pop()
+        return None
+
+    for n in sorted(edges):
+        if n not in state and (circle := visit(n)):
+            raise AssertionError(f"doppler/{package.relative_to(SRC)}: its files import in a circle: {' -> '.join(circle)}")
+
+
+def test_the_design_docs_layer_table_is_the_layers() -> None:
+    text = (SRC.parents[1] / "docs" / "design.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|$", text.split("## Package layout", 1)[1], flags=re.M)
+    table = [set(re.findall(r"`([\w.]+)`", names)) for _, names in rows]
+    layers = [{n.removesuffix(".py") for n in names} for names in table]
+    assert layers == LAYERS, f"docs/design.md's table: {layers}; tests/test_layers.py: {LAYERS}"

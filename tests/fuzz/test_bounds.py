@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from doppler import workloads
 from doppler.ir.formats import graph_to_json
-from doppler.ir.graph import MAX_TENSOR_ELEMENTS
 from doppler.hardware.cluster import MAX_DEVICES
 from doppler.importer.files import (MAX_PICKLE_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_MEMBERS, MAX_ZIP_TOTAL_BYTES,
                                     ZIP_RATIO_MIN_BYTES, load_plain)  # fmt: skip

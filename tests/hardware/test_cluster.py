@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from doppler import workloads
 from doppler.hardware.files import cluster_from_json, load_cluster, save_cluster
 from doppler.ir.graph import OpKind, from_edges
-from doppler.hardware.cluster import VECTOR_KINDS, Cluster, ClusterError, Device, homogeneous
+from doppler.hardware.cluster import Cluster, ClusterError, Device, homogeneous
 from doppler.hardware.presets import cluster
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from doppler.ir.analysis import b_level, critical_path, edge_comm_from_ops, t_level
 from doppler.ir.graph import DataflowGraph, GraphError, OpKind, TileLayout, from_edges
 
 
@@ -59,14 +60,14 @@ def test_levels_match_networkx(graph: DataflowGraph) -> None:
 @settings(max_examples=60, deadline=None)
 @given(random_dags())
 def test_b_and_t_levels_are_longest_paths(graph: DataflowGraph) -> None:
-    comm = graph.edge_comm_from_ops(graph.output_bytes)
-    b = graph.b_level(comm_s=comm)
+    comm = edge_comm_from_ops(graph, graph.output_bytes)
+    b = b_level(graph, comm_s=comm)
     assert np.allclose(b, _longest_to_exit(graph, comm))
-    t = graph.t_level(comm_s=comm)
+    t = t_level(graph, comm_s=comm)
     # t-level + b-level of every op is at most the critical path, with equality on it
     cp_len = b.max()
     assert np.all(t + b <= cp_len + 1e-9)
-    path = graph.critical_path(comm_s=comm)
+    path = critical_path(graph, comm_s=comm)
     assert graph.in_degree()[path[0]] == 0 and graph.out_degree()[path[-1]] == 0
     length = graph.flops[path].sum() + sum(
         comm[np.flatnonzero((graph.src == u) & (graph.dst == v))[0]] for u, v in zip(path, path[1:])
@@ -78,11 +79,11 @@ def test_b_and_t_levels_are_longest_paths(graph: DataflowGraph) -> None:
 def test_small_example_by_hand() -> None:
     # 0 -> 1 -> 3, 0 -> 2 -> 3 with compute 1,2,3,4 and each output costing 1 to move
     g = from_edges([1, 2, 3, 4], [(0, 1), (0, 2), (1, 3), (2, 3)], [1, 1, 1, 1])
-    comm = g.edge_comm_from_ops(g.output_bytes)
-    assert g.b_level().tolist() == [8, 6, 7, 4]
-    assert g.b_level(comm_s=comm).tolist() == [10, 7, 8, 4]
-    assert g.t_level(comm_s=comm).tolist() == [0, 2, 2, 6]
-    assert g.critical_path(comm_s=comm) == [0, 2, 3]
+    comm = edge_comm_from_ops(g, g.output_bytes)
+    assert b_level(g).tolist() == [8, 6, 7, 4]
+    assert b_level(g, comm_s=comm).tolist() == [10, 7, 8, 4]
+    assert t_level(g, comm_s=comm).tolist() == [0, 2, 2, 6]
+    assert critical_path(g, comm_s=comm) == [0, 2, 3]
     assert g.depth == 3
 
 
@@ -154,7 +155,7 @@ def test_large_random_graph_builds() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         g = DataflowGraph.from_arrays(rng.random(n), rng.random(n), src, dst)
-    b = g.b_level()
+    b = b_level(g)
     # every edge respects b-level monotonicity: b(u) >= flops(u) + b(v)
     assert np.all(b[g.src] >= g.flops[g.src] + b[g.dst] - 1e-9)
 
@@ -197,8 +198,8 @@ def test_deep_graphs_compiled_level_passes_match_the_vectorised_ones(monkeypatch
 
     def passes(g):
         comm = np.random.default_rng(seed).random(g.num_edges)
-        return (g.topo_order, g.level, g.b_level(), g.b_level(comm_s=comm), g.t_level(comm_s=comm),
-                np.array(g.critical_path(comm_s=comm)))  # fmt: skip
+        return (g.topo_order, g.level, b_level(g), b_level(g, comm_s=comm), t_level(g, comm_s=comm),
+                np.array(critical_path(g, comm_s=comm)))  # fmt: skip
 
     build = dict(num_ops=3000, width=4, max_fan_in=3, seed=seed)
     vectorised = passes(workloads.build("random", **build))

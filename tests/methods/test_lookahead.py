@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from doppler import cluster, workloads
 from doppler.methods import assign
 from doppler.methods.critical_path import critical_path_schedule
-from doppler.sim import simulate, simulate_many
+from doppler.sim import simulate
 
 
 @pytest.mark.parametrize("method, base", [("lookahead", "critical_path"), ("heft_lookahead", "heft")])

@@ -15,7 +15,6 @@ import doppler.train.tasks as tasks_module
 import doppler.train.trainer as trainer_module
 from doppler import cluster, workloads
 from doppler.hardware.files import cluster_from_json
-from doppler.hardware.cluster import Cluster
 from doppler.methods import assign
 from doppler.cli import app
 from doppler.util.io import write_json

@@ -79,7 +79,7 @@ def test_a_structure_is_derived_from_module_paths_by_position_and_projection_nam
 
 def test_a_recorded_structure_is_read_back_and_a_malformed_one_refused():
     from doppler.ir.graph import GraphError
-    from doppler.workloads.tiling import ModelStructure, model_structure
+    from doppler.workloads.tiling import model_structure
     from doppler.workloads import build
 
     g = build("llama_model", size="tiny")

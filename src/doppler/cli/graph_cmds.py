@@ -11,6 +11,7 @@ from rich.markup import escape
 from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, as_user_error, console, emit_json,
                                  err_console, graph_app, handle_errors, hold_outputs)  # fmt: skip
 from doppler.ir.formats import load_graph, save_graph
+from doppler.ir.analysis import critical_path, summary
 
 
 
@@ -50,7 +51,7 @@ def build_cmd(
             graph.meta["devices"] = devices
         save_graph(graph, output)
         elapsed = time.perf_counter() - t0
-        stats = graph.summary()
+        stats = summary(graph)
         if json_out:
             emit_json({**stats, "path": str(output), "elapsed_s": elapsed})
         else:
@@ -96,7 +97,7 @@ def import_cmd(
                                  dtype=dtype, devices=devices)  # fmt: skip
         save_graph(graph, output)
         elapsed = time.perf_counter() - t0
-        stats = graph.summary()
+        stats = summary(graph)
         if json_out:
             emit_json({**stats, "path": str(output), "elapsed_s": elapsed, "blocks": graph.meta["params"]["blocks"]})
         else:
@@ -154,8 +155,8 @@ def info_cmd(
         if cluster_name is None:  # the graph's own device count applies only to the default cluster, never to one typed
             cluster_name, devices = "unit", devices if devices is not None else graph.meta.get("devices")
         cl = _cluster_for(cluster_name, devices)
-        stats = graph.summary()
-        stats["critical_path_ops"] = len(graph.critical_path())
+        stats = summary(graph)
+        stats["critical_path_ops"] = len(critical_path(graph))
         stats["cluster"] = cl.name
         stats["num_devices"] = cl.num_devices
         stats["lower_bound_s"] = lower_bound(graph, cl)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from doppler.ir.graph import DataflowGraph
+from doppler.ir.analysis import b_level
 
 
 @dataclass
@@ -92,7 +93,7 @@ class CostModel:
 
     def b_level(self, graph: DataflowGraph) -> np.ndarray:
         """Longest path to an exit with mean compute and mean communication costs."""
-        return graph.b_level(self.mean_compute_s(), self.mean_edge_comm_s())
+        return b_level(graph, self.mean_compute_s(), self.mean_edge_comm_s())
 
     def pred_bytes(self, graph: DataflowGraph) -> np.ndarray:
         """``edge_bytes`` in predecessor-CSR slot order (aligned with ``graph.pred_idx``)."""

@@ -26,7 +26,6 @@ declared size, and a JSON member is read only up to :data:`MAX_JSON_BYTES`.
 
 from __future__ import annotations
 
-import json
 import operator
 import re
 import zipfile

@@ -157,7 +157,7 @@ def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.n
     return ptr, values[order].astype(np.int64, copy=False), order.astype(np.int64, copy=False)
 
 
-def _expand_ranges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def expand_ranges(ptr: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Slot indices of CSR rows ``rows`` concatenated (vectorised ``np.r_[ptr[r]:ptr[r+1] ...]``)."""
     starts = ptr[rows]
     lengths = ptr[rows + 1] - starts
@@ -203,64 +203,6 @@ def _kahn_levels(succ_ptr, succ_idx, indeg):  # pragma: no cover - compiled
         if remaining[v] > 0:
             level[v] = -1
     return level
-
-
-@jit(cache=True)
-def _b_level_loop(order, succ_ptr, succ_idx, succ_eid, comp, edge_cost):  # pragma: no cover - compiled
-    """:meth:`DataflowGraph.b_level` as one pass over the ops in reverse topological order (same sums)."""
-    b = comp.copy()
-    for q in range(order.shape[0] - 1, -1, -1):
-        v = order[q]
-        best = 0.0
-        for s in range(succ_ptr[v], succ_ptr[v + 1]):
-            x = edge_cost[succ_eid[s]] + b[succ_idx[s]]
-            if x > best:
-                best = x
-        b[v] = comp[v] + best
-    return b
-
-
-@jit(cache=True)
-def _t_level_loop(order, pred_ptr, pred_idx, pred_eid, comp, edge_cost):  # pragma: no cover - compiled
-    """:meth:`DataflowGraph.t_level` as one pass over the ops in topological order (same sums)."""
-    t = np.zeros(order.shape[0])
-    for v in order:
-        best = 0.0
-        for s in range(pred_ptr[v], pred_ptr[v + 1]):
-            u = pred_idx[s]
-            x = t[u] + comp[u] + edge_cost[pred_eid[s]]
-            if x > best:
-                best = x
-        t[v] = best
-    return t
-
-
-@jit(cache=True)
-def _walk_critical_path(start, succ_ptr, succ_idx, succ_eid, edge_cost, blevel):  # pragma: no cover - compiled
-    """The critical path from ``start``: at each op the successor of the largest edge cost plus b-level
-    (ties: the lowest op id), as :meth:`DataflowGraph.critical_path` walks it."""
-    path = [start]
-    v = start
-    while succ_ptr[v + 1] > succ_ptr[v]:
-        best = -np.inf
-        nxt = -1
-        for s in range(succ_ptr[v], succ_ptr[v + 1]):
-            w = succ_idx[s]
-            x = edge_cost[succ_eid[s]] + blevel[w]
-            if x > best or (x == best and w < nxt):
-                best = x
-                nxt = w
-        v = nxt
-        path.append(v)
-    return np.array(path, np.int64)
-
-
-def _segment_max(vals: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For rows of ``lengths`` consecutive entries of ``vals``: which rows are non-empty, and the max of
-    each of those, at least 0 (work proportional to the rows, not to the graph)."""
-    has = lengths > 0
-    starts = (np.cumsum(lengths) - lengths)[has]
-    return has, np.maximum(np.maximum.reduceat(vals, starts), 0.0)
 
 
 def _column(values: Any, label: str, dtype: Any, *, ndim: int = 1, bounds: tuple[int, int] | None = None) -> np.ndarray:
@@ -458,7 +400,7 @@ class DataflowGraph:
         while frontier.size:
             level[frontier] = depth
             parts.append(frontier)
-            targets = self.succ_idx[_expand_ranges(self.succ_ptr, frontier)]
+            targets = self.succ_idx[expand_ranges(self.succ_ptr, frontier)]
             if targets.size == 0:
                 break
             uniq, cnt = np.unique(targets, return_counts=True)
@@ -543,101 +485,10 @@ class DataflowGraph:
     def kind_labels(self) -> list[str]:
         return [OpKind(int(k)).label for k in self.kind]
 
-    # --------------------------------------------------------- longest paths
-    def _edge_cost(self, comm_s: np.ndarray | None) -> np.ndarray:
-        if comm_s is None:
-            return np.zeros(self.num_edges)
-        comm = np.asarray(comm_s, dtype=np.float64)
-        if comm.shape == (self.num_edges,):
-            return comm
-        raise GraphError(f"comm_s must have one entry per edge ({self.num_edges}), got shape {comm.shape}")
-
-    def edge_comm_from_ops(self, transfer_s: np.ndarray) -> np.ndarray:
-        """Per-edge communication cost when each op's output costs ``transfer_s[op]`` to move."""
-        return np.asarray(transfer_s, dtype=np.float64)[self.src]
-
-    def _check_compute(self, compute_s: np.ndarray | None) -> np.ndarray:
-        comp = self.flops if compute_s is None else np.asarray(compute_s, dtype=np.float64)
-        if comp.shape != (self.num_ops,):
-            raise GraphError(f"compute_s must have one entry per op ({self.num_ops}), got shape {comp.shape}")
-        return comp
-
     @property
-    def _deep(self) -> bool:
-        """Whether the level passes run as compiled loops over the ops (:data:`DEEP_LEVELS`)."""
+    def deep(self) -> bool:
+        """Whether the level passes (:mod:`doppler.ir.analysis`) run as compiled loops over the ops (:data:`DEEP_LEVELS`)."""
         return self.num_ops >= DEEP_MIN_OPS and self.depth > DEEP_LEVELS
-
-    def _level_edge_groups(self, by: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        """For each level: (ops at that level, CSR slots of their out-(or in-)edges)."""
-        cached = self.__dict__.get(f"_lvl_groups_{by}")
-        if cached is not None:
-            return cached
-        ptr = self.succ_ptr if by == "succ" else self.pred_ptr
-        bounds = np.searchsorted(self.level[self.topo_order], np.arange(self.depth + 1))
-        groups = []
-        for d in range(self.depth):
-            ops = self.topo_order[bounds[d] : bounds[d + 1]]
-            groups.append((ops, _expand_ranges(ptr, ops)))
-        self.__dict__[f"_lvl_groups_{by}"] = groups
-        return groups
-
-    def b_level(self, compute_s: np.ndarray | None = None, comm_s: np.ndarray | None = None) -> np.ndarray:
-        """Longest path from each op to an exit, counting the op's own compute.
-
-        ``compute_s``: per-op time (defaults to ``flops``); ``comm_s``: per-edge
-        transfer time (defaults to 0, i.e. compute-only). O(V+E), vectorised per level.
-        """
-        comp = self._check_compute(compute_s)
-        edge_cost = self._edge_cost(comm_s)
-        if self._deep:
-            return _b_level_loop(self.topo_order, self.succ_ptr, self.succ_idx, self.succ_eid, comp, edge_cost)
-        blevel = comp.copy()
-        degree = np.diff(self.succ_ptr)
-        for ops, slots in reversed(self._level_edge_groups("succ")):
-            if slots.size:
-                vals = edge_cost[self.succ_eid[slots]] + blevel[self.succ_idx[slots]]
-                has, best = _segment_max(vals, degree[ops])
-                blevel[ops[has]] = comp[ops[has]] + best
-        return blevel
-
-    def t_level(self, compute_s: np.ndarray | None = None, comm_s: np.ndarray | None = None) -> np.ndarray:
-        """Longest path from an entry to each op, *excluding* the op's own compute
-        (its earliest possible start time with unlimited devices)."""
-        comp = self._check_compute(compute_s)
-        edge_cost = self._edge_cost(comm_s)
-        if self._deep:
-            return _t_level_loop(self.topo_order, self.pred_ptr, self.pred_idx, self.pred_eid, comp, edge_cost)
-        tlevel = np.zeros(self.num_ops)
-        degree = np.diff(self.pred_ptr)
-        for ops, slots in self._level_edge_groups("pred"):
-            if slots.size:
-                preds = self.pred_idx[slots]
-                vals = tlevel[preds] + comp[preds] + edge_cost[self.pred_eid[slots]]
-                has, best = _segment_max(vals, degree[ops])
-                tlevel[ops[has]] = best
-        return tlevel
-
-    def critical_path(self, compute_s: np.ndarray | None = None, comm_s: np.ndarray | None = None) -> list[int]:
-        """Op ids on one longest entry-to-exit path (ties: lowest op id)."""
-        comp = self._check_compute(compute_s)
-        edge_cost = self._edge_cost(comm_s)
-        blevel = self.b_level(comp, comm_s)
-        entries = np.flatnonzero(self.in_degree() == 0)
-        v = int(entries[np.argmax(blevel[entries])])
-        if self._deep:
-            return _walk_critical_path(v, self.succ_ptr, self.succ_idx, self.succ_eid, edge_cost, blevel).tolist()
-        path = [v]
-        while self.succ_ptr[v + 1] > self.succ_ptr[v]:
-            lo, hi = self.succ_ptr[v], self.succ_ptr[v + 1]
-            succ = self.succ_idx[lo:hi]
-            vals = edge_cost[self.succ_eid[lo:hi]] + blevel[succ]
-            best = vals.max()
-            v = int(succ[vals == best].min())
-            path.append(v)
-        return path
-
-    def critical_path_length(self, compute_s: np.ndarray | None = None, comm_s: np.ndarray | None = None) -> float:
-        return float(self.b_level(compute_s, comm_s).max())
 
     # ----------------------------------------------------------- identity
     def fingerprint(self) -> str:
@@ -679,21 +530,6 @@ class DataflowGraph:
             and self.name == other.name
             and self.meta == other.meta
         )
-
-    def summary(self) -> dict[str, Any]:
-        """Size and work statistics (no hardware involved)."""
-        kinds, counts = np.unique(self.kind, return_counts=True)
-        return {
-            "name": self.name,
-            "num_ops": self.num_ops,
-            "num_edges": self.num_edges,
-            "depth": self.depth,
-            "total_flops": float(self.flops.sum()),
-            "critical_path_flops": self.critical_path_length(),
-            "total_output_bytes": float(self.output_bytes.sum()),
-            "ops_by_kind": {OpKind(int(k)).label: int(c) for k, c in zip(kinds, counts)},
-            "fingerprint": self.fingerprint(),
-        }
 
     def __repr__(self) -> str:
         return f"DataflowGraph(name={self.name!r}, ops={self.num_ops}, edges={self.num_edges}, depth={self.depth})"

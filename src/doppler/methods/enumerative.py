@@ -53,7 +53,7 @@ from doppler.listsched.ledger import MemoryLedger
 from doppler.methods.placement import no_room
 from doppler.methods.registry import PythonRun, register
 from doppler.hardware.costs import CostModel
-from doppler.ir.graph import DataflowGraph, _csr, _expand_ranges
+from doppler.ir.graph import DataflowGraph, _csr, expand_ranges
 
 
 def _range_plans(nd: int) -> list[tuple[int, int]]:
@@ -101,7 +101,7 @@ class _Placer:
         np.add.at(add, (rows, plans.reshape(-1)), np.tile(led.out_bytes[ops], npl))
         counts = led.slice_ptr[ops + 1] - led.slice_ptr[ops]
         if counts.sum():
-            reads = _expand_ranges(led.slice_ptr, ops)
+            reads = expand_ranges(led.slice_ptr, ops)
             s = led.slice_idx[reads]  # [R]: the slices the ops read, op by op
             d = plans[:, np.repeat(np.arange(m), counts)]  # [P, R]: the device of each read
             k = np.broadcast_to(np.arange(npl)[:, None], d.shape)
@@ -180,7 +180,7 @@ class _Placer:
         local[ops] = np.arange(m)
         # every edge into an op of the unit
         counts = g.pred_ptr[ops + 1] - g.pred_ptr[ops]
-        slots = _expand_ranges(g.pred_ptr, ops)
+        slots = expand_ranges(g.pred_ptr, ops)
         e_vi = np.repeat(np.arange(m), counts)
         e_p = g.pred_idx[slots]
         e_int = local[e_p]

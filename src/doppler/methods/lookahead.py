@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from doppler.util.jit import jit
 from doppler.ir.assignment import Assignment
 from doppler.hardware.costs import CostModel, priority_key
 from doppler.ir.graph import DataflowGraph

@@ -30,6 +30,7 @@ from doppler.util.jit import jit
 from doppler.hardware.costs import CostModel, priority_key
 from doppler.ir.graph import DataflowGraph
 from doppler.listsched import pred_comm_s
+from doppler.ir import analysis
 
 OP_FEATURES = (
     "compute", "b_level", "t_level", "input_comm", "output_comm",
@@ -161,8 +162,8 @@ def graph_features(graph: DataflowGraph, cluster=None, *, costs: CostModel | Non
     n = graph.num_ops
     comp = cm.mean_compute_s()
     edge_comm = cm.mean_edge_comm_s()
-    b_level = graph.b_level(comp, edge_comm)
-    t_level = graph.t_level(comp, edge_comm)
+    b_level = analysis.b_level(graph, comp, edge_comm)
+    t_level = analysis.t_level(graph, comp, edge_comm)
     time_scale = float(b_level.max()) if n else 0.0
     in_comm = np.bincount(graph.dst, weights=edge_comm, minlength=n)
     out_comm = np.bincount(graph.src, weights=edge_comm, minlength=n)

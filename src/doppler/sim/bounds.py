@@ -13,12 +13,13 @@ import numpy as np
 
 from doppler.ir.graph import DataflowGraph
 from doppler.hardware.cluster import Cluster
+from doppler.ir.analysis import critical_path_length
 
 
 def critical_path_bound(graph: DataflowGraph, compute_s: np.ndarray) -> float:
     """The longest path of compute times, each op on its fastest device (``compute_s[n, D]``, the
     seconds of each op on each device; transfers cost nothing here)."""
-    return float(graph.critical_path_length(compute_s=compute_s.min(axis=1)))
+    return float(critical_path_length(graph, compute_s=compute_s.min(axis=1)))
 
 
 def _dual_lp_beta(W: np.ndarray, c: np.ndarray) -> np.ndarray | None:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from doppler.train.pretrain import Pretrainer
 from doppler.util.progress import ProgressFn
-from doppler.train import TrainConfig, TrainError
+from doppler.train.config import TrainConfig, TrainError
 
 #: seconds a gradient exchange may wait for the slowest worker (an update on 1,000 ops with search
 #: takes seconds; a dead worker is noticed at once, its socket closes)
