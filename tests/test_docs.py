@@ -88,7 +88,7 @@ def test_no_page_names_a_path_of_the_development_machine(page: Path) -> None:
 
 def test_slugs_follow_github() -> None:
     assert slug("Training distribution and held-out split (`doppler.workloads.corpus`)") == \
-        "training-distribution-and-held-out-split-dopplercorpus"
+        "training-distribution-and-held-out-split-dopplerworkloadscorpus"
     assert slug("A teacher past HEFT: HEFT_LOOKAHEAD (twenty-first session)") == \
         "a-teacher-past-heft-heft_lookahead-twenty-first-session"
     assert slug("`doppler assign --method doppler` without torch") == "doppler-assign---method-doppler-without-torch"

@@ -199,7 +199,7 @@ def info_cmd(
         if "layer_units" in stats:
             table.add_row("layer units", f"{stats['layer_units']}, of which {stats['repeated_layers']} repeat one layer"
                           f" of {stats['ops_per_repeated_layer']} ops")  # fmt: skip
-        from doppler.importer import NO_WEIGHTS
+        from doppler.ir.graph import NO_WEIGHTS
 
         if stats["cost_only"] and graph.meta["cost_only"] == NO_WEIGHTS:
             table.add_row("values", "no weights: cost-only (built on the meta device), execute --weights runs it")

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import nnls
 
+from doppler.engine import MAX_REPEATS, RunOptions, check_options, run
 from doppler.engine.program import EngineError, build_program
 from doppler.ir.graph import DataflowGraph, OpKind
 from doppler.util.progress import ProgressEvent, ProgressFn
@@ -315,7 +316,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
 def calibrate(
     num_devices: int,
     *,
-    options: "RunOptions | None" = None,
+    options: RunOptions | None = None,
     sizes: Sequence[int] = DEFAULT_SIZES,
     runs: int = 4,
     seed: int = 0,
@@ -328,7 +329,6 @@ def calibrate(
     cluster whose
     devices have ``memory_bytes`` each (None: unlimited); on the local engine's CPU devices, measure each
     device's memory bandwidth on arrays of ``stream_bytes`` too (module docstring)."""
-    from doppler.engine import MAX_REPEATS, RunOptions, check_options, run
     from doppler.engine.local import DEVICE_SETS
 
     options = RunOptions() if options is None else replace(options, repeats=1, warmup=0)

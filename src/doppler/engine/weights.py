@@ -32,7 +32,7 @@ import numpy as np
 
 from doppler.engine.program import WeightTile, build_program
 from doppler.ir.graph import DataflowGraph
-from doppler.importer import NO_WEIGHTS
+from doppler.ir.graph import NO_WEIGHTS
 from doppler.util.io import DuplicateKeyError, loads_json
 
 __all__ = ["BoundProgram", "Checkpoint", "WeightTile", "WeightsError", "bind", "bound_program", "check_executable",

@@ -18,10 +18,10 @@ Nothing from a data file is executed: a factory is imported only when named by t
 
 from doppler.importer.errors import GraphImportError
 from doppler.importer.layout import auto_blocks, parse_blocks
-from doppler.importer.lowering import NO_VALUES, NO_WEIGHTS, import_model, lower_program, model_inputs, module_path
+from doppler.importer.lowering import import_model, lower_program, model_inputs, module_path
 from doppler.importer.sources import (WRAPPED, checkpoint_keys, export_model, load_factory, load_pt2, parameter_dtype,
                                       parameters_on_meta, parse_input_shapes, without_cache)
 
-__all__ = ["NO_VALUES", "NO_WEIGHTS", "GraphImportError", "WRAPPED", "auto_blocks", "checkpoint_keys", "export_model",
+__all__ = ["GraphImportError", "WRAPPED", "auto_blocks", "checkpoint_keys", "export_model",
            "import_model", "load_factory", "load_pt2", "lower_program", "model_inputs", "module_path",
            "parameter_dtype", "parameters_on_meta", "parse_blocks", "parse_input_shapes", "without_cache"]

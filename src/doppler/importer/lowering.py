@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from doppler.ir.graph import DataflowGraph, OpKind
+from doppler.ir.graph import NO_VALUES, NO_WEIGHTS, DataflowGraph, OpKind
 from doppler.importer.errors import GraphImportError, one_line
 from doppler.importer.fusion import Bcast, Expr, Fusion, Repeat, is_square
 from doppler.importer.layout import LETTERS, Builder, auto_blocks, permute, retile, slice_axis, unify, view
@@ -50,7 +50,7 @@ from doppler.importer.sources import (WRAPPED, checkpoint_keys, export_model, lo
                                       parameter_dtype)
 from doppler.workloads.tiling import Tensor, WorkloadError, tiled_softmax
 
-__all__ = ["MAX_FOLDED_ELEMENTS", "MAX_RECORDED_ELEMENTS", "NO_VALUES", "NO_WEIGHTS", "import_model",
+__all__ = ["MAX_FOLDED_ELEMENTS", "MAX_RECORDED_ELEMENTS", "import_model",
            "lower_program", "mean_std", "model_inputs", "module_path"]
 
 #: the largest constant (in elements) recorded inside a graph file
@@ -60,11 +60,6 @@ MAX_RECORDED_ELEMENTS = 1 << 20
 STATS_CHUNK = 1 << 22
 #: the largest tensor (in elements) evaluated at import time (a causal mask of 16k x 16k positions)
 MAX_FOLDED_ELEMENTS = 1 << 28
-#: ``meta["cost_only"]`` of a graph whose model has no values
-NO_VALUES = "built on the meta device: no weights or constants"
-#: ``meta["cost_only"]`` of a graph whose model has no weights but whose constants are recorded: ``doppler execute
-#: --weights`` runs it
-NO_WEIGHTS = "built on the meta device: no weights (execute --weights loads them from a checkpoint)"
 
 
 def mean_std(value: Any) -> tuple[float, float]:

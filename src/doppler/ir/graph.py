@@ -67,6 +67,13 @@ def shape_elements(shape: Sequence[int], limit: int = MAX_TENSOR_ELEMENTS) -> in
     return numel
 
 
+#: ``meta["cost_only"]`` of a graph imported on the meta device whose model has no values
+NO_VALUES = "built on the meta device: no weights or constants"
+#: ``meta["cost_only"]`` of a graph imported on the meta device whose model has no weights but whose constants are recorded: ``doppler execute
+#: --weights`` runs it
+NO_WEIGHTS = "built on the meta device: no weights (execute --weights loads them from a checkpoint)"
+
+
 class GraphError(ValueError):
     """A graph (or graph file) is malformed; the message says what and where."""
 

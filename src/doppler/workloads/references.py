@@ -127,7 +127,7 @@ def require_values(graph: DataflowGraph, source: str) -> None:
     Raises :class:`WorkloadError` naming ``source`` (the graph file, or the graph)."""
     reason = graph.meta.get("cost_only")
     if reason:
-        from doppler.importer import NO_WEIGHTS
+        from doppler.ir.graph import NO_WEIGHTS
 
         weights_only = reason == NO_WEIGHTS  # its constants are recorded: a checkpoint runs it
         raise WorkloadError(f"{source}: built on the meta device (cost-only), it has no weights"
