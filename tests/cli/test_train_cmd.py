@@ -306,7 +306,7 @@ def test_compare_includes_doppler_with_a_checkpoint(trained) -> None:
 def test_a_single_head_ablation_trains_and_assigns_from_the_command_line(trained, tmp_path: Path) -> None:
     _, g, _, _, _ = trained
     run_dir = tmp_path / "PLC"
-    res = run("train", g, *TRAIN_ARGS, "--method", "doppler_plc", "-o", run_dir, "--json")
+    res = run("train", g, *TRAIN_ARGS, "--method", "doppler_plc", "--set", "distill_updates=2", "-o", run_dir, "--json")
     assert res.exit_code == 0, res.output
     out = tmp_path / "a.json"
     res = run("assign", g, "-c", "unit:2", "--method", "doppler_plc", "--checkpoint", run_dir / "checkpoint.pt",
