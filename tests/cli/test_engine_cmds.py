@@ -162,7 +162,9 @@ def test_execute_cost_only_text_graph_with_synthetic_kernels(tmp_path) -> None:
     val = run("validate", gp, "-c", "unit:2", "--time-scale", "1e-5", "--n", 4, "--repeats", 2, "--json")
     assert val.exit_code == 0, val.output
     assert json.loads(val.stdout)["n"] == 4
-    res = run("execute", gp, "-a", a, "-c", "unit:2", "--time-scale", "1", "--timeout", "0.3", "--repeats", 1)
+    # ops of 0.04-1.8 s (unscaled: up to 365 s), a device's share over 3 s, 10x the timeout: a spin under way when
+    # the clock runs out finishes on its worker thread (at --time-scale 1 it kept two cores busy for minutes)
+    res = run("execute", gp, "-a", a, "-c", "unit:2", "--time-scale", "0.005", "--timeout", "0.3", "--repeats", 1)
     assert res.exit_code == 2 and "timeout of 0.3 s" in res.output and "Traceback" not in res.output
 
 
