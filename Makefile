@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz clean
+.PHONY: demo test test-all fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow"
+
+# Everything `make test` runs, plus the whole scenarios marked `slow` (the four-workload demo, a 58 M-parameter
+# LLaMA run with its weights): each of their properties is also checked at a small size by `make test`.
+test-all: $(STAMP)
+	$(PY) -m pytest -q -n 2
 
 # The long run of the fuzzing suite (docs/fuzzing.md): FUZZ_EXAMPLES random examples per fuzz test (a costly
 # one takes a share of them) instead of `make test`'s short run.

@@ -117,11 +117,13 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, monkeypatch, args, patt
     assert "Traceback" not in res.output and len(message.splitlines()) == 1
 
 
-def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+def _check_demo(tmp_path: Path, names: list[str]) -> None:
+    """`doppler demo --json` on a tiny budget: every method and the trained policy on each workload, the
+    pictures, and the real-engine part."""
     res = run("demo", "--json", "--budget-s", "0.2", "--train-episodes", "16", "--il-episodes", "8", "--out", str(tmp_path))
     assert res.exit_code == 0, res.output
     obj = json.loads(res.stdout)
-    assert [w["name"] for w in obj["workloads"]] == ["chainmm", "ffnn", "llama_block", "llama_layer"]
+    assert [w["name"] for w in obj["workloads"]] == names
     for w in obj["workloads"]:
         assert set(w["makespan_s"]) == {"round_robin_block", "critical_path", "heft", "metis", "enumerative", "anneal",
                                         "doppler zero-shot", "doppler"}
@@ -137,6 +139,19 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert [r["method"] for r in real["rows"]] == ["single", "round_robin", "critical_path", "metis"]
     assert all(r["measured_s"] > 0 and r["simulated_s"] > 0 for r in real["rows"])
     assert Path(real["cluster"]).is_file() and Path(real["gantt_png"]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_runs_end_to_end_on_one_workload(tmp_path: Path, monkeypatch) -> None:
+    """Every step of the demo on its smallest workload (chainmm); all four: test_demo_runs_end_to_end."""
+    from doppler.cli import demo_cmd
+
+    monkeypatch.setattr(demo_cmd, "WORKLOADS", ("chainmm",))
+    _check_demo(tmp_path, ["chainmm"])
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    _check_demo(tmp_path, ["chainmm", "ffnn", "llama_block", "llama_layer"])
 
 
 def test_demo_rejects_bad_budget() -> None:

@@ -365,11 +365,12 @@ def test_a_cost_only_graph_is_placed_but_not_executed(tmp_path: Path) -> None:
     def run(*args: object):
         return runner.invoke(app, [str(x) for x in args])
 
+    # (train: every stage, distillation with two updates instead of the default's up to 1,000)
     for args in (("graph", "info", g), ("assign", g, "-c", "p100x4:2", "-m", "heft", "-o", a),
                  ("simulate", g, "-a", a, "-c", "p100x4:2"),
                  ("compare", g, "-c", "p100x4:2", "--methods", "critical_path,round_robin"),
                  ("train", g, "-c", "p100x4:2", "--episodes", "16", "--il-episodes", "8", "--batch", "8",
-                  "--threads", "1", "-o", tmp_path / "run")):  # fmt: skip
+                  "--set", "distill_updates=2", "--threads", "1", "-o", tmp_path / "run")):  # fmt: skip
         res = run(*args)
         assert res.exit_code == 0, (args, res.output)
     assert "cost-only" in run("graph", "info", g).output and '"cost_only": true' in run("graph", "info", g, "--json").output
