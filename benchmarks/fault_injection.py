@@ -78,7 +78,7 @@ RUN_TIMEOUT_S = 900.0
 #: pretraining in a process of its own with a checkpoint every ``every_s`` seconds (argv: dir budget_s seed every_s)
 API_PRETRAIN = """
 import sys
-from doppler.pretrain import Pretrainer, pretrain_config
+from doppler.train.pretrain import Pretrainer, pretrain_config
 out, budget_s, seed, every_s = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 Pretrainer.create(pretrain_config(seed=seed, device="cpu", torch_threads=1), budget_s, checkpoint_every_s=every_s).run(out)
 """

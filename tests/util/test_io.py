@@ -258,7 +258,7 @@ def test_seeds_are_32_bit() -> None:
 
 _HOLDER = """
 import sys, time
-from doppler.io_util import OutputLock
+from doppler.util.io import OutputLock
 lock = OutputLock(sys.argv[1], directory=sys.argv[2] == "dir").acquire()
 print("locked", flush=True)
 time.sleep(30)

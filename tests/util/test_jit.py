@@ -55,7 +55,7 @@ def test_small_cheap_methods_and_one_greedy_decode_run_as_python():
 BOTH_WAYS = """
     import sys
     import numpy as np
-    from doppler._jit import as_python, started
+    from doppler.util.jit import as_python, started
 
     def both_ways(run):
         with as_python() as on:
@@ -72,7 +72,7 @@ BOTH_WAYS = """
 
 
 DECODE_BOTH_WAYS = BOTH_WAYS + """
-    from doppler.corpus import sample_pair
+    from doppler.workloads.corpus import sample_pair
     from doppler.policy.decode import make_plan, run_heads
     from doppler.policy.features import graph_features
     from doppler.policy.infer import load_shipped
@@ -176,8 +176,9 @@ def test_once_numba_has_started_a_kernel_runs_its_dispatcher():
 
 
 METHODS_BOTH_WAYS = BOTH_WAYS + """
-    from doppler import presets, workloads
-    from doppler.corpus import sample_pair
+    from doppler import workloads
+    from doppler.hardware import presets
+    from doppler.workloads.corpus import sample_pair
     from doppler.methods import assign, list_methods
     from doppler.methods.registry import PYTHON_RUNS
 
@@ -205,7 +206,7 @@ def test_python_and_compiled_cheap_methods_assign_alike():
 
 
 SIMULATE_BOTH_WAYS = BOTH_WAYS + """
-    from doppler.corpus import sample_pair
+    from doppler.workloads.corpus import sample_pair
     from doppler.sim import lower_bound, simulate
 
     rng = np.random.default_rng(7)
