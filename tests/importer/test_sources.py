@@ -74,7 +74,8 @@ def test_bad_sources_fail_in_one_line(tmp_path: Path, source: str, body: str | N
 def test_a_model_that_needs_an_extra_names_it_in_one_line(tmp_path: Path, monkeypatch, body: str) -> None:
     """transformers missing (``pip install doppler`` without the hf extra), imported by the factory's module or by
     the factory itself: the error names the extra that installs it."""
-    monkeypatch.setitem(sys.modules, "transformers", None)  # (importing it raises ModuleNotFoundError)
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")] + ["transformers"]:
+        monkeypatch.setitem(sys.modules, name, None)  # (importing it, or any of its modules, raises ModuleNotFoundError)
     with pytest.raises(GraphImportError, match=r"needs transformers, which is not installed: pip install 'doppler\[hf\]'$"):
         import_model(f"{_factory_file(tmp_path, body)}:f")
 

@@ -206,7 +206,7 @@ def test_deep_graphs_compiled_level_passes_match_the_vectorised_ones(monkeypatch
     monkeypatch.setattr(graph_module, "DEEP_MIN_OPS", 1)  # every graph runs the compiled passes
     monkeypatch.setattr(graph_module, "DEEP_LEVELS", 0)
     g = workloads.build("random", **build)
-    assert g._deep
+    assert g.deep
     for a, b in zip(vectorised, passes(g)):
         assert np.array_equal(a, b)  # the same order and the same sums, bit for bit
     with pytest.raises(GraphError, match="cycle"):
