@@ -101,6 +101,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     err_console.print(f"[yellow]warning:[/] {escape(text)}", markup=True, highlight=False, soft_wrap=True)
 
 
+#: the graph argument of the commands that read one (typer reads a shared default as it builds each command)
+GRAPH_ARG = typer.Argument(..., metavar="G", help="Graph file (.json or .txt).")
+#: the cluster option of the commands that need one
+CLUSTER_OPT = typer.Option(..., "--cluster", "-c", help="Cluster preset (p100x4, h100x8, unit:8, ...: `doppler clusters`) "
+                           "or cluster JSON file.")
+
 @contextlib.contextmanager
 def handle_errors() -> Iterator[None]:
     """Turn user mistakes into exit 2 with one line, anything else into exit 1; warnings print as one line."""

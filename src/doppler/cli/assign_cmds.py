@@ -11,7 +11,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (
+from doppler.cli._common import (GRAPH_ARG, CLUSTER_OPT,
+    
     JSON_OPT,
     IGNORE_MEMORY_OPT,
     UserError,
@@ -70,8 +71,8 @@ def _assign_with_progress(graph, cl, method: str, **kw: Any):
 @app.command("assign")
 def assign_cmd(
     ctx: typer.Context,
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
-    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
+    graph_path: Path = GRAPH_ARG,
+    cluster_name: str = CLUSTER_OPT,
     method: str = typer.Option(..., "--method", "-m", help="Assignment method (see `doppler compare --help`)."),
     output: Path = typer.Option(..., "-o", "--output", help="Assignment file to write (JSON)."),
     budget_s: Optional[float] = typer.Option(None, "--budget-s", help="Wall-clock budget for search methods (s), counted from the command's start (reading the graph included); the first search after an install also compiles its loops, once, outside the budget."),
@@ -213,8 +214,8 @@ def _largest(values: list) -> float | str:
 @app.command("compare")
 def compare_cmd(
     ctx: typer.Context,
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
-    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
+    graph_path: Path = GRAPH_ARG,
+    cluster_name: str = CLUSTER_OPT,
     methods: str = typer.Option(
         "single,round_robin,random,critical_path,heft,metis,enumerative,anneal",
         "--methods",

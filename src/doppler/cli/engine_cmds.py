@@ -12,7 +12,8 @@ from typing import Any, Callable, Optional
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, as_user_error, console,
+from doppler.cli._common import (GRAPH_ARG,
+    IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, as_user_error, console,
                                  emit_json, handle_errors, hold_outputs, live_progress, memory_check,
                                  write_trace_files)  # fmt: skip
 
@@ -83,7 +84,7 @@ def _engine_cluster(cluster_name: Optional[str], devices: Optional[int]):
 @app.command("execute")
 def execute_cmd(
     ctx: typer.Context,
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    graph_path: Path = GRAPH_ARG,
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file."),
     engine: str = ENGINE_OPT,
     devices: Optional[int] = typer.Option(None, "--devices", "-d", help="Number of engine devices (default: the cluster's, else 2)."),
@@ -375,7 +376,7 @@ def calibrate_cmd(
 @engine_options
 def validate_cmd(
     ctx: typer.Context,
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    graph_path: Path = GRAPH_ARG,
     cluster_name: str = typer.Option(..., "--cluster", "-c", help="Calibrated cluster JSON (from `doppler calibrate`)."),
     engine: str = ENGINE_OPT,
     n: int = typer.Option(30, "--n", help="Number of assignments."),

@@ -8,7 +8,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (JSON_OPT, MEMORY_FRACTION_OPT, UserError, as_user_error, console, emit_json,
+from doppler.cli._common import (GRAPH_ARG,
+    JSON_OPT, MEMORY_FRACTION_OPT, UserError, as_user_error, console, emit_json,
                                  err_console, graph_app, handle_errors, hold_outputs)  # fmt: skip
 from doppler.ir.formats import load_graph, save_graph
 from doppler.ir.analysis import critical_path, summary
@@ -135,7 +136,7 @@ def params_cmd(
 
 @graph_app.command("info")
 def info_cmd(
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    graph_path: Path = GRAPH_ARG,
     devices: Optional[int] = typer.Option(None, "--devices", help="Device count for the lower bound."),
     cluster_name: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster preset or JSON file for the "
                                                "lower bound (default: unit, with the graph's recorded device count)."),
@@ -259,7 +260,7 @@ def convert_cmd(
 @graph_app.command("draw")
 def draw_cmd(
     ctx: typer.Context,
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    graph_path: Path = GRAPH_ARG,
     output: Path = typer.Option(..., "-o", "--output", help="Image to write (.png, .svg, .pdf, .jpg, ...: by extension)."),
     max_ops: int = typer.Option(5000, "--max-ops", help="Refuse to draw larger graphs."),
 ) -> None:

@@ -8,7 +8,8 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from doppler.cli._common import (IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
+from doppler.cli._common import (GRAPH_ARG, CLUSTER_OPT,
+    IGNORE_MEMORY_OPT, JSON_OPT, MEMORY_FRACTION_OPT, UserError, app, console, emit_json,
                                  handle_errors, hold_outputs, load_graph_and_cluster, memory_check,
                                  write_trace_files)  # fmt: skip
 
@@ -21,8 +22,8 @@ PYTHON_SIMULATION_MAX_OPS = 3000
 @app.command("simulate")
 def simulate_cmd(
     ctx: typer.Context,
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
-    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (unit, p100x4, v100x8, h100x8, cpu4; 'name:N') or JSON file."),
+    graph_path: Path = GRAPH_ARG,
+    cluster_name: str = CLUSTER_OPT,
     assignment_path: Path = typer.Option(..., "--assignment", "-a", help="Assignment file (JSON object or bare list)."),
     mode: str = typer.Option("wc", "--mode", help="wc (work-conserving) or bsp (barrier per topological level)."),
     gantt_path: Optional[Path] = typer.Option(None, "--gantt", help="Write a Gantt chart (.png, .svg, .pdf, .jpg, ...: by extension)."),
@@ -152,10 +153,10 @@ def _report(graph, cl, result, lb: float, chk, *, mode: str, dispatch: str, nois
 
 @app.command("diff")
 def diff_cmd(
-    graph_path: Path = typer.Argument(..., metavar="G", help="Graph file (.json or .txt)."),
+    graph_path: Path = GRAPH_ARG,
     first: Path = typer.Argument(..., metavar="A.json", help="First assignment."),
     second: Path = typer.Argument(..., metavar="B.json", help="Second assignment."),
-    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset or JSON file."),
+    cluster_name: str = CLUSTER_OPT,
     ignore_fingerprint: bool = typer.Option(False, "--ignore-fingerprint", help="Use assignments made for another version of the graph."),
     json_out: bool = JSON_OPT,
 ) -> None:

@@ -7,7 +7,8 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from doppler.cli._common import (JSON_OPT, UserError, app, as_user_error, config_options, console, emit_json,
+from doppler.cli._common import (CLUSTER_OPT,
+    JSON_OPT, UserError, app, as_user_error, config_options, console, emit_json,
                                  handle_errors, hold_outputs, live_progress)  # fmt: skip
 from doppler.train.config import TrainConfig, command_options
 
@@ -169,7 +170,7 @@ TRAIN_OPTIONS = command_options("train", TrainConfig())
 def train_cmd(
     ctx: typer.Context,
     graph_paths: list[Path] = typer.Argument(..., metavar="G...", help="Training graph file(s) (.json or .txt)."),
-    cluster_name: str = typer.Option(..., "--cluster", "-c", help="Cluster preset (e.g. p100x4, unit:8) or JSON file."),
+    cluster_name: str = CLUSTER_OPT,
     options: dict[str, Any] = {},  # noqa: B006  (the TrainConfig fields' options, @config_options)
     output: Path = typer.Option(..., "-o", "--output", help="Run directory (checkpoint, config, best assignment, TensorBoard)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in the output directory exactly, with its own options; --episodes may extend Stage II."),

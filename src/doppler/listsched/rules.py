@@ -66,14 +66,8 @@ def critical_path_completion(v, d, key, pred_ptr, pred_idx, pred_bytes, succ_ptr
                              finish, free, assigned, indeg, cand, pos, ncand, out):  # pragma: no cover  # fmt: skip
     """From a copy of a CRITICAL PATH state (:func:`~doppler.listsched.state.empty_state`'s arrays): put
     candidate ``v`` on ``d``, place every later op by CRITICAL PATH's rule; the device per op into ``out``."""
-    dev = dev.copy()
-    start = start.copy()
-    finish = finish.copy()
-    free = free.copy()
-    assigned = assigned.copy()
-    indeg = indeg.copy()
-    cand = cand.copy()
-    pos = pos.copy()
+    dev, start, finish, free = dev.copy(), start.copy(), finish.copy(), free.copy()
+    assigned, indeg, cand, pos = assigned.copy(), indeg.copy(), cand.copy(), pos.copy()
     est = np.empty(free.shape[0])
     ties = np.empty(free.shape[0], np.bool_)
     est_into(v, pred_ptr, pred_idx, pred_bytes, lat, inv, dev, finish, free, est)
@@ -175,12 +169,8 @@ def heft_completion(order, h, d, pred_ptr, pred_idx, pb, comp, lat, inv, dev, st
     later op by HEFT's rule; the device per op into ``out``. Its own scratch rows, so completions can
     run side by side (``doppler.methods._rollout_loops``)."""
     n, nd = comp.shape
-    b_starts = starts.copy()
-    b_ends = ends.copy()
-    b_cnt = cnt.copy()
-    b_dev = dev.copy()
-    b_start = start.copy()
-    b_finish = finish.copy()
+    b_starts, b_ends, b_cnt = starts.copy(), ends.copy(), cnt.copy()
+    b_dev, b_start, b_finish = dev.copy(), start.copy(), finish.copy()
     ready = np.empty(nd)
     no_wait = np.zeros(nd)
     for k in range(h, n):

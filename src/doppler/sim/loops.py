@@ -34,22 +34,40 @@ ARRAYS = ("succ_ptr", "succ_idx", "indeg", "level", "lvl_ptr", "lvl_ops", "comp"
 PRUNE_SLACK = 1e-9
 
 
+@jit(cache=True, inline="always")
+def _precedes(t1, i1, t2, i2):  # pragma: no cover - compiled
+    """Whether heap key (t1, i1) comes before (t2, i2): the earlier time, then the lower index."""
+    return t1 < t2 or (t1 == t2 and i1 < i2)
+
+
+@jit(cache=True, inline="always")
+def _put(ht, hi, at, t, i):  # pragma: no cover - compiled
+    """Store key (t, i) at slot ``at`` of the heap's arrays."""
+    ht[at] = t
+    hi[at] = i
+
+
+@jit(cache=True, inline="always")
+def _mark(dirty, dirty_list, count, d):  # pragma: no cover - compiled
+    """Add ``d`` to the ``count`` entries of ``dirty_list`` unless ``dirty[d]`` says it is there; the new count."""
+    if dirty[d]:
+        return count
+    dirty[d] = True
+    dirty_list[count] = d
+    return count + 1
+
+
 @jit(cache=True)
 def heap_push(ht, hi, base, size, t, i):  # pragma: no cover - compiled
     """Push key (t, i) into the binary min-heap stored in ht/hi[base : base + size]."""
     pos = size
     while pos > 0:
         parent = (pos - 1) >> 1
-        pt = ht[base + parent]
-        pi = hi[base + parent]
-        if t < pt or (t == pt and i < pi):
-            ht[base + pos] = pt
-            hi[base + pos] = pi
-            pos = parent
-        else:
+        if not _precedes(t, i, ht[base + parent], hi[base + parent]):
             break
-    ht[base + pos] = t
-    hi[base + pos] = i
+        _put(ht, hi, base + pos, ht[base + parent], hi[base + parent])
+        pos = parent
+    _put(ht, hi, base + pos, t, i)
     return size + 1
 
 
@@ -69,18 +87,15 @@ def heap_pop(ht, hi, base, size):  # pragma: no cover - compiled
         if c + 1 < size:
             rt = ht[base + c + 1]
             ri = hi[base + c + 1]
-            if rt < ct or (rt == ct and ri < ci):
+            if _precedes(rt, ri, ct, ci):
                 c += 1
                 ct = rt
                 ci = ri
-        if ct < t or (ct == t and ci < i):
-            ht[base + pos] = ct
-            hi[base + pos] = ci
-            pos = c
-        else:
+        if not _precedes(ct, ci, t, i):
             break
-    ht[base + pos] = t
-    hi[base + pos] = i
+        _put(ht, hi, base + pos, ct, ci)
+        pos = c
+    _put(ht, hi, base + pos, t, i)
     return size
 
 
@@ -245,10 +260,7 @@ def sim_loop(
         op_ready[v] = 0.0
         d = dev[v]
         rsize[d] = heap_push(rt, ri, rbase[d], rsize[d], 0.0 if key is None else key[v], v)
-        if not ddirty[d]:
-            ddirty[d] = True
-            ddirty_list[nddirty] = d
-            nddirty += 1
+        nddirty = _mark(ddirty, ddirty_list, nddirty, d)
 
     makespan = 0.0
     t = 0.0
@@ -307,10 +319,7 @@ def sim_loop(
                 u = x
                 d = dev[u]
                 running[d] -= 1
-                if not ddirty[d]:
-                    ddirty[d] = True
-                    ddirty_list[nddirty] = d
-                    nddirty += 1
+                nddirty = _mark(ddirty, ddirty_list, nddirty, d)
                 if t > makespan:
                     makespan = t
                 # start transfers (contention: queue them on their link)
@@ -318,19 +327,13 @@ def sim_loop(
                     b = tr_dst[k]
                     if copies_in[b]:  # key (request time, n + k): after ops ready at the same time
                         rsize[b] = heap_push(rt, ri, rbase[b], rsize[b], t, n + k)
-                        if not ddirty[b]:
-                            ddirty[b] = True
-                            ddirty_list[nddirty] = b
-                            nddirty += 1
+                        nddirty = _mark(ddirty, ddirty_list, nddirty, b)
                     elif contention:
                         l = d * D + b
                         # key (request time, k): transfer ids grow with the producer id and a
                         # link carries at most one transfer per producer, so ties go by producer
                         lsize[l] = heap_push(lqt, lqi, lbase[l], lsize[l], t, k)
-                        if not ldirty[l]:
-                            ldirty[l] = True
-                            ldirty_list[nldirty] = l
-                            nldirty += 1
+                        nldirty = _mark(ldirty, ldirty_list, nldirty, l)
                     else:
                         tr_start[k] = t
                         e = t + (lat[d, b] + out_bytes[u] / bw[d, b]) * edge_f[tr_slot[k]]
@@ -356,10 +359,7 @@ def sim_loop(
                                 op_ready[w] = t
                                 dw = dev[w]
                                 rsize[dw] = heap_push(rt, ri, rbase[dw], rsize[dw], t if key is None else key[w], w)
-                                if not ddirty[dw]:
-                                    ddirty[dw] = True
-                                    ddirty_list[nddirty] = dw
-                                    nddirty += 1
+                                nddirty = _mark(ddirty, ddirty_list, nddirty, dw)
                             else:
                                 esize = heap_push(et, ei, 0, esize, rdy[w], n + w)
             elif x < ev_tr:  # ---- op becomes ready (its last input arrived)
@@ -367,27 +367,18 @@ def sim_loop(
                 op_ready[w] = t
                 dw = dev[w]
                 rsize[dw] = heap_push(rt, ri, rbase[dw], rsize[dw], t if key is None else key[w], w)
-                if not ddirty[dw]:
-                    ddirty[dw] = True
-                    ddirty_list[nddirty] = dw
-                    nddirty += 1
+                nddirty = _mark(ddirty, ddirty_list, nddirty, dw)
             elif x < ev_rel:  # ---- transfer ends (contention mode, or a copy made by its destination)
                 k = x - ev_tr
                 u = tr_src[k]
                 b = tr_dst[k]
                 if copies_in[b]:
                     running[b] -= 1
-                    if not ddirty[b]:
-                        ddirty[b] = True
-                        ddirty_list[nddirty] = b
-                        nddirty += 1
+                    nddirty = _mark(ddirty, ddirty_list, nddirty, b)
                 else:
                     l = dev[u] * D + b
                     lbusy[l] = False
-                    if not ldirty[l]:
-                        ldirty[l] = True
-                        ldirty_list[nldirty] = l
-                        nldirty += 1
+                    nldirty = _mark(ldirty, ldirty_list, nldirty, l)
                 if not bsp:
                     for sl in range(succ_ptr[u], succ_ptr[u + 1]):
                         w = succ_idx[sl]
@@ -396,10 +387,7 @@ def sim_loop(
                             if pending[w] == 0:
                                 op_ready[w] = t
                                 rsize[b] = heap_push(rt, ri, rbase[b], rsize[b], t if key is None else key[w], w)
-                                if not ddirty[b]:
-                                    ddirty[b] = True
-                                    ddirty_list[nddirty] = b
-                                    nddirty += 1
+                                nddirty = _mark(ddirty, ddirty_list, nddirty, b)
             else:  # ---- BSP level released
                 lv = x - ev_rel
                 for q in range(lvl_ptr[lv], lvl_ptr[lv + 1]):
@@ -407,10 +395,7 @@ def sim_loop(
                     op_ready[v] = t
                     d2 = dev[v]
                     rsize[d2] = heap_push(rt, ri, rbase[d2], rsize[d2], t if key is None else key[v], v)
-                    if not ddirty[d2]:
-                        ddirty[d2] = True
-                        ddirty_list[nddirty] = d2
-                        nddirty += 1
+                    nddirty = _mark(ddirty, ddirty_list, nddirty, d2)
             if bsp and u >= 0:
                 lv = level[u]
                 outstanding[lv] -= 1
