@@ -173,6 +173,19 @@ def test_timeout_stops_the_run_names_what_ran_and_next_run_works(device_type: st
     assert run(small, np.zeros(small.num_ops, np.int64), num_devices=1, options=RunOptions(device_type=device_type)).makespan_s > 0
 
 
+def test_a_run_stopped_at_its_timeout_leaves_no_synthetic_kernel_spinning() -> None:
+    """Ops of 10 minutes each, a timeout of 0.2 s: the spinning kernels see their run stop and return, so every
+    worker thread has ended when run() raises (none left burning a core for the rest of its op)."""
+    from doppler.ir.graph import from_edges
+
+    g = from_edges([1.0] * 4, [(0, 2), (1, 3)], [8.0] * 4, name="pairs")
+    t0 = time.perf_counter()
+    with pytest.raises(EngineError, match=r"timeout of 0.2 s"):
+        run(g, np.array([0, 1, 0, 1]), cluster=cluster("unit:2"), time_scale=600.0, options=RunOptions(timeout_s=0.2))
+    assert time.perf_counter() - t0 < 10
+    assert _thread_count() == 0
+
+
 def test_bad_requests_are_clear_errors() -> None:
     g = workloads.build("ffnn", size="tiny")
     n = g.num_ops

@@ -69,7 +69,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from doppler.engine.program import EngineError, PlacedProgram, RunRecord, cuda_sleep_rate, spin_rate_per_s
+from doppler.engine.program import RUN_STATE, EngineError, PlacedProgram, RunRecord, cuda_sleep_rate, spin_rate_per_s
 from doppler.util.malloc_tuning import tune_malloc
 from doppler.sim.trace import Trace
 
@@ -528,6 +528,7 @@ class _Execution:
 
     def device_worker(self, d: int) -> None:
         self.hw.bind_thread(d)
+        RUN_STATE.stop = self.stopping  # (a synthetic kernel returns early once the run stops)
         q, n, dev, values, recv = self.dev_q[d], self.n, self.dev, self.values, self.recv
         tiles = self.placed.tile_operands
         ops_operands = self.prog.operands
@@ -605,6 +606,7 @@ class _Execution:
             for ab in self.used_links
         ]
         old_switch = sys.getswitchinterval()
+        self.stopping = threading.Event()
         try:
             with hw.session(self.used_links):
                 hw.prepare(self.prog, n, len(self.transfers))
@@ -622,6 +624,7 @@ class _Execution:
                 ok = self.done.wait(timeout_s)
                 at_timeout = (list(self.running), self.finished)  # what ran when the clock ran out, before stopping
         finally:
+            self.stopping.set()
             for q in [*self.dev_q, *self.link_q.values()]:
                 q.stop()
             sys.setswitchinterval(old_switch)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -78,10 +79,23 @@ def spin_rate_per_s() -> float:
     return k / max(best, 1e-9)
 
 
+#: the calling thread's run (a local engine's worker sets ``stop``, the event set when its run stops): a synthetic
+#: kernel spins in slices of :data:`SPIN_SLICE_S` and returns early once it is set, so a run stopped at its
+#: timeout leaves no thread spinning on
+RUN_STATE = threading.local()
+SPIN_SLICE_S = 0.01
+
+
 def synthetic_kernel(seconds: float, nbytes: int, fill: int = 0) -> np.ndarray:
-    """Spin ``seconds`` of real CPU work without the GIL, then write and return ``nbytes`` fresh bytes."""
+    """Spin ``seconds`` of real CPU work without the GIL (less if the calling thread's run stops:
+    :data:`RUN_STATE`), then write and return ``nbytes`` fresh bytes."""
     if seconds > 0:
-        _spin_fn()(int(seconds * spin_rate_per_s()))
+        rate, stop = spin_rate_per_s(), getattr(RUN_STATE, "stop", None)
+        left = int(seconds * rate)
+        step = left if stop is None else max(1, int(SPIN_SLICE_S * rate))
+        while left > 0 and not (stop is not None and stop.is_set()):
+            _spin_fn()(min(step, left))
+            left -= step
     out = np.empty(int(nbytes), dtype=np.uint8)
     out.fill(int(fill) & 0xFF)
     return out
