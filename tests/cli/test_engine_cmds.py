@@ -309,8 +309,8 @@ def test_execute_weights_check_reference_input_ids(tiny_llama) -> None:
     # embedding and head: one tensor) at least once, and no more than what the placement keeps resident
     from safetensors import safe_open
 
-    from doppler.assignment import load_assignment
-    from doppler.formats import load_graph
+    from doppler.ir.assignment import load_assignment
+    from doppler.ir.formats import load_graph
     from doppler.memory import resident_bytes
 
     graph = load_graph(t["g"])
