@@ -20,12 +20,12 @@ demo: $(STAMP)
 	$(VENV)/bin/doppler demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
 
 # Everything `make test` runs, plus the whole scenarios marked `slow` (the four-workload demo, a 58 M-parameter
 # LLaMA run with its weights): each of their properties is also checked at a small size by `make test`.
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 # The long run of the fuzzing suite (docs/fuzzing.md): FUZZ_EXAMPLES random examples per fuzz test (a costly
 # one takes a share of them) instead of `make test`'s short run.
