@@ -1,7 +1,9 @@
 # Set-up is automatic: the first `make demo` or `make test` creates .venv and installs
 # doppler with pinned torch (the CPU build, see constraints.txt) and its dependencies, then
-# compiles its bytecode (an editable install does not), so that the first command starts as fast
-# as the next.
+# compiles doppler's bytecode (an editable install does not), so that the first command starts as
+# fast as the next. pip does not byte-compile the dependencies (--no-compile): that took 36 s of the
+# install for the thousands of torch modules no command imports; the ones imported are compiled on
+# first import, in well under a second.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,8 +13,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-compile --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet --no-compile --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	$(PY) -m compileall -q src
 	touch $(STAMP)
 
