@@ -16,6 +16,10 @@ built with its parameters on the meta device and its buffers real
 ``doppler execute --weights`` loads the weights; the same factory is the ``--reference`` of
 ``execute --check``. ``python examples/hf_models.py save NAME DIR`` writes that model with random weights
 as ``save_pretrained`` does (sharded safetensors).
+
+:data:`ARCHITECTURES` lists stock causal-LM architectures of ``transformers`` at a tiny size (2 layers, dim 64,
+vocabulary 1000), each a factory of the same name here (``examples/hf_models.py:tiny_phi3``), built like
+``tiny_llama``; ``benchmarks/hf_weights_sweep.py`` runs each through import, placement and a checked run.
 """
 
 from __future__ import annotations
@@ -107,7 +111,8 @@ def _built(model_cls, cfg, seq_len: int, device: str = "meta", dtype: torch.dtyp
 
 # ----------------------------------------------------------------- models run with their own weights
 #: name -> (config class, model class, config arguments, sequence length): LLaMA- and Qwen2-style causal LMs
-#: of 58 M parameters (232 MB in float32), and a tiny LLaMA for quick runs
+#: of 58 M parameters (232 MB in float32), a tiny LLaMA for quick runs, and Falcon (multi-query attention),
+#: GPT-J (an interleaved rotary embedding) and BLOOM (ALiBi) causal LMs of about 0.1 B parameters
 RUNNABLE = {
     "llama_58m": ("LlamaConfig", "LlamaForCausalLM",
                   dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
@@ -118,16 +123,80 @@ RUNNABLE = {
     "tiny_llama": ("LlamaConfig", "LlamaForCausalLM",
                    dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True), 16),
+    "falcon_97m": ("FalconConfig", "FalconForCausalLM",
+                   dict(vocab_size=32000, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        bos_token_id=1, eos_token_id=2), 32),
+    "gptj_106m": ("GPTJConfig", "GPTJForCausalLM",
+                  dict(vocab_size=32000, n_embd=768, n_layer=8, n_head=12, rotary_dim=32, tie_word_embeddings=False,
+                       bos_token_id=1, eos_token_id=2), 32),
+    "bloom_96m": ("BloomConfig", "BloomForCausalLM",
+                  dict(vocab_size=32000, hidden_size=768, n_layer=10, n_head=12, attn_implementation="eager"), 32),
 }  # fmt: skip
 
 
+#: the size every tiny architecture shares (names through each config's ``attribute_map``: GPT-2's ``n_embd`` is
+#: ``hidden_size``); token ids 0-2 are the special tokens, inside the vocabulary. Attention runs through
+#: ``scaled_dot_product_attention`` unless an architecture that has no such path names ``"eager"``
+TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+#: name -> (config class, model class, config arguments besides :data:`TINY`): stock causal LMs at a tiny size,
+#: each with what sets it apart (grouped or multi-query attention, biases, a partial or interleaved rotary
+#: embedding, ALiBi, QK norms, logit soft-capping, parallel blocks, tied or untied heads, mixtures of experts)
+ARCHITECTURES = {
+    "tiny_gpt2": ("GPT2Config", "GPT2LMHeadModel", {}),
+    "tiny_opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=128, word_embed_proj_dim=64)),
+    "tiny_phi": ("PhiConfig", "PhiForCausalLM", dict(num_key_value_heads=4)),
+    "tiny_phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=1, head_dim=16)),
+    "tiny_gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(num_key_value_heads=2, head_dim=16,
+                                                              attn_implementation="eager")),
+    "tiny_gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(num_key_value_heads=2, head_dim=16)),
+    "tiny_stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_falcon": ("FalconConfig", "FalconForCausalLM", {}),
+    "tiny_bloom": ("BloomConfig", "BloomForCausalLM", dict(attn_implementation="eager")),
+    "tiny_gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", {}),
+    "tiny_gptj": ("GPTJConfig", "GPTJForCausalLM", dict(rotary_dim=8)),
+    "tiny_codegen": ("CodeGenConfig", "CodeGenForCausalLM", dict(rotary_dim=8)),
+    "tiny_olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=2, head_dim=16)),
+    "tiny_starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_granite": ("GraniteConfig", "GraniteForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_cohere": ("CohereConfig", "CohereForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    "tiny_mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_key_value_heads=2, num_local_experts=4,
+                                                                num_experts_per_tok=2)),
+    "tiny_qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_key_value_heads=2, num_experts=4,
+                                                                    num_experts_per_tok=2, moe_intermediate_size=64,
+                                                                    shared_expert_intermediate_size=128)),
+    "tiny_llama_ctl": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2)),
+    "tiny_gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {}),
+}  # fmt: skip
+#: the sequence length of the tiny architectures
+TINY_SEQ_LEN = 16
+
+
+def _spec(name: str) -> tuple[str, str, dict, int]:
+    """Model ``name``'s (config class, model class, config arguments, sequence length), from :data:`RUNNABLE`
+    or :data:`ARCHITECTURES`."""
+    if name in RUNNABLE:
+        return RUNNABLE[name]
+    config_cls, model_cls, args = ARCHITECTURES[name]
+    return config_cls, model_cls, {**TINY, **args}, TINY_SEQ_LEN
+
+
 def runnable(name: str, weights: bool = False):
-    """Model ``name`` of :data:`RUNNABLE`: with random weights (``weights``; seeded), else its parameters on the
-    meta device and its buffers real; and one sequence of token ids (on the meta device when it has no weights)."""
+    """Model ``name`` of :data:`RUNNABLE` or :data:`ARCHITECTURES`: with random weights (``weights``; seeded), else
+    its parameters on the meta device and its buffers real; and one sequence of token ids (on the meta device
+    when it has no weights)."""
     import transformers
 
-    config_cls, model_cls, args, seq_len = RUNNABLE[name]
-    cfg = getattr(transformers, config_cls)(**args, max_position_embeddings=4 * seq_len, attn_implementation="sdpa")
+    config_cls, model_cls, args, seq_len = _spec(name)
+    cfg = getattr(transformers, config_cls)(**{"max_position_embeddings": 4 * seq_len, "attn_implementation": "sdpa",
+                                               **args})  # (an architecture without sdpa names "eager")
     torch.manual_seed(0)
     if weights:
         return getattr(transformers, model_cls)(cfg).eval(), (torch.randint(0, cfg.vocab_size, (1, seq_len)),)
@@ -149,10 +218,40 @@ def qwen2_58m():
     return runnable("qwen2_58m")
 
 
+def falcon_97m():
+    """A 97 M-parameter ``FalconForCausalLM`` (12 layers, dim 768, one key/value head), parameters on the meta
+    device."""
+    return runnable("falcon_97m")
+
+
+def gptj_106m():
+    """A 106 M-parameter ``GPTJForCausalLM`` (8 layers, dim 768, rotary on 32 of each head's 64 dimensions),
+    parameters on the meta device."""
+    return runnable("gptj_106m")
+
+
+def bloom_96m():
+    """A 96 M-parameter ``BloomForCausalLM`` (10 layers, dim 768, ALiBi), parameters on the meta device."""
+    return runnable("bloom_96m")
+
+
 def tiny_llama():
     """A 0.1 M-parameter ``LlamaForCausalLM`` (2 layers, dim 64, a head tied to the embedding), parameters on
     the meta device."""
     return runnable("tiny_llama")
+
+
+def _factory(name: str):
+    def factory():
+        return runnable(name)
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = f"A tiny ``{ARCHITECTURES[name][1]}``, parameters on the meta device."
+    return factory
+
+
+for _name in ARCHITECTURES:
+    globals()[_name] = _factory(_name)
 
 
 def save(name: str, out_dir: str, max_shard_size: str = "50MB") -> None:
@@ -163,6 +262,6 @@ def save(name: str, out_dir: str, max_shard_size: str = "50MB") -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (4, 5) or sys.argv[1] != "save" or sys.argv[2] not in RUNNABLE:
-        sys.exit(f"usage: python {sys.argv[0]} save {{{','.join(RUNNABLE)}}} DIR [MAX_SHARD_SIZE]")
+    if len(sys.argv) not in (4, 5) or sys.argv[1] != "save" or sys.argv[2] not in {**RUNNABLE, **ARCHITECTURES}:
+        sys.exit(f"usage: python {sys.argv[0]} save {{{','.join([*RUNNABLE, *ARCHITECTURES])}}} DIR [MAX_SHARD_SIZE]")
     save(*sys.argv[2:])

@@ -367,3 +367,79 @@ def test_a_safetensors_header_naming_a_tensor_twice_or_too_large_is_refused(tiny
     (tmp_path / "huge.safetensors").write_bytes((MAX_HEADER_BYTES + 1).to_bytes(8, "little") + b"{}")
     with pytest.raises(WeightsError, match=r"its safetensors header takes 16,777,217 bytes, more than the 16,777,216"):
         open_checkpoint(tmp_path / "huge.safetensors")
+
+
+class _Sinusoid(torch.nn.Module):
+    """A model's buffer read at positions made on its input's device (GPT-J gathers its sinusoid table so), and
+    heads picked by a list of positions (Falcon's key and value heads): both need the buffer's and the list's
+    values at import, with the parameters on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.qkv = torch.nn.Embedding(64, 16), torch.nn.Linear(16, 48)
+        self.head = torch.nn.Linear(16, 64, bias=False)
+        self.register_buffer("table", torch.arange(32 * 16.0).reshape(32, 16).sin(), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(input_ids) + self.table[torch.arange(input_ids.shape[1], device=input_ids.device)]
+        picked = self.qkv(x).view(*input_ids.shape, 6, 8)[:, :, [0, 5]].flatten(-2)
+        return self.head(picked + x)
+
+
+def sinusoid_meta():
+    from doppler.importer import parameters_on_meta
+
+    with parameters_on_meta():
+        model = _Sinusoid().eval()
+    return model, (torch.empty((1, 16), dtype=torch.long, device="meta"),)
+
+
+def test_buffers_read_at_positions_and_picked_heads_import_on_meta_and_run(tmp_path) -> None:
+    """The export of a model built with its parameters on the meta device computes on the CPU: the buffer
+    gathered at the position ids and the list of heads keep their values (the graph lacks only its weights),
+    and the placed run with the checkpoint's weights equals the module."""
+    from safetensors.torch import save_file
+
+    from doppler.ir.graph import NO_WEIGHTS
+
+    source = f"{Path(__file__).resolve()}:sinusoid_meta"
+    g = import_model(source, devices=2)
+    assert g.meta["cost_only"] == NO_WEIGHTS
+    torch.manual_seed(0)
+    save_file(_Sinusoid().state_dict(), str(tmp_path / "w.safetensors"))
+    ckpt = open_checkpoint(tmp_path / "w.safetensors")
+    ids = np.random.default_rng(0).integers(0, 64, size=(1, 16))
+    program, _ = _program(g, ckpt, ids)
+    res = run(g, _devices(g, "round_robin"), num_devices=2, program=program)
+    found = compare_logits(res.outputs, reference_outputs(source, ckpt, g, {"input_ids": ids}), source=source,
+                           dtype="float32")  # fmt: skip
+    assert found.match and found.max_rel_error < 1e-5, found
+
+
+#: the sweep's architectures that route tokens to experts at run time (refused at import)
+ROUTED = ("tiny_mixtral", "tiny_qwen2_moe")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(hf_models.ARCHITECTURES))
+def test_stock_architectures_run_their_own_weights_placed_on_two_workers(name: str, tmp_path: Path) -> None:
+    """Every tiny stock architecture of examples/hf_models.py (benchmarks/hf_weights_sweep.py runs them through
+    the CLI): saved in shards, imported on the meta device, run with half its ops on each worker, and its logits
+    those of the module's forward; a mixture of experts is refused in one line."""
+    from doppler.importer import GraphImportError
+
+    source = f"{EXAMPLES / 'hf_models.py'}:{name}"
+    if name in ROUTED:
+        with pytest.raises(GraphImportError, match="at run time") as e:
+            import_model(source, devices=2)
+        assert "\n" not in str(e.value)
+        return
+    hf_models.save(name, str(tmp_path), max_shard_size="300KB")
+    g = import_model(source, devices=2)
+    ckpt = open_checkpoint(tmp_path)
+    ids = np.random.default_rng(0).integers(0, 1000, size=(1, hf_models.TINY_SEQ_LEN))
+    program, _ = _program(g, ckpt, ids)
+    res = run(g, _devices(g, "halves"), num_devices=2, program=program)
+    found = compare_logits(res.outputs, reference_outputs(source, ckpt, g, {"input_ids": ids}), source=source,
+                           dtype="float32")  # fmt: skip
+    assert found.match, found

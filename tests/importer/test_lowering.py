@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from doppler import workloads
 from doppler.engine import RunOptions, build_program, run
-from doppler.ir.graph import OpKind
+from doppler.ir.graph import DataflowGraph, OpKind
 from doppler.importer import (
     GraphImportError,
     export_model,
@@ -439,3 +439,129 @@ def test_a_large_weights_mean_and_std_are_taken_a_chunk_at_a_time(monkeypatch) -
     assert mean == pytest.approx(whole[0], rel=1e-12) and std == pytest.approx(whole[1], rel=1e-12)
     assert calls and max(calls) <= 999  # (never the whole tensor in float64)
     assert lowering.mean_std(torch.ones(1)) == (1.0, 0.0)
+
+
+# ============================================================================ the ops of stock causal LMs (#61)
+def _equals_module_f64(module: nn.Module, example: tuple, blocks: dict[int, int]) -> DataflowGraph:
+    ep, example = export_model(module.eval(), example)
+    g = lower_program(ep, blocks=blocks, dtype="float64")
+    ref = _forward(module, example, torch.float64)
+    (out,) = assemble_outputs(g, evaluate_numpy(g, model_inputs(g, module, example))).values()
+    np.testing.assert_allclose(out, ref, rtol=1e-9, atol=1e-12)
+    return g
+
+
+class _Interleaved(nn.Module):
+    """GPT-J's and Cohere's interleaved rotary embedding: x[..., ::2] and x[..., 1::2] stacked and flattened;
+    a strided slice that starts inside the axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.p(x)
+        turned = torch.stack((-y[..., 1::2], y[..., ::2]), dim=-1).flatten(-2)
+        return 2 * y + turned + y[:, 3:14:3].sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("blocks", [{}, {16: 2, 4: 2}])
+def test_strided_slices_are_layout_steps(blocks: dict[int, int]) -> None:
+    g = _equals_module_f64(_Interleaved(), (torch.randn(4, 16),), blocks)
+    copies = [grp.name for grp in g.groups if grp.kind == "formation"]  # the stack; the strided slices read in place
+    assert copies == (["stack", "slice_3.span.retile"] if blocks else ["stack"])  # (3:15 spans two tiles of 8)
+
+
+class _Overhang(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (2 * x)[:, 0:16:5]
+
+
+def test_a_strided_slice_whose_last_step_overhangs_is_refused() -> None:
+    ep, _ = export_model(_Overhang(), (torch.randn(4, 16),))
+    with pytest.raises(GraphImportError, match=r"slice_\w* \(aten\.slice\.Tensor\): a slice 0:16:5 of an axis of 16"):
+        lower_program(ep)
+
+
+class _PickHeads(nn.Module):
+    """Falcon's multi-query attention: query heads sliced and the key and value heads picked by lists of
+    positions, one key/value head broadcast over the query heads in sdpa, and ``y += x`` in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.o = nn.Linear(32, 48), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.qkv(x).view(1, 8, 6, 8)
+        q, k, v = h[:, :, :-2].transpose(1, 2), h[:, :, [-2]].transpose(1, 2), h[:, :, [-1]].transpose(1, 2)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.o(a.transpose(1, 2).reshape(1, 8, 32))
+        y += x
+        picked = self.qkv(x)[..., [0, 1, 5, 6, 7]]  # two runs of positions: cut and put together
+        return y * picked.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("blocks", [{}, {32: 2, 48: 2}])
+def test_list_indices_multi_query_sdpa_and_in_place_adds_equal_the_module(blocks: dict[int, int]) -> None:
+    _equals_module_f64(_PickHeads(), (torch.randn(1, 8, 32),), blocks)
+
+
+class _Alibi(nn.Module):
+    """BLOOM's ALiBi scores: ``baddbmm`` of a known bias with ``beta`` and ``alpha``; ``addmm`` scaled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 8, 8))
+        self.register_buffer("bias", torch.randn(2, 4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.baddbmm(self.bias, x, self.w, beta=0.5, alpha=0.25)
+        return s + torch.addmm(self.bias[0, 0], x[0], self.w[0], alpha=2.0)
+
+
+def test_baddbmm_and_addmm_with_beta_and_alpha_equal_the_module() -> None:
+    _equals_module_f64(_Alibi(), (torch.randn(2, 4, 8),), {8: 2})
+
+
+class _ViewWritten(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.p(x)
+        y[:, :4].add_(1.0)  # writes into y through a view
+        return y
+
+
+class _Routed(nn.Module):
+    """A mixture of experts' routing: the top-2 experts of each token, chosen by value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.topk(self.gate(x), 2, dim=-1).values.sum(-1)
+
+
+class _Gather(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+        return self.p(x)[:, pick]
+
+
+@pytest.mark.parametrize("module, example, message", [
+    (_ViewWritten(), (torch.randn(2, 8),), r"add_\S* \(aten\.add_\.\w+\): an in-place op on a view of another tensor"),
+    (_Routed(), (torch.randn(2, 8),), r"aten\.topk\.default \(1x\); aten\.topk\.default: the model picks what to "
+                                      r"compute from the values at run time"),
+    (_Gather(), (torch.randn(2, 8), torch.tensor([0, 3])), r"an index computed at run time"),
+])  # fmt: skip
+def test_what_cannot_be_lowered_statically_is_refused_in_one_line(module, example, message: str) -> None:
+    ep, _ = export_model(module, example)
+    with pytest.raises(GraphImportError, match=message) as e:
+        lower_program(ep)
+    assert "\n" not in str(e.value)

@@ -116,6 +116,23 @@ _BINARY = {"aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor"
            "aten.add.Scalar": "add", "aten.sub.Scalar": "sub", "aten.mul.Scalar": "mul", "aten.div.Scalar": "div",
            "aten.rsub.Scalar": "rsub"}  # fmt: skip
 
+#: ops that choose by value what is computed next (top-k routing, sorting tokens by expert, writing at computed
+#: positions): a graph of them depends on the data, not only on the shapes
+_ROUTING = {"aten.topk.default", "aten.sort.default", "aten.argsort.default", "aten.histc.default",
+            "aten.nonzero.default", "aten.index_put_.default", "aten.index_put.default", "aten.masked_scatter.default",
+            "aten.bincount.default", "aten.where.default"}  # fmt: skip
+#: in-place elementwise ops (``x += y``) -> the op each is the in-place form of
+_INPLACE = {".".join([t.split(".")[0], t.split(".")[1] + "_", *t.split(".")[2:]]): t for t in (*_UNARY, *_BINARY)
+            if t != "aten.rsub.Scalar"}  # fmt: skip
+#: ops whose result is a view of their first argument (it shares its storage)
+_VIEWS = {
+    "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default", "aten.flatten.using_ints",
+    "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default",
+    "aten.permute.default", "aten.transpose.int", "aten.t.default", "aten.numpy_T.default", "aten.slice.Tensor",
+    "aten.select.int", "aten.split.Tensor", "aten.split_with_sizes.default", "aten.chunk.default",
+    "aten.expand.default", "aten.alias.default", "aten.detach.default", "aten.as_strided.default",
+    "aten.unfold.default", "aten.diagonal.default", "<built-in function getitem>",
+}  # fmt: skip
 
 #: what a lowering handler raises on arguments of shapes or values it was not written for
 _MALFORMED = (ArithmeticError, ValueError, TypeError, IndexError, KeyError, AttributeError, RuntimeError)
@@ -168,6 +185,7 @@ class _Lowering(Fusion):
         self.handlers: dict[str, Callable] = {
             "aten.linear.default": self._linear, "aten.mm.default": self._mm, "aten.bmm.default": self._mm,
             "aten.matmul.default": self._mm, "aten.addmm.default": self._addmm, "aten.einsum.default": self._einsum,
+            "aten.baddbmm.default": self._addmm, "aten.index.Tensor": self._index,
             "aten.scaled_dot_product_attention.default": self._sdpa, "aten.embedding.default": self._embedding,
             "aten.layer_norm.default": self._layer_norm, "aten.softmax.int": self._softmax_op,
             "aten._softmax.default": self._softmax_op, "aten.mean.dim": self._reduce, "aten.sum.dim_IntList": self._reduce,
@@ -183,7 +201,7 @@ class _Lowering(Fusion):
             "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
         self.handlers |= {**dict.fromkeys(_UNARY, self._unary), **dict.fromkeys(_BINARY, self._binary),
-                          **dict.fromkeys(_IDENTITY, self._identity)}  # fmt: skip
+                          **dict.fromkeys(_IDENTITY, self._identity), **dict.fromkeys(_INPLACE, self._inplace)}  # fmt: skip
 
     # ------------------------------------------------------------------ values
     def grid(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -226,7 +244,11 @@ class _Lowering(Fusion):
                           and _target(n) not in _SKIP)  # fmt: skip
         if missing:
             listed = ", ".join(f"{t} ({c}x)" for t, c in sorted(missing.items(), key=lambda kv: (-kv[1], kv[0])))
-            raise GraphImportError(f"unsupported ops, nothing imported: {listed}")
+            routed = sorted(t for t in missing if t in _ROUTING)
+            why = (f"; {', '.join(routed)}: the model picks what to compute from the values at run time (a mixture of "
+                   "experts routes each token to its top-k experts), which a static dataflow graph cannot express"
+                   if routed else "")  # fmt: skip
+            raise GraphImportError(f"unsupported ops, nothing imported: {listed}{why}")
         for node in nodes:
             if node.op == "placeholder":
                 self.env[node] = self._placeholder(node, kinds[node.name], state)
@@ -385,12 +407,16 @@ class _Lowering(Fusion):
             raise GraphImportError("broadcast batch dimensions in a matrix product are not supported")
         return self._einsum_op(f"{ta},{tc}->{batch}yx", [a, c], node)
 
-    def _addmm(self, node: Any, args: list, kwargs: dict) -> Tensor:
+    def _addmm(self, node: Any, args: list, kwargs: dict) -> Any:
+        """``addmm`` and ``baddbmm``: ``beta * input + alpha * (a @ b)`` (BLOOM adds its ALiBi biases so)."""
         beta, alpha = float(kwargs.get("beta", 1)), float(kwargs.get("alpha", 1))
-        if beta != 1 or alpha != 1:
-            raise GraphImportError(f"addmm with beta={beta:g}, alpha={alpha:g} is not supported")
         y = self._mm(node, [args[1], args[2]], {})
-        return self._ew("add", [y, args[0]], node)
+        if alpha != 1:
+            y = self._ew("scale", [y], node, {"c": alpha})
+        if beta == 0:  # torch ignores the input then (even its NaNs)
+            return y
+        bias = args[0] if beta == 1 else self._ew("scale", [args[0]], node, {"c": beta})
+        return self._ew("add", [y, bias], node)
 
     def _einsum(self, node: Any, args: list, kwargs: dict) -> Tensor:
         eq = str(args[0]).replace(" ", "")
@@ -400,7 +426,22 @@ class _Lowering(Fusion):
 
     # ------------------------------------------------------------------ elementwise (fused)
     def _unary(self, node: Any, args: list, kwargs: dict) -> "Expr":
-        return self._ew(_UNARY[_target(node)], [args[0]], node)
+        return self._ew(_UNARY[_INPLACE.get(_target(node), _target(node))], [args[0]], node)
+
+    def _inplace(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        """``x += y`` (and the other in-place elementwise ops) on a tensor the model computed: the op's result,
+        which every later reader of ``x`` reads too. The in-place op on a view (it would write into the tensor
+        viewed), on a tensor some view was taken of, or on an input or parameter is refused."""
+        base = node.args[0]
+        shared = [u for u in getattr(base, "users", ()) if u is not node and _target(u) in _VIEWS]
+        if getattr(base, "op", "") != "call_function" or _target(base) in _VIEWS or shared:
+            what = ("an input or parameter" if getattr(base, "op", "") != "call_function" else
+                    "a view of another tensor" if _target(base) in _VIEWS else "a tensor that is also viewed")  # fmt: skip
+            raise GraphImportError(f"an in-place op on {what} (it would change what the other names read)")
+        t = _INPLACE[_target(node)]
+        out = self.tensor((self._binary if t in _BINARY else self._unary)(node, args, kwargs), node.name)
+        self.env[base] = out
+        return out
 
     def _gelu(self, node: Any, args: list, kwargs: dict) -> "Expr":
         fn = "gelu_tanh" if kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "tanh" else "gelu"
@@ -425,7 +466,7 @@ class _Lowering(Fusion):
         return None
 
     def _binary(self, node: Any, args: list, kwargs: dict) -> "Expr":
-        fn = _BINARY[_target(node)]
+        fn = _BINARY[_INPLACE.get(_target(node), _target(node))]
         a, c = args[0], args[1]
         alpha = float(kwargs.get("alpha", args[2] if len(args) > 2 else 1))
         if fn == "rsub":
@@ -542,12 +583,13 @@ class _Lowering(Fusion):
 
     def _kv_groups(self, k: Any, v: Any, heads: int, gqa: bool, node: Any) -> tuple[Tensor, Tensor]:
         """Attention's keys and values with one head per group: the sources of ``repeat_kv``'s repeats, or
-        the tensors themselves (as many heads as the queries, or fewer with ``enable_gqa``)."""
+        the tensors themselves (as many heads as the queries, one that broadcasts over them, or fewer with
+        ``enable_gqa``)."""
         if isinstance(k, Repeat) and isinstance(v, Repeat) and k.axis == v.axis == 1 and k.rep == v.rep:
             return k.src, v.src
         k, v = self.tensor(k, node.name), self.tensor(v, node.name)
-        groups = k.shape[1]
-        if v.shape[1] != groups or heads % groups or (groups != heads and not gqa):
+        groups = k.shape[1]  # one key/value head broadcasts over every query head (multi-query attention)
+        if v.shape[1] != groups or heads % groups or (groups not in (1, heads) and not gqa):
             raise GraphImportError(f"attention of {heads} query heads over {groups} key and {v.shape[1]} value heads"
                                    + ("" if gqa else " without enable_gqa"))  # fmt: skip
         return k, v
@@ -639,14 +681,34 @@ class _Lowering(Fusion):
         dim = int(args[1] if len(args) > 1 else 0) % len(x.shape)
         start = args[2] if len(args) > 2 and args[2] is not None else 0
         end = args[3] if len(args) > 3 and args[3] is not None else x.shape[dim]
-        step = args[4] if len(args) > 4 else 1
-        if step != 1:
-            raise GraphImportError(f"slices with a step ({step}) are not supported")
+        step = int(args[4] if len(args) > 4 else 1)
         n = x.shape[dim]
         start, end = (int(start) + n if int(start) < 0 else int(start)), (int(end) + n if int(end) < 0 else int(end))
-        y = slice_axis(self.b, x, dim, start, min(end, n), self.b.fresh(node.name))
-        self.slices[id(y)] = (y, x, dim, start, min(end, n))
+        start, end = max(0, min(start, n)), max(0, min(end, n))
+        if step != 1:
+            return self._strided(x, dim, start, end, step, node)
+        y = slice_axis(self.b, x, dim, start, end, self.b.fresh(node.name))
+        self.slices[id(y)] = (y, x, dim, start, end)
         return y
+
+    def _strided(self, x: Tensor, dim: int, start: int, end: int, step: int, node: Any) -> Tensor:
+        """``x[start:end:step]`` on axis ``dim`` as layout steps (no op): the span of ``count`` whole steps
+        from ``base = start - start % step`` viewed as (count, step), and column ``start % step`` of it taken
+        (GPT-J's interleaved rotary embedding reads ``x[..., ::2]`` and ``x[..., 1::2]``). A span that runs
+        past the axis (its last step short) is refused."""
+        count = len(range(start, end, step))
+        if step < 1 or count == 0:
+            raise GraphImportError(f"a slice {start}:{end}:{step} of an axis of {x.shape[dim]}")
+        col = start % step
+        base = start - col
+        if base + count * step > x.shape[dim]:
+            raise GraphImportError(f"a slice {start}:{end}:{step} of an axis of {x.shape[dim]} whose last step runs "
+                                   f"past its end")  # fmt: skip
+        name = self.b.fresh(node.name)
+        span = slice_axis(self.b, x, dim, base, base + count * step, f"{name}.span")
+        rows = view(self.b, span, [*x.shape[:dim], count, step, *x.shape[dim + 1 :]], f"{name}.rows")
+        taken = slice_axis(self.b, rows, dim + 1, col, col + 1, f"{name}.col")
+        return view(self.b, taken, [*x.shape[:dim], count, *x.shape[dim + 1 :]], f"{name}.strided")
 
     def _select(self, node: Any, args: list, kwargs: dict) -> Tensor:
         x = self.tensor(args[0], node.name)
@@ -667,6 +729,40 @@ class _Lowering(Fusion):
         ends = itertools.accumulate(sizes)
         return [slice_axis(self.b, x, dim, lo - s, lo, self.b.fresh(f"{node.name}.{k}"))
                 for k, (s, lo) in enumerate(zip(sizes, ends))]  # fmt: skip
+
+    def _index(self, node: Any, args: list, kwargs: dict) -> Tensor:
+        """``x[..., idx, ...]`` with one index tensor known at import (a list of positions, as Falcon's
+        multi-query attention picks its key and value heads with ``[-2]`` and ``[-1]``): each run of
+        consecutive positions is a slice, several runs are put together (``cat``). An index computed at run
+        time (a data-dependent gather: the experts a token is routed to), a boolean mask, more than one index
+        tensor or one of rank other than 1 is refused."""
+        import torch
+
+        x, indices = self.tensor(args[0], node.name), list(args[1])
+        given = [(a, i) for a, i in enumerate(indices) if i is not None]
+        if len(given) != 1:
+            raise GraphImportError(f"indexing with {len(given)} index tensors (one is supported)")
+        dim, idx = given[0]
+        if not isinstance(idx, torch.Tensor):
+            raise GraphImportError("an index computed at run time (a data-dependent gather)")
+        if idx.is_meta or idx.dtype == torch.bool or idx.ndim != 1 or idx.numel() == 0:
+            raise GraphImportError("an index that is not a known list of positions (a mask, a tensor of rank "
+                                   f"{idx.ndim} or no values)")  # fmt: skip
+        n = x.shape[dim]
+        pos = [int(i) + n if int(i) < 0 else int(i) for i in idx.tolist()]
+        if not all(0 <= p < n for p in pos):
+            raise GraphImportError(f"an index out of range for an axis of {n}")
+        runs: list[list[int]] = []
+        for p in pos:
+            if runs and p == runs[-1][1]:
+                runs[-1][1] += 1
+            else:
+                runs.append([p, p + 1])
+        name = self.b.fresh(node.name)
+        parts = [slice_axis(self.b, x, dim, lo, hi, f"{name}.{k}") for k, (lo, hi) in enumerate(runs)]
+        if len(parts) == 1:
+            return parts[0]
+        return self._cat(node, [parts, dim], {})
 
     def _rotate_half_of(self, parts: list, dim: int) -> Tensor | None:
         """``x`` if ``parts`` is ``[-x[..., h:], x[..., :h]]`` along the last axis (rotary's rotate_half)."""

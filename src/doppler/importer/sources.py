@@ -181,14 +181,54 @@ def export_model(module: Any, example: tuple, input_shapes: Mapping[str, Sequenc
         raise GraphImportError(f"the factory returned a {type(module).__name__}, not a torch.nn.Module")
     module.eval()
     example = _reshaped_inputs(module, example, input_shapes or {})
+    wrapped = without_cache(module)
     logging.disable(logging.CRITICAL)  # torch logs a failed trace's whole traceback; we report one line
     try:
-        with torch.no_grad():
-            return torch.export.export(without_cache(module), example, strict=False), example
+        with torch.no_grad(), _parameters_off_meta(wrapped, example) as (inputs, meta):
+            ep = torch.export.export(wrapped, inputs, strict=False)
     except Exception as e:
         raise GraphImportError(f"torch.export failed: {one_line(e)}") from None
     finally:
         logging.disable(logging.NOTSET)
+    for spec in ep.graph_signature.input_specs:  # the parameters back on the meta device: the graph has no weights
+        if spec.kind.name == "PARAMETER" and spec.target in meta:
+            ep.state_dict[spec.target] = meta[spec.target]
+    return ep, example
+
+
+@contextlib.contextmanager
+def _parameters_off_meta(module: Any, example: tuple) -> Iterator[tuple[tuple, dict[str, Any]]]:
+    """Within this block, a module built by :func:`parameters_on_meta` (its parameters on the meta device,
+    its buffers real) computes on the CPU, as it would with its weights: each parameter is a view of one
+    zero with zero strides (no memory), and the example inputs on the meta device are zeros of their shape.
+    The export then reads the buffers and the constants the forward makes (Falcon picks its key and value
+    heads with the list ``[-2]``) with their values, and no op sees two devices (GPT-J gathers its sinusoid
+    buffer at the position ids). The block gets the inputs to export with and the meta parameters by name.
+    A module with no meta parameter, or with a buffer on the meta device (one built wholly there), is left
+    as it is."""
+    import torch
+
+    params = dict(module.named_parameters(remove_duplicate=False))
+    if not any(p.is_meta for p in params.values()) or any(b.is_meta for b in module.buffers()):
+        yield example, {}
+        return
+    moved: list[tuple[Any, str, Any]] = []
+    stand_in: dict[int, Any] = {}  # id(meta parameter) -> its zeros: parameters tied together stay one
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None and p.is_meta:
+                moved.append((sub, name, p))
+                if id(p) not in stand_in:
+                    zero = torch.zeros((), dtype=p.dtype).expand(p.shape)
+                    stand_in[id(p)] = torch.nn.Parameter(zero, requires_grad=p.requires_grad)
+                sub._parameters[name] = stand_in[id(p)]
+    inputs = tuple(torch.zeros(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) and x.is_meta else x
+                   for x in example)  # fmt: skip
+    try:
+        yield inputs, {k: p for k, p in params.items() if p.is_meta}
+    finally:
+        for sub, name, p in moved:
+            sub._parameters[name] = p
 
 
 def load_pt2(path: Path):
