@@ -1,6 +1,6 @@
 """Run what you place, over the stock causal-LM architectures of ``transformers``: one row per architecture.
 
-    python benchmarks/hf_weights_sweep.py [--only tiny_phi3,tiny_gpt2] [--memory-share 1] [--jobs 2] [--json out.json]
+    python benchmarks/hf_weights_sweep.py [--only tiny_phi3,tiny_gpt2] [--memory-share 1.3] [--jobs 2] [--json out.json]
 
 For each architecture of ``examples/hf_models.py``'s ``ARCHITECTURES`` (2 layers, dim 64, vocabulary 1000,
 random weights from ``torch.manual_seed(0)``) it
@@ -12,13 +12,17 @@ random weights from ``torch.manual_seed(0)``) it
    ``doppler execute -c cpu4:2 --weights DIR --input-ids 16 --check --reference examples/hf_models.py:NAME``,
 
 each command in its own process, as a user types it. A model this small fits one worker, and anneal puts it
-there; ``--memory-share 1`` gives each worker memory for the weights (of which a placement fills 90%) (a cluster file written from
-``cpu4:2``), so that the placement splits them and both workers read their tiles from the checkpoint. A row reads ``ok`` with the largest error (of the largest
-logit), the top-1 agreement and each worker's measured / simulated peak, or the step that failed, its exit
-code and its one-line error (``TRACEBACK`` when the command printed more than one line). ``ok`` needs exit 0,
-``outputs_match`` and every worker's measured peak within 15% of the simulated one. Exit code: 0 when every
-row is ok, else 1. It takes a few minutes (Python start-up and ``import transformers`` three times per
-architecture).
+there; ``--memory-share 1.3`` gives each worker memory for 1.3 times the weights (of which a placement fills
+90%: a cluster file written from ``cpu4:2``), so that the placement splits them and both workers read their
+tiles from the checkpoint (a tied head's table is read on both sides, with its re-tiled copy: at a share
+of 1 some models fit no split, and ``assign`` says so).
+
+A row reads ``ok`` with the largest error (of the largest logit), the top-1 agreement and each worker's
+measured / simulated peak, or the step that failed, its exit code and its one-line error (``TRACEBACK`` when
+the command printed more than one line). ``ok`` needs exit 0, ``outputs_match`` and every worker's measured
+peak within 15% of the simulated one. Exit code: 0 when every row is ok, else 1. It takes 6-9 minutes on
+two cores (Python start-up and ``import transformers`` three times per architecture); ``--jobs 2`` runs two
+architectures at a time.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +46,8 @@ FACTORIES = ROOT / "examples" / "hf_models.py"
 PEAK_TOLERANCE = 0.15
 #: seconds one command may take
 STEP_TIMEOUT_S = 300
+#: held while a model is built and saved
+SEEDED = threading.Lock()
 
 
 def _factories():
@@ -72,10 +79,11 @@ def run_one(name: str, factories, work: Path, seq: int, share: float = 0.0) -> d
     """One architecture through save, import, assign and execute; its row."""
     t0 = time.perf_counter()
     ckpt, graph, assignment = work / f"{name}_ckpt", work / f"{name}.json", work / f"{name}_a.json"
-    model, _ = factories.runnable(name, weights=True)
-    params = sum(p.numel() for p in model.parameters())
-    shard = max(4 * params // 3 // 1000, 50)  # kB: three or four shards
-    model.save_pretrained(ckpt, max_shard_size=f"{shard}KB")
+    with SEEDED:  # (the factory seeds torch's global generator: one model built at a time)
+        model, _ = factories.runnable(name, weights=True)
+        params = sum(p.numel() for p in model.parameters())
+        shard = max(4 * params // 3 // 1000, 50)  # kB: three or four shards
+        model.save_pretrained(ckpt, max_shard_size=f"{shard}KB")
     row = {"name": name, "model": type(model).__name__, "parameters": params,
            "shards": len(list(ckpt.glob("*.safetensors")))}  # fmt: skip
     source = f"{FACTORIES.relative_to(ROOT)}:{name}"
@@ -92,7 +100,8 @@ def run_one(name: str, factories, work: Path, seq: int, share: float = 0.0) -> d
              ("assign", ["assign", str(graph), "-m", "anneal", "-c", cluster, "--threads", "1", "--budget-s", "2",
                          "-o", str(assignment)]),
              ("execute", ["execute", str(graph), "-a", str(assignment), "-c", cluster, "--weights", str(ckpt),
-                          "--input-ids", str(seq), "--check", "--reference", source, "--repeats", "1", "--json"])]  # fmt: skip
+                          "--input-ids", str(seq), "--check", "--reference", source, "--repeats", "1",
+                          "--json"])]  # fmt: skip
     for step, args in steps:
         proc = _doppler(*args)
         if step == "execute" and proc.returncode in (0, 1) and proc.stdout.strip():

@@ -201,7 +201,8 @@ class _Lowering(Fusion):
             "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
         self.handlers |= {**dict.fromkeys(_UNARY, self._unary), **dict.fromkeys(_BINARY, self._binary),
-                          **dict.fromkeys(_IDENTITY, self._identity), **dict.fromkeys(_INPLACE, self._inplace)}  # fmt: skip
+                          **dict.fromkeys(_IDENTITY, self._identity),
+                          **dict.fromkeys(_INPLACE, self._inplace)}  # fmt: skip
 
     # ------------------------------------------------------------------ values
     def grid(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -434,9 +435,10 @@ class _Lowering(Fusion):
         viewed), on a tensor some view was taken of, or on an input or parameter is refused."""
         base = node.args[0]
         shared = [u for u in getattr(base, "users", ()) if u is not node and _target(u) in _VIEWS]
-        if getattr(base, "op", "") != "call_function" or _target(base) in _VIEWS or shared:
-            what = ("an input or parameter" if getattr(base, "op", "") != "call_function" else
-                    "a view of another tensor" if _target(base) in _VIEWS else "a tensor that is also viewed")  # fmt: skip
+        computed = getattr(base, "op", "") == "call_function"
+        if not computed or _target(base) in _VIEWS or shared:
+            what = ("an input or parameter" if not computed else "a view of another tensor"
+                    if _target(base) in _VIEWS else "a tensor that is also viewed")  # fmt: skip
             raise GraphImportError(f"an in-place op on {what} (it would change what the other names read)")
         t = _INPLACE[_target(node)]
         out = self.tensor((self._binary if t in _BINARY else self._unary)(node, args, kwargs), node.name)
