@@ -71,3 +71,37 @@ def test_compare_logits_fails_on_error_or_a_different_top_token() -> None:
     with pytest.raises(WeightsError, match=r"its forward returns shape \[1, 6, 50\], the graph's 'logits' has"):
         compare_logits({"logits": ref[:, :5]}, ref, source="f", dtype="float32")
     assert coarser("float32", "float16") == "float16" and coarser("float64", "float32") == "float32"
+
+
+class _Outputs(torch.nn.Module):
+    """A forward without use_cache that returns its logits in an output object (as OpenAI GPT's does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        return CausalLMOutput(logits=self.embed(ids))
+
+
+def outputs_factory():
+    return _Outputs(), (torch.zeros(1, 3, dtype=torch.long),)
+
+
+def test_the_reference_reads_the_logits_of_an_output_object(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from types import SimpleNamespace
+
+    from doppler.engine.model_check import reference_outputs
+
+    torch.manual_seed(0)
+    module = _Outputs()
+    ckpt = _saved(tmp_path, {"embed.weight": module.embed.weight.detach()})
+    graph = SimpleNamespace(meta={"user_inputs": ["ids"], "input_init": {"ids": {"init": "index"}}})  # what it reads
+    ids = np.array([[1, 2, 3]])
+    got = reference_outputs(f"{Path(__file__).resolve()}:outputs_factory", ckpt, graph, {"ids": ids})
+    np.testing.assert_array_equal(got, module.embed.weight.detach().double().numpy()[ids])

@@ -565,3 +565,37 @@ def test_what_cannot_be_lowered_statically_is_refused_in_one_line(module, exampl
     with pytest.raises(GraphImportError, match=message) as e:
         lower_program(ep)
     assert "\n" not in str(e.value)
+
+
+class _BiasedScores(nn.Module):
+    """Attention with an additive mask of biases, not only 0 and -inf (ALiBi's, as Falcon gives it to sdpa):
+    the default scale multiplies the scores, not the mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.register_buffer("bias", torch.randn(1, 4, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(1, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+
+
+class _SquareAndBroadcast(nn.Module):
+    """relu(x) squared (Nemotron's and Persimmon's MLP), broadcast_to (Falcon's grouped heads), and a scalar
+    0 added (CTRL's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.square(torch.relu(self.p(x))) + 0.0
+        return (y.unsqueeze(1).broadcast_to(4, 2, 16) * x.unsqueeze(1)).sum(1)
+
+
+@pytest.mark.parametrize("module, example", [(_BiasedScores(), (torch.randn(1, 8, 32),)),
+                                             (_SquareAndBroadcast(), (torch.randn(4, 16),))])  # fmt: skip
+def test_biased_attention_masks_squares_and_broadcast_to_equal_the_module(module: nn.Module, example: tuple) -> None:
+    _equals_module_f64(module, example, {})
+    _equals_module_f64(module, example, {16: 2, 32: 2, 8: 2})

@@ -132,8 +132,12 @@ def reference_outputs(source: str, ckpt: Checkpoint, graph: DataflowGraph, input
     except Exception as e:  # the user's forward failed on the graph's inputs
         text = str(e).strip().splitlines()
         raise WeightsError(f"--reference {source}: the forward raised {type(e).__name__}: {text[0][:200] if text else ''}") from None
-    if isinstance(out, (tuple, list)):
+    if getattr(out, "logits", None) is not None:  # a Hugging Face output whose forward takes no use_cache
+        out = out.logits
+    elif isinstance(out, (tuple, list)) or hasattr(out, "to_tuple"):
         out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise WeightsError(f"--reference {source}: the forward returned a {type(out).__name__}, not logits")
     return out.detach().double().numpy()
 
 

@@ -142,6 +142,17 @@ def _target(node: Any) -> str:
     return str(node.target)
 
 
+def _masks_only(mask: Any) -> bool:
+    """Is ``mask`` a known additive attention mask of 0 and -inf only (a scale applied to the scores plus it
+    changes nothing)? A mask of other values (ALiBi's biases) or computed at run time is not; one with no
+    values (on the meta device) is taken to be, for the cost is the same."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor):
+        return False
+    return bool(mask.is_meta or ((mask == 0) | (mask == float("-inf"))).all())
+
+
 def _cost_only(state: Mapping[str, Any]) -> str:
     """Why a program's graph can record no values: its parameters, buffers or constants are on the meta
     device (``""`` when they are not)."""
@@ -198,7 +209,8 @@ class _Lowering(Fusion):
             "aten.select.int": self._select, "aten.split.Tensor": self._split,
             "aten.split_with_sizes.default": self._split, "aten.chunk.default": self._split,
             "aten.cat.default": self._cat, "aten.stack.default": self._stack, "aten.numpy_T.default": self._t,
-            "aten.expand.default": self._expand, "<built-in function getitem>": self._getitem,
+            "aten.expand.default": self._expand, "aten.broadcast_to.default": self._expand,
+            "aten.square.default": self._square, "aten.unbind.int": self._unbind, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
         self.handlers |= {**dict.fromkeys(_UNARY, self._unary), **dict.fromkeys(_BINARY, self._binary),
                           **dict.fromkeys(_IDENTITY, self._identity),
@@ -452,6 +464,9 @@ class _Lowering(Fusion):
     def _pow(self, node: Any, args: list, kwargs: dict) -> "Expr":
         return self._ew("pow", [args[0]], node, {"c": float(args[1])})
 
+    def _square(self, node: Any, args: list, kwargs: dict) -> "Expr":
+        return self._ew("pow", [args[0]], node, {"c": 2.0})
+
     def _scalar_of(self, v: Any) -> float | None:
         """``v`` as a number, if it is one or a one-element constant. A one-element constant with no value
         (on the meta device: Gemma's embedding normalizer) reads as 1, so that the op and its cost are those
@@ -477,8 +492,8 @@ class _Lowering(Fusion):
         if sa is not None and sc is not None:
             raise GraphImportError("an op on two scalars reached the graph")
         if sc is not None:
-            how = {"add": ("add_scalar", alpha * sc), "sub": ("add_scalar", -alpha * sc),
-                   "mul": ("scale", sc), "div": ("scale", 1.0 / sc)}[fn]  # fmt: skip
+            how = {"add": ("add_scalar", alpha * sc), "sub": ("add_scalar", -alpha * sc), "mul": ("scale", sc),
+                   "div": ("scale", 1.0 / sc if sc else math.copysign(math.inf, sc))}[fn]  # fmt: skip
             return self._ew(how[0], [a], node, {"c": how[1]})
         if alpha != 1:
             c = self._ew("scale", [c], node, {"c": alpha})
@@ -577,6 +592,8 @@ class _Lowering(Fusion):
                                 params={"row_axis": st.index("q"), "col_axis": st.index("k"), "col_offset": 0},
                                 tile_params=lambda off: {"row_offset": off["q"] + (L - S), "col_offset": off["k"]})  # fmt: skip
         if mask is not None:
+            if scale != 1 and not _masks_only(mask):  # softmax(scale * qk + mask): the mask is not scaled
+                scores, scale = self._ew("scale", [scores], node, {"c": scale}), 1.0
             scores = self._emit(self._ew("add", [scores, self._grouped_mask(mask, H, G, node) if grouped else mask],
                                          node))  # fmt: skip
         probs = tiled_softmax(self.b, scores, st, "k", scale=scale, name=f"{name}.softmax")
@@ -718,6 +735,12 @@ class _Lowering(Fusion):
         i = int(args[2]) % x.shape[dim]
         y = slice_axis(self.b, x, dim, i, i + 1, self.b.fresh(node.name))
         return view(self.b, y, [s for a, s in enumerate(y.shape) if a != dim] or [1], self.b.fresh(node.name + ".sq"))
+
+    def _unbind(self, node: Any, args: list, kwargs: dict) -> list[Tensor]:
+        """``q, k, v = x.unbind(dim)``: a select per index, each a layout step."""
+        x = self.tensor(args[0], node.name)
+        dim = int(args[1] if len(args) > 1 else kwargs.get("dim", 0)) % len(x.shape)
+        return [self._select(node, [x, dim, i], {}) for i in range(x.shape[dim])]
 
     def _split(self, node: Any, args: list, kwargs: dict) -> list[Tensor]:
         x = self.tensor(args[0], node.name)
