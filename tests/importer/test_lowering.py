@@ -599,3 +599,30 @@ class _SquareAndBroadcast(nn.Module):
 def test_biased_attention_masks_squares_and_broadcast_to_equal_the_module(module: nn.Module, example: tuple) -> None:
     _equals_module_f64(module, example, {})
     _equals_module_f64(module, example, {16: 2, 32: 2, 8: 2})
+
+
+class _Selections(nn.Module):
+    """Eager attentions' masking and clamping: where(known mask, scores, min) (GPT-Neo), masked_fill(mask, -inf)
+    (MPT), max(scores, min) (XGLM), clamp (OLMo's clip), a computed condition, softplus and expm1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.p(x)  # (8, 8) scores
+        causal = torch.ones(8, 8, dtype=torch.bool).tril()
+        a = torch.where(causal, s, torch.finfo(s.dtype).min).softmax(-1)
+        b = s.masked_fill(~causal, float("-inf")).softmax(-1)
+        c = torch.max(s, torch.tensor(-0.5)) + s.clamp(-0.2, 0.3) + s.clamp_min(0.1)
+        d = torch.where(s > 0, nn.functional.softplus(s, beta=2.0), torch.expm1(s)) + torch.minimum(s, 2 * s)
+        return a + b + c + d
+
+
+@pytest.mark.parametrize("blocks", [{}, {8: 2}])
+def test_where_masked_fill_extrema_clamps_and_softplus_equal_the_module(blocks: dict[int, int], tmp_path) -> None:
+    from doppler.ir.formats import load_graph, save_graph
+
+    g = _equals_module_f64(_Selections(), (torch.randn(8, 8),), blocks)
+    save_graph(g, tmp_path / "g.json")  # -inf is a parameter a graph file holds
+    assert load_graph(tmp_path / "g.json").num_ops == g.num_ops

@@ -316,3 +316,36 @@ def test_fused_attention_is_softmax_attention_and_counts_the_pairs_it_attends(ca
     assert flops_of(spec) == b * j * r * (pairs * (4 * d + 4) + n_q * d)
     with pytest.raises(ValueError, match=r"op 5: attention with kv_tiles=2 takes 5 operands"):
         run_op_numpy({**spec, "params": {**spec["params"], "kv_tiles": 2}}, [q, k, v], label=5)
+
+
+@pytest.mark.parametrize("fn, params, want", [
+    ("where", {}, lambda c, x, y: np.where(c != 0, x, y)),
+    ("where_scalar", {"c": "-inf"}, lambda c, x: np.where(c != 0, x, -np.inf)),
+    ("rwhere_scalar", {"c": -3.0}, lambda c, x: np.where(c != 0, -3.0, x)),
+    ("maximum", {}, np.maximum),
+    ("minimum", {}, np.minimum),
+    ("max_scalar", {"c": 0.2}, lambda x: np.maximum(x, 0.2)),
+    ("min_scalar", {"c": 0.2}, lambda x: np.minimum(x, 0.2)),
+    ("gt_scalar", {"c": 0.1}, lambda x: (x > 0.1).astype(x.dtype)),
+    ("lt_scalar", {"c": 0.1}, lambda x: (x < 0.1).astype(x.dtype)),
+    ("softplus", {"beta": 2.0, "threshold": 1.0}, lambda x: np.where(2 * x > 1, x, np.log1p(np.exp(2 * x)) / 2)),
+    ("expm1", {}, np.expm1),
+])  # fmt: skip
+def test_selection_and_activation_maps_in_numpy_and_torch(fn: str, params: dict, want) -> None:
+    """The map functions imported models' masking, clamping and activations use: numpy's and torch's kernels
+    agree with the formula, in the operands' element type."""
+    n = MAP_ARITY[fn]
+    ops = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(n)]
+    if fn.startswith(("where", "rwhere")):
+        ops[0] = (ops[0] > 0).astype(np.float32)  # a condition: 1 and 0
+    spec = {"kernel": "map", "fn": fn, "eq": ",".join(["ij"] * n) + "->ij", "inputs": [_ref((3, 4))] * n,
+            "shape": [3, 4], "params": params}  # fmt: skip
+    got = run_op_numpy(spec, ops)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want(*ops), rtol=1e-6)
+    torch = pytest.importorskip("torch")
+    from doppler.ir.kernels import run_op_torch
+
+    got_t = run_op_torch(spec, [torch.from_numpy(o) for o in ops])
+    assert got_t.dtype == torch.float32
+    np.testing.assert_allclose(got_t.numpy(), want(*ops), rtol=1e-6)

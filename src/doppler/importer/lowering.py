@@ -109,7 +109,8 @@ _VALUE_FREE = {  # ops that read only the shape and dtype of their tensor argume
     "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default",
     "aten.sym_size.int",
 }  # fmt: skip
-_UNARY = {"aten.neg.default": "neg", "aten.silu.default": "silu", "aten.relu.default": "relu",
+_UNARY = {"aten.expm1.default": "expm1", "aten.neg.default": "neg", "aten.silu.default": "silu",
+          "aten.relu.default": "relu",
           "aten.tanh.default": "tanh", "aten.exp.default": "exp", "aten.rsqrt.default": "rsqrt",
           "aten.sqrt.default": "sqrt", "aten.sigmoid.default": "sigmoid"}  # fmt: skip
 _BINARY = {"aten.add.Tensor": "add", "aten.sub.Tensor": "sub", "aten.mul.Tensor": "mul", "aten.div.Tensor": "div",
@@ -210,8 +211,16 @@ class _Lowering(Fusion):
             "aten.split_with_sizes.default": self._split, "aten.chunk.default": self._split,
             "aten.cat.default": self._cat, "aten.stack.default": self._stack, "aten.numpy_T.default": self._t,
             "aten.expand.default": self._expand, "aten.broadcast_to.default": self._expand,
-            "aten.square.default": self._square, "aten.unbind.int": self._unbind, "<built-in function getitem>": self._getitem,
+            "aten.square.default": self._square, "aten.unbind.int": self._unbind,
+            "aten.softplus.default": self._softplus, "<built-in function getitem>": self._getitem,
         }  # fmt: skip
+        self.handlers |= {**{f"aten.where.{t}": self._where for t in ("self", "ScalarOther", "ScalarSelf", "Scalar")},
+                          **{f"aten.masked_fill.{t}": self._masked_fill for t in ("Scalar", "Tensor")},
+                          **{f"aten.{op}.Scalar": self._compare for op in ("gt", "lt")},
+                          **dict.fromkeys(("aten.maximum.default", "aten.max.other", "aten.minimum.default",
+                                           "aten.min.other"), self._extremum),
+                          **dict.fromkeys(("aten.clamp.default", "aten.clamp_min.default",
+                                           "aten.clamp_max.default"), self._clamp)}  # fmt: skip
         self.handlers |= {**dict.fromkeys(_UNARY, self._unary), **dict.fromkeys(_BINARY, self._binary),
                           **dict.fromkeys(_IDENTITY, self._identity),
                           **dict.fromkeys(_INPLACE, self._inplace)}  # fmt: skip
@@ -466,6 +475,71 @@ class _Lowering(Fusion):
 
     def _square(self, node: Any, args: list, kwargs: dict) -> "Expr":
         return self._ew("pow", [args[0]], node, {"c": 2.0})
+
+    def _number(self, v: Any) -> float | str | None:
+        """:meth:`_scalar_of` as a map parameter: a non-finite number as ``"inf"``, ``"-inf"`` or ``"nan"`` (a
+        graph file holds no such JSON number)."""
+        x = self._scalar_of(v)
+        return x if x is None or math.isfinite(x) else str(x)
+
+    def _where(self, node: Any, args: list, kwargs: dict) -> "Expr":
+        """``torch.where(cond, a, b)``: the condition as 1 and 0 (a known mask is recorded so); a number for
+        ``a`` or ``b`` is a parameter (eager attention's ``where(causal, scores, min)``)."""
+        cond, a, b = args[0], args[1], args[2]
+        na, nb = self._number(a), self._number(b)
+        if na is not None and nb is not None:
+            raise GraphImportError("torch.where between two numbers reached the graph")
+        if nb is not None:
+            return self._ew("where_scalar", [cond, a], node, {"c": nb})
+        if na is not None:
+            return self._ew("rwhere_scalar", [cond, b], node, {"c": na})
+        return self._ew("where", [cond, a, b], node)
+
+    def _masked_fill(self, node: Any, args: list, kwargs: dict) -> "Expr":
+        """``x.masked_fill(mask, value)``: ``value`` where ``mask``, else ``x``."""
+        value = self._number(args[2])
+        if value is None:
+            raise GraphImportError("masked_fill with a value that is not one known number")
+        return self._ew("rwhere_scalar", [args[1], args[0]], node, {"c": value})
+
+    def _extremum(self, node: Any, args: list, kwargs: dict) -> "Expr":
+        """``torch.maximum``/``minimum`` (``max``/``min`` of two tensors), with a number as a parameter."""
+        high = _target(node).split(".")[1] in ("maximum", "max")
+        a, c = args[0], args[1]
+        na, nc = self._number(a), self._number(c)
+        if na is not None and nc is not None:
+            raise GraphImportError("the maximum or minimum of two numbers reached the graph")
+        if na is not None or nc is not None:
+            return self._ew("max_scalar" if high else "min_scalar", [c if na is not None else a], node,
+                            {"c": na if na is not None else nc})  # fmt: skip
+        return self._ew("maximum" if high else "minimum", [a, c], node)
+
+    def _clamp(self, node: Any, args: list, kwargs: dict) -> Any:
+        """``clamp``/``clamp_min``/``clamp_max`` by numbers (OLMo clips its query, key and value so)."""
+        kind = _target(node).split(".")[1]
+        low = args[1] if len(args) > 1 and kind != "clamp_max" else kwargs.get("min")
+        high = (args[2] if len(args) > 2 else kwargs.get("max")) if kind == "clamp" else (
+            args[1] if kind == "clamp_max" else None)  # fmt: skip
+        y = args[0]
+        for bound, fn in ((low, "max_scalar"), (high, "min_scalar")):
+            if bound is not None:
+                c = self._number(bound)
+                if c is None:
+                    raise GraphImportError(f"{kind} by a bound that is not one known number")
+                y = self._ew(fn, [y], node, {"c": c})
+        return y
+
+    def _compare(self, node: Any, args: list, kwargs: dict) -> "Expr":
+        """``x > c``, ``x < c``: 1 and 0 (for a ``where``)."""
+        c = self._number(args[1])
+        if c is None:
+            raise GraphImportError("a comparison with something other than a number")
+        return self._ew("gt_scalar" if _target(node) == "aten.gt.Scalar" else "lt_scalar", [args[0]], node, {"c": c})
+
+    def _softplus(self, node: Any, args: list, kwargs: dict) -> "Expr":
+        beta = float(args[1] if len(args) > 1 else kwargs.get("beta", 1.0))
+        threshold = float(args[2] if len(args) > 2 else kwargs.get("threshold", 20.0))
+        return self._ew("softplus", [args[0]], node, {"beta": beta, "threshold": threshold})
 
     def _scalar_of(self, v: Any) -> float | None:
         """``v`` as a number, if it is one or a one-element constant. A one-element constant with no value

@@ -175,6 +175,11 @@ class NumpyOps:
         return table[np.asarray(idx).astype(np.int64)]
 
     tanh = staticmethod(np.tanh)
+    expm1 = staticmethod(np.expm1)
+    log1p = staticmethod(np.log1p)
+    where = staticmethod(np.where)
+    maximum = staticmethod(np.maximum)
+    minimum = staticmethod(np.minimum)
 
     @staticmethod
     def erf(x: Any) -> Any:
@@ -191,7 +196,8 @@ class TorchOps:
 
         self.torch = torch
         self.device = torch.device(device)
-        for fn in ("einsum", "exp", "sqrt", "tanh", "erf"):  # torch's own, called as they are
+        for fn in ("einsum", "exp", "sqrt", "tanh", "erf", "expm1", "log1p", "where", "maximum",
+                   "minimum"):  # torch's own, called as they are
             setattr(self, fn, getattr(torch, fn))
 
     def dtype(self, dtype: Any) -> Any:
@@ -284,6 +290,29 @@ def _map_gelu_tanh(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
     return 0.5 * a[0] * (1.0 + xp.tanh(0.7978845608028654 * (a[0] + 0.044715 * a[0] ** 3)))
 
 
+def _choose(cond: Any, a: Any, b: Any, xp: Any) -> Any:
+    """``a`` where ``cond`` (a 0/1 tensor: the graph holds one element type) is not 0, else ``b``; a number
+    ``b`` or ``a`` is taken as it is."""
+    return xp.where(cond != 0, a, b)
+
+
+def _indicator(cond: Any, like: Any, xp: Any) -> Any:
+    """1 where ``cond``, else 0, in the element type of ``like``."""
+    return xp.where(cond, 1.0, xp.zeros(tuple(like.shape), like.dtype))
+
+
+def _softplus(a: list[Any], p: Mapping[str, Any], xp: Any) -> Any:
+    """torch's ``softplus``: ``log1p(exp(beta x)) / beta``, and ``x`` itself where ``beta x`` passes ``threshold``."""
+    beta, threshold = float(p.get("beta", 1.0)), float(p.get("threshold", 20.0))
+    bx = a[0] * beta
+    return xp.where(bx > threshold, a[0], xp.log1p(xp.exp(_choose(bx > threshold, threshold, bx, xp))) / beta)
+
+
+def _number(p: Mapping[str, Any]) -> float:
+    """``p["c"]``: a number, or ``"inf"``, ``"-inf"`` (a graph file holds no non-finite JSON number)."""
+    return float(p["c"])
+
+
 #: name -> (function(aligned operands, params, array namespace) -> array, operands, FLOPs per output element)
 _MAP_TABLE: dict[str, tuple[Callable[[list[Any], Mapping[str, Any], Any], Any], int, float]] = {
     "add": (lambda a, p, xp: a[0] + a[1], 2, 1),
@@ -311,6 +340,17 @@ _MAP_TABLE: dict[str, tuple[Callable[[list[Any], Mapping[str, Any], Any], Any], 
     "gelu": (lambda a, p, xp: 0.5 * a[0] * (1.0 + xp.erf(a[0] * 0.7071067811865476)), 1, 5),  # mul, erf, add, two muls
     "gelu_tanh": (_map_gelu_tanh, 1, 9),  # cube, mul, add, mul, tanh, add, two muls
     "rotate_half": (lambda a, p, xp: _rotate_half(a[0], xp), 1, 1),  # the negation
+    "where": (lambda a, p, xp: _choose(a[0], a[1], a[2], xp), 3, 1),  # (condition, then, else)
+    "where_scalar": (lambda a, p, xp: _choose(a[0], a[1], _number(p), xp), 2, 1),  # else the number c
+    "rwhere_scalar": (lambda a, p, xp: _choose(a[0], _number(p), a[1], xp), 2, 1),  # the number c, else the operand
+    "maximum": (lambda a, p, xp: xp.maximum(a[0], a[1]), 2, 1),
+    "minimum": (lambda a, p, xp: xp.minimum(a[0], a[1]), 2, 1),
+    "max_scalar": (lambda a, p, xp: _choose(a[0] < _number(p), _number(p), a[0], xp), 1, 1),
+    "min_scalar": (lambda a, p, xp: _choose(a[0] > _number(p), _number(p), a[0], xp), 1, 1),
+    "gt_scalar": (lambda a, p, xp: _indicator(a[0] > _number(p), a[0], xp), 1, 1),  # 1 or 0
+    "lt_scalar": (lambda a, p, xp: _indicator(a[0] < _number(p), a[0], xp), 1, 1),
+    "softplus": (_softplus, 1, 4),  # mul, exp, log1p, div
+    "expm1": (lambda a, p, xp: xp.expm1(a[0]), 1, 1),
 }
 #: name -> function(aligned operands, params, array namespace) -> array (``fused`` is added below)
 MAP_FNS: dict[str, Callable[[list[Any], Mapping[str, Any], Any], Any]] = {k: v[0] for k, v in _MAP_TABLE.items()}
