@@ -20,9 +20,9 @@ of 1 some models fit no split, and ``assign`` says so).
 A row reads ``ok`` with the largest error (of the largest logit), the top-1 agreement and each worker's
 measured / simulated peak, or the step that failed, its exit code and its one-line error (``TRACEBACK`` when
 the command printed more than one line). ``ok`` needs exit 0, ``outputs_match`` and every worker's measured
-peak within 15% of the simulated one. Exit code: 0 when every row is ok, else 1. It takes 6-9 minutes on
-two cores (Python start-up and ``import transformers`` three times per architecture); ``--jobs 2`` runs two
-architectures at a time.
+peak within 15% of the simulated one. Exit code: 0 when every row is ok, else 1. On two cores it takes
+about 13 minutes with ``--jobs 2`` (two architectures at a time; Python start-up and ``import transformers``
+three times per architecture).
 """
 
 from __future__ import annotations

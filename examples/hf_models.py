@@ -111,8 +111,9 @@ def _built(model_cls, cfg, seq_len: int, device: str = "meta", dtype: torch.dtyp
 
 # ----------------------------------------------------------------- models run with their own weights
 #: name -> (config class, model class, config arguments, sequence length): LLaMA- and Qwen2-style causal LMs
-#: of 58 M parameters (232 MB in float32), a tiny LLaMA for quick runs, and Falcon (multi-query attention),
-#: GPT-J (an interleaved rotary embedding) and BLOOM (ALiBi) causal LMs of about 0.1 B parameters
+#: of 58 M parameters (232 MB in float32), a tiny LLaMA for quick runs, Falcon (multi-query attention), GPT-J
+#: (an interleaved rotary embedding) and BLOOM (ALiBi) causal LMs of about 0.1 B parameters, and GPT-Neo-125M's
+#: configuration
 RUNNABLE = {
     "llama_58m": ("LlamaConfig", "LlamaForCausalLM",
                   dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
@@ -131,6 +132,10 @@ RUNNABLE = {
                        bos_token_id=1, eos_token_id=2), 32),
     "bloom_96m": ("BloomConfig", "BloomForCausalLM",
                   dict(vocab_size=32000, hidden_size=768, n_layer=10, n_head=12, attn_implementation="eager"), 32),
+    "gpt_neo_125m": ("GPTNeoConfig", "GPTNeoForCausalLM",
+                     dict(vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12, window_size=256,
+                          attention_types=[[["global", "local"], 6]], max_position_embeddings=2048,
+                          attn_implementation="eager"), 32),
 }  # fmt: skip
 
 
@@ -259,6 +264,12 @@ def gptj_106m():
 def bloom_96m():
     """A 96 M-parameter ``BloomForCausalLM`` (10 layers, dim 768, ALiBi), parameters on the meta device."""
     return runnable("bloom_96m")
+
+
+def gpt_neo_125m():
+    """GPT-Neo-125M's configuration (``GPTNeoForCausalLM``: 12 layers, dim 768, global and local attention
+    layers in turn, vocab 50257), random weights, parameters on the meta device."""
+    return runnable("gpt_neo_125m")
 
 
 def tiny_llama():
