@@ -149,7 +149,8 @@ def memory_graph(weight_bytes: int, sizes: Sequence[int] = DEFAULT_SIZES, dtype:
 
 @dataclass
 class CalibrationResult:
-    """The fitted cluster and the fit's quality per (device, kind) and per link."""
+    """The fitted cluster and the fit's quality per (device, kind) and per link; ``traces`` and ``memory_traces``:
+    the measured runs of the calibration graph and of the memory graph (none where not run)."""
 
     cluster: Cluster
     kernel_fits: list[dict[str, Any]] = field(default_factory=list)
@@ -157,6 +158,8 @@ class CalibrationResult:
     dispatch_s: float = 0.0
     runs: int = 0
     memory_fits: list[dict[str, Any]] = field(default_factory=list)
+    traces: list[Trace] = field(default_factory=list, repr=False)
+    memory_traces: list[Trace] = field(default_factory=list, repr=False)
 
 
 def _physical_memory_bytes() -> int | None:
@@ -474,4 +477,5 @@ def calibrate(
                       memory=(graphs[1], measured[1]) if measures_memory else None)  # fmt: skip
     res.cluster.meta["dispatch_s"] = res.dispatch_s
     res.memory_fits = memory_fits
+    res.traces, res.memory_traces = measured[0], measured[1] if measures_memory else []
     return res
