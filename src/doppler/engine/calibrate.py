@@ -70,11 +70,11 @@ DEFAULT_STREAM_BYTES = 128 * 2**20
 MIN_STREAM_BYTES, MAX_STREAM_BYTES = 2**16, 2**30
 #: times each memory kernel runs on each device (the rate is their median)
 STREAM_REPEATS = 5
-#: the memory section's weights per device, in arrays of ``stream_bytes`` (as far past the cache as STREAM's)
+#: the memory graph's weights per device, in arrays of ``stream_bytes`` (as far past the cache as STREAM's)
 WEIGHT_ARRAYS = 2
 #: the most tiles of one group of the memory graph (its ops per run: at most 5 x this per size)
 MAX_MEMORY_TILES = 128
-#: the row counts of the memory graph's products (:func:`calibration_graph`): a model's tokens at a time
+#: the row counts of the memory graph's products (:func:`memory_graph`): a model's tokens at a time
 SKINNY_ROWS = (1, 4, 16, 64)
 
 
@@ -302,6 +302,41 @@ def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndar
     return trace.tr_src_device[keep], trace.tr_dst_device[keep], (trace.tr_start - src_end)[keep]
 
 
+def _fit_weight_reads(graph: DataflowGraph, traces: Sequence[Trace], d: int, rates: dict[str, float],
+                      overheads: dict[str, float], dispatch: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Device ``d``'s weight-read rate per kind of :func:`memory_graph` ``graph``, from its measured ``traces``
+    (module docstring), and one fit row per kind. A kind of ``rates`` keeps its fixed time and FLOP rate; a
+    kind new to them (formation) is added to ``rates`` (no FLOPs) and ``overheads`` (its fitted fixed time
+    plus ``dispatch``)."""
+    dev = np.concatenate([t.op_device for t in traces])
+    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
+    flops = np.tile(graph.flops, len(traces))
+    kinds = np.tile(graph.kind.astype(np.int64), len(traces))
+    read = np.tile(op_traffic(graph).input_bytes, len(traces))
+    weight_rates: dict[str, float] = {}
+    fits: list[dict[str, Any]] = []
+    for k in np.unique(kinds):
+        sel = (dev == d) & (kinds == k)
+        label = OpKind(int(k)).label
+        if sel.sum() < 2:
+            continue
+        t, nbytes = dur[sel], read[sel]
+        if label in rates:  # the time past the kind's fit on operands in cache: reading the weights from memory
+            a, inv_rate = overheads[label] - dispatch, 1.0 / rates[label]
+            inv_bytes = _fit_extra(a + flops[sel] * inv_rate, nbytes, t)
+        else:  # no FLOPs (formation): a fixed time and the bytes (all bytes, where every op reads as many)
+            a, inv_bytes, _ = _fit_affine(nbytes, t) if np.ptp(nbytes) > 0 else (0.0, float(np.median(t / nbytes)), 0.0)
+            inv_rate = 0.0
+            rates[label], overheads[label] = 1e30, a + dispatch
+        pred = a + flops[sel] * inv_rate + nbytes * inv_bytes
+        if inv_bytes > 0:
+            weight_rates[label] = 1.0 / inv_bytes
+        fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a, "flops_per_s": rates[label],
+                     "median_rel_error": float(np.median(np.abs(pred - t) / t)), "section": "memory",
+                     "weight_read_Bps": weight_rates.get(label)})  # fmt: skip
+    return weight_rates, fits
+
+
 def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
                 meta: dict[str, Any] | None = None, device_kind: str = "cpu",
                 copies_inbound: bool = False, memory_bytes: float | None = None,
@@ -317,14 +352,10 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     ``weight_read_Bps_by_kind`` (with ``memory_bandwidth_Bps``)."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
-    mem_graph, mem_traces = memory if memory is not None else (graph, [])
-    section = np.concatenate([np.zeros(graph.num_ops * len(traces), bool), np.ones(mem_graph.num_ops * len(mem_traces), bool)])
-    both = [(graph, t) for t in traces] + [(mem_graph, t) for t in mem_traces]
-    dev = np.concatenate([t.op_device for _, t in both])
-    dur = np.maximum(np.concatenate([t.op_end - t.op_start for _, t in both]), 1e-7)
-    flops = np.concatenate([g.flops for g, _ in both])
-    kinds = np.concatenate([g.kind.astype(np.int64) for g, _ in both])
-    read = np.concatenate([np.zeros(graph.num_ops * len(traces))] + [op_traffic(mem_graph).input_bytes] * len(mem_traces))
+    dev = np.concatenate([t.op_device for t in traces])
+    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
+    flops = np.tile(graph.flops, len(traces))
+    kinds = np.tile(graph.kind.astype(np.int64), len(traces))
     gaps = np.concatenate([_dispatch_gaps(t, copies_inbound) for t in traces])
     if gaps.size == 0:
         raise EngineError("calibration measured no ops, so no dispatch gaps")
@@ -334,9 +365,8 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     for d in range(num_devices):
         rates: dict[str, float] = {}
         overheads: dict[str, float] = {}
-        weight_rates: dict[str, float] = {}
         for k in np.unique(kinds):
-            sel = (dev == d) & (kinds == k) & ~section
+            sel = (dev == d) & (kinds == k)
             label = OpKind(int(k)).label
             if sel.sum() < 2:
                 continue
@@ -349,27 +379,10 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
             overheads[label] = a + dispatch
             kernel_fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a,
                                 "flops_per_s": rates[label], "median_rel_error": err})  # fmt: skip
-        for k in np.unique(kinds[section]):
-            sel = (dev == d) & (kinds == k) & section
-            label = OpKind(int(k)).label
-            if sel.sum() < 2:
-                continue
-            t, nbytes = dur[sel], read[sel]
-            if label in rates:  # the time past the kind's fit on operands in cache: reading the weights from memory
-                base = overheads[label] - dispatch + flops[sel] / rates[label]
-                a, inv_rate = overheads[label] - dispatch, 1.0 / rates[label]
-                inv_bytes = _fit_extra(base, nbytes, t)
-            else:  # a kind of the memory graph alone (formation: no FLOPs): its fixed time and its bytes
-                a, inv_bytes, _ = _fit_affine(nbytes, t) if np.ptp(nbytes) > 0 else (0.0, float(np.median(t / nbytes)), 0)
-                inv_rate = 0.0
-                rates[label], overheads[label] = 1e30, a + dispatch
-            pred = a + flops[sel] * inv_rate + nbytes * inv_bytes
-            err = float(np.median(np.abs(pred - t) / t))
-            if inv_bytes > 0:
-                weight_rates[label] = 1.0 / inv_bytes
-            kernel_fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a,
-                                "flops_per_s": rates[label], "median_rel_error": err, "section": "memory",
-                                "weight_read_Bps": 1.0 / inv_bytes if inv_bytes > 0 else None})  # fmt: skip
+        weight_rates: dict[str, float] = {}
+        if memory is not None:
+            weight_rates, fits = _fit_weight_reads(*memory, d, rates, overheads, dispatch)
+            kernel_fits += fits
         mm = rates.get("matmul", max(rates.values()) if rates else 1e9)
         devices.append(
             Device(name=f"{device_kind}{d}", kind=device_kind, flops_per_s=mm, flops_per_s_by_kind=rates,
