@@ -45,7 +45,7 @@ import datetime
 import functools
 import platform
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -302,24 +302,32 @@ def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndar
     return trace.tr_src_device[keep], trace.tr_dst_device[keep], (trace.tr_start - src_end)[keep]
 
 
+def _per_op(graph: DataflowGraph, traces: Sequence[Trace]) -> tuple[np.ndarray, ...]:
+    """Every op of every run of ``graph``: (device, duration, FLOPs, kind code)."""
+    dev = np.concatenate([t.op_device for t in traces])
+    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
+    return dev, dur, np.tile(graph.flops, len(traces)), np.tile(graph.kind.astype(np.int64), len(traces))
+
+
+def _kinds_on(dev: np.ndarray, kinds: np.ndarray, d: int) -> Iterator[tuple[str, np.ndarray]]:
+    """(kind label, mask of its ops on device ``d``) for each kind with at least 2 ops there (enough to fit)."""
+    for k in np.unique(kinds):
+        sel = (dev == d) & (kinds == k)
+        if sel.sum() >= 2:
+            yield OpKind(int(k)).label, sel
+
+
 def _fit_weight_reads(graph: DataflowGraph, traces: Sequence[Trace], d: int, rates: dict[str, float],
                       overheads: dict[str, float], dispatch: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Device ``d``'s weight-read rate per kind of :func:`memory_graph` ``graph``, from its measured ``traces``
     (module docstring), and one fit row per kind. A kind of ``rates`` keeps its fixed time and FLOP rate; a
     kind new to them (formation) is added to ``rates`` (no FLOPs) and ``overheads`` (its fitted fixed time
     plus ``dispatch``)."""
-    dev = np.concatenate([t.op_device for t in traces])
-    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
-    flops = np.tile(graph.flops, len(traces))
-    kinds = np.tile(graph.kind.astype(np.int64), len(traces))
+    dev, dur, flops, kinds = _per_op(graph, traces)
     read = np.tile(op_traffic(graph).input_bytes, len(traces))
     weight_rates: dict[str, float] = {}
     fits: list[dict[str, Any]] = []
-    for k in np.unique(kinds):
-        sel = (dev == d) & (kinds == k)
-        label = OpKind(int(k)).label
-        if sel.sum() < 2:
-            continue
+    for label, sel in _kinds_on(dev, kinds, d):
         t, nbytes = dur[sel], read[sel]
         if label in rates:  # the time past the kind's fit on operands in cache: reading the weights from memory
             a, inv_rate = overheads[label] - dispatch, 1.0 / rates[label]
@@ -352,10 +360,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     ``weight_read_Bps_by_kind`` (with ``memory_bandwidth_Bps``)."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
-    dev = np.concatenate([t.op_device for t in traces])
-    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
-    flops = np.tile(graph.flops, len(traces))
-    kinds = np.tile(graph.kind.astype(np.int64), len(traces))
+    dev, dur, flops, kinds = _per_op(graph, traces)
     gaps = np.concatenate([_dispatch_gaps(t, copies_inbound) for t in traces])
     if gaps.size == 0:
         raise EngineError("calibration measured no ops, so no dispatch gaps")
@@ -365,11 +370,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     for d in range(num_devices):
         rates: dict[str, float] = {}
         overheads: dict[str, float] = {}
-        for k in np.unique(kinds):
-            sel = (dev == d) & (kinds == k)
-            label = OpKind(int(k)).label
-            if sel.sum() < 2:
-                continue
+        for label, sel in _kinds_on(dev, kinds, d):
             x, t = flops[sel], dur[sel]
             if np.ptp(x) > 0:
                 a, inv_rate, err = _fit_affine(x, t)
