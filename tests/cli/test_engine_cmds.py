@@ -50,6 +50,11 @@ def test_calibrate_json_and_cluster_file(files) -> None:
     assert [m["device"] for m in memory] == [0, 1]
     for m, dev in zip(memory, cl["devices"]):
         assert dev["memory_bandwidth_Bps"] == m["bandwidth_Bps"] == max(m["copy_Bps"], m["add_Bps"]) > 0
+    # the memory graph: products of few rows and table copies, their weights read from memory
+    weights = [k for k in files["cal_out"]["kernels"] if k.get("section") == "memory"]
+    assert {(k["device"], k["kind"]) for k in weights} == {(d, kind) for d in (0, 1) for kind in ("matmul", "formation")}
+    for k, dev in zip([k for k in weights if k["kind"] == "formation"], cl["devices"]):
+        assert dev["weight_read_Bps_by_kind"]["formation"] == k["weight_read_Bps"] > 0
 
 
 def test_execute_json_keys_check_and_plots(files) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from doppler import workloads
 from doppler.hardware.files import cluster_from_json, save_cluster
 from doppler.engine import EngineError, RunOptions
-from doppler.engine.calibrate import _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster
+from doppler.engine.calibrate import (SKINNY_ROWS, _dispatch_gaps, _handoff_delays, calibrate, calibration_graph, fit_cluster,
+                                      memory_graph)
 from doppler.engine.validate import agreement, validate, validation_assignments
 from doppler.ir.graph import OpKind
 from doppler.ir.slices import input_slices
@@ -52,6 +55,33 @@ def test_fit_cluster_recovers_the_costs_of_a_simulated_run() -> None:
     back = cluster_from_json(fit.to_json())  # the overheads survive the file format
     a = rng.integers(0, 2, g.num_ops)
     assert simulate(g, back, a).makespan_s == pytest.approx(simulate(g, truth, a).makespan_s, rel=1e-6)
+
+
+def test_fit_cluster_recovers_the_weight_read_rates_of_the_memory_graph() -> None:
+    """Square tiles whose operands are in cache take ``a + FLOPs / rate``; the memory graph's products of few
+    rows take their weights' bytes at a known rate on top, its copies a fixed time and their bytes at another:
+    the fit gives both rates back, and the formation kind its fixed time."""
+    g, mg = calibration_graph((16, 32, 64)), memory_graph(2**20, (128, 256, 512))  # (tiles of 256 and 512)
+    assert {f"skinny{m}_{n}" for m in SKINNY_ROWS for n in (256, 512)} <= {mg.op_name(v).split("[")[0] for v in range(mg.num_ops)}
+    rates, over = {"matmul": 5e9, "add": 7e8, "formation": 1e30}, {"matmul": 3e-5, "add": 1e-5, "formation": 2e-5}
+    reads = {"matmul": 2e9, "formation": 4e8}
+    devs = [Device(f"cpu{d}", kind="cpu", flops_per_s=2e9, flops_per_s_by_kind=rates, overhead_s=4e-6,
+                   overhead_s_by_kind=over, memory_bandwidth_Bps=1e15) for d in range(2)]  # fmt: skip
+    bw, lat = np.array([[np.inf, 3e9], [4e9, np.inf]]), np.array([[0.0, 5e-5], [6e-5, 0.0]])
+    in_cache = Cluster("in_cache", [replace(d, memory_bandwidth_Bps=None) for d in devs], bw, lat)
+    from_memory = Cluster("from_memory", [replace(d, weight_read_Bps_by_kind=reads) for d in devs], bw, lat)
+    rng = np.random.default_rng(2)
+    traces = [simulate(g, in_cache, rng.integers(0, 2, g.num_ops), trace=True).trace for _ in range(2)]
+    mem_traces = [simulate(mg, from_memory, rng.integers(0, 2, mg.num_ops), trace=True).trace for _ in range(2)]
+    fit = fit_cluster(g, traces, 2, memory_bandwidth_Bps=[1e15, 1e15], memory=(mg, mem_traces)).cluster
+    for dev in fit.devices:
+        assert dev.weight_read_Bps_by_kind == pytest.approx(reads, rel=1e-6)
+        assert dev.overhead_s_by_kind["formation"] == pytest.approx(2e-5, rel=1e-6)
+        assert dev.flops_per_s_by_kind["matmul"] == pytest.approx(5e9, rel=1e-6)
+    a = rng.integers(0, 2, mg.num_ops)
+    assert simulate(mg, fit, a).makespan_s == pytest.approx(simulate(mg, from_memory, a).makespan_s, rel=1e-6)
+    with pytest.raises(EngineError, match="weight_bytes must be an integer > 0"):
+        memory_graph(0)
 
 
 def test_fit_cluster_recovers_links_when_devices_make_their_copies() -> None:
@@ -102,6 +132,10 @@ def test_calibrate_end_to_end_writes_a_loadable_cluster(tmp_path) -> None:
     read = np.bincount(ops, weights=slices.nbytes[k], minlength=g.num_ops)
     floor = read[:, None] / np.array([d.memory_bandwidth_Bps for d in cl.devices])
     assert read.any() and (cl.compute_time_s(g) >= floor).all()
+    # the memory graph ran too: its copies (formation) read at a measured rate, which bounds each copy's time
+    memory = [f for f in res.kernel_fits if f.get("section") == "memory"]
+    assert {f["kind"] for f in memory} == {"matmul", "formation"} and all(f["n"] > 0 for f in memory)
+    assert all("formation" in d.weight_read_Bps_by_kind for d in cl.devices)
     with pytest.raises(EngineError, match="stream_bytes must be an integer from 65,536"):
         calibrate(2, sizes=(32,), runs=1, stream_bytes=10)
 
@@ -112,6 +146,8 @@ def test_the_memory_measurement_refuses_arrays_past_half_the_machine(monkeypatch
     monkeypatch.setattr(calibrate_module, "_physical_memory_bytes", lambda: 2**19)
     with pytest.raises(EngineError, match="393,216 bytes.*over half of this machine's 524,288: give a smaller --stream-bytes"):
         calibrate_module.measure_memory_bandwidth(2, 2**16)
+    with pytest.raises(EngineError, match="memory graph .*262,144 bytes, 2 x --stream-bytes per device.* over half"):
+        calibrate_module.calibrate(2, sizes=(32,), runs=1, stream_bytes=2**16)
     fits = calibrate_module.measure_memory_bandwidth(1, 2**16, repeats=2)  # 196,608 bytes: under half
     assert fits[0]["bandwidth_Bps"] == max(fits[0]["copy_Bps"], fits[0]["add_Bps"]) > 0
     with pytest.raises(EngineError, match="multiple of 4"):

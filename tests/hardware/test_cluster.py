@@ -304,7 +304,8 @@ def _ops_on_a_measured_cpu(draw):
     rate = st.floats(1e3, 1e15)
     devices = [Device(f"cpu{d}", kind="cpu", flops_per_s=draw(rate),
                       flops_per_s_by_kind=draw(st.dictionaries(st.sampled_from(labels), rate, max_size=6)),
-                      overhead_s=draw(st.floats(0, 1e-3)), memory_bandwidth_Bps=draw(st.floats(1e6, 1e13)))
+                      overhead_s=draw(st.floats(0, 1e-3)), memory_bandwidth_Bps=draw(st.floats(1e6, 1e13)),
+                      weight_read_Bps_by_kind=draw(st.dictionaries(st.sampled_from(labels), st.floats(1e5, 1e14), max_size=3)))
                for d in range(draw(st.integers(1, 3)))]  # fmt: skip
     d = len(devices)
     return workloads.build(name, size="tiny"), Cluster("cal", devices, np.ones((d, d)), np.zeros((d, d)))
@@ -313,10 +314,44 @@ def _ops_on_a_measured_cpu(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_ops_on_a_measured_cpu())
 def test_no_op_on_a_measured_cpu_reads_its_weights_faster_than_the_bandwidth(case) -> None:
+    """Nor faster than its kind's weight-read rate (the products of few rows calibrate measures), FLOPs added."""
     g, c = case
-    bound = _input_bytes(g)[:, None] / np.array([dev.memory_bandwidth_Bps for dev in c.devices])
+    read = _input_bytes(g)
+    bound = read[:, None] / np.array([dev.memory_bandwidth_Bps for dev in c.devices])
     t = c.compute_time_s(g)
     assert (t >= bound * (1 - 1e-12)).all() and (t[bound > 0] > 0).all()
+    plain = Cluster("plain", [replace(dev, memory_bandwidth_Bps=None, weight_read_Bps_by_kind={}) for dev in c.devices],
+                    c.bandwidth_Bps, c.latency_s)  # fmt: skip
+    for j, dev in enumerate(c.devices):
+        for label, rate in dev.weight_read_Bps_by_kind.items():
+            ops = g.kind == OpKind.parse(label).value
+            reads = plain.compute_time_s(g)[ops, j] + read[ops] / rate
+            assert (t[ops, j] >= reads * (1 - 1e-12)).all()
+
+
+def test_a_measured_device_adds_its_weight_read_time_and_round_trips(tmp_path: Path) -> None:
+    """A kind with a weight-read rate: FLOPs' time plus weight bytes over that rate (or the bandwidth's floor, if
+    longer); the other kinds keep the larger of the two; the field survives a file, and a file without it loads
+    with the times it always had."""
+    g = workloads.build("llama_model", size="tiny")
+    read = _input_bytes(g)
+    dev = Device("cpu0", kind="cpu", flops_per_s=1e9, overhead_s=1e-5, memory_bandwidth_Bps=1e7)
+    before = _one(dev)
+    after = _one(replace(dev, weight_read_Bps_by_kind={"matmul": 2e6, "formation": 5e7}))
+    mm = g.kind == OpKind.MATMUL.value
+    assert (read[mm] > 0).any()
+    flops_s = g.flops / 1e9 + 1e-5
+    np.testing.assert_allclose(after.compute_time_s(g)[mm, 0], flops_s[mm] + read[mm] / 2e6, rtol=1e-12)
+    np.testing.assert_array_equal(after.compute_time_s(g)[~mm, 0], before.compute_time_s(g)[~mm, 0])
+    fast = _one(replace(dev, weight_read_Bps_by_kind={"matmul": 1e12}))  # the bandwidth still bounds it
+    assert (fast.compute_time_s(g)[mm, 0] >= 1e-5 + read[mm] / 1e7 - 1e-15).all()
+    path = tmp_path / "m.json"
+    save_cluster(after, path)
+    assert json.loads(path.read_text())["devices"][0]["weight_read_Bps_by_kind"] == {"matmul": 2e6, "formation": 5e7}
+    assert load_cluster(path).devices == after.devices
+    save_cluster(before, path)
+    assert "weight_read_Bps_by_kind" not in json.loads(path.read_text())["devices"][0]
+    np.testing.assert_array_equal(load_cluster(path).compute_time_s(g), before.compute_time_s(g))
 
 
 def test_a_version_1_file_keeps_exactly_its_old_times(tmp_path: Path) -> None:
@@ -382,6 +417,17 @@ def test_a_roofline_device_round_trips_through_a_version_2_file(tmp_path: Path) 
         ({"devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 1.0}]}, "is a roofline field: give the file"),
         ({"format_version": 2, "devices": [{"name": "c", "peak_flops_by_dtype": {"float32": 1.0}}]},
          "missing field 'memory_bandwidth_Bps'"),
+        ({"devices": [{"name": "c", "flops_per_s": 1.0, "weight_read_Bps_by_kind": {"matmul": 1.0}}]},
+         "'weight_read_Bps_by_kind' is a measured device's field: give the file"),
+        ({"format_version": 2, "devices": [{"name": "c", "flops_per_s": 1.0, "weight_read_Bps_by_kind": {"matmul": 1.0}}]},
+         "weight_read_Bps_by_kind needs memory_bandwidth_Bps"),
+        (_roofline_obj(weight_read_Bps_by_kind={"matmul": 1e9}), "weight_read_Bps_by_kind needs a measured device"),
+        ({"format_version": 2, "devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 1.0,
+                                            "weight_read_Bps_by_kind": {"matmul": 0}}]},
+         r"device 'c': weight_read_Bps_by_kind\['matmul'\] must be a finite number > 0"),
+        ({"format_version": 2, "devices": [{"name": "c", "flops_per_s": 1.0, "memory_bandwidth_Bps": 1.0,
+                                            "weight_read_Bps_by_kind": {"gemm": 1.0}}]},
+         "weight_read_Bps_by_kind: unknown op kind"),
     ],
 )  # fmt: skip
 def test_bad_roofline_fields_are_errors_naming_file_device_and_field(obj: dict, msg: str, tmp_path: Path) -> None:

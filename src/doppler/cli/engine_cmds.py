@@ -345,12 +345,14 @@ def calibrate_cmd(
         dev_name = "gpu" if opts.device_type == "cuda" else "cpu"
         table = Table(title=f"kernels ({engine}, {devices} {opts.device_type} devices, dispatch {format_time(res.dispatch_s)} per op)",
                       show_edge=False, header_style="bold")  # fmt: skip
-        for col in ("device", "kind", "ops", "fixed", "GFLOP/s", "median |err|"):
+        for col in ("device", "kind", "ops", "fixed", "GFLOP/s", "weights GB/s", "median |err|"):
             table.add_column(col, justify="left" if col in ("device", "kind") else "right")
         for f in res.kernel_fits:
             rate = "-" if f["flops_per_s"] >= 1e29 else f"{f['flops_per_s'] / 1e9:.3g}"
-            table.add_row(f"{dev_name}{f['device']}", f["kind"], str(f["n"]), format_time(f["overhead_s"]), rate,
-                          f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
+            weights = f.get("weight_read_Bps")
+            table.add_row(f"{dev_name}{f['device']}", f["kind"] + (" (weights)" if f.get("section") == "memory" else ""),
+                          str(f["n"]), format_time(f["overhead_s"]), rate,
+                          "-" if weights is None else f"{weights / 1e9:.3g}", f"{100 * f['median_rel_error']:.0f}%")  # fmt: skip
         console.print(table)
         made_by = "the receiving device" if res.cluster.copies_inbound.any() else "each link, beside the ops"
         links = Table(title=f"links (copies made by {made_by})", show_edge=False, header_style="bold")

@@ -26,9 +26,17 @@ What is measured, and how (so that the simulator sees what a real run sees):
   workers are. Bytes count as STREAM counts them (2 and 3 arrays per element); a kernel's rate is its
   median over the repeats, and the device's bandwidth is its faster kernel's. With it each device is a
   *measured* device (:mod:`doppler.hardware.cluster`): no op reads its weights faster than this bandwidth.
+* **Weights** (the same devices): the calibration graph's operands are placed just before each run, in
+  cache; a model's weights are not. A second graph (:func:`memory_graph`) holds products of few rows
+  (:data:`SKINNY_ROWS`) by weight tiles and copies of table tiles, ``WEIGHT_ARRAYS x stream_bytes`` of inputs
+  per device in all (past the cache as STREAM's arrays are), each tile read once per run, run as the
+  calibration graph is. Per device and kind: a kind the first fit knows (matmul) gets the rate ``B`` of
+  ``time = a + flops / rate + weight bytes / B`` with its ``a`` and ``rate`` kept (the time past its fit on
+  operands in cache); a kind of this graph alone (formation: no FLOPs) gets ``time = a + weight bytes / B``.
+  ``B`` is the device's ``weight_read_Bps_by_kind``; no extra time measured (``B`` infinite) writes none.
 
 The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``, ``memory_bandwidth_Bps``,
-per-pair links) that ``doppler simulate``/``validate`` load like any preset.
+``weight_read_Bps_by_kind``, per-pair links) that ``doppler simulate``/``validate`` load like any preset.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import datetime
 import functools
 import platform
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -47,9 +55,10 @@ from doppler.engine.program import EngineError, build_program
 from doppler.ir.graph import DataflowGraph, OpKind
 from doppler.util.progress import ProgressEvent, ProgressFn
 from doppler.hardware.cluster import Cluster, Device
+from doppler.hardware.traffic import op_traffic
 from doppler.sim.trace import Trace
 
-__all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster", "measure_memory_bandwidth"]
+__all__ = ["CalibrationResult", "calibrate", "calibration_graph", "fit_cluster", "measure_memory_bandwidth", "memory_graph"]
 
 #: default matrix sizes of the calibration graph (each op kind at each size, tiled 2x2)
 DEFAULT_SIZES = (128, 256, 512, 1024)
@@ -61,6 +70,20 @@ DEFAULT_STREAM_BYTES = 128 * 2**20
 MIN_STREAM_BYTES, MAX_STREAM_BYTES = 2**16, 2**30
 #: times each memory kernel runs on each device (the rate is their median)
 STREAM_REPEATS = 5
+#: the memory graph's weights per device, in arrays of ``stream_bytes`` (as far past the cache as STREAM's)
+WEIGHT_ARRAYS = 2
+#: the most tiles of one group of the memory graph (its ops per run: at most 5 x this per size)
+MAX_MEMORY_TILES = 128
+#: the row counts of the memory graph's products (:func:`memory_graph`): a model's tokens at a time
+SKINNY_ROWS = (1, 4, 16, 64)
+
+
+def _check_sizes(sizes: Sequence[int]) -> list[int]:
+    out = [int(n) for n in sizes]
+    for n in out:
+        if n < 4 or n % 4 or n > MAX_SIZE:
+            raise EngineError(f"calibration size {n} must be a multiple of 4 from 4 to {MAX_SIZE}")
+    return out
 
 
 def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
@@ -68,10 +91,7 @@ def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float3
     from doppler.workloads.tiling import TileBuilder, tiled_rmsnorm, tiled_softmax
 
     b = TileBuilder("calibration", dtype)
-    for n in sizes:
-        n = int(n)
-        if n < 4 or n % 4 or n > MAX_SIZE:
-            raise EngineError(f"calibration size {n} must be a multiple of 4 from 4 to {MAX_SIZE}")
+    for n in _check_sizes(sizes):
         A = b.input(f"A{n}", (n, n), (2, 2))
         B = b.input(f"B{n}", (n, n), (2, 2))
         w = b.input(f"w{n}", (n,), (2,), {"init": "norm_weight"})
@@ -95,9 +115,42 @@ def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float3
     return b.finish("calibration", {"sizes": [int(s) for s in sizes], "dtype": dtype})
 
 
+def memory_graph(weight_bytes: int, sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
+    """Ops that read graph inputs of about ``weight_bytes`` in all, each tile once per run: past the cache, as
+    a model's weights are.
+
+    For each size ``n`` of ``sizes`` from 256 up (the largest if none is), and for each row count ``m`` of
+    :data:`SKINNY_ROWS`: a product ``x @ W.T`` of ``x`` (``m x n``) by ``T`` weight tiles of ``n x n`` (one op per
+    tile, as a model's linear layer on ``m`` tokens); and ``T`` copies of ``n x n`` tiles of a table (``formation``
+    ops, as a model's re-tiling copies). Every group of ``T`` tiles holds an equal share of ``weight_bytes`` (``T`` from
+    2 to :data:`MAX_MEMORY_TILES`)."""
+    from doppler.ir.kernels import DTYPE_BYTES
+    from doppler.workloads.tiling import TileBuilder
+
+    sizes = _check_sizes(sizes)
+    if isinstance(weight_bytes, bool) or not isinstance(weight_bytes, (int, np.integer)) or weight_bytes <= 0:
+        raise EngineError(f"weight_bytes must be an integer > 0, got {weight_bytes!r}")
+    b = TileBuilder("calibration_memory", dtype)
+    big = [n for n in sizes if n >= 256] or [max(sizes)]
+    groups = len(big) * (len(SKINNY_ROWS) + 1)
+    itemsize = DTYPE_BYTES[dtype]
+    for n in big:
+        tiles = min(max(2, round(weight_bytes / groups / (n * n * itemsize))), MAX_MEMORY_TILES)
+        for m in SKINNY_ROWS:
+            x = b.input(f"x{m}_{n}", (m, n), (1, 1), user=True)
+            w = b.input(f"W{m}_{n}", (tiles * n, n), (tiles, 1))
+            b.contract("ik,jk->ij", x, w, name=f"skinny{m}_{n}")
+        table = b.input(f"table{n}", (tiles * n, n), (tiles, 1))
+        b.blockwise(f"copy{n}", OpKind.FORMATION, "assemble", (tiles * n, n), (tiles, 1),
+                    lambda blk, t=table: [dict(t.tiles[blk])], lambda blk, n=n: {"at": [[[0, n], [0, n]]]})  # fmt: skip
+    return b.finish("calibration_memory", {"sizes": big, "dtype": dtype, "weight_bytes": int(weight_bytes),
+                                           "rows": list(SKINNY_ROWS)})  # fmt: skip
+
+
 @dataclass
 class CalibrationResult:
-    """The fitted cluster and the fit's quality per (device, kind) and per link."""
+    """The fitted cluster and the fit's quality per (device, kind) and per link; ``traces`` and ``memory_traces``:
+    the measured runs of the calibration graph and of the memory graph (none where not run)."""
 
     cluster: Cluster
     kernel_fits: list[dict[str, Any]] = field(default_factory=list)
@@ -105,6 +158,8 @@ class CalibrationResult:
     dispatch_s: float = 0.0
     runs: int = 0
     memory_fits: list[dict[str, Any]] = field(default_factory=list)
+    traces: list[Trace] = field(default_factory=list, repr=False)
+    memory_traces: list[Trace] = field(default_factory=list, repr=False)
 
 
 def _physical_memory_bytes() -> int | None:
@@ -115,6 +170,13 @@ def _physical_memory_bytes() -> int | None:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _check_stream_bytes(stream_bytes: Any) -> None:
+    if isinstance(stream_bytes, bool) or not isinstance(stream_bytes, int) or \
+            not MIN_STREAM_BYTES <= stream_bytes <= MAX_STREAM_BYTES:  # fmt: skip
+        raise EngineError(f"stream_bytes must be an integer from {MIN_STREAM_BYTES:,} to {MAX_STREAM_BYTES:,}, "
+                          f"got {stream_bytes!r}")  # fmt: skip
 
 
 def measure_memory_bandwidth(num_devices: int, stream_bytes: int = DEFAULT_STREAM_BYTES,
@@ -129,10 +191,7 @@ def measure_memory_bandwidth(num_devices: int, stream_bytes: int = DEFAULT_STREA
 
     from doppler.engine.local import HostDevices
 
-    if isinstance(stream_bytes, bool) or not isinstance(stream_bytes, int) or \
-            not MIN_STREAM_BYTES <= stream_bytes <= MAX_STREAM_BYTES:  # fmt: skip
-        raise EngineError(f"stream_bytes must be an integer from {MIN_STREAM_BYTES:,} to {MAX_STREAM_BYTES:,}, "
-                          f"got {stream_bytes!r}")  # fmt: skip
+    _check_stream_bytes(stream_bytes)
     total = 3 * stream_bytes * num_devices
     physical = _physical_memory_bytes()
     if physical is not None and total > physical / 2:
@@ -191,6 +250,13 @@ def _fit_affine(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return a, b, float(np.median(np.abs(pred - t) / t))
 
 
+def _fit_extra(base: np.ndarray, x: np.ndarray, t: np.ndarray) -> float:
+    """``b >= 0`` of ``t ~ base + b x``, fitted on relative error (``base``: the part of ``t`` already known)."""
+    u, r = x / t, 1.0 - base / t
+    den = float(u @ u)
+    return max(float(u @ r) / den, 0.0) if den > 0 else 0.0
+
+
 def _waits(ready: np.ndarray, start: np.ndarray, end: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per item: (start - max(ready, end of the previous item of its group), was the group idle at ready?).
 
@@ -236,22 +302,65 @@ def _handoff_delays(trace: Trace, copies_inbound: bool = False) -> tuple[np.ndar
     return trace.tr_src_device[keep], trace.tr_dst_device[keep], (trace.tr_start - src_end)[keep]
 
 
+def _per_op(graph: DataflowGraph, traces: Sequence[Trace]) -> tuple[np.ndarray, ...]:
+    """Every op of every run of ``graph``: (device, duration, FLOPs, kind code)."""
+    dev = np.concatenate([t.op_device for t in traces])
+    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
+    return dev, dur, np.tile(graph.flops, len(traces)), np.tile(graph.kind.astype(np.int64), len(traces))
+
+
+def _kinds_on(dev: np.ndarray, kinds: np.ndarray, d: int) -> Iterator[tuple[str, np.ndarray]]:
+    """(kind label, mask of its ops on device ``d``) for each kind with at least 2 ops there (enough to fit)."""
+    for k in np.unique(kinds):
+        sel = (dev == d) & (kinds == k)
+        if sel.sum() >= 2:
+            yield OpKind(int(k)).label, sel
+
+
+def _fit_weight_reads(graph: DataflowGraph, traces: Sequence[Trace], d: int, rates: dict[str, float],
+                      overheads: dict[str, float], dispatch: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Device ``d``'s weight-read rate per kind of :func:`memory_graph` ``graph``, from its measured ``traces``
+    (module docstring), and one fit row per kind. A kind of ``rates`` keeps its fixed time and FLOP rate; a
+    kind new to them (formation) is added to ``rates`` (no FLOPs) and ``overheads`` (its fitted fixed time
+    plus ``dispatch``)."""
+    dev, dur, flops, kinds = _per_op(graph, traces)
+    read = np.tile(op_traffic(graph).input_bytes, len(traces))
+    weight_rates: dict[str, float] = {}
+    fits: list[dict[str, Any]] = []
+    for label, sel in _kinds_on(dev, kinds, d):
+        t, nbytes = dur[sel], read[sel]
+        if label in rates:  # the time past the kind's fit on operands in cache: reading the weights from memory
+            a, inv_rate = overheads[label] - dispatch, 1.0 / rates[label]
+            inv_bytes = _fit_extra(a + flops[sel] * inv_rate, nbytes, t)
+        else:  # no FLOPs (formation): a fixed time and the bytes (all bytes, where every op reads as many)
+            a, inv_bytes, _ = _fit_affine(nbytes, t) if np.ptp(nbytes) > 0 else (0.0, float(np.median(t / nbytes)), 0.0)
+            inv_rate = 0.0
+            rates[label], overheads[label] = 1e30, a + dispatch
+        pred = a + flops[sel] * inv_rate + nbytes * inv_bytes
+        if inv_bytes > 0:
+            weight_rates[label] = 1.0 / inv_bytes
+        fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a, "flops_per_s": rates[label],
+                     "median_rel_error": float(np.median(np.abs(pred - t) / t)), "section": "memory",
+                     "weight_read_Bps": weight_rates.get(label)})  # fmt: skip
+    return weight_rates, fits
+
+
 def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int, *, name: str = "calibrated",
                 meta: dict[str, Any] | None = None, device_kind: str = "cpu",
                 copies_inbound: bool = False, memory_bytes: float | None = None,
-                memory_bandwidth_Bps: Sequence[float] | None = None) -> CalibrationResult:  # fmt: skip
+                memory_bandwidth_Bps: Sequence[float] | None = None,
+                memory: tuple[DataflowGraph, Sequence[Trace]] | None = None) -> CalibrationResult:  # fmt: skip
     """Fit a :class:`Cluster` to measured traces of ``graph`` (see the module docstring).
 
     ``device_kind`` (``"cpu"`` or ``"gpu"``) names the devices ``cpu0``... or ``gpu0``...;
     ``copies_inbound``: the engine's devices made the copies into them (CPU workers); ``memory_bytes``: each
     device's memory (None: unlimited), which no run measures (CPU workers share the host's memory);
-    ``memory_bandwidth_Bps``: each device's measured memory bandwidth (None: plain devices, bytes cost nothing)."""
+    ``memory_bandwidth_Bps``: each device's measured memory bandwidth (None: plain devices, bytes cost nothing);
+    ``memory``: a :func:`memory_graph` and its measured traces, from which each kind it holds gets its
+    ``weight_read_Bps_by_kind`` (with ``memory_bandwidth_Bps``)."""
     if not traces:
         raise EngineError("calibration needs at least one measured run")
-    dev = np.concatenate([t.op_device for t in traces])
-    dur = np.maximum(np.concatenate([t.op_end - t.op_start for t in traces]), 1e-7)
-    flops = np.tile(graph.flops, len(traces))
-    kinds = np.tile(graph.kind.astype(np.int64), len(traces))
+    dev, dur, flops, kinds = _per_op(graph, traces)
     gaps = np.concatenate([_dispatch_gaps(t, copies_inbound) for t in traces])
     if gaps.size == 0:
         raise EngineError("calibration measured no ops, so no dispatch gaps")
@@ -261,11 +370,7 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
     for d in range(num_devices):
         rates: dict[str, float] = {}
         overheads: dict[str, float] = {}
-        for k in np.unique(kinds):
-            sel = (dev == d) & (kinds == k)
-            label = OpKind(int(k)).label
-            if sel.sum() < 2:
-                continue
+        for label, sel in _kinds_on(dev, kinds, d):
             x, t = flops[sel], dur[sel]
             if np.ptp(x) > 0:
                 a, inv_rate, err = _fit_affine(x, t)
@@ -275,12 +380,17 @@ def fit_cluster(graph: DataflowGraph, traces: Sequence[Trace], num_devices: int,
             overheads[label] = a + dispatch
             kernel_fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a,
                                 "flops_per_s": rates[label], "median_rel_error": err})  # fmt: skip
+        weight_rates: dict[str, float] = {}
+        if memory is not None:
+            weight_rates, fits = _fit_weight_reads(*memory, d, rates, overheads, dispatch)
+            kernel_fits += fits
         mm = rates.get("matmul", max(rates.values()) if rates else 1e9)
         devices.append(
             Device(name=f"{device_kind}{d}", kind=device_kind, flops_per_s=mm, flops_per_s_by_kind=rates,
                    overhead_s=dispatch, overhead_s_by_kind=overheads, copies_inbound=copies_inbound,
                    memory_bytes=float("inf") if memory_bytes is None else float(memory_bytes),
-                   memory_bandwidth_Bps=None if memory_bandwidth_Bps is None else float(memory_bandwidth_Bps[d]))  # fmt: skip
+                   memory_bandwidth_Bps=None if memory_bandwidth_Bps is None else float(memory_bandwidth_Bps[d]),
+                   weight_read_Bps_by_kind=weight_rates if memory_bandwidth_Bps is not None else {})  # fmt: skip
         )
     bw = np.full((num_devices, num_devices), np.inf)
     lat = np.zeros((num_devices, num_devices))
@@ -328,7 +438,8 @@ def calibrate(
     ``options`` name; None: the local engine's CPU devices; its repeats and warm-up are calibrate's own) and fit a
     cluster whose
     devices have ``memory_bytes`` each (None: unlimited); on the local engine's CPU devices, measure each
-    device's memory bandwidth on arrays of ``stream_bytes`` too (module docstring)."""
+    device's memory bandwidth on arrays of ``stream_bytes`` and its weight-read rates on :func:`memory_graph` too
+    (module docstring)."""
     from doppler.engine.local import DEVICE_SETS
 
     options = RunOptions() if options is None else replace(options, repeats=1, warmup=0)
@@ -338,17 +449,29 @@ def calibrate(
         raise EngineError(f"runs must be an integer from 1 to {MAX_REPEATS}, got {runs!r}")
     graph = calibration_graph(sizes)
     measures_memory = engine == "local" and device_type == "cpu"
+    graphs = [graph]
+    if measures_memory:
+        _check_stream_bytes(stream_bytes)
+        weight_bytes = WEIGHT_ARRAYS * stream_bytes * num_devices
+        physical = _physical_memory_bytes()
+        if physical is not None and 2 * weight_bytes > physical / 2:  # its inputs, and their copies on the devices
+            raise EngineError(f"the weights of the memory graph ({weight_bytes:,} bytes, {WEIGHT_ARRAYS} x --stream-bytes "
+                              f"per device) and their copies would take over half of this machine's {physical:,} "
+                              "bytes: give a smaller --stream-bytes")  # fmt: skip
+        graphs.append(memory_graph(weight_bytes, sizes))
     memory_fits = measure_memory_bandwidth(num_devices, stream_bytes) if measures_memory else []
-    program = build_program(graph, seed=seed)
     rng = np.random.default_rng(seed)
-    n = graph.num_ops
-    traces: list[Trace] = []
-    run_on = functools.partial(run, graph, options=options, num_devices=num_devices, program=program, keep_outputs=False)
-    run_on(np.arange(n) % num_devices)  # warm-up (page faults, caches), not kept
-    for r in range(runs):
-        traces.append(run_on(rng.permutation(np.arange(n) % num_devices)).trace)
-        if progress is not None:
-            progress(ProgressEvent("calibrate", r + 1, runs, "runs"))
+    measured: list[list[Trace]] = []
+    for g in graphs:
+        run_on = functools.partial(run, g, options=options, num_devices=num_devices, program=build_program(g, seed=seed),
+                                   keep_outputs=False)  # fmt: skip
+        run_on(np.arange(g.num_ops) % num_devices)  # warm-up (page faults, caches), not kept
+        measured.append([])
+        for r in range(runs):
+            measured[-1].append(run_on(rng.permutation(np.arange(g.num_ops) % num_devices)).trace)
+            if progress is not None:
+                progress(ProgressEvent("calibrate", len(measured[:-1]) * runs + r + 1, runs * len(graphs), "runs"))
+    traces = measured[0]
     meta = {
         "source": f"doppler calibrate --engine {engine} --devices {num_devices} --device-type {device_type}",
         "engine": engine,
@@ -364,7 +487,9 @@ def calibrate(
     copies = engine == "local" and DEVICE_SETS[device_type].copies_inbound
     res = fit_cluster(graph, traces, num_devices, name=name, meta=meta, device_kind="gpu" if device_type == "cuda" else "cpu",
                       copies_inbound=copies, memory_bytes=memory_bytes,
-                      memory_bandwidth_Bps=[f["bandwidth_Bps"] for f in memory_fits] if memory_fits else None)  # fmt: skip
+                      memory_bandwidth_Bps=[f["bandwidth_Bps"] for f in memory_fits] if memory_fits else None,
+                      memory=(graphs[1], measured[1]) if measures_memory else None)  # fmt: skip
     res.cluster.meta["dispatch_s"] = res.dispatch_s
     res.memory_fits = memory_fits
+    res.traces, res.memory_traces = measured[0], measured[1] if measures_memory else []
     return res

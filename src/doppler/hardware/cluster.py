@@ -13,8 +13,11 @@ An op's time on a device (:meth:`Cluster.compute_time_s`, the one owner every co
 * a **measured** device (``flops_per_s`` and ``memory_bandwidth_Bps``, format version 2; what ``doppler
   calibrate`` writes for CPU workers): ``max(flops / rate, input_bytes / memory_bandwidth_Bps)``, the plain
   rate and a measured bandwidth, ``input_bytes`` the graph-input slices the op reads (weights, tables:
-  :mod:`doppler.hardware.traffic`). No op reads its weights faster than the device's memory delivers them; what
-  an op of the run just wrote (activations) is costed by the rate alone, measured on operands in cache;
+  :mod:`doppler.hardware.traffic`). For a kind in its ``weight_read_Bps_by_kind`` (the rate at which ops of that
+  kind were measured reading their weights from memory, past the time their FLOPs take on operands in cache),
+  ``max(flops / rate + input_bytes / weight rate, input_bytes / memory_bandwidth_Bps)``: the weights' read adds
+  to the FLOPs' time. No op reads its weights faster than the device's memory delivers them; what an op of the
+  run just wrote (activations) is costed by the rate alone, measured on operands in cache;
 * a **roofline** device (``peak_flops_by_dtype`` and ``memory_bandwidth_Bps``, format version 2):
   ``max(flops / (peak x achieved_compute_fraction), bytes_moved / (memory_bandwidth_Bps x
   achieved_memory_fraction))`` with the op's bytes moved and number format from :mod:`doppler.hardware.traffic`.
@@ -40,8 +43,8 @@ every field)::
                   "memory_bandwidth_Bps": 3.35e12, "achieved_compute_fraction": 0.8,
                   "achieved_memory_fraction": 0.8, "overhead_s": 5e-6, "memory_bytes": 8e10},
                  {"name": "cpu0", "kind": "cpu", "flops_per_s": 5e10, "flops_per_s_by_kind": {"add": 2e9},
-                  "memory_bandwidth_Bps": 3e9, "overhead_s_by_kind": {"add": 1e-5}, "streams": 1,
-                  "copies_inbound": true}],
+                  "memory_bandwidth_Bps": 3e9, "weight_read_Bps_by_kind": {"matmul": 1.5e9},
+                  "overhead_s_by_kind": {"add": 1e-5}, "streams": 1, "copies_inbound": true}],
      "default_link": {"bandwidth_Bps": 1.2e10, "latency_s": 1e-5},
      "links": [{"src": "gpu0", "dst": "cpu0", "bandwidth_Bps": 2.5e10, "latency_s": 8e-6}, ...],
      "meta": {...}}
@@ -159,6 +162,9 @@ class Device:
     memory_bandwidth_Bps: float | None = None
     achieved_compute_fraction: float = 1.0  # share of the peaks the device's kernels reach, in (0, 1]
     achieved_memory_fraction: float = 1.0  # share of the memory bandwidth they reach, in (0, 1]
+    #: a measured device: OpKind label -> bytes/s at which ops of that kind read their weights (graph-input
+    #: slices) from memory, a time added to their FLOPs' (module docstring; ``doppler calibrate`` measures it)
+    weight_read_Bps_by_kind: dict[str, float] = field(default_factory=dict)
 
     @property
     def roofline(self) -> bool:
@@ -228,6 +234,10 @@ class Device:
             raise ClusterError(f"{at}: a roofline device (peak_flops_by_dtype) needs memory_bandwidth_Bps")
         if not peaks and roofline_only:
             raise ClusterError(f"{at}: {roofline_only[0]} needs peak_flops_by_dtype (a roofline device)")
+        _check_by_kind(at, "weight_read_Bps_by_kind", self.weight_read_Bps_by_kind, "bytes/s", _finite_positive, "> 0")
+        if self.weight_read_Bps_by_kind and (peaks or self.memory_bandwidth_Bps is None):
+            raise ClusterError(f"{at}: weight_read_Bps_by_kind needs a measured device (flops_per_s and "
+                               "memory_bandwidth_Bps, no peak_flops_by_dtype)")  # fmt: skip
 
     def rate(self, kind: int | str | OpKind) -> float:
         """FLOP/s of this plain device for ops of ``kind`` (a roofline device: :meth:`op_rate`)."""
@@ -270,6 +280,8 @@ class Device:
             out["flops_per_s"] = float(self.flops_per_s)
             if self.memory_bandwidth_Bps is not None:
                 out["memory_bandwidth_Bps"] = float(self.memory_bandwidth_Bps)
+            if self.weight_read_Bps_by_kind:
+                out["weight_read_Bps_by_kind"] = {str(k): float(v) for k, v in self.weight_read_Bps_by_kind.items()}
         if self.flops_per_s_by_kind:
             out["flops_per_s_by_kind"] = {str(k): float(v) for k, v in self.flops_per_s_by_kind.items()}
         if self.overhead_s:
@@ -289,17 +301,21 @@ class OpTimes:
     FLOP/s), ``memory_s`` (bytes moved, on a measured device its weight bytes, over the achieved
     bandwidth; 0 where bytes cost nothing: a plain device, a kind with its own rate on a roofline device),
     ``overhead_s``; ``fallbacks``: ``(device, dtype)`` pairs run at the float32 peak for want of their own
-    (:meth:`Cluster.dtype_fallbacks`)."""
+    (:meth:`Cluster.dtype_fallbacks`); ``weights_s`` (None: 0): on a measured device, the weight bytes of an
+    op of a kind in its ``weight_read_Bps_by_kind`` over that rate, added to ``compute_s``."""
 
     compute_s: np.ndarray
     memory_s: np.ndarray
     overhead_s: np.ndarray
     fallbacks: tuple[tuple[str, str], ...] = ()
+    weights_s: np.ndarray | None = None
 
     @property
     def total_s(self) -> np.ndarray:
-        """``overhead + max(compute, memory)``: :meth:`Cluster.compute_time_s`."""
-        return self.overhead_s + np.maximum(self.compute_s, self.memory_s)
+        """``overhead + max(compute + weights, memory)``: :meth:`Cluster.compute_time_s`."""
+        if self.weights_s is None:
+            return self.overhead_s + np.maximum(self.compute_s, self.memory_s)
+        return self.overhead_s + np.maximum(self.compute_s + self.weights_s, self.memory_s)
 
     @property
     def memory_bound(self) -> np.ndarray:
@@ -507,7 +523,19 @@ class Cluster:
             measured = [j for j, dev in enumerate(self.devices) if dev.model == "measured"]
             if measured and traffic is not None:  # a measured device: its weight bytes (module docstring)
                 memory[:, measured] = traffic.input_bytes[:, None] / byte_rates[inv][:, measured]
-        return OpTimes(compute, memory, self.overhead_matrix()[graph.kind.astype(np.int64)], fallbacks)
+            weights = self._weight_read_s(graph, traffic) if measured and traffic is not None else None
+        return OpTimes(compute, memory, self.overhead_matrix()[graph.kind.astype(np.int64)], fallbacks, weights)
+
+    def _weight_read_s(self, graph: DataflowGraph, traffic: Any) -> np.ndarray | None:
+        """Per (op, device): the weight bytes over the device's ``weight_read_Bps_by_kind`` rate of the op's kind
+        (0 for a kind without one); None when no device has any."""
+        if not any(dev.weight_read_Bps_by_kind for dev in self.devices):
+            return None
+        per_byte = np.zeros((len(OpKind), self.num_devices))
+        for j, dev in enumerate(self.devices):
+            for label, rate in dev.weight_read_Bps_by_kind.items():
+                per_byte[OpKind.parse(label).value, j] = 1.0 / float(rate)
+        return traffic.input_bytes[:, None] * per_byte[graph.kind.astype(np.int64)]
 
     def dtype_fallbacks(self, graph: DataflowGraph) -> tuple[tuple[str, str], ...]:
         """``(device, dtype)`` for every number format of the graph's matrix ops that a roofline device

@@ -6,7 +6,7 @@ device or link at fault. A file's ``format_version`` (1 where absent) says which
 use: version 1 plain devices only (``flops_per_s``, exactly their meaning before roofline devices
 existed), version 2 plain, measured or roofline devices (:data:`ROOFLINE_FIELDS`; a device gives
 ``flops_per_s`` or ``peak_flops_by_dtype``, not both; ``flops_per_s`` with ``memory_bandwidth_Bps`` and no
-other roofline field is a measured device). :func:`save_cluster` (:meth:`Cluster.to_json`) writes version 2.
+other roofline field is a measured device, which may add :data:`MEASURED_FIELDS`). :func:`save_cluster` (:meth:`Cluster.to_json`) writes version 2.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import numpy as np
 from doppler.hardware.cluster import FORMAT_VERSION, MAX_DEVICES, Cluster, ClusterError, Device
 from doppler.util.io import read_json, write_json
 
-__all__ = ["FORMAT_VERSIONS", "ROOFLINE_FIELDS", "cluster_from_json", "load_cluster", "save_cluster"]
+__all__ = ["FORMAT_VERSIONS", "MEASURED_FIELDS", "ROOFLINE_FIELDS", "cluster_from_json", "load_cluster", "save_cluster"]
 
 #: the cluster-file versions this doppler reads (it writes the last)
 FORMAT_VERSIONS = (1, FORMAT_VERSION)
 #: the device fields of a roofline device (format version 2)
 ROOFLINE_FIELDS = ("peak_flops_by_dtype", "vector_flops_per_s", "memory_bandwidth_Bps", "achieved_compute_fraction",
                    "achieved_memory_fraction")  # fmt: skip
+#: the device fields of a measured device beyond ``memory_bandwidth_Bps`` (format version 2)
+MEASURED_FIELDS = ("weight_read_Bps_by_kind",)
 _DEVICE_FIELDS = {
     "name", "kind", "flops_per_s", "flops_per_s_by_kind", "overhead_s", "overhead_s_by_kind", "memory_bytes", "streams",
     "copies_inbound",
@@ -193,11 +195,12 @@ def _link_numbers(obj: Any, at: str, *, require_endpoints: bool) -> tuple[float,
 def _device_from_json(obj: Any, at: str, version: int) -> Device:
     if not isinstance(obj, dict):
         raise ClusterError(f"{at}: a device must be an object")
-    if version == 1 and set(obj) & set(ROOFLINE_FIELDS):
-        field_name = sorted(set(obj) & set(ROOFLINE_FIELDS))[0]
-        raise ClusterError(f"{at}: {field_name!r} is a roofline field: give the file \"format_version\": 2 (a file "
+    if version == 1 and set(obj) & set(ROOFLINE_FIELDS + MEASURED_FIELDS):
+        field_name = sorted(set(obj) & set(ROOFLINE_FIELDS + MEASURED_FIELDS))[0]
+        what = "a roofline" if field_name in ROOFLINE_FIELDS else "a measured device's"
+        raise ClusterError(f"{at}: {field_name!r} is {what} field: give the file \"format_version\": 2 (a file "
                            "without one is version 1, plain devices only)")  # fmt: skip
-    _no_unknown(obj, _DEVICE_FIELDS | set(ROOFLINE_FIELDS), f"{at}: ")
+    _no_unknown(obj, _DEVICE_FIELDS | set(ROOFLINE_FIELDS + MEASURED_FIELDS), f"{at}: ")
     if "name" not in obj:
         raise ClusterError(f"{at}: missing field 'name'")
     name = obj["name"]
@@ -210,10 +213,17 @@ def _device_from_json(obj: Any, at: str, version: int) -> Device:
             raise ClusterError(f"{at}: give flops_per_s (a plain device) or peak_flops_by_dtype (a roofline device), "
                                "not both")  # fmt: skip
         kwargs.update(_roofline_fields(obj, at))
+        if "weight_read_Bps_by_kind" in obj:
+            raise ClusterError(f"{at}: weight_read_Bps_by_kind needs a measured device (flops_per_s and "
+                               "memory_bandwidth_Bps), not peak_flops_by_dtype")  # fmt: skip
     else:
         kwargs["flops_per_s"] = _number(obj, "flops_per_s", at)
         if "memory_bandwidth_Bps" in obj:  # a measured device (doppler.hardware.cluster)
             kwargs["memory_bandwidth_Bps"] = _number(obj, "memory_bandwidth_Bps", at)
+            if "weight_read_Bps_by_kind" in obj:
+                kwargs["weight_read_Bps_by_kind"] = _number_map(obj, "weight_read_Bps_by_kind", "bytes/s", at)
+        elif "weight_read_Bps_by_kind" in obj:
+            raise ClusterError(f"{at}: weight_read_Bps_by_kind needs memory_bandwidth_Bps (a measured device)")
         for field_name in ROOFLINE_FIELDS:
             if field_name in obj and field_name != "memory_bandwidth_Bps":
                 raise ClusterError(f"{at}: {field_name} needs peak_flops_by_dtype (a roofline device)")
