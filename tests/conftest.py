@@ -12,6 +12,11 @@ both use OpenMP, whose threads otherwise spin after each parallel region and tak
 other pytest-xdist worker's threads need. Measured on 2 cores with ``-n 2``: the whole suite 873 s ->
 341 s, two training tests side by side 72 s -> 9 s each. It must be set before torch is imported,
 hence here. (A single process trains about a third slower with it, so doppler itself does not set it.)
+
+typer's ``CliRunner.invoke`` builds the whole click command tree from the app on every call (every
+command's parameters from its signature and type hints: 17 ms, most of a fuzz example's time).
+Here it is built once per app and kept while the app's commands stay the same: the commands that
+run are the same objects ``doppler`` builds once per process.
 """
 
 from __future__ import annotations
@@ -19,6 +24,22 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import typer.testing  # noqa: E402
+
+_build_command = typer.testing._get_command
+_built: dict = {}
+
+
+def _command_of(app):
+    """``app``'s click command, built again only when commands or groups were added to it."""
+    shape = (len(app.registered_commands), len(app.registered_groups), app.registered_callback)
+    if app not in _built or _built[app][0] != shape:
+        _built[app] = (shape, _build_command(app))
+    return _built[app][1]
+
+
+typer.testing._get_command = _command_of
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
