@@ -27,13 +27,12 @@ What is measured, and how (so that the simulator sees what a real run sees):
   median over the repeats, and the device's bandwidth is its faster kernel's. With it each device is a
   *measured* device (:mod:`doppler.hardware.cluster`): no op reads its weights faster than this bandwidth.
 * **Weights** (the same devices): the calibration graph's operands are placed just before each run, in
-  cache; a model's weights are not. A second graph (:func:`memory_graph`) holds products of few rows
-  (:data:`SKINNY_ROWS`) by weight tiles and copies of table tiles, ``WEIGHT_ARRAYS x stream_bytes`` of inputs
-  per device in all (past the cache as STREAM's arrays are), each tile read once per run, run as the
-  calibration graph is. Per device and kind: a kind the first fit knows (matmul) gets the rate ``B`` of
-  ``time = a + flops / rate + weight bytes / B`` with its ``a`` and ``rate`` kept (the time past its fit on
-  operands in cache); a kind of this graph alone (formation: no FLOPs) gets ``time = a + weight bytes / B``.
-  ``B`` is the device's ``weight_read_Bps_by_kind``; no extra time measured (``B`` infinite) writes none.
+  cache; a model's weights and tables are not. A second graph (:func:`memory_graph`) holds copies of table
+  tiles (``formation`` ops, no FLOPs), ``WEIGHT_ARRAYS x stream_bytes`` of inputs per device in all (past the
+  cache as STREAM's arrays are), each tile read once per run, run as the calibration graph is. Per device:
+  ``time = a + bytes read / B``; ``B`` is the device's ``weight_read_Bps_by_kind["formation"]`` (none where
+  no time per byte is measured). Products of few rows by weight tiles took no longer than the fit on
+  square tiles predicts, so they are not measured (docs/research/cpu_roofline.md).
 
 The result is a cluster JSON (``overhead_s_by_kind``, ``flops_per_s_by_kind``, ``memory_bandwidth_Bps``,
 ``weight_read_Bps_by_kind``, per-pair links) that ``doppler simulate``/``validate`` load like any preset.
@@ -74,8 +73,6 @@ STREAM_REPEATS = 5
 WEIGHT_ARRAYS = 2
 #: the most tiles of one group of the memory graph (its ops per run: at most 5 x this per size)
 MAX_MEMORY_TILES = 128
-#: the row counts of the memory graph's products (:func:`memory_graph`): a model's tokens at a time
-SKINNY_ROWS = (1, 4, 16, 64)
 
 
 def _check_sizes(sizes: Sequence[int]) -> list[int]:
@@ -117,13 +114,11 @@ def calibration_graph(sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float3
 
 def memory_graph(weight_bytes: int, sizes: Sequence[int] = DEFAULT_SIZES, dtype: str = "float32") -> DataflowGraph:
     """Ops that read graph inputs of about ``weight_bytes`` in all, each tile once per run: past the cache, as
-    a model's weights are.
+    a model's weights and tables are.
 
-    For each size ``n`` of ``sizes`` from 256 up (the largest if none is), and for each row count ``m`` of
-    :data:`SKINNY_ROWS`: a product ``x @ W.T`` of ``x`` (``m x n``) by ``T`` weight tiles of ``n x n`` (one op per
-    tile, as a model's linear layer on ``m`` tokens); and ``T`` copies of ``n x n`` tiles of a table (``formation``
-    ops, as a model's re-tiling copies). Every group of ``T`` tiles holds an equal share of ``weight_bytes`` (``T`` from
-    2 to :data:`MAX_MEMORY_TILES`)."""
+    For each size ``n`` of ``sizes`` from 256 up (the largest if none is): ``T`` copies of ``n x n`` tiles of a
+    table (``formation`` ops, as a model's re-tiling copies). Every table holds an equal share of
+    ``weight_bytes`` (``T`` from 2 to :data:`MAX_MEMORY_TILES`)."""
     from doppler.ir.kernels import DTYPE_BYTES
     from doppler.workloads.tiling import TileBuilder
 
@@ -132,19 +127,13 @@ def memory_graph(weight_bytes: int, sizes: Sequence[int] = DEFAULT_SIZES, dtype:
         raise EngineError(f"weight_bytes must be an integer > 0, got {weight_bytes!r}")
     b = TileBuilder("calibration_memory", dtype)
     big = [n for n in sizes if n >= 256] or [max(sizes)]
-    groups = len(big) * (len(SKINNY_ROWS) + 1)
     itemsize = DTYPE_BYTES[dtype]
     for n in big:
-        tiles = min(max(2, round(weight_bytes / groups / (n * n * itemsize))), MAX_MEMORY_TILES)
-        for m in SKINNY_ROWS:
-            x = b.input(f"x{m}_{n}", (m, n), (1, 1), user=True)
-            w = b.input(f"W{m}_{n}", (tiles * n, n), (tiles, 1))
-            b.contract("ik,jk->ij", x, w, name=f"skinny{m}_{n}")
+        tiles = min(max(2, round(weight_bytes / len(big) / (n * n * itemsize))), MAX_MEMORY_TILES)
         table = b.input(f"table{n}", (tiles * n, n), (tiles, 1))
         b.blockwise(f"copy{n}", OpKind.FORMATION, "assemble", (tiles * n, n), (tiles, 1),
                     lambda blk, t=table: [dict(t.tiles[blk])], lambda blk, n=n: {"at": [[[0, n], [0, n]]]})  # fmt: skip
-    return b.finish("calibration_memory", {"sizes": big, "dtype": dtype, "weight_bytes": int(weight_bytes),
-                                           "rows": list(SKINNY_ROWS)})  # fmt: skip
+    return b.finish("calibration_memory", {"sizes": big, "dtype": dtype, "weight_bytes": int(weight_bytes)})
 
 
 @dataclass
@@ -250,13 +239,6 @@ def _fit_affine(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return a, b, float(np.median(np.abs(pred - t) / t))
 
 
-def _fit_extra(base: np.ndarray, x: np.ndarray, t: np.ndarray) -> float:
-    """``b >= 0`` of ``t ~ base + b x``, fitted on relative error (``base``: the part of ``t`` already known)."""
-    u, r = x / t, 1.0 - base / t
-    den = float(u @ u)
-    return max(float(u @ r) / den, 0.0) if den > 0 else 0.0
-
-
 def _waits(ready: np.ndarray, start: np.ndarray, end: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per item: (start - max(ready, end of the previous item of its group), was the group idle at ready?).
 
@@ -319,24 +301,19 @@ def _kinds_on(dev: np.ndarray, kinds: np.ndarray, d: int) -> Iterator[tuple[str,
 
 def _fit_weight_reads(graph: DataflowGraph, traces: Sequence[Trace], d: int, rates: dict[str, float],
                       overheads: dict[str, float], dispatch: float) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Device ``d``'s weight-read rate per kind of :func:`memory_graph` ``graph``, from its measured ``traces``
-    (module docstring), and one fit row per kind. A kind of ``rates`` keeps its fixed time and FLOP rate; a
-    kind new to them (formation) is added to ``rates`` (no FLOPs) and ``overheads`` (its fitted fixed time
-    plus ``dispatch``)."""
-    dev, dur, flops, kinds = _per_op(graph, traces)
+    """Device ``d``'s read rate per kind of :func:`memory_graph` ``graph`` (copies: no FLOPs), from its measured
+    ``traces`` (module docstring), and one fit row per kind. Each kind is added to ``rates`` (no FLOPs) and
+    ``overheads`` (its fitted fixed time plus ``dispatch``)."""
+    dev, dur, _, kinds = _per_op(graph, traces)
     read = np.tile(op_traffic(graph).input_bytes, len(traces))
     weight_rates: dict[str, float] = {}
     fits: list[dict[str, Any]] = []
     for label, sel in _kinds_on(dev, kinds, d):
         t, nbytes = dur[sel], read[sel]
-        if label in rates:  # the time past the kind's fit on operands in cache: reading the weights from memory
-            a, inv_rate = overheads[label] - dispatch, 1.0 / rates[label]
-            inv_bytes = _fit_extra(a + flops[sel] * inv_rate, nbytes, t)
-        else:  # no FLOPs (formation): a fixed time and the bytes (all bytes, where every op reads as many)
-            a, inv_bytes, _ = _fit_affine(nbytes, t) if np.ptp(nbytes) > 0 else (0.0, float(np.median(t / nbytes)), 0.0)
-            inv_rate = 0.0
-            rates[label], overheads[label] = 1e30, a + dispatch
-        pred = a + flops[sel] * inv_rate + nbytes * inv_bytes
+        # a fixed time and the bytes (all bytes, where every op reads as many)
+        a, inv_bytes, _ = _fit_affine(nbytes, t) if np.ptp(nbytes) > 0 else (0.0, float(np.median(t / nbytes)), 0.0)
+        rates[label], overheads[label] = 1e30, a + dispatch
+        pred = a + nbytes * inv_bytes
         if inv_bytes > 0:
             weight_rates[label] = 1.0 / inv_bytes
         fits.append({"device": d, "kind": label, "n": int(sel.sum()), "overhead_s": a, "flops_per_s": rates[label],
